@@ -1,0 +1,107 @@
+"""Pack prompt+response token ids into one padded batch, and per-token forward passes.
+
+Layout (as in veRL): prompts are left-padded to ``P`` and responses right-padded to ``R``, so
+every response starts at column ``P``. The logit that predicts response token ``t`` sits at
+column ``P - 1 + t``. Position ids are recomputed from the attention mask so left padding
+does not shift positions: a padded row gives the same logits as the unpadded sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+
+@dataclass
+class TokenBatch:
+    """A padded batch of prompt+response sequences."""
+
+    input_ids: Tensor  # [B, P+R] int64
+    attention_mask: Tensor  # [B, P+R] int64
+    position_ids: Tensor  # [B, P+R] int64
+    prompt_width: int  # P
+    response_ids: Tensor  # [B, R] int64 (pad where masked)
+    response_mask: Tensor  # [B, R] float32, 1 on real response tokens
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, index: Tensor | Sequence[int]) -> TokenBatch:
+        idx = torch.as_tensor(index, dtype=torch.long)
+        return TokenBatch(
+            self.input_ids[idx],
+            self.attention_mask[idx],
+            self.position_ids[idx],
+            self.prompt_width,
+            self.response_ids[idx],
+            self.response_mask[idx],
+        )
+
+
+def pack_batch(
+    prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int
+) -> TokenBatch:
+    """Left-pad prompts, right-pad responses, build masks and position ids."""
+    if len(prompts) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+    b = len(prompts)
+    p = max(len(x) for x in prompts)
+    r = max(1, max(len(x) for x in responses))
+    input_ids = torch.full((b, p + r), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, p + r), dtype=torch.long)
+    resp_mask = torch.zeros((b, r), dtype=torch.float32)
+    for i, (pr, rs) in enumerate(zip(prompts, responses, strict=True)):
+        input_ids[i, p - len(pr) : p] = torch.as_tensor(list(pr), dtype=torch.long)
+        attn[i, p - len(pr) : p] = 1
+        if rs:
+            input_ids[i, p : p + len(rs)] = torch.as_tensor(list(rs), dtype=torch.long)
+            attn[i, p : p + len(rs)] = 1
+            resp_mask[i, : len(rs)] = 1.0
+    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    return TokenBatch(input_ids, attn, position_ids, p, input_ids[:, p:].clone(), resp_mask)
+
+
+def _response_hidden_slice(batch: TokenBatch) -> slice:
+    p = batch.prompt_width
+    r = batch.response_ids.shape[1]
+    return slice(p - 1, p - 1 + r)
+
+
+def forward_logprobs(
+    model: torch.nn.Module,
+    batch: TokenBatch,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Per-token log pi(y_t | x, y_<t) of the response tokens (fp32), and optionally entropy.
+
+    With temperature != 1 the logits are divided by it first, matching the sampler.
+    """
+    from relayrl.algos import entropy_from_logits, logprobs_from_logits  # TODO top-level
+
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+    )
+    logits = out.logits[:, _response_hidden_slice(batch)].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = logprobs_from_logits(logits, batch.response_ids)
+    ent = entropy_from_logits(logits) if with_entropy else None
+    return logp, ent
+
+
+def forward_values(critic: torch.nn.Module, batch: TokenBatch) -> Tensor:
+    """V(s_t) for each response token t: the critic's output at the state before token t."""
+    out = critic(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+    )
+    return out.logits[:, _response_hidden_slice(batch), 0].float()

@@ -1,0 +1,87 @@
+"""Load causal LMs, critics and tokenizers from a local Hugging Face directory (offline)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.utils import logging as hf_logging
+
+# Loading reports and shard progress bars are noise in an RL run's console.
+hf_logging.set_verbosity_error()
+hf_logging.disable_progress_bar()
+
+
+class ModelPathError(ValueError):
+    """A model directory is missing or is not a Hugging Face model directory."""
+
+
+def check_model_dir(path: str | Path) -> Path:
+    """Return ``path`` as a Path if it holds a Hugging Face model, else raise a one-line error."""
+    p = Path(path)
+    if not p.is_dir():
+        raise ModelPathError(f"model directory not found: {p}")
+    if not (p / "config.json").is_file():
+        raise ModelPathError(f"not a Hugging Face model directory (no config.json): {p}")
+    return p
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """Load the tokenizer saved next to a model; pad token falls back to eos."""
+    p = check_model_dir(path)
+    tok = AutoTokenizer.from_pretrained(p, local_files_only=True)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """Load a causal LM through ``AutoModelForCausalLM`` from a local directory, offline."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    p = check_model_dir(path)
+    model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype, local_files_only=True)
+    return model
+
+
+def load_critic(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """A critic: the LM backbone plus a scalar value head per token.
+
+    Uses ``AutoModelForTokenClassification`` with one label, so a critic is saved and loaded in
+    plain Hugging Face format. Built from an actor directory, the value head starts at zero
+    (V = 0 everywhere), which keeps the first GAE step equal to a plain return-to-go.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    p = check_model_dir(path)
+    model = AutoModelForTokenClassification.from_pretrained(
+        p, num_labels=1, dtype=dtype, local_files_only=True
+    )
+    head = _value_head(model)
+    if not _is_trained_critic(p):
+        with torch.no_grad():
+            head.weight.zero_()
+            if getattr(head, "bias", None) is not None:
+                head.bias.zero_()
+    return model
+
+
+def _value_head(model: PreTrainedModel) -> torch.nn.Linear:
+    for name in ("score", "classifier"):
+        head = getattr(model, name, None)
+        if isinstance(head, torch.nn.Linear):
+            return head
+    raise TypeError(f"cannot find the value head of {type(model).__name__}")
+
+
+def _is_trained_critic(path: Path) -> bool:
+    import json
+
+    cfg = json.loads((path / "config.json").read_text())
+    return any(a.endswith("ForTokenClassification") for a in cfg.get("architectures") or [])

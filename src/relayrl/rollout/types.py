@@ -1,0 +1,60 @@
+"""The rollout interface's data types: token in, token out.
+
+A request carries prompt token ids (tokenised once by the client); a finished sample carries,
+per response token, the sampled id, its logprob under the exact distribution it was sampled
+from (the behaviour policy) and the policy version the engine stamped on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["eos", "length", "stop", "abort"]
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request.
+
+    temperature == 0 or greedy=True means argmax (logprobs are then reported under the
+    temperature-1 distribution). top_k = 0 and top_p = 1.0 disable those filters.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+    max_tokens: int = 64
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass
+class GenerationRequest:
+    """One prompt to complete. ``group_id`` ties the G samples of a GRPO group together."""
+
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    group_id: int | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Sample:
+    """A finished generation."""
+
+    request_id: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behaviour_logprobs: list[float]
+    versions: list[int]
+    finish_reason: FinishReason
+    group_id: int | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    num_interrupts: int = 0
+    error: str | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
