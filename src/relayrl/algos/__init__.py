@@ -1,0 +1,69 @@
+"""relayrl.algos: the RL math as pure PyTorch tensor functions (no I/O, no models).
+
+Tensors are [B, T] over response tokens; ``response_mask`` may have holes and masked
+positions never influence an output or a gradient. Loss normalisation is step-global
+(:class:`LossNorm`), so gradients do not depend on micro-batching.
+"""
+
+from relayrl.algos.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    compute_advantages,
+    compute_drgrpo,
+    compute_gae,
+    compute_grpo,
+    compute_reinforce_plus_plus,
+    compute_reinforce_plus_plus_baseline,
+    compute_rloo,
+    discounted_returns,
+)
+from relayrl.algos.aggregation import AGGREGATION_MODES, LossNorm, aggregate_loss
+from relayrl.algos.entropy import entropy_from_logits, logprobs_from_logits
+from relayrl.algos.kl import (
+    KL_CONTROLLERS,
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_to_rewards,
+    kl_penalty,
+)
+from relayrl.algos.masked import (
+    as_bool_mask,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
+from relayrl.algos.policy_loss import POLICY_LOSSES, decoupled_ppo_loss, ppo_clip_loss
+from relayrl.algos.value_loss import clipped_value_loss
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGGREGATION_MODES",
+    "KL_CONTROLLERS",
+    "KL_ESTIMATORS",
+    "POLICY_LOSSES",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "LossNorm",
+    "aggregate_loss",
+    "apply_kl_to_rewards",
+    "as_bool_mask",
+    "clipped_value_loss",
+    "compute_advantages",
+    "compute_drgrpo",
+    "compute_gae",
+    "compute_grpo",
+    "compute_reinforce_plus_plus",
+    "compute_reinforce_plus_plus_baseline",
+    "compute_rloo",
+    "decoupled_ppo_loss",
+    "discounted_returns",
+    "entropy_from_logits",
+    "kl_penalty",
+    "logprobs_from_logits",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "ppo_clip_loss",
+]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from relayrl.algos import entropy_from_logits, logprobs_from_logits
 
 
 @dataclass
@@ -81,8 +82,6 @@ def forward_logprobs(
 
     With temperature != 1 the logits are divided by it first, matching the sampler.
     """
-    from relayrl.algos import entropy_from_logits, logprobs_from_logits  # TODO top-level
-
     out = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,

@@ -23,7 +23,9 @@ from transformers import (
 )
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
-DEFAULT_CHARS = "0123456789+-*/=?.,:;!()<>[]{}'\"_ \nabcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+DEFAULT_CHARS = (
+    "0123456789+-*/=?.,:;!()<>[]{}'\"_ \nabcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+)
 
 Arch = Literal["llama", "qwen2", "gpt2"]
 

@@ -19,6 +19,8 @@ class SamplingParams:
 
     temperature == 0 or greedy=True means argmax (logprobs are then reported under the
     temperature-1 distribution). top_k = 0 and top_p = 1.0 disable those filters.
+    ``ignore_eos`` keeps generating past the EOS token (only ``max_tokens`` / stop ids end the
+    request); benchmarks use it to emulate target lengths.
     """
 
     temperature: float = 1.0
@@ -28,6 +30,7 @@ class SamplingParams:
     max_tokens: int = 64
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    ignore_eos: bool = False
 
 
 @dataclass

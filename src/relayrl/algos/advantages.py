@@ -1,0 +1,276 @@
+"""Advantage estimators: (token_rewards, mask, ...) -> (advantages, returns), all [B, T].
+
+Conventions shared by every estimator:
+
+- Masked positions (holes included) are ignored: a reward or value sitting on a masked
+  token is dropped, the recurrences jump from a valid token to the next valid one, and
+  both outputs are exactly 0 there.
+- A sequence's *score* is the sum of its token rewards over valid tokens (outcome rewards
+  are placed on the last valid token, see ``kl.apply_kl_to_rewards``).
+- ``group_index`` ([B] int tensor, or a list of any hashable ids) names each sequence's
+  group (e.g. its prompt); groups need not be contiguous.
+- Group baselines are computed around the group's minimum score, so a group whose scores
+  are all equal gets an advantage of exactly 0 (no ``x - mean(x) = 1e-17`` residue that
+  a small std would blow up).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from relayrl.algos.masked import as_bool_mask, masked_sum, masked_whiten, zero_masked
+
+GroupIndex = Tensor | Sequence[Hashable]
+
+
+def _check_bt(name: str, x: Tensor, mask: Tensor) -> None:
+    if x.dim() != 2 or x.shape != mask.shape:
+        raise ValueError(
+            f"{name} {tuple(x.shape)} and response_mask {tuple(mask.shape)} must both be [B, T]"
+        )
+
+
+def _group_inverse(group_index: GroupIndex, batch_size: int, device: torch.device) -> Tensor:
+    """Map arbitrary group ids to compact ids 0..G-1 (int64 [B], on ``device``)."""
+    if isinstance(group_index, Tensor):
+        ids = group_index.reshape(-1)
+        if ids.is_floating_point() or ids.is_complex():
+            raise ValueError(f"group_index must hold integer ids, got dtype {ids.dtype}")
+        if ids.numel() != batch_size:
+            raise ValueError(f"group_index has {ids.numel()} ids for {batch_size} sequences")
+        return torch.unique(ids.to(device), return_inverse=True)[1]
+    ids_list = list(group_index)
+    if len(ids_list) != batch_size:
+        raise ValueError(f"group_index has {len(ids_list)} ids for {batch_size} sequences")
+    compact: dict[Hashable, int] = {}
+    inverse = [compact.setdefault(g, len(compact)) for g in ids_list]
+    return torch.tensor(inverse, dtype=torch.long, device=device)
+
+
+def _group_sum(x: Tensor, inverse: Tensor) -> Tensor:
+    """[B]: each sequence gets the sum of ``x`` over its group (compact ids are < B)."""
+    return torch.zeros_like(x).index_add(0, inverse, x)[inverse]
+
+
+def _group_centre(scores: Tensor, inverse: Tensor) -> tuple[Tensor, Tensor]:
+    """(scores - group mean, group size), both [B].
+
+    The mean is taken around the group's minimum (detached: the mean does not depend on the
+    shift), so equal scores give an exact 0 and the sum is better conditioned.
+    """
+    counts = _group_sum(torch.ones_like(scores), inverse)
+    ref = torch.zeros_like(scores).scatter_reduce(
+        0, inverse, scores.detach(), reduce="amin", include_self=False
+    )
+    shifted = scores - ref[inverse]
+    centred = shifted - _group_sum(shifted, inverse) / counts
+    return centred, counts
+
+
+def discounted_returns(token_rewards: Tensor, response_mask: Tensor, gamma: float = 1.0) -> Tensor:
+    """Return-to-go G_t = r_t + gamma * G_{t'} with t' the next valid token (0 where masked).
+
+    The Monte-Carlo return of REINFORCE (Williams 1992).
+    """
+    _check_bt("token_rewards", token_rewards, response_mask)
+    mask = as_bool_mask(response_mask)
+    rewards = zero_masked(token_rewards, mask)
+    running = rewards.new_zeros(rewards.shape[0])
+    out: list[Tensor] = [running] * rewards.shape[1]
+    for t in reversed(range(rewards.shape[1])):
+        g = rewards[:, t] + gamma * running
+        running = torch.where(mask[:, t], g, running)
+        out[t] = torch.where(mask[:, t], g, torch.zeros_like(g))
+    return torch.stack(out, dim=1) if out else rewards.clone()
+
+
+def compute_gae(
+    token_rewards: Tensor,
+    values: Tensor,
+    response_mask: Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    whiten: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Generalised Advantage Estimation (Schulman et al. 2016, arXiv:1506.02438).
+
+    delta_t = r_t + gamma * V_{t'} - V_t,  A_t = delta_t + gamma * lam * A_{t'},  where t' is
+    the next *valid* token (V, A = 0 past the last one); returns R_t = A_t + V_t.
+    ``whiten`` applies batch-level masked whitening to A *after* R is formed (R keeps the
+    raw scale, as the critic target). Both outputs are 0 at masked positions.
+    """
+    _check_bt("token_rewards", token_rewards, response_mask)
+    _check_bt("values", values, response_mask)
+    mask = as_bool_mask(response_mask)
+    rewards = zero_masked(token_rewards, mask)
+    vals = zero_masked(values, mask)
+    batch, length = rewards.shape
+    next_value = vals.new_zeros(batch)
+    next_adv = vals.new_zeros(batch)
+    advs: list[Tensor] = [next_adv] * length
+    for t in reversed(range(length)):
+        valid = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - vals[:, t]
+        adv_t = delta + gamma * lam * next_adv
+        advs[t] = torch.where(valid, adv_t, torch.zeros_like(adv_t))
+        next_value = torch.where(valid, vals[:, t], next_value)
+        next_adv = torch.where(valid, adv_t, next_adv)
+    advantages = torch.stack(advs, dim=1) if length else vals.clone()
+    returns = zero_masked(advantages + vals, mask)
+    if whiten:
+        advantages = masked_whiten(advantages, mask)
+    return advantages, returns
+
+
+def compute_grpo(
+    token_rewards: Tensor,
+    response_mask: Tensor,
+    group_index: GroupIndex,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> tuple[Tensor, Tensor]:
+    """GRPO outcome advantage (DeepSeekMath, Shao et al. 2024, arXiv:2402.03300).
+
+    A_i = (r_i - mean_g r) / (std_g r + eps) with r_i the sequence score and std the unbiased
+    group std; ``norm_by_std=False`` gives Dr.GRPO's r_i - mean_g r (Liu et al. 2025).
+    A_i is broadcast to every valid token of sequence i; returns == advantages.
+    A singleton group gets A = 0 (the std of one sample is undefined: we define the
+    advantage as 0, not NaN); a group of equal rewards gets exactly 0.
+    """
+    _check_bt("token_rewards", token_rewards, response_mask)
+    mask = as_bool_mask(response_mask)
+    scores = masked_sum(token_rewards, mask, dim=-1)
+    inverse = _group_inverse(group_index, len(scores), scores.device)
+    centred, counts = _group_centre(scores, inverse)
+    multi = counts >= 2
+    if norm_by_std:
+        var = _group_sum(centred**2, inverse) / (counts - 1).clamp(min=1)
+        # A zero-variance group has centred == 0 exactly: give it 0 (even with eps = 0), and
+        # keep var = 0 away from sqrt, whose derivative there is infinite (NaN gradients).
+        positive = var > 0
+        std = torch.sqrt(torch.where(positive, var, 1.0))
+        seq_adv = torch.where(positive, centred / (std + eps), 0.0)
+    else:
+        seq_adv = centred
+    seq_adv = torch.where(multi, seq_adv, torch.zeros_like(seq_adv))
+    advantages = zero_masked(seq_adv[:, None].expand_as(mask), mask)
+    return advantages, advantages.clone()
+
+
+def compute_drgrpo(
+    token_rewards: Tensor, response_mask: Tensor, group_index: GroupIndex
+) -> tuple[Tensor, Tensor]:
+    """Dr.GRPO advantage (Liu et al. 2025, arXiv:2503.20783): A_i = r_i - mean_g r, no std.
+
+    Same conventions as :func:`compute_grpo` (singleton or equal-reward group -> 0).
+    """
+    return compute_grpo(token_rewards, response_mask, group_index, norm_by_std=False)
+
+
+def compute_rloo(
+    token_rewards: Tensor, response_mask: Tensor, group_index: GroupIndex
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740).
+
+    A_i = r_i - mean_{j != i} r_j = G / (G - 1) * (r_i - mean_g r), broadcast to valid tokens;
+    returns == advantages. A singleton group has no other sample to form a baseline: we
+    define its advantage as 0 (documented choice, like GRPO). Equal rewards -> exactly 0.
+    """
+    _check_bt("token_rewards", token_rewards, response_mask)
+    mask = as_bool_mask(response_mask)
+    scores = masked_sum(token_rewards, mask, dim=-1)
+    centred, counts = _group_centre(scores, _group_inverse(group_index, len(scores), scores.device))
+    seq_adv = centred * counts / (counts - 1).clamp(min=1)
+    seq_adv = torch.where(counts >= 2, seq_adv, torch.zeros_like(seq_adv))
+    advantages = zero_masked(seq_adv[:, None].expand_as(mask), mask)
+    return advantages, advantages.clone()
+
+
+def compute_reinforce_plus_plus(
+    token_rewards: Tensor, response_mask: Tensor, gamma: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262): A_t = whiten(G_t) over all valid tokens of the
+    batch, G_t the discounted return-to-go. Returns (A, G): G is the un-whitened return."""
+    returns = discounted_returns(token_rewards, response_mask, gamma)
+    return masked_whiten(returns, response_mask), returns
+
+
+def compute_reinforce_plus_plus_baseline(
+    token_rewards: Tensor, response_mask: Tensor, group_index: GroupIndex, gamma: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++-baseline (Hu 2025, arXiv:2501.03262): A_t = whiten(G_t - mean_g s) over the
+    batch, s_i = G at sequence i's first valid token (= its score when gamma = 1).
+
+    Before whitening, a singleton group or a group of equal scores has 0 advantage (with
+    gamma = 1); whitening then shifts and scales it with the rest of the batch.
+    Returns (A, A), as veRL does.
+    """
+    mask = as_bool_mask(response_mask)
+    returns = discounted_returns(token_rewards, mask, gamma)
+    batch, length = mask.shape
+    positions = torch.arange(length, device=mask.device).expand(batch, length)
+    first = torch.where(mask, positions, length).amin(-1) if length else mask.new_zeros(batch)
+    has_tokens = first < length
+    if length:
+        start = returns.gather(1, first.clamp(max=length - 1).long()[:, None]).squeeze(1)
+    else:
+        start = returns.new_zeros(batch)
+    scores = torch.where(has_tokens, start, torch.zeros_like(start))
+    centred, _ = _group_centre(scores, _group_inverse(group_index, batch, scores.device))
+    baseline = scores - centred  # the group mean, exactly equal to s_i for equal scores
+    advantages = masked_whiten(zero_masked(returns - baseline[:, None], mask), mask)
+    return advantages, advantages.clone()
+
+
+ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
+    "gae": compute_gae,
+    "grpo": compute_grpo,
+    "drgrpo": compute_drgrpo,
+    "rloo": compute_rloo,
+    "reinforce_plus_plus": compute_reinforce_plus_plus,
+    "reinforce_plus_plus_baseline": compute_reinforce_plus_plus_baseline,
+}
+
+_DATA_ARGS = ("token_rewards", "response_mask", "values", "group_index")
+
+
+def compute_advantages(
+    name: str,
+    *,
+    token_rewards: Tensor,
+    response_mask: Tensor,
+    values: Tensor | None = None,
+    group_index: GroupIndex | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, Tensor]:
+    """Dispatch to ``ADVANTAGE_ESTIMATORS[name]``.
+
+    ``values`` / ``group_index`` are passed only to estimators that take them (and are
+    required there); every other keyword (gamma, lam, whiten, norm_by_std, eps) must be one
+    the estimator accepts, else ValueError.
+    """
+    try:
+        estimator = ADVANTAGE_ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown advantage estimator {name!r}; known: {sorted(ADVANTAGE_ESTIMATORS)}"
+        ) from None
+    params = inspect.signature(estimator).parameters
+    accepted = [p for p in params if p not in _DATA_ARGS]
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        raise ValueError(
+            f"advantage estimator {name!r} does not accept {unknown}; it accepts {accepted}"
+        )
+    call: dict[str, Any] = {"token_rewards": token_rewards, "response_mask": response_mask}
+    for arg, value in (("values", values), ("group_index", group_index)):
+        if arg in params:
+            if value is None:
+                raise ValueError(f"advantage estimator {name!r} needs {arg}")
+            call[arg] = value
+    return estimator(**call, **kwargs)

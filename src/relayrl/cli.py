@@ -1,0 +1,136 @@
+"""Command line: ``relayrl demo | train | sft | eval``.
+
+Bad input (an unknown config key, a wrong type, a missing path, a malformed data line) is a
+one-line error on stderr and exit code 2; ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+USAGE_ERRORS: tuple[type[BaseException], ...] = ()
+
+
+def _usage_errors() -> tuple[type[BaseException], ...]:
+    from relayrl.config import ConfigError
+    from relayrl.data import DataError
+    from relayrl.model import ModelPathError
+
+    return (ConfigError, DataError, ModelPathError, FileNotFoundError, ValueError)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from relayrl.cluster.local import build_local_roles
+    from relayrl.config import RunConfig, load_config
+    from relayrl.controller.trainer import train
+    from relayrl.model import check_model_dir
+
+    cfg = load_config(RunConfig, args.config, args.overrides)
+    check_model_dir(cfg.model.path)
+    result = train(cfg, lambda a, c: build_local_roles(cfg, a, c), resume=args.resume)
+    print(
+        f"eval pass rate: before {_pct(result.get('eval_before'))}  after {_pct(result['eval_after'])}"
+    )
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from relayrl.config import SFTConfig, load_config
+    from relayrl.controller.sft import run_sft
+    from relayrl.model import check_model_dir
+
+    cfg = load_config(SFTConfig, args.config, args.overrides)
+    check_model_dir(cfg.model_path)
+    out = run_sft(cfg)
+    print(f"saved {cfg.output_dir} (final loss {out['sft/loss']:.4f})")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from relayrl.cluster.local import build_local_roles
+    from relayrl.config import RunConfig, load_config
+    from relayrl.controller.evaluate import greedy_pass_rate
+    from relayrl.controller.prompts import PromptSource
+    from relayrl.model import check_model_dir
+
+    cfg = load_config(RunConfig, args.config, args.overrides)
+    check_model_dir(cfg.model.path)
+    roles = build_local_roles(cfg, cfg.model.path, None)
+    prompts = PromptSource(cfg.data, roles.tokenizer, cfg.seed).eval_set()
+    stop = [roles.tokenizer.eos_token_id]
+    out = greedy_pass_rate(roles.rollout, roles.reward, prompts, cfg.rollout.max_tokens, stop)
+    print(
+        f"greedy pass rate on {int(out['eval/n'])} held-out prompts: {_pct(out['eval/pass_rate'])}"
+    )
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from relayrl.demo import run_demo
+
+    run_demo(Path(args.run_dir), overrides=args.overrides)
+    return 0
+
+
+def _pct(x: Any) -> str:
+    return "n/a" if x is None else f"{100 * float(x):.1f}%"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="relayrl", description=__doc__.splitlines()[0])
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="RL training (GRPO / PPO) from a YAML config")
+    t.add_argument("config", help="YAML run config")
+    t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. algo.kl_coef=0.05")
+    t.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    t.set_defaults(fn=cmd_train)
+
+    s = sub.add_parser("sft", help="supervised fine-tuning from a YAML config")
+    s.add_argument("config")
+    s.add_argument("overrides", nargs="*")
+    s.set_defaults(fn=cmd_sft)
+
+    e = sub.add_parser("eval", help="greedy held-out pass rate of model.path")
+    e.add_argument("config")
+    e.add_argument("overrides", nargs="*")
+    e.set_defaults(fn=cmd_eval)
+
+    d = sub.add_parser("demo", help="tiny model: build, SFT, GRPO on arithmetic; pass rates")
+    d.add_argument("--run-dir", default="runs/demo")
+    d.add_argument("overrides", nargs="*", help="overrides for the GRPO run config")
+    d.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        rc = int(args.fn(args))
+    except KeyboardInterrupt:
+        print("interrupted; checkpoints already written are intact", file=sys.stderr)
+        return 130
+    except _usage_errors() as exc:
+        if args.debug:
+            raise
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"relayrl {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+    if args.command == "demo":
+        print(f"wall time {time.perf_counter() - t0:.0f} s")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The ``local`` cluster: every role in this process, on the CPU (or one local device)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from relayrl.config import RunConfig
+from relayrl.model import load_causal_lm, load_critic, load_tokenizer
+from relayrl.reward import get_reward_fn
+from relayrl.rollout import RolloutEngine
+from relayrl.workers import ActorWorker, CriticWorker, ReferenceWorker, RewardWorker, Roles
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) -> Roles:
+    """Load the actor (and its rollout copy), reference and critic into this process.
+
+    The reference is always the initial model (``model.path``), also when resuming.
+    """
+    torch.set_num_threads(cfg.threads)
+    dtype = DTYPES[cfg.model.dtype]
+    tokenizer = load_tokenizer(cfg.model.path)
+    actor_model = load_causal_lm(actor_path, dtype)
+    actor = ActorWorker(
+        actor_model, cfg.algo, cfg.optim, cfg.rollout.max_tokens, cfg.rollout.temperature, cfg.seed
+    )
+    engine_model = copy.deepcopy(actor_model).eval().requires_grad_(False)
+    rollout = RolloutEngine(
+        engine_model,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        max_slots=cfg.rollout.max_slots,
+    )
+    reference = None
+    if cfg.algo.kl_coef > 0 or cfg.algo.name == "ppo":
+        reference = ReferenceWorker(
+            load_causal_lm(cfg.model.path, dtype),
+            cfg.algo.micro_batch_size,
+            cfg.rollout.temperature,
+        )
+    critic = None
+    if cfg.algo.name == "ppo":
+        critic = CriticWorker(
+            load_critic(critic_path or cfg.model.path, dtype), cfg.algo, cfg.optim, cfg.seed
+        )
+    reward = RewardWorker(get_reward_fn(cfg.reward.fn), tokenizer)
+    return Roles(actor, rollout, reward, tokenizer, reference, critic)

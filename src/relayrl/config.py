@@ -1,0 +1,247 @@
+"""Run configuration: one YAML file validated into typed objects.
+
+Every key maps one-to-one to a constructor argument or a loop setting. Unknown keys and wrongly
+typed values are rejected with a one-line error naming the key (see ``ConfigError``). Any key
+can be overridden from the command line as ``section.key=value``.
+
+This module is a leaf: it imports nothing from relayrl, so every layer may read it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+T = TypeVar("T", bound=BaseModel)
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message is one line naming the problem."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Strict):
+    path: str = "runs/demo/sft"
+    """Local Hugging Face model directory (config.json + weights + tokenizer)."""
+    critic_path: str | None = None
+    """Critic initialisation (PPO); defaults to ``path`` (backbone of the actor + zero head)."""
+    dtype: Literal["float32", "bfloat16", "float64"] = "float32"
+
+
+class ArithmeticConfig(_Strict):
+    min_operand: int = 0
+    max_operand: int = 99
+    operators: list[str] = Field(default_factory=lambda: ["+"])
+    num_operands: int = 2
+
+
+class DataConfig(_Strict):
+    task: Literal["arithmetic", "jsonl"] = "arithmetic"
+    arithmetic: ArithmeticConfig = Field(default_factory=ArithmeticConfig)
+    train_path: str | None = None
+    """JSONL prompts (``prompt``, ``answer``, extra fields) when ``task: jsonl``."""
+    eval_path: str | None = None
+    """JSONL held-out prompts; for ``task: arithmetic`` a disjoint seeded stream is used."""
+    eval_size: int = Field(200, ge=1)
+    max_prompt_tokens: int = Field(128, ge=1)
+
+
+class RewardConfig(_Strict):
+    fn: str = "arithmetic"
+    """A registered reward function name or an import path ``module:function``."""
+
+
+class AlgoConfig(_Strict):
+    name: Literal["grpo", "ppo"] = "grpo"
+    advantage: str | None = None
+    """Advantage estimator; defaults to ``grpo`` for GRPO and ``gae`` for PPO."""
+    group_size: int = Field(8, ge=1)
+    prompts_per_step: int = Field(16, ge=1)
+    epochs: int = Field(1, ge=1)
+    mini_batches: int = Field(1, ge=1)
+    micro_batch_size: int = Field(64, ge=1)
+    loss_agg: Literal[
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    policy_loss: Literal["ppo", "decoupled_ppo"] = "ppo"
+    clip_eps_low: float = Field(0.2, gt=0)
+    clip_eps_high: float = Field(0.2, gt=0)
+    dual_clip: float | None = None
+    behav_weight_cap: float | None = 5.0
+    kl_coef: float = Field(0.0, ge=0)
+    """GRPO: weight of the KL loss term. PPO: beta of the KL penalty in the reward."""
+    kl_estimator: Literal["k1", "k2", "k3", "abs"] | None = None
+    """Defaults to k3 for GRPO (loss term) and k1 for PPO (reward)."""
+    adaptive_kl_target: float | None = None
+    adaptive_kl_horizon: int = 10000
+    entropy_coef: float = 0.0
+    norm_by_std: bool = True
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten_advantages: bool = True
+    vf_coef: float = 0.5
+    vf_clip: float = 0.2
+
+    @model_validator(mode="after")
+    def _dual_clip_gt_one(self) -> AlgoConfig:
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError("algo.dual_clip must be > 1")
+        return self
+
+    @property
+    def advantage_name(self) -> str:
+        return self.advantage or ("gae" if self.name == "ppo" else "grpo")
+
+    @property
+    def kl_kind(self) -> str:
+        return self.kl_estimator or ("k1" if self.name == "ppo" else "k3")
+
+
+class OptimConfig(_Strict):
+    lr: float = Field(2e-4, gt=0)
+    critic_lr: float = Field(1e-3, gt=0)
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.99)
+    warmup_steps: int = Field(0, ge=0)
+    grad_clip: float | None = 1.0
+
+
+class RolloutConfig(_Strict):
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    max_tokens: int = Field(8, ge=1)
+    max_slots: int = Field(64, ge=1)
+
+
+class TrainConfig(_Strict):
+    steps: int = Field(60, ge=0)
+    eval_every: int = Field(0, ge=0)
+    """Greedy held-out eval every N steps (0: only before and after)."""
+    save_every: int = Field(0, ge=0)
+    """Checkpoint every N steps (0: only at the end)."""
+    keep_checkpoints: int = Field(2, ge=1)
+
+
+class LoggingConfig(_Strict):
+    tensorboard: bool = True
+    progress: bool = True
+
+
+class RunConfig(_Strict):
+    """A whole RL run."""
+
+    seed: int = 0
+    run_dir: str = "runs/grpo"
+    threads: int = Field(2, ge=1)
+    """torch intra-op threads of this process (one per process when several share the CPU)."""
+    schedule: Literal["sync"] = "sync"
+    cluster: Literal["local"] = "local"
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+
+class SFTConfig(_Strict):
+    """Supervised fine-tuning on prompt/response pairs."""
+
+    seed: int = 0
+    threads: int = Field(2, ge=1)
+    model_path: str = "runs/demo/base"
+    output_dir: str = "runs/demo/sft"
+    task: Literal["arithmetic", "jsonl"] = "arithmetic"
+    arithmetic: ArithmeticConfig = Field(default_factory=ArithmeticConfig)
+    train_path: str | None = None
+    """JSONL with ``prompt`` and ``response`` when ``task: jsonl``."""
+    num_examples: int = Field(20000, ge=1)
+    steps: int = Field(300, ge=0)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+    grad_clip: float | None = 1.0
+    progress: bool = True
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and overrides
+
+
+def _format_error(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "<root>"
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        return f"{source}: unknown config key '{key}'"
+    if kind == "missing":
+        return f"{source}: missing config key '{key}'"
+    value = first.get("input")
+    return f"{source}: bad value for '{key}' ({value!r}): {first['msg']}"
+
+
+def _parse_scalar(text: str) -> Any:
+    """Parse an override value as YAML (so 0.05 is a float, true a bool, [a,b] a list)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides to a raw config dict (in place, returned)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key=value")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = raw
+        for part in parts[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override '{key}': '{part}' is not a section")
+            node = nxt
+        node[parts[-1]] = _parse_scalar(value)
+    return raw
+
+
+def load_config(cls: type[T], path: str | Path | None, overrides: list[str] | None = None) -> T:
+    """Read a YAML file (or nothing: defaults), apply overrides, validate into ``cls``."""
+    raw: dict[str, Any] = {}
+    source = "overrides"
+    if path is not None:
+        p = Path(path)
+        source = str(p)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+            raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: top level must be a mapping of config keys")
+        raw = loaded
+    raw = apply_overrides(raw, overrides or [])
+    try:
+        return cls.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_format_error(err, source)) from None
+
+
+def dump_config(cfg: BaseModel, path: str | Path) -> None:
+    """Write a config back as YAML (the run directory keeps the exact config it ran with)."""
+    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

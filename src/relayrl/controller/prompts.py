@@ -1,0 +1,102 @@
+"""Where each step's prompts come from, deterministically from (seed, step).
+
+Being a pure function of the step keeps resume exact: a resumed run draws the same prompts a
+straight run would, with no sampler state to save.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from relayrl.config import DataConfig
+from relayrl.data import ArithmeticTask, PromptRecord, load_prompts_jsonl
+
+
+@dataclass
+class TokenizedPrompt:
+    record: PromptRecord
+    ids: list[int]
+
+    def fields(self) -> dict[str, Any]:
+        """Sample fields handed to the reward function."""
+        return {**self.record.extra, "prompt": self.record.prompt, "answer": self.record.answer}
+
+
+def _arith(cfg: DataConfig, seed: int) -> ArithmeticTask:
+    a = cfg.arithmetic
+    return ArithmeticTask(
+        seed=seed,
+        min_operand=a.min_operand,
+        max_operand=a.max_operand,
+        operators=tuple(a.operators),
+        num_operands=a.num_operands,
+    )
+
+
+def tokenize_prompts(
+    records: Sequence[PromptRecord], tokenizer: Any, max_tokens: int
+) -> tuple[list[TokenizedPrompt], int]:
+    """Tokenise once (token in, token out); prompts over ``max_tokens`` are skipped and counted."""
+    out: list[TokenizedPrompt] = []
+    skipped = 0
+    for rec in records:
+        ids = list(tokenizer(rec.prompt).input_ids)
+        if len(ids) == 0 or len(ids) > max_tokens:
+            skipped += 1
+            continue
+        out.append(TokenizedPrompt(rec, ids))
+    return out, skipped
+
+
+class PromptSource:
+    """Training prompts per step, and the fixed held-out eval set."""
+
+    def __init__(self, cfg: DataConfig, tokenizer: Any, seed: int):
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.seed = seed
+        self.skipped = 0
+        self._train: list[TokenizedPrompt] | None = None
+        self._eval: list[TokenizedPrompt] | None = None
+        if cfg.task == "jsonl":
+            if cfg.train_path is None:
+                raise ValueError("data.train_path is required when data.task is 'jsonl'")
+            self._train, self.skipped = tokenize_prompts(
+                load_prompts_jsonl(cfg.train_path), tokenizer, cfg.max_prompt_tokens
+            )
+            if not self._train:
+                raise ValueError(f"{cfg.train_path}: no usable prompts")
+
+    def for_step(self, step: int, n: int) -> list[TokenizedPrompt]:
+        if self._train is None:
+            # Held-out problems never appear in training: draw extra and filter them out.
+            held_out = {p.record.prompt for p in self.eval_set()}
+            task = _arith(self.cfg, seed=self.seed * 1_000_003 + 7919 * (step + 1))
+            records = [r for r in task.sample(4 * n + 16) if r.prompt not in held_out][:n]
+            return tokenize_prompts(records, self.tokenizer, self.cfg.max_prompt_tokens)[0]
+        # epochs over the file, each a seeded shuffle
+        out: list[TokenizedPrompt] = []
+        start = step * n
+        for pos in range(start, start + n):
+            epoch, i = divmod(pos, len(self._train))
+            order = list(range(len(self._train)))
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            out.append(self._train[order[i]])
+        return out
+
+    def eval_set(self) -> list[TokenizedPrompt]:
+        if self._eval is None:
+            self._eval = self._load_eval()
+        return self._eval
+
+    def _load_eval(self) -> list[TokenizedPrompt]:
+        if self.cfg.eval_path is not None:
+            records = load_prompts_jsonl(self.cfg.eval_path)[: self.cfg.eval_size]
+        elif self.cfg.task == "arithmetic":
+            records = _arith(self.cfg, seed=self.seed).held_out(self.cfg.eval_size, seed=self.seed)
+        else:
+            raise ValueError("data.eval_path is required when data.task is 'jsonl'")
+        return tokenize_prompts(records, self.tokenizer, self.cfg.max_prompt_tokens)[0]

@@ -1,0 +1,147 @@
+"""JSONL datasets: prompt rows and SFT rows, with ``file:line`` errors for bad rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from relayrl.data.records import PromptRecord, SFTRecord
+
+__all__ = ["DataError", "load_prompts_jsonl", "load_sft_jsonl", "write_jsonl"]
+
+T = TypeVar("T")
+
+
+class DataError(ValueError):
+    """A dataset file is missing or holds a malformed row; the message names file:line."""
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _iter_rows(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (line number, JSON object) for each non-blank line; raise DataError on bad ones."""
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"{path}: file not found")
+    if not p.is_file():
+        raise DataError(f"{path}: not a file")
+    try:
+        f = p.open("rb")
+    except OSError as e:
+        raise DataError(f"{path}: cannot open: {e.strerror or e}") from e
+    with f:
+        for lineno, raw in enumerate(f, start=1):
+            where = f"{path}:{lineno}: "
+            try:
+                line = raw.decode("utf-8-sig")
+            except UnicodeDecodeError as e:
+                raise DataError(where + f"not valid UTF-8 (byte {e.start + 1})") from e
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line.rstrip("\r\n"))
+            except json.JSONDecodeError as e:
+                raise DataError(where + f"invalid JSON: {e.msg} (column {e.colno})") from e
+            if not isinstance(row, dict):
+                raise DataError(where + f"expected a JSON object, got {_json_type(row)}")
+            yield lineno, row
+
+
+def _required_str(row: dict[str, Any], key: str, where: str) -> str:
+    if key not in row:
+        raise DataError(where + f"missing required field {key!r}")
+    value = row[key]
+    if not isinstance(value, str):
+        raise DataError(where + f"field {key!r} must be a string, got {_json_type(value)}")
+    return value
+
+
+def _load(path: str | Path, parse: Callable[[dict[str, Any], str], T]) -> list[T]:
+    records = [parse(row, f"{path}:{lineno}: ") for lineno, row in _iter_rows(path)]
+    if not records:
+        raise DataError(f"{path}: no records (the file is empty)")
+    return records
+
+
+def _prompt_row(row: dict[str, Any], where: str) -> PromptRecord:
+    prompt = _required_str(row, "prompt", where)
+    answer = row.get("answer")
+    if answer is not None:
+        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+            raise DataError(
+                where + f"field 'answer' must be a string or number, got {_json_type(answer)}"
+            )
+        answer = str(answer)
+    extra = {k: v for k, v in row.items() if k not in ("prompt", "answer")}
+    return PromptRecord(prompt=prompt, answer=answer, extra=extra)
+
+
+def _sft_row(row: dict[str, Any], where: str) -> SFTRecord:
+    return SFTRecord(
+        prompt=_required_str(row, "prompt", where),
+        response=_required_str(row, "response", where),
+    )
+
+
+def load_prompts_jsonl(path: str | Path) -> list[PromptRecord]:
+    """Load RL prompts: ``prompt`` (string, required), ``answer`` (optional string or number,
+    stored as a string; null means none); every other field goes into ``extra``.
+
+    Blank lines are skipped. Raises ``DataError`` (``"{path}:{lineno}: ..."``) on a bad
+    line, and ``DataError`` naming the path when the file is missing or has no rows.
+    """
+    return _load(path, _prompt_row)
+
+
+def load_sft_jsonl(path: str | Path) -> list[SFTRecord]:
+    """Load SFT pairs: ``prompt`` and ``response`` (strings, required); other fields are
+    ignored. Errors as for ``load_prompts_jsonl``."""
+    return _load(path, _sft_row)
+
+
+def _to_row(row: Any) -> dict[str, Any]:
+    if hasattr(row, "to_dict"):
+        return row.to_dict()
+    if dataclasses.is_dataclass(row) and not isinstance(row, type):
+        return dataclasses.asdict(row)
+    if isinstance(row, dict):
+        return row
+    raise TypeError(f"write_jsonl: cannot write a {type(row).__name__} row")
+
+
+def write_jsonl(path: str | Path, rows: Iterable[Any]) -> int:
+    """Write ``rows`` (dicts, ``PromptRecord`` / ``SFTRecord`` or other dataclasses) as
+    JSONL, atomically (temp file + rename); create parent directories. Returns the count."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    n = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(_to_row(row), ensure_ascii=False) + "\n")
+                n += 1
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a dataset is a normal readable file
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return n

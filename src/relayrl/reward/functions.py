@@ -1,0 +1,151 @@
+"""Reward functions: plain functions, a name registry, and score normalisation.
+
+A reward function is ``fn(prompt: str, completion: str, sample: dict) -> float | dict``.
+``sample`` is the dataset row (``answer`` plus any extra fields). A dict return value holds
+named components (e.g. ``{"correct": 1.0, "format": 0.1}``); ``score`` turns either form
+into a flat ``dict[str, float]`` with a ``"score"`` key. Functions are module-level so that
+a process pool can pickle them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from relayrl.reward.verifiers import extract_integer_answer, parse_int_answer
+
+__all__ = [
+    "REWARD_FUNCTIONS",
+    "RewardFn",
+    "RewardSpecError",
+    "arithmetic",
+    "exact_match",
+    "get_reward_fn",
+    "register_reward_fn",
+    "score",
+]
+
+RewardFn = Callable[[str, str, dict], float | dict[str, float]]
+
+REWARD_FUNCTIONS: dict[str, RewardFn] = {}
+
+
+class RewardSpecError(ValueError):
+    """A reward function spec names nothing usable."""
+
+
+def register_reward_fn(name: str) -> Callable[[RewardFn], RewardFn]:
+    """Decorator: register ``fn`` under ``name`` so configs can say ``reward: name``."""
+
+    def deco(fn: RewardFn) -> RewardFn:
+        if name in REWARD_FUNCTIONS and REWARD_FUNCTIONS[name] is not fn:
+            raise ValueError(f"reward function {name!r} is already registered")
+        REWARD_FUNCTIONS[name] = fn
+        return fn
+
+    return deco
+
+
+def _answer(sample: Any) -> Any:
+    return sample.get("answer") if isinstance(sample, Mapping) else None
+
+
+@register_reward_fn("arithmetic")
+def arithmetic(prompt: str, completion: str, sample: dict) -> float:
+    """1.0 if the completion's integer answer equals ``int(sample['answer'])``, else 0.0.
+
+    The answer is read by ``extract_integer_answer``. A missing or non-integer ``answer``
+    field gives 0.0; never raises.
+    """
+    target = parse_int_answer(_answer(sample))
+    if target is None:
+        return 0.0
+    predicted = extract_integer_answer(completion)
+    return 1.0 if predicted is not None and predicted == target else 0.0
+
+
+@register_reward_fn("exact_match")
+def exact_match(prompt: str, completion: str, sample: dict) -> float:
+    """1.0 if ``completion.strip() == str(sample['answer']).strip()``, else 0.0.
+
+    A missing (or null) answer gives 0.0; never raises.
+    """
+    target = _answer(sample)
+    if target is None or not isinstance(completion, str):
+        return 0.0
+    try:
+        return 1.0 if completion.strip() == str(target).strip() else 0.0
+    except Exception:  # a broken __str__ on a custom answer object
+        return 0.0
+
+
+def get_reward_fn(spec: str) -> RewardFn:
+    """Resolve a registered name (``"arithmetic"``) or an import path (``"pkg.mod:fn"``).
+
+    Raises ``RewardSpecError`` naming the spec when it cannot be resolved.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise RewardSpecError(f"reward function spec must be a non-empty string, got {spec!r}")
+    spec = spec.strip()
+    if spec in REWARD_FUNCTIONS:
+        return REWARD_FUNCTIONS[spec]
+    if ":" not in spec:
+        known = ", ".join(sorted(REWARD_FUNCTIONS))
+        raise RewardSpecError(
+            f"unknown reward function {spec!r}: not a registered name ({known}) "
+            "nor an import path 'module:function'"
+        )
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise RewardSpecError(f"reward function {spec!r}: expected 'module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:
+        raise RewardSpecError(
+            f"reward function {spec!r}: cannot import module {module_name!r}: {e}"
+        ) from e
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as e:
+            raise RewardSpecError(
+                f"reward function {spec!r}: module {module_name!r} has no attribute {attr!r}"
+            ) from e
+    if not callable(obj):
+        raise RewardSpecError(f"reward function {spec!r}: {attr!r} is not callable")
+    return obj
+
+
+def _as_float(value: Any, what: str) -> float:
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{what} must be a number, got {type(value).__name__}")
+    try:
+        if hasattr(value, "item"):  # numpy / torch scalars
+            value = value.item()
+        return float(value)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{what} must be a number, got {type(value).__name__}") from e
+
+
+def score(fn: RewardFn, prompt: str, completion: str, sample: dict) -> dict[str, float]:
+    """Call ``fn`` and return its result as ``dict[str, float]`` with a ``"score"`` key.
+
+    A number ``x`` becomes ``{"score": x}``. A dict keeps its components (as floats) and
+    gains ``"score"`` = the sum of the components when it has none. Any other return type
+    raises ``TypeError`` naming the function. Exceptions raised by ``fn`` propagate.
+    """
+    name = getattr(fn, "__qualname__", repr(fn))
+    result = fn(prompt, completion, sample)
+    if isinstance(result, Mapping):
+        out: dict[str, float] = {}
+        for key, value in result.items():
+            if not isinstance(key, str):
+                raise TypeError(f"reward function {name}: component key {key!r} is not a str")
+            out[key] = _as_float(value, f"reward function {name}: component {key!r}")
+        if "score" not in out:
+            out["score"] = math.fsum(out.values())
+        return out
+    return {"score": _as_float(result, f"reward function {name}: return value")}

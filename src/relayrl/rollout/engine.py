@@ -1,0 +1,399 @@
+"""relayrl's built-in generation engine: continuous batching on any Hugging Face causal LM.
+
+``RolloutEngine`` ties together the scheduler (admission + slot table), the per-slot KV cache
+and the model runner (batched prefill/decode forwards), and samples with per-request seeds.
+Each finished :class:`Sample` carries per response token: the sampled id, its behaviour
+logprob under the exact distribution it was drawn from (see :mod:`relayrl.rollout.sampler`),
+and the policy version of the weights that produced it, stamped here by the engine.
+
+Errors. ``submit`` validates a request and raises :class:`InvalidRequestError` (a
+``ValueError``) with a message naming the problem; nothing is enqueued, so other requests are
+not disturbed. ``generate`` (the list convenience) instead returns, in that request's place,
+a ``Sample`` with ``finish_reason='abort'`` and ``error`` set, and completes the others.
+
+The engine is single-threaded: call ``submit`` / ``step`` / ``update_weights`` from one thread.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import random
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from relayrl.rollout.kv_cache import SlotKVCache
+from relayrl.rollout.model_runner import ModelRunner
+from relayrl.rollout.sampler import SamplingSettings, sample
+from relayrl.rollout.scheduler import Scheduler, Sequence
+from relayrl.rollout.types import FinishReason, GenerationRequest, Sample
+
+
+class InvalidRequestError(ValueError):
+    """A request the engine cannot run (empty prompt, too long, bad ids or params)."""
+
+
+class RolloutEngine:
+    """Continuous-batching generation with per-token behaviour logprobs and versions.
+
+    Args:
+        model: a Hugging Face causal LM (``AutoModelForCausalLM``); put in eval mode. The engine
+            keeps a reference and loads new weights into it in ``update_weights``; give it its
+            own copy if a trainer mutates the same module.
+        eos_token_id: ends a request (finish ``'eos'``, the EOS token is part of the response).
+        pad_token_id: filler for padded positions (never attended to).
+        max_slots: how many sequences decode concurrently (KV slots).
+        max_model_len: context length (prompt + response); default the model's
+            ``max_position_embeddings``.
+        version: policy version of the initial weights.
+        seed: seeds the per-request seeds of requests that do not give one.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        eos_token_id: int,
+        pad_token_id: int,
+        max_slots: int = 32,
+        max_model_len: int | None = None,
+        version: int = 0,
+        seed: int = 0,
+    ) -> None:
+        config = getattr(model, "config", None)
+        if max_model_len is None:
+            max_model_len = getattr(config, "max_position_embeddings", None)
+            if max_model_len is None:
+                raise ValueError(
+                    "the model config has no max_position_embeddings; pass max_model_len"
+                )
+        if max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
+        if max_slots <= 0:
+            raise ValueError(f"max_slots must be > 0, got {max_slots}")
+        _check_supported(config)
+        self.model = model.eval()
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+        self.max_slots = max_slots
+        self.max_model_len = int(max_model_len)
+        self.version = version
+        self.input_vocab = _input_vocab_size(model)
+        self.output_vocab = _output_vocab_size(model)
+        self.kv_cache = SlotKVCache(max_slots, self.max_model_len)
+        self.scheduler = Scheduler(self.kv_cache)
+        self.runner = ModelRunner(pad_token_id, max_slots)
+        self._models: dict[int, torch.nn.Module] = {version: self.model}
+        self._ids = itertools.count()
+        self._seed_rng = random.Random(seed)
+        self._finished: list[Sample] = []  # finished outside step() (aborts), or not yet handed out
+        self._stats: dict[str, float] = {
+            "steps": 0,
+            "forwards": 0,
+            "tokens_generated": 0,
+            "prefill_tokens": 0,
+            "requests_submitted": 0,
+            "requests_finished": 0,
+            "requests_aborted": 0,
+            "sequences_interrupted": 0,
+            "weight_updates": 0,
+            "slot_steps": 0,
+            "prefill_time_s": 0.0,
+            "decode_time_s": 0.0,
+            "sample_time_s": 0.0,
+        }
+
+    # ------------------------------------------------------------------ requests
+    def submit(self, request: GenerationRequest) -> int:
+        """Queue a request; returns its id. Raises InvalidRequestError on bad input."""
+        seq = self._make_sequence(next(self._ids), request)
+        self.scheduler.add(seq)
+        self._stats["requests_submitted"] += 1
+        return seq.request_id
+
+    def _make_sequence(self, request_id: int, request: GenerationRequest) -> Sequence:
+        prompt = list(request.prompt_ids)
+        p = request.params
+        if not prompt:
+            raise InvalidRequestError(
+                "prompt_ids is empty: a request needs at least one prompt token"
+            )
+        bad = [t for t in prompt if not 0 <= t < self.input_vocab]
+        if bad:
+            raise InvalidRequestError(
+                f"prompt token id {bad[0]} is outside the vocabulary [0, {self.input_vocab})"
+            )
+        if len(prompt) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt has {len(prompt)} tokens but max_model_len is {self.max_model_len}: "
+                "no room to generate a token"
+            )
+        bad = [t for t in p.stop_token_ids if not 0 <= t < self.output_vocab]
+        if bad:
+            raise InvalidRequestError(
+                f"stop token id {bad[0]} is outside the vocabulary [0, {self.output_vocab})"
+            )
+        if p.max_tokens <= 0:
+            raise InvalidRequestError(f"max_tokens must be > 0, got {p.max_tokens}")
+        if p.temperature < 0:
+            raise InvalidRequestError(f"temperature must be >= 0, got {p.temperature}")
+        if not 0.0 < p.top_p <= 1.0:
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {p.top_p}")
+        if p.top_k < 0:
+            raise InvalidRequestError(f"top_k must be >= 0 (0 = off), got {p.top_k}")
+        greedy = p.greedy or p.temperature == 0
+        seed = p.seed if p.seed is not None else self._seed_rng.getrandbits(63)
+        settings = SamplingSettings(
+            greedy=greedy,
+            temperature=1.0 if greedy else float(p.temperature),
+            top_k=0 if greedy else int(p.top_k),
+            top_p=1.0 if greedy else float(p.top_p),
+            seed=int(seed),
+        )
+        return Sequence(
+            request_id=request_id,
+            request=request,
+            tokens=prompt,
+            prompt_len=len(prompt),
+            settings=settings,
+            max_tokens=min(p.max_tokens, self.max_model_len - len(prompt)),
+            stop_ids=frozenset(p.stop_token_ids),
+            stop_on_eos=not p.ignore_eos,
+        )
+
+    def abort(self, request_id: int) -> bool:
+        """Stop a waiting or running request. Its sample (finish ``'abort'``, tokens so far)
+        comes out of the next ``step``/``drain``. Returns False if the id is not live."""
+        seq = self.scheduler.remove(request_id)
+        if seq is None:
+            return False
+        self._finished.append(self._to_sample(seq, "abort"))
+        self._stats["requests_aborted"] += 1
+        self._release_old_models()
+        return True
+
+    # ------------------------------------------------------------------ running
+    def has_unfinished(self) -> bool:
+        """True while some submitted request has not been returned yet."""
+        return self.scheduler.has_work() or bool(self._finished)
+
+    def step(self) -> list[Sample]:
+        """One scheduler step (admissions + one forward per weights version). Returns the
+        samples finished in it (and any aborted since the last call)."""
+        out, self._finished = self._finished, []
+        if not self.scheduler.has_work():
+            return out
+        with torch.inference_mode():
+            groups = self.scheduler.schedule(self.version)
+            for group in groups:
+                out.extend(self._run_group(group.weights_version, group.seqs))
+        self._stats["steps"] += 1
+        if out:
+            self._release_old_models()
+        return out
+
+    def _run_group(self, weights_version: int, seqs: list[Sequence]) -> list[Sample]:
+        t0 = time.perf_counter()
+        starts = [s.num_computed for s in seqs]
+        new_tokens = [s.tokens[s.num_computed :] for s in seqs]
+        # Prefill rows: fresh or interrupted sequences (nothing of them in the cache yet).
+        num_prefill = sum(len(t) for t, s in zip(new_tokens, starts, strict=True) if s == 0)
+        logits = self.runner.execute(
+            self._models[weights_version],
+            self.kv_cache,
+            [s.slot for s in seqs],
+            starts,
+            new_tokens,
+        )
+        t1 = time.perf_counter()
+        tokens, logprobs = sample(
+            logits, [s.settings for s in seqs], [s.num_generated for s in seqs]
+        )
+        t2 = time.perf_counter()
+        finished = []
+        for seq, tok, lp in zip(seqs, tokens, logprobs, strict=True):
+            seq.num_computed = len(seq.tokens)
+            seq.tokens.append(tok)
+            seq.logprobs.append(lp)
+            seq.versions.append(weights_version)
+            reason = self._finish_reason(seq, tok)
+            if reason is not None:
+                self.scheduler.finish(seq)
+                finished.append(self._to_sample(seq, reason))
+        st = self._stats
+        st["forwards"] += 1
+        st["tokens_generated"] += len(seqs)
+        st["prefill_tokens"] += num_prefill
+        st["slot_steps"] += len(seqs)
+        st["prefill_time_s" if num_prefill else "decode_time_s"] += t1 - t0
+        st["sample_time_s"] += t2 - t1
+        st["requests_finished"] += len(finished)
+        return finished
+
+    def _finish_reason(self, seq: Sequence, tok: int) -> FinishReason | None:
+        if tok == self.eos_token_id and seq.stop_on_eos:
+            return "eos"
+        if tok in seq.stop_ids:
+            return "stop"
+        if seq.num_generated >= seq.max_tokens:
+            return "length"
+        return None
+
+    def drain(self) -> list[Sample]:
+        """Run until every submitted request is finished; return all finished samples."""
+        out: list[Sample] = []
+        while self.has_unfinished():
+            out.extend(self.step())
+        return out
+
+    def iter_finished(self) -> Iterator[Sample]:
+        """Yield samples as they finish until nothing is left (requests may be submitted
+        while iterating)."""
+        while self.has_unfinished():
+            yield from self.step()
+
+    def generate(self, requests: list[GenerationRequest]) -> list[Sample]:
+        """Run ``requests`` to completion and return their samples in request order.
+
+        A bad request yields a ``Sample`` with ``finish_reason='abort'`` and ``error`` set in
+        its place. Samples of other requests that finish meanwhile are kept for the next
+        ``step``/``drain``.
+        """
+        results: dict[int, Sample] = {}
+        order: list[int] = []
+        for req in requests:
+            rid = next(self._ids)
+            try:
+                seq = self._make_sequence(rid, req)
+            except InvalidRequestError as e:
+                results[rid] = _error_sample(rid, req, str(e))
+            else:
+                self.scheduler.add(seq)
+                self._stats["requests_submitted"] += 1
+            order.append(rid)
+        pending = set(order) - set(results)
+        others: list[Sample] = []
+        while pending:
+            for s in self.step():
+                if s.request_id in pending:
+                    results[s.request_id] = s
+                    pending.discard(s.request_id)
+                else:
+                    others.append(s)
+        self._finished.extend(others)
+        return [results[rid] for rid in order]
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(
+        self,
+        state_dict: Mapping[str, Tensor],
+        version: int,
+        interrupt: bool = True,
+        strict: bool = True,
+    ) -> None:
+        """Load new weights and make them version ``version``.
+
+        ``interrupt=True``: every in-flight sequence drops its KV and re-prefills prompt +
+        tokens so far under the new weights at the next step; its later tokens carry the new
+        version. ``interrupt=False``: in-flight sequences finish under the weights they
+        started with (a copy of the old module is kept until they are done); requests admitted
+        from now on use the new weights.
+        """
+        if version == self.version:
+            raise ValueError(f"weights are already version {version}")
+        if version in self._models:
+            raise ValueError(f"version {version} is still in use by in-flight sequences")
+        old = self.version
+        if not interrupt and any(v == old for v in self.scheduler.versions_in_use()):
+            self._models[old] = copy.deepcopy(self.model)
+        else:
+            self._models.pop(old, None)
+        with torch.no_grad():
+            self.model.load_state_dict(dict(state_dict), strict=strict)
+        self.version = version
+        self._models[version] = self.model
+        if interrupt:
+            self._stats["sequences_interrupted"] += self.scheduler.interrupt_all(version)
+        self._stats["weight_updates"] += 1
+        self._release_old_models()
+
+    def _release_old_models(self) -> None:
+        in_use = self.scheduler.versions_in_use() | {self.version}
+        for v in [v for v in self._models if v not in in_use]:
+            del self._models[v]
+
+    # ------------------------------------------------------------------ reporting
+    def stats(self) -> dict[str, Any]:
+        """Counters and timings since construction."""
+        st = dict(self._stats)
+        steps = max(1, int(st["steps"]))
+        st["mean_slot_utilisation"] = st["slot_steps"] / (steps * self.max_slots)
+        busy = st["prefill_time_s"] + st["decode_time_s"] + st["sample_time_s"]
+        st["tokens_per_s"] = st["tokens_generated"] / busy if busy > 0 else 0.0
+        st["num_waiting"] = len(self.scheduler.waiting)
+        st["num_running"] = len(self.scheduler.running)
+        st["version"] = self.version
+        st["weight_copies"] = len(self._models)
+        st["kv_cache_bytes"] = self.kv_cache.memory_bytes()
+        st["kv_cache_capacity"] = self.kv_cache.capacity
+        for k in ("steps", "forwards", "tokens_generated", "prefill_tokens", "slot_steps"):
+            st[k] = int(st[k])
+        return st
+
+    def _to_sample(self, seq: Sequence, reason: FinishReason) -> Sample:
+        req = seq.request
+        return Sample(
+            request_id=seq.request_id,
+            prompt_ids=seq.tokens[: seq.prompt_len],
+            response_ids=seq.tokens[seq.prompt_len :],
+            behaviour_logprobs=seq.logprobs,
+            versions=seq.versions,
+            finish_reason=reason,
+            group_id=req.group_id,
+            metadata=req.metadata,
+            num_interrupts=seq.num_interrupts,
+        )
+
+
+def _error_sample(request_id: int, request: GenerationRequest, error: str) -> Sample:
+    return Sample(
+        request_id=request_id,
+        prompt_ids=list(request.prompt_ids),
+        response_ids=[],
+        behaviour_logprobs=[],
+        versions=[],
+        finish_reason="abort",
+        group_id=request.group_id,
+        metadata=request.metadata,
+        error=error,
+    )
+
+
+def _input_vocab_size(model: torch.nn.Module) -> int:
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if emb is not None and hasattr(emb, "num_embeddings"):
+        return int(emb.num_embeddings)
+    return int(model.config.vocab_size)
+
+
+def _output_vocab_size(model: torch.nn.Module) -> int:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and hasattr(head, "out_features"):
+        return int(head.out_features)
+    return int(model.config.vocab_size)
+
+
+def _check_supported(config: Any) -> None:
+    """The engine gives every layer full causal attention over the slot's cache."""
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        raise NotImplementedError(
+            f"model has non-full-attention layers ({sorted(set(layer_types))}); the built-in "
+            "engine supports full causal attention only"
+        )
+    if getattr(config, "is_encoder_decoder", False):
+        raise NotImplementedError("encoder-decoder models are not supported by the rollout engine")

@@ -1,0 +1,152 @@
+"""Per-slot KV cache: one row of a preallocated arena per slot, freed and reused on completion.
+
+Layout. For every attention layer the cache holds one key and one value arena of shape
+``[num_slots, kv_heads, capacity + 1, head_dim]``. Slot ``s`` owns row ``s``; its first
+``length[s]`` columns hold the keys/values of the tokens computed so far. The last column
+(index ``capacity``) is a trash column: padded query positions of a step write there and no
+mask ever reads it, so padding never touches live data.
+
+- No padding to the longest sequence: each slot has its own length, a finished slot is handed
+  to the next request at once (its length is reset to 0, nothing is cleared or copied), and no
+  sequence waits for another. A step's attention reads only the columns up to the longest
+  live length *in that step* and masks the rest per row.
+- Capacity grows geometrically (x2, capped at ``max_len``) when a step needs more columns, so
+  memory tracks the longest live sequence rather than the model's context length.
+- A forward runs either on a contiguous range of slots (the arena rows are a view: zero copy;
+  free slots inside the range are dummy rows whose writes go to the trash column) or on an
+  arbitrary list of slots (rows are gathered: one copy per layer). See :meth:`plan`.
+
+It implements the ``transformers`` ``Cache`` protocol (``update(key, value, layer_idx)``), so
+any Hugging Face causal LM that routes its attention through ``cache.update`` and accepts a
+prepared 4D attention mask runs on it unchanged.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import torch
+from torch import Tensor
+from transformers.cache_utils import Cache
+
+
+class SlotKVCache(Cache):
+    """KV storage for ``num_slots`` concurrent sequences of at most ``max_len`` tokens each."""
+
+    def __init__(self, num_slots: int, max_len: int, initial_capacity: int = 128) -> None:
+        super().__init__(layers=[])
+        if num_slots <= 0:
+            raise ValueError(f"num_slots must be > 0, got {num_slots}")
+        self.num_slots = num_slots
+        self.max_len = max_len
+        self.capacity = max(1, min(initial_capacity, max_len))
+        self._keys: list[Tensor | None] = []
+        self._values: list[Tensor | None] = []
+        self._free: list[int] = list(range(num_slots))  # min-heap: lowest free slot first
+        self._is_free = [True] * num_slots
+        # The plan of the forward in flight (set by ``plan``, read by ``update``).
+        self._rows: Tensor | slice = slice(0, 0)
+        self._write_pos: Tensor = torch.zeros(0, 0, dtype=torch.long)
+        self._kv_len = 0
+
+    # ----------------------------------------------------------------- slot table
+    def allocate(self) -> int:
+        """Take the lowest free slot (keeps live slots packed at the front)."""
+        if not self._free:
+            raise RuntimeError("no free KV slot")
+        slot = heapq.heappop(self._free)
+        self._is_free[slot] = False
+        return slot
+
+    def free(self, slot: int) -> None:
+        """Give a slot back; its stale contents are simply overwritten by the next owner."""
+        if self._is_free[slot]:
+            raise RuntimeError(f"slot {slot} freed twice")
+        self._is_free[slot] = True
+        heapq.heappush(self._free, slot)
+
+    def is_free(self, slot: int) -> bool:
+        return self._is_free[slot]
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    # ----------------------------------------------------------------- one forward
+    def plan(self, rows: Tensor | slice, write_pos: Tensor, kv_len: int) -> int:
+        """Prepare the next forward.
+
+        ``rows`` selects the arena rows of the batch (a slice = zero-copy view), ``write_pos``
+        ``[n, q]`` gives the column each new key/value goes to (``-1`` = trash column), and
+        ``kv_len`` how many columns attention reads. Grows the arenas when needed. Returns the
+        trash column index (callers never need it except for tests).
+        """
+        if kv_len > self.max_len:
+            raise ValueError(f"step needs {kv_len} KV columns, max_len is {self.max_len}")
+        if kv_len > self.capacity:
+            new_cap = self.capacity
+            while new_cap < kv_len:
+                new_cap *= 2
+            self._grow(min(new_cap, self.max_len))
+        self._rows = rows
+        self._write_pos = torch.where(write_pos < 0, self.capacity, write_pos)
+        self._kv_len = kv_len
+        return self.capacity
+
+    def _grow(self, new_cap: int) -> None:
+        for arenas in (self._keys, self._values):
+            for i, old in enumerate(arenas):
+                if old is None:
+                    continue
+                s, h, _, d = old.shape
+                new = old.new_zeros(s, h, new_cap + 1, d)
+                new[:, :, : self.capacity] = old[:, :, : self.capacity]
+                arenas[i] = new
+        self.capacity = new_cap
+
+    def update(
+        self,
+        key_states: Tensor,
+        value_states: Tensor,
+        layer_idx: int,
+        *args: object,
+        **kwargs: object,
+    ) -> tuple[Tensor, Tensor]:
+        """Write this step's keys/values into their slots and return what attention reads."""
+        while len(self._keys) <= layer_idx:
+            self._keys.append(None)
+            self._values.append(None)
+        keys, values = self._keys[layer_idx], self._values[layer_idx]
+        if keys is None or values is None:
+            _, h, _, d = key_states.shape
+            shape = (self.num_slots, h, self.capacity + 1, d)
+            keys = key_states.new_zeros(shape)
+            values = value_states.new_zeros(shape[:3] + (value_states.shape[-1],))
+            self._keys[layer_idx], self._values[layer_idx] = keys, values
+        rows, pos = self._rows, self._write_pos
+        if isinstance(rows, slice):
+            row_idx = torch.arange(rows.start, rows.stop).unsqueeze(1)
+        else:
+            row_idx = rows.unsqueeze(1)
+        # [S, L, H, D] views of the arenas so that one index_put writes [n, q, H, D].
+        keys.permute(0, 2, 1, 3)[row_idx, pos] = key_states.transpose(1, 2).to(keys.dtype)
+        values.permute(0, 2, 1, 3)[row_idx, pos] = value_states.transpose(1, 2).to(values.dtype)
+        n = self._kv_len
+        # A slice is a view (no copy); an index tensor gathers the rows.
+        return keys[rows, :, :n], values[rows, :, :n]
+
+    # ----------------------------------------------------------------- HF Cache protocol
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Only used by models when position ids are not given; the engine always gives them."""
+        return self._kv_len
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self._kv_len, 0
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the arenas."""
+        return sum(t.numel() * t.element_size() for t in self._keys + self._values if t is not None)
+
+    def release(self) -> None:
+        """Drop the arenas (e.g. when idle); they are re-created lazily on the next forward."""
+        self._keys, self._values = [], []

@@ -1,0 +1,109 @@
+"""Batched sampling with per-request settings and per-request, batch-independent randomness.
+
+Behaviour logprobs (the contract of DESIGN.md): the logprob of the sampled token under the
+exact distribution it was drawn from, in fp32:
+
+    logits / temperature  ->  top-k filter  ->  top-p filter  ->  log_softmax (renormalised)
+
+so with top-k / top-p the reported logprob is under the *filtered, renormalised* distribution
+(filtered-out tokens have probability 0). Greedy requests (``greedy=True`` or temperature 0)
+take the argmax of the raw logits and report its logprob under the temperature-1, unfiltered
+distribution.
+
+Randomness: token ``t`` of a request is drawn by inverse-CDF sampling (vocabulary order) with
+one uniform ``u = U(seed, t)`` from a counter-based generator (SplitMix64 of the request seed
+and the token index). A request's samples therefore depend only on its seed, its prompt and
+the weights, never on which other requests share the batch, which slot it sits in, or
+whether it was interrupted and re-prefilled. It is the stateless equivalent of one
+``torch.Generator`` per request, without a Python-level draw per row per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def uniform(seed: int, index: int) -> float:
+    """A uniform in [0, 1) that depends only on (seed, index)."""
+    x = _splitmix64(_splitmix64(seed & _MASK64) ^ (index & _MASK64))
+    return (x >> 11) * (1.0 / (1 << 53))
+
+
+@dataclass(slots=True)
+class SamplingSettings:
+    """A request's sampling settings, normalised once at submit time."""
+
+    greedy: bool
+    temperature: float  # 1.0 for greedy rows
+    top_k: int  # 0 = off (always 0 for greedy rows)
+    top_p: float  # 1.0 = off (always 1.0 for greedy rows)
+    seed: int
+
+    @property
+    def filters(self) -> bool:
+        return self.top_k > 0 or self.top_p < 1.0
+
+
+def _filter_top_k_top_p(scaled: Tensor, top_k: Sequence[int], top_p: Sequence[float]) -> Tensor:
+    """Set logits outside each row's top-k, then outside its top-p nucleus, to -inf."""
+    vocab = scaled.shape[-1]
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)
+    ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_k], dtype=torch.long)
+    rank = torch.arange(vocab).unsqueeze(0)
+    remove = rank >= ks.unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    ps = torch.tensor(list(top_p), dtype=torch.float32).unsqueeze(1)
+    probs = sorted_logits.softmax(dim=-1)
+    # Drop a token when the mass strictly before it already reaches top_p (the top-1 token
+    # is always kept).
+    mass_before = probs.cumsum(dim=-1) - probs
+    remove = remove | ((mass_before >= ps) & (ps < 1.0))
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    return torch.full_like(scaled, float("-inf")).scatter(1, order, sorted_logits)
+
+
+def sample(
+    logits: Tensor, settings: Sequence[SamplingSettings], token_index: Sequence[int]
+) -> tuple[list[int], list[float]]:
+    """Draw one token per row. Returns (token ids, behaviour logprobs) as Python lists.
+
+    ``logits`` is fp32 ``[n, vocab]``; ``token_index[i]`` is the index of the token being
+    drawn within row ``i``'s response (the counter of its random stream).
+    """
+    if all(s.greedy for s in settings):
+        tokens = logits.argmax(dim=-1)
+        logp = torch.log_softmax(logits, dim=-1)
+        return tokens.tolist(), logp.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+    temps = [s.temperature for s in settings]
+    scaled = logits
+    if any(t != 1.0 for t in temps):
+        scaled = logits / torch.tensor(temps, dtype=logits.dtype).unsqueeze(1)
+    if any(s.filters for s in settings):
+        scaled = _filter_top_k_top_p(
+            scaled, [s.top_k for s in settings], [s.top_p for s in settings]
+        )
+    logp = torch.log_softmax(scaled, dim=-1)
+    cdf = logp.exp().double().cumsum(dim=-1)
+    u = torch.tensor(
+        [uniform(s.seed, t) for s, t in zip(settings, token_index, strict=True)],
+        dtype=torch.float64,
+    ).unsqueeze(1)
+    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
+    tokens.clamp_(max=logits.shape[-1] - 1)
+    greedy = [s.greedy for s in settings]
+    if any(greedy):
+        tokens = torch.where(torch.tensor(greedy), logits.argmax(dim=-1), tokens)
+    return tokens.tolist(), logp.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()

@@ -1,0 +1,158 @@
+"""Per-step metrics: one JSON line per step in ``run_dir/metrics.jsonl`` + TensorBoard.
+
+JSON lines are the source of truth (plain, append-only, flushed per line, readable with
+``read_metrics``); TensorBoard scalars under ``run_dir/tb`` are for looking at curves.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["METRICS_FILE", "MetricsLogger", "read_metrics"]
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _to_float(key: str, value: Any) -> float:
+    """A metric value as a Python float: numbers, numpy scalars, one-element tensors."""
+    if isinstance(value, (str, bytes)) or value is None:
+        raise TypeError(f"metric {key!r} must be a number, got {type(value).__name__}")
+    try:
+        if hasattr(value, "item"):  # numpy scalar / 0-d array, torch tensor
+            value = value.item()
+        return float(value)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TypeError(f"metric {key!r} must be a number, got {type(value).__name__}") from e
+
+
+def _json_value(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _parse_lines(path: Path) -> list[dict[str, Any]]:
+    """Records of a metrics file; a torn final line (crash mid-write) is ignored."""
+    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    records = []
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines) - 1:
+                break
+            raise ValueError(f"{path}: line {i + 1} is not valid JSON: {e.msg}") from e
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}: line {i + 1} is not a JSON object")
+        records.append({k: (math.nan if v is None else v) for k, v in row.items()})
+    return records
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Read ``metrics.jsonl`` (or a run directory holding one) into a list of dicts.
+
+    ``null`` values (NaN / inf when logged) come back as ``float('nan')``.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / METRICS_FILE
+    return _parse_lines(p)
+
+
+class MetricsLogger:
+    """Log ``{"step": step, **metrics}`` per step to JSONL and TensorBoard.
+
+    Args:
+        run_dir: directory of the run (created if missing).
+        tensorboard: also write scalars to ``run_dir/tb`` with ``SummaryWriter``.
+        resume_step: when resuming from a checkpoint taken at this step, existing records
+            with a larger step (logged after the checkpoint by the interrupted run) are
+            dropped so the file holds each step once. ``None`` keeps existing records.
+
+    Values are stored as floats; NaN and +-inf are written as JSON ``null``. ``history``
+    holds the records of the file (existing ones first), values as logged.
+    """
+
+    def __init__(
+        self, run_dir: str | Path, tensorboard: bool = True, resume_step: int | None = None
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / METRICS_FILE
+        self.history: list[dict[str, Any]] = []
+        if self.path.exists():
+            self.history = _parse_lines(self.path)
+            if resume_step is not None:
+                self.history = [r for r in self.history if r.get("step", 0) <= resume_step]
+            # Rewrite so a torn last line or dropped steps never precede new records.
+            tmp = self.path.with_suffix(".jsonl.tmp")
+            tmp.write_text(
+                "".join(json.dumps(self._encode(r)) + "\n" for r in self.history),
+                encoding="utf-8",
+            )
+            tmp.replace(self.path)
+        self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
+        self._writer: Any = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # heavy import: only when used
+
+            self._writer = SummaryWriter(log_dir=str(self.run_dir / "tb"))
+
+    @staticmethod
+    def _encode(record: dict[str, Any]) -> dict[str, Any]:
+        return {
+            k: _json_value(float(v))
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+            else v
+            for k, v in record.items()
+        }
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Append one record for ``step`` (flushed at once) and write TensorBoard scalars."""
+        if self._file is None:
+            raise RuntimeError("MetricsLogger is closed")
+        try:
+            if isinstance(step, bool):
+                raise TypeError
+            step = operator.index(step)  # ints and numpy integers
+        except TypeError:
+            raise TypeError(f"step must be an int, got {step!r}") from None
+        values: dict[str, float] = {}
+        for key, value in metrics.items():
+            if not isinstance(key, str):
+                raise TypeError(f"metric name {key!r} is not a str")
+            if key == "step":
+                raise ValueError("'step' is reserved: pass it as the step argument")
+            values[key] = _to_float(key, value)
+        record: dict[str, Any] = {"step": step, **values}
+        line = json.dumps({"step": step, **{k: _json_value(v) for k, v in values.items()}})
+        self._file.write(line + "\n")
+        self._file.flush()
+        self.history.append(record)
+        if self._writer is not None:
+            for key, value in values.items():
+                self._writer.add_scalar(key, value, global_step=step)
+
+    def flush(self) -> None:
+        """Flush the JSONL file and TensorBoard events."""
+        if self._file is not None:
+            self._file.flush()
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        """Flush and close both outputs; safe to call twice."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

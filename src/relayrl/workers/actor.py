@@ -1,0 +1,160 @@
+"""Actor and reference roles: per-token logprobs, and the actor's policy update."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from relayrl.algos import POLICY_LOSSES, LossNorm, aggregate_loss, kl_penalty
+from relayrl.config import AlgoConfig, OptimConfig
+from relayrl.model import forward_logprobs
+from relayrl.workers.experience import Experience
+from relayrl.workers.optim import make_optimizer
+
+
+class ReferenceWorker:
+    """A frozen policy: computes log pi_ref of response tokens."""
+
+    def __init__(self, model: torch.nn.Module, micro_batch_size: int, temperature: float = 1.0):
+        self.model = model.eval()
+        self.model.requires_grad_(False)
+        self.micro_batch_size = micro_batch_size
+        self.temperature = temperature
+
+    @torch.no_grad()
+    def compute_logprobs(self, exp: Experience) -> Tensor:
+        was_training = self.model.training
+        self.model.eval()
+        out = [
+            forward_logprobs(self.model, mb.batch, self.temperature)[0]
+            for mb in exp.chunks(self.micro_batch_size)
+        ]
+        self.model.train(was_training)
+        return torch.cat(out) * exp.response_mask
+
+
+class ActorWorker(ReferenceWorker):
+    """The trained policy: PPO-family update with global loss normalisation per optimizer step."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        algo: AlgoConfig,
+        optim: OptimConfig,
+        max_response_tokens: int,
+        temperature: float = 1.0,
+        seed: int = 0,
+    ):
+        super().__init__(model, algo.micro_batch_size, temperature)
+        self.model.requires_grad_(True)
+        self.algo = algo
+        self.grad_clip = optim.grad_clip
+        self.max_response_tokens = max_response_tokens
+        self.optimizer, self.scheduler = make_optimizer(
+            [p for p in model.parameters() if p.requires_grad],
+            optim.lr,
+            optim.weight_decay,
+            optim.betas,
+            optim.warmup_steps,
+        )
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def update(self, exp: Experience) -> dict[str, float]:
+        """Epochs x mini-batches of PPO-clip (or decoupled PPO) steps on ``exp``.
+
+        Reads ``old_logprobs`` (pi_old, recomputed at the start of the step: the proximal policy),
+        ``behaviour_logprobs`` (the engine's), ``advantages`` and optionally ``ref_logprobs``.
+        Loss = policy loss + kl_coef * agg(KL(pi || pi_ref)) - entropy_coef * agg(H).
+        """
+        a = self.algo
+        self.model.train()
+        sums: dict[str, float] = defaultdict(float)
+        weights: dict[str, float] = defaultdict(float)
+        n_opt = 0
+        for _ in range(a.epochs):
+            for mini in exp.shuffled_splits(a.mini_batches, self.generator):
+                norm = LossNorm.for_batch(mini.response_mask, a.loss_agg, self.max_response_tokens)
+                self.optimizer.zero_grad(set_to_none=True)
+                mini_loss = 0.0
+                for micro in mini.chunks(a.micro_batch_size):
+                    stats = self._micro_step(micro, norm)
+                    mini_loss += stats.pop("_loss")  # partial losses add up to the mini-batch loss
+                    tokens = float(micro.response_mask.sum())
+                    for k, v in stats.items():
+                        sums[k] += v * tokens
+                        weights[k] += tokens
+                sums["loss"] += mini_loss
+                weights["loss"] += 1.0
+                grad_norm = self._clip_and_step()
+                sums["grad_norm"] += grad_norm
+                weights["grad_norm"] += 1.0
+                n_opt += 1
+        out = {f"actor/{k}": sums[k] / max(weights[k], 1e-12) for k in sums}
+        out["actor/lr"] = self.scheduler.get_last_lr()[0]
+        out["actor/optimizer_steps"] = float(n_opt)
+        return out
+
+    def _micro_step(self, micro: Experience, norm: LossNorm) -> dict[str, float]:
+        a = self.algo
+        mask = micro.response_mask
+        logp, ent = forward_logprobs(self.model, micro.batch, self.temperature, with_entropy=True)
+        common: dict[str, Any] = dict(
+            advantages=micro["advantages"],
+            response_mask=mask,
+            norm=norm,
+            eps_low=a.clip_eps_low,
+            eps_high=a.clip_eps_high,
+            dual_clip=a.dual_clip,
+        )
+        if a.policy_loss == "decoupled_ppo":
+            loss, stats = POLICY_LOSSES["decoupled_ppo"](
+                logp,
+                prox_logprobs=micro["old_logprobs"],
+                behav_logprobs=micro["behaviour_logprobs"],
+                behav_weight_cap=a.behav_weight_cap,
+                **common,
+            )
+        else:
+            loss, stats = POLICY_LOSSES["ppo"](logp, old_logprobs=micro["old_logprobs"], **common)
+        stats = {
+            f"pg_{k}" if not k.startswith(("clip", "approx")) else k: v for k, v in stats.items()
+        }
+        if a.name == "grpo" and a.kl_coef > 0 and "ref_logprobs" in micro:
+            kl = kl_penalty(logp, micro["ref_logprobs"], a.kl_kind)
+            kl_loss = aggregate_loss(kl, mask, norm)
+            loss = loss + a.kl_coef * kl_loss
+            stats["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
+        assert ent is not None
+        ent_mean = float((ent * mask).sum() / mask.sum().clamp(min=1))
+        if a.entropy_coef != 0:
+            loss = loss - a.entropy_coef * aggregate_loss(ent, mask, norm)
+        stats["entropy"] = ent_mean
+        loss.backward()
+        stats["_loss"] = float(loss.detach())
+        return stats
+
+    def _clip_and_step(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        self.optimizer.step()
+        self.scheduler.step()
+        return grad_norm
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return self.model.state_dict()
+
+    def train_state(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "generator": self.generator.get_state(),
+        }
+
+    def load_train_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.generator.set_state(state["generator"])

@@ -1,0 +1,89 @@
+"""Critic role: V(s_t) per response token and the clipped value-loss update."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from relayrl.algos import LossNorm, clipped_value_loss
+from relayrl.config import AlgoConfig, OptimConfig
+from relayrl.model import forward_values
+from relayrl.workers.experience import Experience
+from relayrl.workers.optim import make_optimizer
+
+
+class CriticWorker:
+    def __init__(self, model: torch.nn.Module, algo: AlgoConfig, optim: OptimConfig, seed: int = 0):
+        self.model = model
+        self.algo = algo
+        self.grad_clip = optim.grad_clip
+        self.optimizer, self.scheduler = make_optimizer(
+            list(model.parameters()),
+            optim.critic_lr,
+            optim.weight_decay,
+            optim.betas,
+            optim.warmup_steps,
+        )
+        self.generator = torch.Generator().manual_seed(seed + 1)
+
+    @torch.no_grad()
+    def compute_values(self, exp: Experience) -> Tensor:
+        self.model.eval()
+        out = [
+            forward_values(self.model, mb.batch) for mb in exp.chunks(self.algo.micro_batch_size)
+        ]
+        return torch.cat(out) * exp.response_mask
+
+    def update(self, exp: Experience) -> dict[str, float]:
+        """Clipped value loss 0.5 max((V-R)^2, (V_clip-R)^2) against ``returns``, old ``values``."""
+        a = self.algo
+        self.model.train()
+        sums: dict[str, float] = defaultdict(float)
+        count = 0.0
+        n_mini = 0
+        total_loss = 0.0
+        for _ in range(a.epochs):
+            for mini in exp.shuffled_splits(a.mini_batches, self.generator):
+                norm = LossNorm.for_batch(mini.response_mask, a.loss_agg)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss_sum = 0.0
+                for micro in mini.chunks(a.micro_batch_size):
+                    values = forward_values(self.model, micro.batch)
+                    loss, stats = clipped_value_loss(
+                        values,
+                        micro["values"],
+                        micro["returns"],
+                        micro.response_mask,
+                        norm,
+                        clip_range=a.vf_clip,
+                    )
+                    (a.vf_coef * loss).backward()
+                    tokens = float(micro.response_mask.sum())
+                    loss_sum += float(loss.detach())  # partial losses add up
+                    for k, v in stats.items():
+                        sums[k] += v * tokens
+                    count += tokens
+                max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+                self.optimizer.step()
+                self.scheduler.step()
+                total_loss += loss_sum
+                n_mini += 1
+        out = {f"critic/{k}": v / max(count, 1e-12) for k, v in sums.items()}
+        out["critic/vf_loss"] = total_loss / max(n_mini, 1)
+        return out
+
+    def train_state(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "generator": self.generator.get_state(),
+        }
+
+    def load_train_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.generator.set_state(state["generator"])

@@ -1,0 +1,151 @@
+"""Reward functions: built-ins, the registry, import-path specs and score normalisation."""
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import relayrl.reward
+from relayrl.reward import (
+    REWARD_FUNCTIONS,
+    RewardSpecError,
+    arithmetic,
+    exact_match,
+    get_reward_fn,
+    score,
+)
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer", "expected"),
+    [
+        ("8", "8", 1.0),
+        (" 8</s>", "8", 1.0),
+        ("8", 8, 1.0),
+        ("the answer is 8", "8", 1.0),
+        ("9", "8", 0.0),
+        ("", "8", 0.0),
+        ("-3", "-3", 1.0),
+        ("3", "-3", 0.0),
+        ("8", "8.0", 1.0),
+        ("8", "eight", 0.0),  # malformed answer field: 0.0, never raises
+        ("8", None, 0.0),
+        ("8", [8], 0.0),
+        ("8", {"x": 1}, 0.0),
+    ],
+)
+def test_arithmetic(completion: str, answer: object, expected: float) -> None:
+    assert arithmetic("3+5=", completion, {"answer": answer}) == expected
+
+
+@pytest.mark.parametrize("sample", [{}, None, "8", {"answer": float("nan")}])
+def test_arithmetic_malformed_sample_gives_zero(sample: object) -> None:
+    assert arithmetic("3+5=", "8", sample) == 0.0  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer", "expected"),
+    [
+        ("Paris", "Paris", 1.0),
+        ("  Paris\n", " Paris ", 1.0),
+        ("paris", "Paris", 0.0),
+        ("8", 8, 1.0),
+        ("Paris.", "Paris", 0.0),
+        ("x", None, 0.0),
+    ],
+)
+def test_exact_match(completion: str, answer: object, expected: float) -> None:
+    assert exact_match("q", completion, {"answer": answer}) == expected
+
+
+def test_exact_match_missing_answer() -> None:
+    assert exact_match("q", "x", {}) == 0.0
+
+
+def test_registry_names() -> None:
+    assert REWARD_FUNCTIONS["arithmetic"] is arithmetic
+    assert get_reward_fn("arithmetic") is arithmetic
+    assert get_reward_fn(" exact_match ") is exact_match
+
+
+def test_import_path_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert get_reward_fn("relayrl.reward.functions:exact_match") is exact_match
+    (tmp_path / "my_rewards_mod.py").write_text(
+        "from relayrl.reward import arithmetic\n"
+        "def components(prompt, completion, sample):\n"
+        "    return {'correct': arithmetic(prompt, completion, sample), 'short': 0.25}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fn = get_reward_fn("my_rewards_mod:components")
+    assert score(fn, "3+5=", "8", {"answer": "8"}) == {
+        "correct": 1.0,
+        "short": 0.25,
+        "score": 1.25,
+    }
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ("no_such_reward", "not a registered name (arithmetic, exact_match"),
+        ("no_such_module_xyz:fn", "cannot import module 'no_such_module_xyz'"),
+        ("relayrl.reward.functions:nope", "has no attribute 'nope'"),
+        ("relayrl.reward.functions:REWARD_FUNCTIONS", "is not callable"),
+        (":fn", "expected 'module:function'"),
+        ("relayrl.reward:", "expected 'module:function'"),
+    ],
+)
+def test_bad_spec_errors_name_the_spec(spec: str, fragment: str) -> None:
+    with pytest.raises(RewardSpecError) as info:
+        get_reward_fn(spec)
+    assert repr(spec) in str(info.value)
+    assert fragment in str(info.value)
+
+
+def test_empty_spec() -> None:
+    with pytest.raises(RewardSpecError, match="non-empty string"):
+        get_reward_fn("")
+
+
+def test_score_normalisation() -> None:
+    assert score(arithmetic, "3+5=", "8", {"answer": "8"}) == {"score": 1.0}
+    assert score(lambda p, c, s: 1, "", "", {}) == {"score": 1.0}
+    assert score(lambda p, c, s: np.float32(0.5), "", "", {}) == {"score": 0.5}
+    assert score(lambda p, c, s: torch.tensor(2.0), "", "", {}) == {"score": 2.0}
+    assert score(lambda p, c, s: {"a": 1, "b": np.int64(2)}, "", "", {}) == {
+        "a": 1.0,
+        "b": 2.0,
+        "score": 3.0,
+    }
+    # An explicit score is kept, not replaced by the sum.
+    assert score(lambda p, c, s: {"a": 1.0, "score": 0.1}, "", "", {}) == {"a": 1.0, "score": 0.1}
+    assert score(lambda p, c, s: {}, "", "", {}) == {"score": 0.0}
+    out = score(lambda p, c, s: {"a": 0.5}, "", "", {})
+    assert all(type(v) is float for v in out.values())
+
+
+@pytest.mark.parametrize("bad", [None, "1.0", [1.0], {"a": "x"}, {1: 1.0}])
+def test_score_rejects_non_numbers(bad: object) -> None:
+    def fn(prompt: str, completion: str, sample: dict) -> object:
+        return bad
+
+    with pytest.raises(TypeError, match="fn"):
+        score(fn, "", "", {})  # type: ignore[arg-type]
+
+
+def test_reward_does_not_import_higher_layers() -> None:
+    higher = ("data", "workers", "controller", "cluster", "plan", "telemetry", "cli")
+    for path in Path(relayrl.reward.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                parts = name.split(".")
+                assert not (parts[0] == "relayrl" and len(parts) > 1 and parts[1] in higher), (
+                    f"{path.name} imports {name}"
+                )

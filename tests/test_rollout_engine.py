@@ -1,0 +1,286 @@
+"""RolloutEngine: greedy == transformers, logprobs == recompute, seeds, refill, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relayrl.rollout import (
+    GenerationRequest,
+    InvalidRequestError,
+    RolloutEngine,
+    SamplingParams,
+)
+from test_rollout_helpers import (
+    EOS,
+    PAD,
+    hf_greedy,
+    random_prompts,
+    recompute_logprobs,
+    tiny_model,
+)
+
+ARCHS = ["llama", "gpt2"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.nn.Module]:
+    root = tmp_path_factory.mktemp("rollout-models")
+    return {arch: tiny_model(root, arch) for arch in ARCHS}
+
+
+def make_engine(model: torch.nn.Module, **kw: object) -> RolloutEngine:
+    return RolloutEngine(model, eos_token_id=EOS, pad_token_id=PAD, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_matches_transformers_generate(models: dict, arch: str) -> None:
+    model = models[arch]
+    prompts = random_prompts([3, 11, 1, 7, 15, 5, 9, 2, 13, 4], seed=1)
+    # Fewer slots than prompts: slots are refilled while others are mid-generation.
+    engine = make_engine(model, max_slots=4)
+    samples = engine.generate(
+        [GenerationRequest(p, SamplingParams(greedy=True, max_tokens=24)) for p in prompts]
+    )
+    expected = hf_greedy(model, prompts, max_new_tokens=24)
+    for p, s, ref in zip(prompts, samples, expected, strict=True):
+        assert s.prompt_ids == p
+        assert s.response_ids == ref
+        assert s.finish_reason == ("eos" if ref[-1] == EOS else "length")
+        assert s.versions == [0] * len(ref)
+        torch.testing.assert_close(
+            torch.tensor(s.behaviour_logprobs), recompute_logprobs(model, p, ref), atol=1e-5, rtol=0
+        )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_behaviour_logprobs_equal_recompute(models: dict, arch: str, temperature: float) -> None:
+    model = models[arch]
+    prompts = random_prompts([4, 9, 2, 12, 6, 3], seed=2)
+    engine = make_engine(model, max_slots=3)
+    reqs = [
+        GenerationRequest(p, SamplingParams(temperature=temperature, max_tokens=30, seed=i))
+        for i, p in enumerate(prompts)
+    ]
+    samples = engine.generate(reqs)
+    for p, s in zip(prompts, samples, strict=True):
+        assert len(s.response_ids) == len(s.behaviour_logprobs) == len(s.versions) >= 1
+        ref = recompute_logprobs(model, p, s.response_ids, temperature)
+        torch.testing.assert_close(torch.tensor(s.behaviour_logprobs), ref, atol=1e-5, rtol=0)
+
+
+def test_logprobs_match_trainer_forward_logprobs(models: dict) -> None:
+    """Same check through the trainer's padded-batch recompute (relayrl.model.batching)."""
+    try:
+        from relayrl.algos import logprobs_from_logits  # noqa: F401
+    except ImportError:
+        pytest.skip("relayrl.algos not available yet")
+    from relayrl.model.batching import forward_logprobs, pack_batch
+
+    model = models["llama"]
+    prompts = random_prompts([5, 1, 10, 3], seed=3)
+    engine = make_engine(model, max_slots=2)
+    samples = engine.generate(
+        [
+            GenerationRequest(p, SamplingParams(temperature=0.7, max_tokens=16, seed=7 + i))
+            for i, p in enumerate(prompts)
+        ]
+    )
+    batch = pack_batch(prompts, [s.response_ids for s in samples], PAD)
+    with torch.no_grad():
+        logp, _ = forward_logprobs(model, batch, temperature=0.7)
+    for i, s in enumerate(samples):
+        n = len(s.response_ids)
+        torch.testing.assert_close(
+            torch.tensor(s.behaviour_logprobs), logp[i, :n], atol=1e-5, rtol=0
+        )
+
+
+def test_top_k_top_p_logprobs_are_under_the_filtered_distribution(models: dict) -> None:
+    model = models["llama"]
+    (prompt,) = random_prompts([6], seed=4)
+    engine = make_engine(model)
+    params = SamplingParams(temperature=0.8, top_k=5, top_p=0.6, max_tokens=12, seed=3)
+    (s,) = engine.generate([GenerationRequest(prompt, params)])
+    ids = torch.tensor([prompt + s.response_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / 0.8
+    for t, tok in enumerate(s.response_ids):
+        row = logits[t]
+        top = row.topk(5)
+        probs = top.values.softmax(-1)
+        keep = (probs.cumsum(-1) - probs) < 0.6  # nucleus inside the top-5
+        kept_ids = top.indices[keep]
+        assert tok in kept_ids.tolist()
+        expected = torch.log_softmax(top.values[keep], -1)[kept_ids.tolist().index(tok)]
+        assert abs(s.behaviour_logprobs[t] - expected.item()) < 1e-5
+
+
+def test_seeded_sampling_is_reproducible_regardless_of_batch(models: dict) -> None:
+    model = models["llama"]
+    prompts = random_prompts([5, 8, 3, 10, 7], seed=5)
+    params = SamplingParams(temperature=1.0, max_tokens=20, seed=1234)
+    alone = make_engine(model, max_slots=1).generate([GenerationRequest(prompts[0], params)])[0]
+    others = [
+        GenerationRequest(p, SamplingParams(temperature=0.9, top_k=20, max_tokens=25, seed=i))
+        for i, p in enumerate(prompts[1:])
+    ]
+    # Same request submitted last, into a busy engine with other slots and other requests.
+    crowded = make_engine(model, max_slots=3).generate(
+        [*others, GenerationRequest(prompts[0], params)]
+    )
+    assert crowded[-1].response_ids == alone.response_ids
+    assert crowded[-1].behaviour_logprobs == pytest.approx(alone.behaviour_logprobs, abs=1e-5)
+    other_seed = SamplingParams(temperature=1.0, max_tokens=20, seed=99)
+    diff = make_engine(model).generate([GenerationRequest(prompts[0], other_seed)])[0]
+    assert diff.response_ids != alone.response_ids
+
+
+def test_unseeded_requests_differ_and_engine_seed_reproduces(models: dict) -> None:
+    model = models["gpt2"]
+    (prompt,) = random_prompts([4], seed=6)
+    reqs = [GenerationRequest(prompt, SamplingParams(max_tokens=15)) for _ in range(4)]
+    a = make_engine(model, seed=3).generate(reqs)
+    b = make_engine(model, seed=3).generate(reqs)
+    assert [s.response_ids for s in a] == [s.response_ids for s in b]
+    assert len({tuple(s.response_ids) for s in a}) > 1
+
+
+def test_finish_reasons_stop_and_length(models: dict) -> None:
+    model = models["llama"]
+    (prompt,) = random_prompts([5], seed=7)
+    engine = make_engine(model)
+    (free,) = engine.generate(
+        [GenerationRequest(prompt, SamplingParams(greedy=True, max_tokens=8))]
+    )
+    assert free.finish_reason in ("length", "eos")
+    # Stop on the 4th greedy token: it is included, finish 'stop'.
+    stop_tok = free.response_ids[3]
+    first = free.response_ids.index(stop_tok)
+    params = SamplingParams(greedy=True, max_tokens=8, stop_token_ids=[stop_tok])
+    (stopped,) = engine.generate([GenerationRequest(prompt, params)])
+    assert stopped.response_ids == free.response_ids[: first + 1]
+    assert stopped.finish_reason == "stop"
+    # The context length caps the response: finish 'length' at max_model_len tokens total.
+    short = make_engine(model, max_model_len=len(prompt) + 3)
+    (capped,) = short.generate(
+        [GenerationRequest(prompt, SamplingParams(max_tokens=50, ignore_eos=True, seed=0))]
+    )
+    assert len(capped.response_ids) == 3 and capped.finish_reason == "length"
+
+
+def test_eos_is_included_with_its_logprob(models: dict) -> None:
+    model = models["llama"]
+    prompts = random_prompts([3] * 24, seed=8)
+    engine = make_engine(model, max_slots=8)
+    samples = engine.generate(
+        [
+            GenerationRequest(p, SamplingParams(temperature=1.5, max_tokens=60, seed=i))
+            for i, p in enumerate(prompts)
+        ]
+    )
+    eos_samples = [s for s in samples if s.finish_reason == "eos"]
+    assert eos_samples, "expected at least one EOS at temperature 1.5"
+    for s in eos_samples:
+        assert s.response_ids[-1] == EOS and EOS not in s.response_ids[:-1]
+        ref = recompute_logprobs(model, s.prompt_ids, s.response_ids, 1.5)
+        assert abs(s.behaviour_logprobs[-1] - ref[-1].item()) < 1e-5
+
+
+def test_finished_slot_is_refilled_at_once(models: dict) -> None:
+    model = models["llama"]
+    prompts = random_prompts([3, 5, 2, 4, 6, 3, 2, 5], seed=9)
+    engine = make_engine(model, max_slots=3)
+    lengths = [2, 9, 4, 3, 7, 5, 1, 6]
+    for p, n in zip(prompts, lengths, strict=True):
+        engine.submit(GenerationRequest(p, SamplingParams(max_tokens=n, ignore_eos=True, seed=0)))
+    rows_per_step = []
+    samples = []
+    while engine.has_unfinished():
+        live = len(engine.scheduler.waiting) + len(engine.scheduler.running)
+        before = engine.stats()["slot_steps"]
+        samples += engine.step()
+        rows = engine.stats()["slot_steps"] - before
+        assert rows == min(3, live), "a slot sat idle while a request was waiting"
+        rows_per_step.append(rows)
+    assert sorted(len(s.response_ids) for s in samples) == sorted(lengths)
+    assert sum(rows_per_step) == sum(lengths)  # one row per generated token, no idle rows
+
+
+def test_bad_input_raises_clear_errors_without_disturbing_others(models: dict) -> None:
+    model = models["llama"]
+    engine = make_engine(model, max_slots=2, max_model_len=32)
+    vocab = model.get_output_embeddings().out_features
+    good = random_prompts([4, 6], seed=10)
+    ids = [engine.submit(GenerationRequest(good[0], SamplingParams(greedy=True, max_tokens=5)))]
+    engine.step()  # the good request is mid-generation
+    cases = [
+        (GenerationRequest([], SamplingParams()), "empty"),
+        (GenerationRequest([5] * 32, SamplingParams()), "max_model_len"),
+        (GenerationRequest([5] * 40, SamplingParams()), "max_model_len"),
+        (GenerationRequest([5], SamplingParams(stop_token_ids=[vocab])), "stop token id"),
+        (GenerationRequest([5], SamplingParams(stop_token_ids=[-1])), "stop token id"),
+        (GenerationRequest([5], SamplingParams(max_tokens=0)), "max_tokens"),
+        (GenerationRequest([5], SamplingParams(max_tokens=-3)), "max_tokens"),
+        (GenerationRequest([5, vocab + 3], SamplingParams()), "prompt token id"),
+        (GenerationRequest([5], SamplingParams(top_p=0.0)), "top_p"),
+        (GenerationRequest([5], SamplingParams(temperature=-1.0)), "temperature"),
+    ]
+    for req, words in cases:
+        with pytest.raises(InvalidRequestError, match=words):
+            engine.submit(req)
+        with pytest.raises(ValueError):  # InvalidRequestError is a ValueError
+            engine.submit(req)
+    ids.append(engine.submit(GenerationRequest(good[1], SamplingParams(greedy=True, max_tokens=5))))
+    done = {s.request_id: s for s in engine.drain()}
+    assert set(done) == set(ids)
+    reference = make_engine(model).generate(
+        [GenerationRequest(p, SamplingParams(greedy=True, max_tokens=5)) for p in good]
+    )
+    assert [done[i].response_ids for i in ids] == [r.response_ids for r in reference]
+    # generate(): a bad request becomes an 'abort' sample with an error, in its place.
+    out = engine.generate(
+        [
+            GenerationRequest(good[0], SamplingParams(greedy=True, max_tokens=5)),
+            GenerationRequest([], SamplingParams()),
+            GenerationRequest(good[1], SamplingParams(greedy=True, max_tokens=5)),
+        ]
+    )
+    assert out[1].finish_reason == "abort" and "empty" in (out[1].error or "")
+    assert out[0].error is None and out[0].response_ids == reference[0].response_ids
+    assert out[2].response_ids == reference[1].response_ids
+
+
+def test_abort_waiting_and_running(models: dict) -> None:
+    model = models["gpt2"]
+    prompts = random_prompts([3, 4, 5], seed=11)
+    engine = make_engine(model, max_slots=1)
+    params = SamplingParams(max_tokens=20, ignore_eos=True, seed=0)
+    a, b, c = (engine.submit(GenerationRequest(p, params)) for p in prompts)
+    engine.step()
+    engine.step()
+    assert engine.abort(a) and engine.abort(c)  # a is running, c is waiting
+    assert not engine.abort(12345)
+    out = {s.request_id: s for s in engine.drain()}
+    assert out[a].finish_reason == "abort" and len(out[a].response_ids) == 2
+    assert len(out[a].behaviour_logprobs) == len(out[a].versions) == 2
+    assert out[c].finish_reason == "abort" and out[c].response_ids == []
+    assert out[b].finish_reason == "length" and len(out[b].response_ids) == 20
+    assert not engine.abort(b)
+
+
+def test_iter_finished_and_group_metadata(models: dict) -> None:
+    model = models["llama"]
+    prompts = random_prompts([3, 4], seed=12)
+    engine = make_engine(model, max_slots=2)
+    for i, p in enumerate(prompts):
+        engine.submit(
+            GenerationRequest(
+                p, SamplingParams(max_tokens=3 + i, seed=i), group_id=7, metadata={"i": i}
+            )
+        )
+    seen = list(engine.iter_finished())
+    assert sorted(s.metadata["i"] for s in seen) == [0, 1]
+    assert all(s.group_id == 7 for s in seen)
+    assert not engine.has_unfinished()
