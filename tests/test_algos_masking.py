@@ -122,14 +122,14 @@ def _run(case: Case, differentiable: tuple[str, ...], inputs: Inputs, mask, grou
     return tensors, stats, grads
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(masked_cases())
 def test_masked_positions_never_influence_outputs_or_gradients(case: tuple) -> None:
     mask, groups, clean, dirty, mode = case
     bool_mask = mask.bool()
     norm = LossNorm.for_batch(mask, mode, norm_constant=6.0)
     for name, (differentiable, fn) in CASES.items():
-        seed = hash(name) % 1000
+        seed = len(name)  # same cotangent for the clean and the dirty run
         out_c, stats_c, grad_c = _run(
             fn, differentiable, clean, mask, groups, norm, torch.Generator().manual_seed(seed)
         )

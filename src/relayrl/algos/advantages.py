@@ -10,8 +10,8 @@ Conventions shared by every estimator:
 - ``group_index`` ([B] int tensor, or a list of any hashable ids) names each sequence's
   group (e.g. its prompt); groups need not be contiguous.
 - Group baselines are computed around the group's minimum score, so a group whose scores
-  are all equal gets an advantage of exactly 0 (no ``x - mean(x) = 1e-17`` residue that
-  a small std would blow up).
+  are all equal is centred to exactly 0 before any division or batch whitening (no
+  ``x - mean(x) = 1e-17`` residue that a tiny std would blow up).
 """
 
 from __future__ import annotations

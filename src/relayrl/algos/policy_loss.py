@@ -90,7 +90,8 @@ def ppo_clip_loss(
     arXiv:1912.09729), c > 1, for A < 0: pg = min(pg, -A * c).
     Stats: clipfrac_upper / clipfrac_lower (clip active with A > 0 / A < 0), clipfrac,
     dual_clipfrac, approx_kl = mean(old - new), ratio_mean; behav_weight_mean /
-    behav_weight_max / capped_frac are 1.0 / 1.0 / 0.0 (no behaviour weight).
+    behav_weight_max / capped_frac are 1.0 / 1.0 / 0.0 (no behaviour weight; all 0.0 when
+    the mask is empty, like every stat).
     """
     mask = as_bool_mask(response_mask)
     _check_inputs(mask, logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)

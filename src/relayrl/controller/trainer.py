@@ -65,7 +65,8 @@ def train(cfg: RunConfig, build_roles: RoleBuilder, resume: bool = False) -> dic
         kl_ctl.value = state["kl_coef"]
         set_rng_state(state["rng"])
         print(f"resumed from {ckpt} at step {start}")
-    roles.rollout.update_weights(roles.actor.state_dict(), version=start, interrupt=False)
+    if roles.rollout.version != start:
+        roles.rollout.update_weights(roles.actor.state_dict(), version=start, interrupt=False)
 
     tok = roles.tokenizer
     stop_ids = [tok.eos_token_id] if tok.eos_token_id is not None else []

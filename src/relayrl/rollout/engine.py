@@ -307,19 +307,37 @@ class RolloutEngine:
             raise ValueError(f"weights are already version {version}")
         if version in self._models:
             raise ValueError(f"version {version} is still in use by in-flight sequences")
+        state = dict(state_dict)
+        self._check_state_dict(state, strict)  # before touching anything: no half-loaded model
         old = self.version
-        if not interrupt and any(v == old for v in self.scheduler.versions_in_use()):
+        if not interrupt and old in self.scheduler.versions_in_use():
             self._models[old] = copy.deepcopy(self.model)
         else:
             self._models.pop(old, None)
         with torch.no_grad():
-            self.model.load_state_dict(dict(state_dict), strict=strict)
+            self.model.load_state_dict(state, strict=strict)
         self.version = version
         self._models[version] = self.model
         if interrupt:
             self._stats["sequences_interrupted"] += self.scheduler.interrupt_all(version)
         self._stats["weight_updates"] += 1
         self._release_old_models()
+
+    def _check_state_dict(self, state: dict[str, Tensor], strict: bool) -> None:
+        current = self.model.state_dict()
+        unexpected = sorted(set(state) - set(current))
+        missing = sorted(set(current) - set(state))
+        if strict and (unexpected or missing):
+            raise ValueError(
+                f"state_dict does not match the model: unexpected keys {unexpected[:5]}, "
+                f"missing keys {missing[:5]}"
+            )
+        for name, tensor in state.items():
+            if name in current and tuple(tensor.shape) != tuple(current[name].shape):
+                raise ValueError(
+                    f"state_dict[{name!r}] has shape {tuple(tensor.shape)}, "
+                    f"the model expects {tuple(current[name].shape)}"
+                )
 
     def _release_old_models(self) -> None:
         in_use = self.scheduler.versions_in_use() | {self.version}

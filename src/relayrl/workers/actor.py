@@ -128,7 +128,7 @@ class ActorWorker(ReferenceWorker):
             loss = loss + a.kl_coef * kl_loss
             stats["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
         assert ent is not None
-        ent_mean = float((ent * mask).sum() / mask.sum().clamp(min=1))
+        ent_mean = float((ent.detach() * mask).sum() / mask.sum().clamp(min=1))
         if a.entropy_coef != 0:
             loss = loss - a.entropy_coef * aggregate_loss(ent, mask, norm)
         stats["entropy"] = ent_mean

@@ -1,0 +1,202 @@
+"""Rollout engine throughput against its peers, on a tiny model with heavy-tailed lengths.
+
+Prints ONE JSON line. Every rate is *useful* tokens per second: the tokens each request asked
+for (its target length), not the padding a static batch keeps decoding after a short answer
+ended. Target lengths are lognormal, capped; the model is random, so EOS is ignored and each
+request runs exactly to its target (``max_tokens`` = target). All methods sample at
+temperature 1 and run in the same process, one after the other, on the same prompts:
+
+- ``engine``: ``RolloutEngine`` with ``--slots`` slots, every request submitted at once.
+- ``static``: ``transformers`` ``generate`` on static batches of ``--slots`` requests (in
+  submission order), each batch running until its longest target.
+- ``ceiling``: the engine with all slots full and no tail (every request the same length).
+- ``hf_cb``: ``transformers``' continuous batching manager (``generate_batch``'s engine) with
+  per-request ``max_new_tokens``, when it runs here (``--skip-hf-cb`` to skip).
+
+Peak memory is the process's peak RSS (``resource.getrusage``) after each phase (phases run
+in the order engine, ceiling, static, hf_cb, so a later phase only shows if it raised it).
+
+    .venv/bin/python bench/rollout.py [--requests 512 --slots 32 --arch llama]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+from relayrl.model.loading import load_causal_lm  # noqa: E402
+from relayrl.model.tiny import build_tiny_model  # noqa: E402
+from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams  # noqa: E402
+
+PAD, EOS = 0, 2
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def workload(n: int, median: float, sigma: float, cap: int, seed: int) -> tuple[list, list]:
+    """Prompts (8..32 tokens) and lognormal target lengths in [1, cap]."""
+    g = torch.Generator().manual_seed(seed)
+    plens = torch.randint(8, 33, (n,), generator=g).tolist()
+    prompts = [torch.randint(4, 80, (p,), generator=g).tolist() for p in plens]
+    z = torch.randn(n, generator=g, dtype=torch.float64)
+    targets = [max(1, min(cap, round(median * math.exp(sigma * float(x))))) for x in z]
+    return prompts, targets
+
+
+def run_engine(model, prompts, targets, slots: int, max_len: int) -> tuple[float, dict]:
+    engine = RolloutEngine(model, eos_token_id=EOS, pad_token_id=PAD, max_slots=slots,
+                           max_model_len=max_len)
+    reqs = [
+        GenerationRequest(p, SamplingParams(max_tokens=t, ignore_eos=True, seed=i))
+        for i, (p, t) in enumerate(zip(prompts, targets, strict=True))
+    ]
+    t0 = time.perf_counter()
+    samples = engine.generate(reqs)
+    dt = time.perf_counter() - t0
+    got = sum(len(s.response_ids) for s in samples)
+    assert got == sum(targets), (got, sum(targets))
+    return got / dt, engine.stats()
+
+
+@torch.no_grad()
+def run_static(model, prompts, targets, slots: int) -> tuple[float, float]:
+    """HF generate on static batches; returns (useful tokens/s, fraction of decoded rows useful)."""
+    useful = decoded = 0
+    t0 = time.perf_counter()
+    for b in range(0, len(prompts), slots):
+        ps, ts = prompts[b : b + slots], targets[b : b + slots]
+        width = max(map(len, ps))
+        ids = torch.full((len(ps), width), PAD, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(ps):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        n = max(ts)
+        out = model.generate(
+            ids, attention_mask=mask, do_sample=True, max_new_tokens=n, min_new_tokens=n,
+            eos_token_id=EOS, pad_token_id=PAD, top_k=0, top_p=1.0, temperature=1.0,
+        )
+        assert out.shape[1] == width + n
+        useful += sum(ts)
+        decoded += n * len(ps)
+    dt = time.perf_counter() - t0
+    return useful / dt, useful / decoded
+
+
+def run_hf_cb(model, prompts, targets, slots: int) -> float | str:
+    """transformers' continuous batching manager with per-request max_new_tokens."""
+    try:
+        from transformers import GenerationConfig
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+        logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)
+        gc = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                              max_new_tokens=max(targets), eos_token_id=None, pad_token_id=PAD)
+        cbc = ContinuousBatchingConfig(max_requests_per_batch=slots)
+        with model.continuous_batching_context_manager(
+            generation_config=gc, continuous_batching_config=cbc, block=True, timeout=5
+        ) as manager:
+            t0 = time.perf_counter()
+            ids = [manager.add_request(p, max_new_tokens=t)
+                   for p, t in zip(prompts, targets, strict=True)]
+            done: dict[str, int] = {}
+            while len(done) < len(ids):
+                r = manager.get_result(timeout=5)
+                if r is None:
+                    if not manager.is_running():
+                        return "error: manager stopped"
+                    continue
+                if r.is_finished():
+                    done[r.request_id] = len(r.generated_tokens)
+            dt = time.perf_counter() - t0
+        return sum(done.values()) / dt
+    except Exception as e:  # the peer is optional: report why it did not run
+        return f"error: {type(e).__name__}: {e}"[:200]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--arch", default="llama", choices=["llama", "qwen2", "gpt2"])
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--requests", type=int, default=512)
+    ap.add_argument("--slots", type=int, default=32)
+    ap.add_argument("--median", type=float, default=24.0)
+    ap.add_argument("--sigma", type=float, default=1.0)
+    ap.add_argument("--cap", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--skip-hf-cb", action="store_true")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    max_len = 32 + args.cap + 1
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build_tiny_model(Path(tmp) / "m", arch=args.arch, hidden_size=args.hidden,
+                                num_layers=args.layers, max_position_embeddings=max_len)
+        model = load_causal_lm(path).eval()
+    prompts, targets = workload(args.requests, args.median, args.sigma, args.cap, args.seed)
+    # Warm-up (allocators, lazy init) outside the timings.
+    run_engine(model, prompts[:8], [4] * 8, args.slots, max_len)
+    run_static(model, prompts[:8], [4] * 8, args.slots)
+
+    engine_tps, st = run_engine(model, prompts, targets, args.slots, max_len)
+    rss_engine = peak_rss_mb()
+    mean_len = max(1, round(sum(targets) / len(targets)))
+    n_ceiling = args.slots * max(2, 2 * 64 // mean_len)
+    ceiling_tps, st_ceiling = run_engine(
+        model, prompts[:n_ceiling], [mean_len] * n_ceiling, args.slots, max_len
+    )
+    rss_ceiling = peak_rss_mb()
+    static_tps, static_util = run_static(model, prompts, targets, args.slots)
+    rss_static = peak_rss_mb()
+    hf_cb: float | str = "skipped"
+    if not args.skip_hf_cb:
+        hf_cb = run_hf_cb(model, prompts, targets, args.slots)
+    rss_cb = peak_rss_mb()
+    r = lambda x: round(x, 3)  # noqa: E731
+    out = {
+        "bench": "rollout",
+        "arch": args.arch,
+        "requests": args.requests,
+        "slots": args.slots,
+        "target_len": {"median": args.median, "sigma": args.sigma, "cap": args.cap,
+                       "mean": r(sum(targets) / len(targets)), "max": max(targets)},
+        "useful_tokens": sum(targets),
+        "engine_tok_s": r(engine_tps),
+        "static_tok_s": r(static_tps),
+        "ceiling_tok_s": r(ceiling_tps),
+        "hf_cb_tok_s": r(hf_cb) if isinstance(hf_cb, float) else hf_cb,
+        "engine_vs_static": r(engine_tps / static_tps),
+        "engine_vs_ceiling": r(engine_tps / ceiling_tps),
+        "engine_vs_hf_cb": r(engine_tps / hf_cb) if isinstance(hf_cb, float) else None,
+        "engine_slot_utilisation": r(st["mean_slot_utilisation"]),
+        "ceiling_slot_utilisation": r(st_ceiling["mean_slot_utilisation"]),
+        "static_useful_fraction": r(static_util),
+        "engine_steps": st["steps"],
+        "engine_kv_cache_mb": r(st["kv_cache_bytes"] / 2**20),
+        "peak_rss_mb": {"after_engine": r(rss_engine), "after_ceiling": r(rss_ceiling),
+                        "after_static": r(rss_static), "after_hf_cb": r(rss_cb)},
+        "threads": args.threads,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
