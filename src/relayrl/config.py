@@ -62,9 +62,9 @@ class AlgoConfig(_Strict):
     advantage: str | None = None
     """Advantage estimator; defaults to ``grpo`` for GRPO and ``gae`` for PPO."""
     group_size: int = Field(8, ge=1)
-    prompts_per_step: int = Field(16, ge=1)
+    prompts_per_step: int = Field(64, ge=1)
     epochs: int = Field(1, ge=1)
-    mini_batches: int = Field(1, ge=1)
+    mini_batches: int = Field(2, ge=1)
     micro_batch_size: int = Field(64, ge=1)
     loss_agg: Literal[
         "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
@@ -104,7 +104,7 @@ class AlgoConfig(_Strict):
 
 
 class OptimConfig(_Strict):
-    lr: float = Field(2e-4, gt=0)
+    lr: float = Field(5e-4, gt=0)
     critic_lr: float = Field(1e-3, gt=0)
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.99)
@@ -121,7 +121,7 @@ class RolloutConfig(_Strict):
 
 
 class TrainConfig(_Strict):
-    steps: int = Field(60, ge=0)
+    steps: int = Field(150, ge=0)
     eval_every: int = Field(0, ge=0)
     """Greedy held-out eval every N steps (0: only before and after)."""
     save_every: int = Field(0, ge=0)
@@ -165,9 +165,9 @@ class SFTConfig(_Strict):
     train_path: str | None = None
     """JSONL with ``prompt`` and ``response`` when ``task: jsonl``."""
     num_examples: int = Field(20000, ge=1)
-    steps: int = Field(300, ge=0)
+    steps: int = Field(520, ge=0)
     batch_size: int = Field(64, ge=1)
-    lr: float = Field(1e-3, gt=0)
+    lr: float = Field(3e-3, gt=0)
     warmup_steps: int = 20
     weight_decay: float = 0.0
     grad_clip: float | None = 1.0

@@ -25,9 +25,6 @@ def demo_configs(run_dir: Path, overrides: list[str] | None = None) -> tuple[SFT
         model_path=str(run_dir / "base"),
         output_dir=str(run_dir / "sft"),
         arithmetic=ArithmeticConfig(**DEMO_ARITHMETIC),
-        steps=400,
-        batch_size=64,
-        lr=3e-3,
     )
     rl = load_config(
         RunConfig,

@@ -80,7 +80,10 @@ def train(cfg: RunConfig, build_roles: RoleBuilder, resume: bool = False) -> dic
             roles.rollout, roles.reward, eval_prompts, cfg.rollout.max_tokens, stop_ids
         )
 
-    logger = MetricsLogger(run_dir, tensorboard=cfg.logging.tensorboard)
+    # A fresh run starts a fresh metrics file; a resumed one drops records past its checkpoint.
+    logger = MetricsLogger(
+        run_dir, tensorboard=cfg.logging.tensorboard, resume_step=start if start > 0 else -1
+    )
     first_eval = evaluate() if start == 0 else {}
     if first_eval:
         logger.log(0, first_eval)

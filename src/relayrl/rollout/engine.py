@@ -225,7 +225,6 @@ class RolloutEngine:
                 self.scheduler.finish(seq)
                 finished.append(self._to_sample(seq, reason))
         st = self._stats
-        st["forwards"] += 1
         st["tokens_generated"] += len(seqs)
         st["prefill_tokens"] += num_prefill
         st["slot_steps"] += len(seqs)
@@ -348,6 +347,7 @@ class RolloutEngine:
     def stats(self) -> dict[str, Any]:
         """Counters and timings since construction."""
         st = dict(self._stats)
+        st["forwards"] = self.runner.num_forwards
         steps = max(1, int(st["steps"]))
         st["mean_slot_utilisation"] = st["slot_steps"] / (steps * self.max_slots)
         busy = st["prefill_time_s"] + st["decode_time_s"] + st["sample_time_s"]

@@ -46,8 +46,11 @@ class SlotKVCache(Cache):
         self._is_free = [True] * num_slots
         # The plan of the forward in flight (set by ``plan``, read by ``update``).
         self._rows: Tensor | slice = slice(0, 0)
-        self._write_pos: Tensor = torch.zeros(0, 0, dtype=torch.long)
+        self._write_rows: Tensor = torch.zeros(0, 1, dtype=torch.long)
+        self._write_pos: Tensor = torch.zeros(0, 1, dtype=torch.long)
         self._kv_len = 0
+        self._split = False
+        self.split_kv: tuple[Tensor, Tensor] | None = None
 
     # ----------------------------------------------------------------- slot table
     def allocate(self) -> int:
@@ -73,25 +76,42 @@ class SlotKVCache(Cache):
         return len(self._free)
 
     # ----------------------------------------------------------------- one forward
-    def plan(self, rows: Tensor | slice, write_pos: Tensor, kv_len: int) -> int:
+    def plan(
+        self,
+        rows: Tensor | slice,
+        write_rows: Tensor,
+        write_pos: Tensor,
+        kv_len: int,
+        split: bool = False,
+    ) -> None:
         """Prepare the next forward.
 
-        ``rows`` selects the arena rows of the batch (a slice = zero-copy view), ``write_pos``
-        ``[n, q]`` gives the column each new key/value goes to (``-1`` = trash column), and
-        ``kv_len`` how many columns attention reads. Grows the arenas when needed. Returns the
-        trash column index (callers never need it except for tests).
+        ``write_rows`` ``[n, 1]`` and ``write_pos`` ``[n, q]`` give the arena row and column of
+        each new key/value of the batch (column ``-1`` = trash column). ``rows`` selects the
+        arena rows attention reads (a slice = zero-copy view), ``kv_len`` how many columns.
+
+        ``split=False``: ``update`` returns those rows (one per batch row). ``split=True``
+        (the runner's split attention): ``update`` returns the new keys/values unchanged and
+        leaves the selected rows in :attr:`split_kv` for the decode part of attention.
+        Grows the arenas when needed.
         """
-        if kv_len > self.max_len:
-            raise ValueError(f"step needs {kv_len} KV columns, max_len is {self.max_len}")
-        if kv_len > self.capacity:
-            new_cap = self.capacity
-            while new_cap < kv_len:
-                new_cap *= 2
-            self._grow(min(new_cap, self.max_len))
+        self.ensure_capacity(kv_len)
         self._rows = rows
+        self._write_rows = write_rows
         self._write_pos = torch.where(write_pos < 0, self.capacity, write_pos)
         self._kv_len = kv_len
-        return self.capacity
+        self._split = split
+        self.split_kv: tuple[Tensor, Tensor] | None = None
+
+    def ensure_capacity(self, columns: int) -> None:
+        """Grow the arenas (x2 steps, capped at ``max_len``) to hold ``columns`` tokens."""
+        if columns > self.max_len:
+            raise ValueError(f"step needs {columns} KV columns, max_len is {self.max_len}")
+        if columns > self.capacity:
+            new_cap = self.capacity
+            while new_cap < columns:
+                new_cap *= 2
+            self._grow(min(new_cap, self.max_len))
 
     def _grow(self, new_cap: int) -> None:
         for arenas in (self._keys, self._values):
@@ -123,17 +143,17 @@ class SlotKVCache(Cache):
             keys = key_states.new_zeros(shape)
             values = value_states.new_zeros(shape[:3] + (value_states.shape[-1],))
             self._keys[layer_idx], self._values[layer_idx] = keys, values
-        rows, pos = self._rows, self._write_pos
-        if isinstance(rows, slice):
-            row_idx = torch.arange(rows.start, rows.stop).unsqueeze(1)
-        else:
-            row_idx = rows.unsqueeze(1)
         # [S, L, H, D] views of the arenas so that one index_put writes [n, q, H, D].
-        keys.permute(0, 2, 1, 3)[row_idx, pos] = key_states.transpose(1, 2).to(keys.dtype)
-        values.permute(0, 2, 1, 3)[row_idx, pos] = value_states.transpose(1, 2).to(values.dtype)
+        rows, pos = self._write_rows, self._write_pos
+        keys.permute(0, 2, 1, 3)[rows, pos] = key_states.transpose(1, 2).to(keys.dtype)
+        values.permute(0, 2, 1, 3)[rows, pos] = value_states.transpose(1, 2).to(values.dtype)
         n = self._kv_len
-        # A slice is a view (no copy); an index tensor gathers the rows.
-        return keys[rows, :, :n], values[rows, :, :n]
+        # A slice selects a view (no copy); an index tensor gathers the rows.
+        read = (keys[self._rows, :, :n], values[self._rows, :, :n])
+        if self._split:
+            self.split_kv = read
+            return key_states, value_states
+        return read
 
     # ----------------------------------------------------------------- HF Cache protocol
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -1,39 +1,189 @@
 """Batched prefill + decode steps of a Hugging Face causal LM on the per-slot KV cache.
 
-One step runs one forward over a set of sequences, each feeding its not-yet-computed tokens
-(a whole prompt for a fresh request, prompt + tokens so far after an interrupt, one token
-when decoding). Rows are right-aligned in a ``[n, q]`` window: row ``r`` with ``q_r`` new
-tokens occupies the last ``q_r`` columns, so the last column is every row's last token and the
-LM head runs on that column only (``logits_to_keep=1``). Leading pad columns get the position
-of the row's first new token, attend to a valid prefix (no NaN) and write their keys to the
-cache's trash column; their outputs are ignored.
+A step computes, for a set of sequences, their not-yet-computed tokens (the whole prompt for
+a fresh request, prompt + tokens so far after an interrupt, one token when decoding) and
+returns the logits of each sequence's last token. Positions are always explicit, so a
+sequence's logits never depend on what else shares the batch.
 
-Positions are explicit (``start + i``), and the 4D additive mask allows row ``r``, new token
-``i`` to see cache columns ``j <= start_r + i``: the exact causal context of that sequence,
-independent of what else is in the batch.
+Two ways to run a step:
+
+- **Split attention** (the fast path, used when the model passes a self-check at first use):
+  one forward whose batch rows each hold ONE token: first the decode rows (one per live slot
+  in a contiguous range, so attention reads a zero-copy view of the arena), then every
+  prefill token, flat. The model's linear layers see ``n_decode + n_prefill_tokens`` rows
+  with no padding. Attention is split in two SDPA calls, through a ``transformers``
+  attention function swapped in for the duration of the forward: decode rows attend to their
+  slot's cache, prefill tokens attend causally within their own prompt (a block-diagonal
+  mask; a prefill always starts from an empty slot). On CPU, where per-forward overhead
+  dominates small models, this makes a step with admissions cost about as much as a plain
+  decode step instead of several times more.
+- **Padded** (the fallback, any model whose attention goes through ``cache.update`` and a 4D
+  mask): rows right-aligned in an ``[n, q]`` window, the last column is every row's last
+  token, leading pad columns write to the cache's trash column. Decode rows and prefills run
+  as two forwards so decode rows are never padded to the prompt width.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from relayrl.rollout.kv_cache import SlotKVCache
 
+SPLIT_ATTENTION = "relayrl_split_sdpa"
+
+
+@dataclass
+class _SplitState:
+    cache: SlotKVCache
+    n_decode: int  # batch rows [0, n_decode) are decode rows; the rest are prefill tokens
+    decode_mask: Tensor | None  # [n_decode, 1, 1, kv_len] additive
+    prefill_mask: Tensor | None  # [1, 1, P, P] additive, block-diagonal causal
+
+
+_active = threading.local()
+
+
+def _split_attention(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    **kwargs: object,
+) -> tuple[Tensor, None]:
+    """Attention of a split step: decode rows on the cache, prefill tokens on their prompt."""
+    state: _SplitState | None = getattr(_active, "state", None)
+    if state is None:  # not inside an engine forward: plain SDPA
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    n = state.n_decode
+    parts = []
+    if n:
+        assert state.cache.split_kv is not None
+        k, v = state.cache.split_kv
+        out, _ = sdpa_attention_forward(module, query[:n], k, v, state.decode_mask, **kwargs)
+        parts.append(out)  # [n, 1, H, D]
+    if query.shape[0] > n:
+        # The prefill tokens as one sequence [1, H, P, D] with a block-diagonal causal mask.
+        q, k, v = (t[n:].transpose(0, 2) for t in (query, key, value))
+        out, _ = sdpa_attention_forward(module, q, k, v, state.prefill_mask, **kwargs)
+        parts.append(out.transpose(0, 1))  # [P, 1, H, D]
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)), None
+
+
+AttentionInterface.register(SPLIT_ATTENTION, _split_attention)
+
 
 class ModelRunner:
-    """Runs forwards for the engine; stateless apart from a few cached tensors."""
+    """Runs forwards for the engine."""
 
-    def __init__(self, pad_token_id: int, max_slots: int, dense_fraction: float = 0.5) -> None:
+    def __init__(
+        self,
+        pad_token_id: int,
+        max_slots: int,
+        max_prefill_tokens: int = 512,
+        dense_fraction: float = 0.5,
+        split_attention: bool = True,
+    ) -> None:
         self.pad_token_id = pad_token_id
         self.max_slots = max_slots
-        # A contiguous slot range is run as a zero-copy view when at least this fraction of
-        # its rows is real work; otherwise the rows are gathered.
+        # Prefill tokens per split forward (the block-diagonal mask is P x P).
+        self.max_prefill_tokens = max_prefill_tokens
+        # A contiguous range of distinct slots runs as a zero-copy view of the arena when at
+        # least this fraction of its rows is real work; otherwise rows are gathered.
         self.dense_fraction = dense_fraction
+        self.split_attention = split_attention
+        self.num_forwards = 0
         self._signatures: dict[type, tuple[str, bool]] = {}
+        self._split_ok: dict[type, bool] = {}
+
+    # ------------------------------------------------------------------ public
+    def execute(
+        self,
+        model: torch.nn.Module,
+        cache: SlotKVCache,
+        slots: Sequence[int],
+        starts: Sequence[int],
+        new_tokens: Sequence[Sequence[int]],
+    ) -> Tensor:
+        """Compute the new tokens of each sequence; fp32 logits ``[len(slots), vocab]`` of
+        each sequence's last token.
+
+        ``slots`` are distinct and sorted; ``starts[i]`` is how many tokens of sequence ``i``
+        are in its slot already, ``new_tokens[i]`` the tokens to compute now (>= 1).
+        """
+        decode = [i for i, t in enumerate(new_tokens) if len(t) == 1]
+        prefill = [i for i, t in enumerate(new_tokens) if len(t) > 1]
+        use_split = (
+            self.split_attention
+            and all(starts[i] == 0 for i in prefill)
+            and self.supports_split(model)
+        )
+        if not prefill:
+            if use_split:  # identical numerics to the steps with admissions
+                return self._forward_split(model, cache, slots, starts, new_tokens, [], [])
+            return self._forward_padded(model, cache, slots, starts, new_tokens)
+        out: Tensor | None = None
+        pieces: list[tuple[list[int], Tensor]] = []
+        if use_split:
+            chunks = self._chunk(prefill, new_tokens)
+            for c, chunk in enumerate(chunks):
+                dec = decode if c == 0 else []
+                logits = self._forward_split(
+                    model,
+                    cache,
+                    [slots[i] for i in dec],
+                    [starts[i] for i in dec],
+                    [new_tokens[i] for i in dec],
+                    [slots[i] for i in chunk],
+                    [new_tokens[i] for i in chunk],
+                )
+                pieces.append((dec + chunk, logits))
+        else:
+            for idx in (decode, prefill):
+                if idx:
+                    logits = self._forward_padded(
+                        model,
+                        cache,
+                        [slots[i] for i in idx],
+                        [starts[i] for i in idx],
+                        [new_tokens[i] for i in idx],
+                    )
+                    pieces.append((idx, logits))
+        for idx, logits in pieces:
+            if out is None:
+                out = logits.new_empty(len(slots), logits.shape[1])
+            out[idx] = logits
+        assert out is not None
+        return out
+
+    def supports_split(self, model: torch.nn.Module) -> bool:
+        """Whether split attention gives this model's exact results (checked once per class)."""
+        key = type(model)
+        if key not in self._split_ok:
+            self._split_ok[key] = self._check_split(model)
+        return self._split_ok[key]
+
+    # ------------------------------------------------------------------ internals
+    def _chunk(self, prefill: list[int], new_tokens: Sequence[Sequence[int]]) -> list[list[int]]:
+        chunks: list[list[int]] = [[]]
+        used = 0
+        for i in prefill:
+            n = len(new_tokens[i])
+            if chunks[-1] and used + n > self.max_prefill_tokens:
+                chunks.append([])
+                used = 0
+            chunks[-1].append(i)
+            used += n
+        return chunks
 
     def _signature(self, model: torch.nn.Module) -> tuple[str, bool]:
         """(name of the cache argument, whether ``logits_to_keep`` is accepted)."""
@@ -44,25 +194,36 @@ class ModelRunner:
             self._signatures[key] = (cache_arg, "logits_to_keep" in params)
         return self._signatures[key]
 
-    def choose_rows(
-        self, slots: Sequence[int], cache: SlotKVCache
-    ) -> tuple[Tensor | slice, list[int]]:
-        """Pick the arena rows of a forward over ``slots`` (sorted).
+    def _choose_rows(self, slots: Sequence[int]) -> tuple[Tensor | slice, list[int], Tensor]:
+        """Arena rows of a forward over distinct sorted ``slots``.
 
-        Returns the row selector and, per row, the index into ``slots`` (``-1`` for a dummy
-        row: a free slot inside a contiguous range).
+        Returns the read selector, per batch row the index into ``slots`` (``-1`` = dummy
+        row: an idle or prefilling slot inside a contiguous range, all its writes go to the
+        trash column) and the arena row of each batch row ``[n, 1]``.
         """
         lo, hi = slots[0], slots[-1] + 1
         span = hi - lo
         if span == len(slots):
-            return slice(lo, hi), list(range(len(slots)))
+            return slice(lo, hi), list(range(len(slots))), torch.arange(lo, hi).unsqueeze(1)
         if len(slots) >= self.dense_fraction * span:
             member = {s: i for i, s in enumerate(slots)}
-            if all(s in member or cache.is_free(s) for s in range(lo, hi)):
-                return slice(lo, hi), [member.get(s, -1) for s in range(lo, hi)]
-        return torch.tensor(list(slots), dtype=torch.long), list(range(len(slots)))
+            row_map = [member.get(s, -1) for s in range(lo, hi)]
+            return slice(lo, hi), row_map, torch.arange(lo, hi).unsqueeze(1)
+        idx = torch.tensor(list(slots), dtype=torch.long)
+        return idx, list(range(len(slots))), idx.unsqueeze(1)
 
-    def execute(
+    def _call(
+        self, model: torch.nn.Module, cache: SlotKVCache, ids: Tensor, pos: Tensor, mask: Tensor
+    ) -> Tensor:
+        cache_arg, keeps_logits = self._signature(model)
+        kwargs: dict[str, object] = {cache_arg: cache}
+        if keeps_logits:
+            kwargs["logits_to_keep"] = 1
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **kwargs)
+        self.num_forwards += 1
+        return out.logits[:, -1].float()
+
+    def _forward_padded(
         self,
         model: torch.nn.Module,
         cache: SlotKVCache,
@@ -70,16 +231,12 @@ class ModelRunner:
         starts: Sequence[int],
         new_tokens: Sequence[Sequence[int]],
     ) -> Tensor:
-        """One forward. Returns fp32 logits ``[len(slots), vocab]`` of each row's last token.
-
-        ``slots`` must be sorted ascending; ``starts[i]`` is how many tokens of sequence ``i``
-        are already in its slot's cache, ``new_tokens[i]`` the tokens to compute now (>= 1).
-        """
-        rows, row_map = self.choose_rows(slots, cache)
+        """One forward over rows right-aligned in an ``[n, q]`` window."""
+        rows, row_map, write_rows = self._choose_rows(slots)
         n = len(row_map)
         q = max(len(t) for t in new_tokens)
         ids = [[self.pad_token_id] * q for _ in range(n)]
-        start_col = [0] * n  # for dummies: start 0, every column padding
+        start_col = [0] * n  # dummies: start 0, every column padding
         num_new = [0] * n
         for r, i in enumerate(row_map):
             if i < 0:
@@ -88,33 +245,138 @@ class ModelRunner:
             ids[r][q - len(toks) :] = toks
             start_col[r] = starts[i]
             num_new[r] = len(toks)
-        input_ids = torch.tensor(ids, dtype=torch.long)
         start = torch.tensor(start_col, dtype=torch.long).unsqueeze(1)  # [n, 1]
         k = torch.tensor(num_new, dtype=torch.long).unsqueeze(1)  # [n, 1]
-        col = torch.arange(q, dtype=torch.long).unsqueeze(0)  # [1, q]
-        i = col - (q - k)  # index of the new token in its row; < 0 on padding
+        i = torch.arange(q, dtype=torch.long).unsqueeze(0) - (q - k)  # < 0 on padding
         position_ids = start + i.clamp(min=0)  # [n, q]
         write_pos = torch.where(i >= 0, position_ids, -1)
-        kv_len = max(s + t for s, t in zip(start_col, num_new, strict=True))
-        kv_len = max(kv_len, 1)
-        cache.plan(rows, write_pos, kv_len)
-        dtype = next(model.parameters()).dtype
-        allowed = torch.arange(kv_len).view(1, 1, kv_len) <= position_ids.unsqueeze(2)
-        mask = torch.zeros(n, 1, q, kv_len, dtype=dtype)
-        mask.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
-        cache_arg, keeps_logits = self._signature(model)
-        kwargs: dict[str, object] = {cache_arg: cache}
-        if keeps_logits:
-            kwargs["logits_to_keep"] = 1
-        out = model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=position_ids,
-            use_cache=True,
-            **kwargs,
-        )
-        logits = out.logits[:, -1].float()
-        if isinstance(rows, slice) and n != len(slots):
-            keep = torch.tensor([r for r, i in enumerate(row_map) if i >= 0], dtype=torch.long)
-            logits = logits.index_select(0, keep)
+        kv_len = max(1, max(s + t for s, t in zip(start_col, num_new, strict=True)))
+        cache.plan(rows, write_rows, write_pos, kv_len)
+        mask = _causal_mask(position_ids.unsqueeze(1), kv_len, _dtype(model))  # [n, 1, q, L]
+        logits = self._call(model, cache, torch.tensor(ids), position_ids, mask)
+        if n != len(slots):
+            logits = logits[[r for r, i in enumerate(row_map) if i >= 0]]
         return logits
+
+    def _forward_split(
+        self,
+        model: torch.nn.Module,
+        cache: SlotKVCache,
+        dec_slots: Sequence[int],
+        dec_starts: Sequence[int],
+        dec_tokens: Sequence[Sequence[int]],
+        pre_slots: Sequence[int],
+        pre_tokens: Sequence[Sequence[int]],
+    ) -> Tensor:
+        """One split-attention forward: decode rows, then every prefill token (each prefill
+        sequence starts from an empty slot)."""
+        dtype = _dtype(model)
+        ids: list[int] = []
+        positions: list[int] = []
+        write_rows: list[int] = []
+        keep: list[int] = []
+        kv_len = 1
+        rows: Tensor | slice = slice(0, 0)
+        decode_mask = None
+        if dec_slots:
+            rows, row_map, dec_rows = self._choose_rows(dec_slots)
+            write_rows = dec_rows.squeeze(1).tolist()
+            for r, i in enumerate(row_map):
+                if i < 0:
+                    ids.append(self.pad_token_id)
+                    positions.append(-1)
+                else:
+                    ids.append(dec_tokens[i][0])
+                    positions.append(dec_starts[i])
+                    keep.append(r)
+            kv_len = max(dec_starts) + 1
+            dec_pos = torch.tensor(positions, dtype=torch.long).view(-1, 1, 1)
+            decode_mask = _causal_mask(dec_pos.clamp(min=0), kv_len, dtype)
+        n_decode = len(ids)
+        prefill_mask = None
+        if pre_slots:
+            segment: list[int] = []
+            for k, (slot, toks) in enumerate(zip(pre_slots, pre_tokens, strict=True)):
+                ids.extend(toks)
+                positions.extend(range(len(toks)))
+                write_rows.extend([slot] * len(toks))
+                segment.extend([k] * len(toks))
+                keep.append(len(ids) - 1)
+            seg = torch.tensor(segment)
+            pos = torch.tensor(positions[n_decode:])
+            allowed = (seg.unsqueeze(1) == seg.unsqueeze(0)) & (
+                pos.unsqueeze(0) <= pos.unsqueeze(1)
+            )
+            prefill_mask = torch.zeros(1, 1, len(seg), len(seg), dtype=dtype)
+            prefill_mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+            cache.ensure_capacity(max(len(t) for t in pre_tokens))
+        position_ids = torch.tensor(positions, dtype=torch.long).unsqueeze(1)  # [N, 1]
+        cache.plan(
+            rows,
+            torch.tensor(write_rows, dtype=torch.long).unsqueeze(1),
+            position_ids,  # dummies have -1: trash column
+            kv_len,
+            split=True,
+        )
+        state = _SplitState(cache, n_decode, decode_mask, prefill_mask)
+        dummy_mask = torch.zeros(1, 1, 1, 1, dtype=dtype)  # the real masks live in `state`
+        with _split_attention_active(model, state):
+            logits = self._call(
+                model, cache, torch.tensor(ids).unsqueeze(1), position_ids.clamp(min=0), dummy_mask
+            )
+        return logits[keep] if len(keep) != len(ids) else logits
+
+    @torch.inference_mode()
+    def _check_split(self, model: torch.nn.Module) -> bool:
+        """Run two split steps on a scratch cache and compare with plain full forwards."""
+        config = getattr(model, "config", None)
+        if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
+            return False
+        forwards = self.num_forwards
+        try:
+            vocab = model.get_input_embeddings().num_embeddings
+            g = torch.Generator().manual_seed(0)
+            seqs = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (5, 3, 4)]
+            cache = SlotKVCache(3, 16)
+            first = self._forward_split(model, cache, [], [], [], [0, 1], seqs[:2])
+            nxt = [int(x) for x in first.argmax(-1)]
+            second = self._forward_split(
+                model, cache, [0, 1], [5, 3], [[nxt[0]], [nxt[1]]], [2], seqs[2:]
+            )
+            refs = [seqs[0], seqs[1], seqs[0] + [nxt[0]], seqs[1] + [nxt[1]], seqs[2]]
+            got = [first[0], first[1], second[0], second[1], second[2]]
+            for ids, logits in zip(refs, got, strict=True):
+                ref = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].float()
+                if not torch.allclose(logits, ref, atol=1e-4 * max(1.0, ref.abs().max().item())):
+                    return False
+            return True
+        except Exception:  # any incompatibility: use the padded path
+            return False
+        finally:
+            self.num_forwards = forwards
+
+
+@contextlib.contextmanager
+def _split_attention_active(model: torch.nn.Module, state: _SplitState) -> Iterator[None]:
+    """Route the model's attention through ``_split_attention`` for one forward."""
+    config = model.config
+    previous = config._attn_implementation
+    config._attn_implementation = SPLIT_ATTENTION
+    _active.state = state
+    try:
+        yield
+    finally:
+        _active.state = None
+        config._attn_implementation = previous
+
+
+def _dtype(model: torch.nn.Module) -> torch.dtype:
+    return next(model.parameters()).dtype
+
+
+def _causal_mask(position_ids: Tensor, kv_len: int, dtype: torch.dtype) -> Tensor:
+    """Additive mask ``[n, 1, q, kv_len]`` from ``position_ids`` ``[n, 1, q]``: query at
+    position p sees cache columns ``j <= p``."""
+    allowed = torch.arange(kv_len).view(1, 1, 1, kv_len) <= position_ids.unsqueeze(-1)
+    mask = torch.zeros(allowed.shape, dtype=dtype)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)

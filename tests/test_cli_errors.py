@@ -1,0 +1,76 @@
+"""Bad input: each case exits non-zero (2) with a one-line message naming the problem."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from relayrl.cli import main
+from relayrl.model import build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=16)
+
+
+def _run(capsys, argv):
+    rc = main(argv)
+    err = capsys.readouterr().err.strip()
+    return rc, err
+
+
+def test_missing_model_directory(capsys, tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"model:\n  path: {tmp_path / 'no_such_model'}\n")
+    rc, err = _run(capsys, ["train", str(cfg)])
+    assert rc == 2
+    assert (
+        len(err.splitlines()) == 1 and "model directory not found" in err and "no_such_model" in err
+    )
+
+
+def test_unknown_config_key(capsys, tmp_path, tiny):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"model:\n  path: {tiny}\nalgo:\n  klcoef: 0.1\n")
+    rc, err = _run(capsys, ["train", str(cfg)])
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert "unknown config key 'algo.klcoef'" in err and "run.yaml" in err
+
+
+def test_wrong_type_override(capsys, tmp_path, tiny):
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text(f"model_path: {tiny}\n")
+    rc, err = _run(capsys, ["sft", str(cfg), "steps=many"])
+    assert rc == 2 and len(err.splitlines()) == 1 and "'steps'" in err
+
+
+def test_missing_config_file(capsys, tmp_path):
+    rc, err = _run(capsys, ["train", str(tmp_path / "nope.yaml")])
+    assert rc == 2 and "config file not found" in err
+
+
+def test_malformed_jsonl_line(capsys, tmp_path, tiny):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": 1+1\n')
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(
+        f"model:\n  path: {tiny}\ndata:\n  task: jsonl\n  train_path: {data}\n"
+        f"  eval_path: {data}\nlogging:\n  progress: false\n"
+    )
+    rc, err = _run(capsys, ["train", str(cfg), f"run_dir={tmp_path / 'run'}"])
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert f"{data}:2:" in err
+
+
+def test_exit_code_and_no_traceback_from_the_real_command(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("schedule: sync\nalgo:\n  group_size: zero\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "train", str(cfg)], capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "algo.group_size" in proc.stderr
