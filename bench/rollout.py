@@ -9,9 +9,13 @@ temperature 1 and run in the same process, one after the other, on the same prom
 - ``engine``: ``RolloutEngine`` with ``--slots`` slots, every request submitted at once.
 - ``static``: ``transformers`` ``generate`` on static batches of ``--slots`` requests (in
   submission order), each batch running until its longest target.
-- ``ceiling``: the engine with all slots full and no tail (every request the same length).
+- ``ceiling``: the engine with all slots full and no tail: every request the same length (the
+  mean target), so contexts are also shorter than in the heavy-tailed run.
+- ``steady``: the engine's own rate on the heavy-tailed run over the steps where every slot
+  was busy (queue not empty): the all-slots-full rate of the same workload.
 - ``hf_cb``: ``transformers``' continuous batching manager (``generate_batch``'s engine) with
-  per-request ``max_new_tokens``, when it runs here (``--skip-hf-cb`` to skip).
+  per-request ``max_new_tokens`` and its paged cache sized like the engine's, on the same
+  requests (``--cb-requests N``: the first N only; ``--skip-hf-cb`` to skip).
 
 Peak memory is the process's peak RSS (``resource.getrusage``) after each phase (phases run
 in the order engine, ceiling, static, hf_cb, so a later phase only shows if it raised it).
@@ -58,19 +62,30 @@ def workload(n: int, median: float, sigma: float, cap: int, seed: int) -> tuple[
     return prompts, targets
 
 
-def run_engine(model, prompts, targets, slots: int, max_len: int) -> tuple[float, dict]:
-    engine = RolloutEngine(model, eos_token_id=EOS, pad_token_id=PAD, max_slots=slots,
-                           max_model_len=max_len)
-    reqs = [
-        GenerationRequest(p, SamplingParams(max_tokens=t, ignore_eos=True, seed=i))
-        for i, (p, t) in enumerate(zip(prompts, targets, strict=True))
-    ]
+def run_engine(model, prompts, targets, slots: int, max_len: int) -> tuple[float, float, dict]:
+    """Returns (useful tokens/s overall, tokens/s over the steps that ran with every slot
+    busy, stats)."""
+    engine = RolloutEngine(
+        model, eos_token_id=EOS, pad_token_id=PAD, max_slots=slots, max_model_len=max_len
+    )
     t0 = time.perf_counter()
-    samples = engine.generate(reqs)
+    for i, (p, t) in enumerate(zip(prompts, targets, strict=True)):
+        engine.submit(GenerationRequest(p, SamplingParams(max_tokens=t, ignore_eos=True, seed=i)))
+    got = 0
+    full_tokens, full_time = 0, 0.0
+    sched = engine.scheduler
+    while engine.has_unfinished():
+        full = len(sched.waiting) >= slots - len(sched.running)  # every slot busy this step
+        before = engine.stats()["tokens_generated"] if full else 0
+        ts = time.perf_counter()
+        got += sum(len(s.response_ids) for s in engine.step())
+        if full:
+            full_time += time.perf_counter() - ts
+            full_tokens += engine.stats()["tokens_generated"] - before
     dt = time.perf_counter() - t0
-    got = sum(len(s.response_ids) for s in samples)
     assert got == sum(targets), (got, sum(targets))
-    return got / dt, engine.stats()
+    steady = full_tokens / full_time if full_time > 0 else float("nan")
+    return got / dt, steady, engine.stats()
 
 
 @torch.no_grad()
@@ -88,8 +103,16 @@ def run_static(model, prompts, targets, slots: int) -> tuple[float, float]:
             mask[i, width - len(p) :] = 1
         n = max(ts)
         out = model.generate(
-            ids, attention_mask=mask, do_sample=True, max_new_tokens=n, min_new_tokens=n,
-            eos_token_id=EOS, pad_token_id=PAD, top_k=0, top_p=1.0, temperature=1.0,
+            ids,
+            attention_mask=mask,
+            do_sample=True,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            eos_token_id=EOS,
+            pad_token_id=PAD,
+            top_k=0,
+            top_p=1.0,
+            temperature=1.0,
         )
         assert out.shape[1] == width + n
         useful += sum(ts)
@@ -105,15 +128,28 @@ def run_hf_cb(model, prompts, targets, slots: int) -> float | str:
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
         logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)
-        gc = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                              max_new_tokens=max(targets), eos_token_id=None, pad_token_id=PAD)
-        cbc = ContinuousBatchingConfig(max_requests_per_batch=slots)
+        gc = GenerationConfig(
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max(targets),
+            eos_token_id=None,
+            pad_token_id=PAD,
+        )
+        # Size its paged cache like the engine's (otherwise it sizes it from free RAM).
+        pages = -(-(max(map(len, prompts)) + max(targets)) // 256)
+        cbc = ContinuousBatchingConfig(
+            max_requests_per_batch=slots, page_size=256, num_blocks=slots * pages + 8
+        )
         with model.continuous_batching_context_manager(
             generation_config=gc, continuous_batching_config=cbc, block=True, timeout=5
         ) as manager:
             t0 = time.perf_counter()
-            ids = [manager.add_request(p, max_new_tokens=t)
-                   for p, t in zip(prompts, targets, strict=True)]
+            ids = [
+                manager.add_request(p, max_new_tokens=t)
+                for p, t in zip(prompts, targets, strict=True)
+            ]
             done: dict[str, int] = {}
             while len(done) < len(ids):
                 r = manager.get_result(timeout=5)
@@ -142,31 +178,42 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--skip-hf-cb", action="store_true")
+    ap.add_argument("--cb-requests", type=int, default=0, help="0 = all requests")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     max_len = 32 + args.cap + 1
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_tiny_model(Path(tmp) / "m", arch=args.arch, hidden_size=args.hidden,
-                                num_layers=args.layers, max_position_embeddings=max_len)
+        path = build_tiny_model(
+            Path(tmp) / "m",
+            arch=args.arch,
+            hidden_size=args.hidden,
+            num_layers=args.layers,
+            max_position_embeddings=max_len,
+        )
         model = load_causal_lm(path).eval()
     prompts, targets = workload(args.requests, args.median, args.sigma, args.cap, args.seed)
     # Warm-up (allocators, lazy init) outside the timings.
     run_engine(model, prompts[:8], [4] * 8, args.slots, max_len)
     run_static(model, prompts[:8], [4] * 8, args.slots)
 
-    engine_tps, st = run_engine(model, prompts, targets, args.slots, max_len)
+    engine_tps, steady_tps, st = run_engine(model, prompts, targets, args.slots, max_len)
     rss_engine = peak_rss_mb()
     mean_len = max(1, round(sum(targets) / len(targets)))
     n_ceiling = args.slots * max(2, 2 * 64 // mean_len)
-    ceiling_tps, st_ceiling = run_engine(
+    ceiling_tps, _, st_ceiling = run_engine(
         model, prompts[:n_ceiling], [mean_len] * n_ceiling, args.slots, max_len
     )
     rss_ceiling = peak_rss_mb()
     static_tps, static_util = run_static(model, prompts, targets, args.slots)
     rss_static = peak_rss_mb()
     hf_cb: float | str = "skipped"
+    n_cb = min(args.cb_requests or len(prompts), len(prompts))
+    engine_sub_tps = engine_tps
     if not args.skip_hf_cb:
-        hf_cb = run_hf_cb(model, prompts, targets, args.slots)
+        hf_cb = run_hf_cb(model, prompts[:n_cb], targets[:n_cb], args.slots)
+        if n_cb < len(prompts):
+            sub = run_engine(model, prompts[:n_cb], targets[:n_cb], args.slots, max_len)
+            engine_sub_tps = sub[0]
     rss_cb = peak_rss_mb()
     r = lambda x: round(x, 3)  # noqa: E731
     out = {
@@ -174,8 +221,13 @@ def main(argv: list[str] | None = None) -> None:
         "arch": args.arch,
         "requests": args.requests,
         "slots": args.slots,
-        "target_len": {"median": args.median, "sigma": args.sigma, "cap": args.cap,
-                       "mean": r(sum(targets) / len(targets)), "max": max(targets)},
+        "target_len": {
+            "median": args.median,
+            "sigma": args.sigma,
+            "cap": args.cap,
+            "mean": r(sum(targets) / len(targets)),
+            "max": max(targets),
+        },
         "useful_tokens": sum(targets),
         "engine_tok_s": r(engine_tps),
         "static_tok_s": r(static_tps),
@@ -183,14 +235,22 @@ def main(argv: list[str] | None = None) -> None:
         "hf_cb_tok_s": r(hf_cb) if isinstance(hf_cb, float) else hf_cb,
         "engine_vs_static": r(engine_tps / static_tps),
         "engine_vs_ceiling": r(engine_tps / ceiling_tps),
-        "engine_vs_hf_cb": r(engine_tps / hf_cb) if isinstance(hf_cb, float) else None,
+        "engine_steady_tok_s": r(steady_tps),
+        "engine_vs_steady": r(engine_tps / steady_tps),
+        "hf_cb_requests": n_cb,
+        "engine_tok_s_on_hf_cb_requests": r(engine_sub_tps),
+        "engine_vs_hf_cb": r(engine_sub_tps / hf_cb) if isinstance(hf_cb, float) else None,
         "engine_slot_utilisation": r(st["mean_slot_utilisation"]),
         "ceiling_slot_utilisation": r(st_ceiling["mean_slot_utilisation"]),
         "static_useful_fraction": r(static_util),
         "engine_steps": st["steps"],
         "engine_kv_cache_mb": r(st["kv_cache_bytes"] / 2**20),
-        "peak_rss_mb": {"after_engine": r(rss_engine), "after_ceiling": r(rss_ceiling),
-                        "after_static": r(rss_static), "after_hf_cb": r(rss_cb)},
+        "peak_rss_mb": {
+            "after_engine": r(rss_engine),
+            "after_ceiling": r(rss_ceiling),
+            "after_static": r(rss_static),
+            "after_hf_cb": r(rss_cb),
+        },
         "threads": args.threads,
         "python": sys.version.split()[0],
         "torch": torch.__version__,

@@ -20,7 +20,7 @@ from test_rollout_helpers import (
     tiny_model,
 )
 
-ARCHS = ["llama", "gpt2"]
+ARCHS = ["llama", "gpt2", "qwen2"]
 
 
 @pytest.fixture(scope="module")
@@ -284,3 +284,70 @@ def test_iter_finished_and_group_metadata(models: dict) -> None:
     assert sorted(s.metadata["i"] for s in seen) == [0, 1]
     assert all(s.group_id == 7 for s in seen)
     assert not engine.has_unfinished()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(
+    "runner_opts",
+    [
+        {"split_attention": False},  # padded fallback: decode + padded prefill forwards
+        {"max_prefill_tokens": 4},  # split attention, prefills chunked over forwards
+        {"dense_fraction": 1.01},  # slot rows always gathered, never a view with dummies
+    ],
+)
+def test_every_runner_path_matches_recompute(models: dict, arch: str, runner_opts: dict) -> None:
+    model = models[arch]
+    prompts = random_prompts([6, 2, 9, 1, 5, 7, 3], seed=13)
+    reqs = [
+        GenerationRequest(p, SamplingParams(temperature=0.7, max_tokens=18, seed=i))
+        for i, p in enumerate(prompts)
+    ]
+    reference = make_engine(model, max_slots=3).generate(reqs)
+    engine = make_engine(model, max_slots=3)
+    for k, v in runner_opts.items():
+        setattr(engine.runner, k, v)
+    samples = engine.generate(reqs)
+    for p, s, ref in zip(prompts, samples, reference, strict=True):
+        assert s.response_ids == ref.response_ids
+        lp = recompute_logprobs(model, p, s.response_ids, 0.7)
+        torch.testing.assert_close(torch.tensor(s.behaviour_logprobs), lp, atol=1e-5, rtol=0)
+    if runner_opts.get("split_attention", True):
+        assert engine.runner.supports_split(model)
+
+
+def test_split_attention_leaves_the_model_untouched(models: dict) -> None:
+    """The attention swap lasts one forward: plain calls of the same module are unchanged."""
+    model = models["llama"]
+    ids = torch.tensor([random_prompts([7], seed=14)[0]])
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+    make_engine(model).generate([GenerationRequest(ids[0].tolist(), SamplingParams(max_tokens=5))])
+    assert model.config._attn_implementation == "sdpa"
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, before)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_kv_arena_grows_mid_generation(models: dict, arch: str) -> None:
+    """Sequences longer than the arena's initial capacity (128): growth keeps the contents."""
+    model = models[arch]
+    prompts = random_prompts([150, 10, 40], seed=15)
+    engine = make_engine(model, max_slots=2)
+    assert engine.kv_cache.capacity == 128
+    params = [SamplingParams(greedy=True, max_tokens=n) for n in (6, 180, 100)]
+    samples = engine.generate(
+        [GenerationRequest(p, q) for p, q in zip(prompts, params, strict=True)]
+    )
+    assert engine.kv_cache.capacity == 256
+    for p, q, s in zip(prompts, params, samples, strict=True):
+        (ref,) = hf_greedy(model, [p], max_new_tokens=q.max_tokens)
+        assert s.response_ids == ref
+
+
+def test_sampler_uniforms_are_stateless_and_uniform() -> None:
+    from relayrl.rollout.sampler import uniform
+
+    u = torch.tensor([uniform(7, t) for t in range(20000)], dtype=torch.float64)
+    assert 0.0 <= float(u.min()) and float(u.max()) < 1.0
+    assert abs(float(u.mean()) - 0.5) < 0.01 and abs(float(u.var()) - 1 / 12) < 0.005
+    assert uniform(7, 3) == uniform(7, 3) != uniform(8, 3)

@@ -23,7 +23,7 @@ class ConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
 
 
 class ModelConfig(_Strict):
@@ -41,6 +41,28 @@ class ArithmeticConfig(_Strict):
     num_operands: int = 2
 
 
+class PromptSourceConfig(_Strict):
+    """How dataset rows become prompts (``relayrl.data.sources`` / ``relayrl.data.prompting``)."""
+
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    require_answer: bool = False
+    """A row without ``answer_key`` is an error naming the row (verifiable rewards need it)."""
+    split: str | None = None
+    """Split of a saved ``DatasetDict`` (default ``train``)."""
+    chat_template: bool = True
+    """Apply the tokenizer's chat template when it has one."""
+    system_prompt: str | None = None
+
+
+class DynamicSamplingConfig(_Strict):
+    """DAPO dynamic sampling: drop groups whose raw outcomes are all equal, refill."""
+
+    enabled: bool = False
+    max_rounds: int = Field(4, ge=1)
+    """Generation rounds per step at most (round 0 is the normal batch)."""
+
+
 class DataConfig(_Strict):
     task: Literal["arithmetic", "jsonl"] = "arithmetic"
     arithmetic: ArithmeticConfig = Field(default_factory=ArithmeticConfig)
@@ -50,15 +72,58 @@ class DataConfig(_Strict):
     """JSONL held-out prompts; for ``task: arithmetic`` a disjoint seeded stream is used."""
     eval_size: int = Field(200, ge=1)
     max_prompt_tokens: int = Field(128, ge=1)
+    source: PromptSourceConfig = Field(default_factory=PromptSourceConfig)
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
+
+
+class RewardFnConfig(_Strict):
+    """One weighted reward function of a mixture."""
+
+    fn: str
+    weight: float = 1.0
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    name: str | None = None
+
+
+class RewardServiceConfig(_Strict):
+    """The reward service (``relayrl.reward.service``): mixture, workers, timeouts."""
+
+    functions: list[RewardFnConfig] = Field(default_factory=list)
+    """Weighted mixture of reward functions; when set it replaces ``reward.fn``."""
+    outcome: str | None = None
+    """Component that is the verifiable outcome (pass rate, dynamic sampling); default first."""
+    num_workers: int = Field(0, ge=0)
+    """Worker processes for rule-based rewards (0: score inline, without timeouts)."""
+    timeout_s: float = Field(30.0, gt=0)
+    max_pending: int | None = Field(None, ge=1)
+    failure_score: float = 0.0
+    normalize: Literal["none", "domain_zscore"] = "none"
+    """``domain_zscore``: z-score the mixed score within each batch, per domain."""
+    domain_key: str = "domain"
 
 
 class RewardConfig(_Strict):
     fn: str = "arithmetic"
-    """A registered reward function name or an import path ``module:function``."""
+    """A registered reward function name or an import path ``module:function``; ``none``
+    with ``model_path`` set scores with the reward model alone."""
+    model_path: str | None = None
+    """A reward model (``relayrl rm`` output); score = fn score + model_weight * RM score."""
+    model_weight: float = 1.0
+    model_batch_size: int = Field(64, ge=1)
+    model_normalize: bool = True
+    """Use the RM score normalised to mean 0, std 1 on its training completions."""
+    service: RewardServiceConfig = Field(default_factory=RewardServiceConfig)
+
+
+class MonitorConfig(_Strict):
+    gold_fn: str | None = None
+    """A gold / held-out scorer (reward function spec) evaluated on every step's samples to
+    log proxy-vs-gold divergence (``monitor/*``); KL and distinct-n are logged regardless."""
 
 
 class AlgoConfig(_Strict):
-    name: Literal["grpo", "ppo"] = "grpo"
+    name: Literal["grpo", "ppo", "dpo"] = "grpo"
+    """``dpo``: offline DPO on preference pairs (``data.train_path``), beta = ``kl_coef``."""
     advantage: str | None = None
     """Advantage estimator; defaults to ``grpo`` for GRPO and ``gae`` for PPO."""
     group_size: int = Field(8, ge=1)
@@ -69,7 +134,9 @@ class AlgoConfig(_Strict):
     loss_agg: Literal[
         "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
     ] = "token-mean"
-    policy_loss: Literal["ppo", "decoupled_ppo"] = "ppo"
+    policy_loss: Literal["ppo", "decoupled_ppo"] | None = None
+    """``ppo`` (clip centred on pi_old) or ``decoupled_ppo`` (AReaL). Default: ``ppo`` for the
+    sync schedule, ``decoupled_ppo`` for overlap and async (off-policy correction on)."""
     clip_eps_low: float = Field(0.2, gt=0)
     clip_eps_high: float = Field(0.2, gt=0)
     dual_clip: float | None = None
@@ -118,6 +185,25 @@ class RolloutConfig(_Strict):
     top_k: int = Field(0, ge=0)
     max_tokens: int = Field(8, ge=1)
     max_slots: int = Field(64, ge=1)
+    threads: int = Field(1, ge=1)
+    """torch threads of the engine worker process (overlap / async schedules)."""
+
+
+class AsyncConfig(_Strict):
+    """Overlap / async schedules (AReaL): staleness bound and interruption."""
+
+    eta: int | None = Field(2, ge=0)
+    """Staleness bound in steps: floor((N_r - 1) / B) <= i + eta (null: unbounded).
+    ``schedule: overlap`` always uses eta = 1 without interruption."""
+    interrupt: bool = True
+    """On a weight update, in-flight sequences re-prefill under the new weights."""
+    max_token_staleness: int | None = None
+    """Consumption-side bound on (trainer version - token version); null: no check."""
+    stale_tokens: Literal["drop", "downweight"] = "drop"
+    """What happens to a token over ``max_token_staleness``: its advantage is zeroed (it still
+    counts in the loss denominator) or multiplied by ``stale_weight``."""
+    stale_weight: float = Field(0.5, ge=0, le=1)
+    poll_interval_s: float = Field(0.01, gt=0)
 
 
 class TrainConfig(_Strict):
@@ -141,7 +227,9 @@ class RunConfig(_Strict):
     run_dir: str = "runs/grpo"
     threads: int = Field(2, ge=1)
     """torch intra-op threads of this process (one per process when several share the CPU)."""
-    schedule: Literal["sync"] = "sync"
+    schedule: Literal["sync", "overlap", "async"] = "sync"
+    """``sync``: generate then train, one process. ``overlap``: one-step off-policy, engine in
+    its own process. ``async``: continuous generation under the staleness gate (``async_``)."""
     cluster: Literal["local"] = "local"
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -149,8 +237,25 @@ class RunConfig(_Strict):
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
     train: TrainConfig = Field(default_factory=TrainConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+
+    @property
+    def policy_loss(self) -> str:
+        """Off-policy correction is on whenever data can be stale."""
+        if self.algo.policy_loss is not None:
+            return self.algo.policy_loss
+        return "ppo" if self.schedule == "sync" else "decoupled_ppo"
+
+    @property
+    def staleness_eta(self) -> int | None:
+        return 1 if self.schedule == "overlap" else self.async_.eta
+
+    @property
+    def interrupt(self) -> bool:
+        return False if self.schedule == "overlap" else self.async_.interrupt
 
 
 class SFTConfig(_Strict):
@@ -165,10 +270,17 @@ class SFTConfig(_Strict):
     train_path: str | None = None
     """JSONL with ``prompt`` and ``response`` when ``task: jsonl``."""
     num_examples: int = Field(20000, ge=1)
-    steps: int = Field(520, ge=0)
+    steps: int = Field(1500, ge=0)
     batch_size: int = Field(64, ge=1)
     lr: float = Field(3e-3, gt=0)
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    """``linear``: decay to 0 at the last step."""
     warmup_steps: int = 20
+    eval_every: int = Field(0, ge=0)
+    """Greedy pass rate on a validation stream every N steps (arithmetic task; 0: never)."""
+    eval_size: int = Field(200, ge=1)
+    target_pass_rate: float | None = Field(None, ge=0, le=1)
+    """Stop as soon as the validation pass rate reaches this (a warm start, not a full SFT)."""
     weight_decay: float = 0.0
     grad_clip: float | None = 1.0
     progress: bool = True
@@ -244,4 +356,6 @@ def load_config(cls: type[T], path: str | Path | None, overrides: list[str] | No
 
 def dump_config(cfg: BaseModel, path: str | Path) -> None:
     """Write a config back as YAML (the run directory keeps the exact config it ran with)."""
-    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    Path(path).write_text(
+        yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True), sort_keys=False)
+    )

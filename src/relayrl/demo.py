@@ -25,6 +25,8 @@ def demo_configs(run_dir: Path, overrides: list[str] | None = None) -> tuple[SFT
         model_path=str(run_dir / "base"),
         output_dir=str(run_dir / "sft"),
         arithmetic=ArithmeticConfig(**DEMO_ARITHMETIC),
+        eval_every=25,
+        target_pass_rate=0.3,
     )
     rl = load_config(
         RunConfig,
@@ -51,7 +53,11 @@ def run_demo(run_dir: Path, overrides: list[str] | None = None) -> dict[str, flo
         for p in PromptSource(rl_cfg.data, load_tokenizer(base), rl_cfg.seed).eval_set()
     }
     print("SFT warm start ...")
-    run_sft(sft_cfg, exclude_prompts=held_out)
+    sft_out = run_sft(sft_cfg, exclude_prompts=held_out)
+    print(
+        f"SFT stopped after {int(sft_out['sft/steps'])} steps at validation pass rate "
+        f"{100 * sft_out.get('sft/val_pass_rate', float('nan')):.1f}%"
+    )
     t_sft = time.perf_counter()
     print("GRPO ...")
     out = train(rl_cfg, lambda a, c: build_local_roles(rl_cfg, a, c))

@@ -6,9 +6,11 @@ import copy
 
 import torch
 
+from relayrl.cluster.engine_process import EngineProcess, EngineSpec
 from relayrl.config import RunConfig
 from relayrl.model import load_causal_lm, load_critic, load_tokenizer
-from relayrl.reward import get_reward_fn
+from relayrl.reward import build_reward_service
+from relayrl.rlhf.rm_scorer import build_reward_fn
 from relayrl.rollout import RolloutEngine
 from relayrl.workers import ActorWorker, CriticWorker, ReferenceWorker, RewardWorker, Roles
 
@@ -25,15 +27,34 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
     tokenizer = load_tokenizer(cfg.model.path)
     actor_model = load_causal_lm(actor_path, dtype)
     actor = ActorWorker(
-        actor_model, cfg.algo, cfg.optim, cfg.rollout.max_tokens, cfg.rollout.temperature, cfg.seed
+        actor_model,
+        cfg.algo,
+        cfg.optim,
+        cfg.rollout.max_tokens,
+        cfg.rollout.temperature,
+        cfg.seed,
+        cfg.policy_loss,
     )
-    engine_model = copy.deepcopy(actor_model).eval().requires_grad_(False)
-    rollout = RolloutEngine(
-        engine_model,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        max_slots=cfg.rollout.max_slots,
-    )
+    rollout: RolloutEngine | EngineProcess
+    if cfg.schedule == "sync":
+        engine_model = copy.deepcopy(actor_model).eval().requires_grad_(False)
+        rollout = RolloutEngine(
+            engine_model,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            max_slots=cfg.rollout.max_slots,
+        )
+    else:  # overlap / async: the engine in its own process, weights through shared memory
+        spec = EngineSpec(
+            model_path=actor_path,
+            dtype=cfg.model.dtype,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            max_slots=cfg.rollout.max_slots,
+            threads=cfg.rollout.threads,
+            version=0,
+        )
+        rollout = EngineProcess(spec, actor_model.state_dict())
     reference = None
     if cfg.algo.kl_coef > 0 or cfg.algo.name == "ppo":
         reference = ReferenceWorker(
@@ -46,5 +67,11 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
         critic = CriticWorker(
             load_critic(critic_path or cfg.model.path, dtype), cfg.algo, cfg.optim, cfg.seed
         )
-    reward = RewardWorker(get_reward_fn(cfg.reward.fn), tokenizer)
+    reward = RewardWorker(
+        build_reward_fn(cfg.reward),  # rule fn and/or RM
+        tokenizer,
+        service=build_reward_service(cfg.reward, tokenizer),  # None unless reward.service asks
+        normalize=cfg.reward.service.normalize,
+        domain_key=cfg.reward.service.domain_key,
+    )
     return Roles(actor, rollout, reward, tokenizer, reference, critic)

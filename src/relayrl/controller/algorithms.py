@@ -7,7 +7,8 @@ GRPO (DeepSeekMath, Shao et al. 2024) and PPO-RLHF (InstructGPT, Ouyang et al. 2
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -20,31 +21,47 @@ from relayrl.algos import (
 )
 from relayrl.config import RunConfig
 from relayrl.controller.prompts import TokenizedPrompt
+from relayrl.data import dynamic_sample
 from relayrl.rollout import GenerationRequest, Sample, SamplingParams
 from relayrl.workers import Experience, Roles
 
 KLController = FixedKLController | AdaptiveKLController
 
 
+def group_requests(
+    prompt: TokenizedPrompt,
+    cfg: RunConfig,
+    step: int,
+    index: int,
+    group_id: int,
+    stop_ids: list[int],
+) -> list[GenerationRequest]:
+    """The G requests of one prompt group, each seeded from (run seed, step, index, k)."""
+    r = cfg.rollout
+    g_size = cfg.algo.group_size
+    out = []
+    for k in range(g_size):
+        seed = (cfg.seed * 1_000_003 + step * 10_007 + index * g_size + k) & 0x7FFFFFFF
+        params = SamplingParams(
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            max_tokens=r.max_tokens,
+            stop_token_ids=stop_ids,
+            seed=seed,
+        )
+        meta = {**prompt.fields(), "sample_index": k}
+        out.append(GenerationRequest(prompt.ids, params, group_id=group_id, metadata=meta))
+    return out
+
+
 def make_requests(
     prompts: Sequence[TokenizedPrompt], cfg: RunConfig, step: int, stop_ids: list[int]
 ) -> list[GenerationRequest]:
-    """G requests per prompt, one group each; every request seeded from (run seed, step, index)."""
-    r = cfg.rollout
-    reqs = []
-    for g, p in enumerate(prompts):
-        for k in range(cfg.algo.group_size):
-            seed = (cfg.seed * 1_000_003 + step * 10_007 + g * cfg.algo.group_size + k) & 0x7FFFFFFF
-            params = SamplingParams(
-                temperature=r.temperature,
-                top_p=r.top_p,
-                top_k=r.top_k,
-                max_tokens=r.max_tokens,
-                stop_token_ids=stop_ids,
-                seed=seed,
-            )
-            reqs.append(GenerationRequest(p.ids, params, group_id=g, metadata=p.fields()))
-    return reqs
+    """G requests per prompt, one group each (group id = index of the prompt in the step)."""
+    return [
+        req for g, p in enumerate(prompts) for req in group_requests(p, cfg, step, g, g, stop_ids)
+    ]
 
 
 def last_token_rewards(scores: Tensor, response_mask: Tensor) -> Tensor:
@@ -65,81 +82,173 @@ def rollout_and_score(
     return samples, scores, reward_stats
 
 
-def grpo_step(
-    roles: Roles, prompts: Sequence[TokenizedPrompt], cfg: RunConfig, step: int, stop_ids: list[int]
-) -> tuple[Experience, dict[str, float]]:
-    """GRPO: sample G answers per prompt, score them, advantage = group-normalised score,
-    PPO-clip update with KL(pi || pi_ref) as a k3 loss term."""
-    a = cfg.algo
-    timer: dict[str, float] = {}
-    samples, scores, stats = rollout_and_score(
-        roles, make_requests(prompts, cfg, step, stop_ids), timer
-    )
-
-    t0 = time.perf_counter()
+def grpo_experience(
+    roles: Roles, samples: Sequence[Sample], scores: Tensor, cfg: RunConfig
+) -> Experience:
+    """GRPO's batch: pi_old (proximal) and pi_ref logprobs, group-normalised advantages."""
     exp = Experience.from_samples(samples, roles.tokenizer.pad_token_id)
     exp["scores"] = scores
     exp["old_logprobs"] = roles.actor.compute_logprobs(exp)
-    if a.kl_coef > 0 and roles.reference is not None:
+    if cfg.algo.kl_coef > 0 and roles.reference is not None:
         exp["ref_logprobs"] = roles.reference.compute_logprobs(exp)
     exp["advantages"], _ = compute_advantages(
-        a.advantage_name,
+        cfg.algo.advantage_name,
         token_rewards=last_token_rewards(scores, exp.response_mask),
         response_mask=exp.response_mask,
         group_index=exp["group_index"],
         **_estimator_kwargs(cfg),
     )
-    stats.update(roles.actor.update(exp))
-    timer["time/train"] = time.perf_counter() - t0
-    stats.update(timer)
-    return exp, stats
+    return exp
 
 
-def ppo_step(
-    roles: Roles,
-    prompts: Sequence[TokenizedPrompt],
-    cfg: RunConfig,
-    step: int,
-    stop_ids: list[int],
-    kl_ctl: KLController,
-) -> tuple[Experience, dict[str, float]]:
-    """PPO-RLHF: r_t = -beta * KL_t (+ score on the last token), GAE with the critic's values,
-    clipped value loss for the critic, PPO-clip for the actor; beta fixed or adaptive."""
-    a = cfg.algo
-    assert roles.critic is not None and roles.reference is not None, (
-        "PPO needs critic and reference"
-    )
-    timer: dict[str, float] = {}
-    samples, scores, stats = rollout_and_score(
-        roles, make_requests(prompts, cfg, step, stop_ids), timer
-    )
-
-    t0 = time.perf_counter()
+def ppo_experience(
+    roles: Roles, samples: Sequence[Sample], scores: Tensor, cfg: RunConfig, kl_ctl: KLController
+) -> Experience:
+    """PPO-RLHF's batch: r_t = -beta KL_t (+ score on the last token), values, GAE."""
+    assert roles.critic is not None and roles.reference is not None, "PPO needs critic and ref"
     exp = Experience.from_samples(samples, roles.tokenizer.pad_token_id)
     exp["scores"] = scores
     exp["old_logprobs"] = roles.actor.compute_logprobs(exp)
     exp["ref_logprobs"] = roles.reference.compute_logprobs(exp)
     exp["values"] = roles.critic.compute_values(exp)
-    token_rewards, kl = apply_kl_to_rewards(
-        scores, exp["old_logprobs"], exp["ref_logprobs"], exp.response_mask, kl_ctl.value, a.kl_kind
+    token_rewards, exp["kl"] = apply_kl_to_rewards(
+        scores,
+        exp["old_logprobs"],
+        exp["ref_logprobs"],
+        exp.response_mask,
+        kl_ctl.value,
+        cfg.algo.kl_kind,
     )
     exp["advantages"], exp["returns"] = compute_advantages(
-        a.advantage_name,
+        cfg.algo.advantage_name,
         token_rewards=token_rewards,
         response_mask=exp.response_mask,
         values=exp["values"],
         group_index=exp["group_index"],
         **_estimator_kwargs(cfg),
     )
-    stats.update(roles.critic.update(exp))
+    return exp
+
+
+def make_experience(
+    roles: Roles, samples: Sequence[Sample], scores: Tensor, cfg: RunConfig, kl_ctl: KLController
+) -> Experience:
+    if cfg.algo.name == "ppo":
+        return ppo_experience(roles, samples, scores, cfg, kl_ctl)
+    return grpo_experience(roles, samples, scores, cfg)
+
+
+def update_roles(
+    roles: Roles, exp: Experience, cfg: RunConfig, kl_ctl: KLController
+) -> dict[str, float]:
+    """One training step on ``exp``: critic first (PPO), then the actor; adapt beta."""
+    stats: dict[str, float] = {}
+    if roles.critic is not None and "returns" in exp:
+        stats.update(roles.critic.update(exp))
     stats.update(roles.actor.update(exp))
-    mean_kl = float((kl * exp.response_mask).sum() / exp.response_mask.sum().clamp(min=1))
-    kl_ctl.update(mean_kl, len(exp))
-    stats["kl_in_reward"] = mean_kl
-    stats["kl_beta"] = float(kl_ctl.value)
+    if "kl" in exp:
+        mask = exp.response_mask
+        mean_kl = float((exp["kl"] * mask).sum() / mask.sum().clamp(min=1))
+        kl_ctl.update(mean_kl, len(exp))
+        stats["kl_in_reward"] = mean_kl
+        stats["kl_beta"] = float(kl_ctl.value)
+    return stats
+
+
+def rl_step(
+    roles: Roles,
+    prompts: Sequence[TokenizedPrompt],
+    cfg: RunConfig,
+    step: int,
+    stop_ids: list[int],
+    kl_ctl: KLController,
+    refill: Callable[[int, int], Sequence[TokenizedPrompt]] | None = None,
+) -> tuple[Experience, dict[str, float]]:
+    """One synchronous step: generate G answers per prompt, score, build the batch, train.
+
+    With ``data.dynamic_sampling.enabled`` (DAPO) groups whose raw outcomes are all equal are
+    dropped and ``refill(round, n)`` supplies prompts for more rounds (see ``dynamic_rollout``).
+    """
+    timer: dict[str, float] = {}
+    if cfg.data.dynamic_sampling.enabled:
+        samples, scores, stats = dynamic_rollout(roles, prompts, cfg, step, stop_ids, timer, refill)
+    else:
+        requests = make_requests(prompts, cfg, step, stop_ids)
+        samples, scores, stats = rollout_and_score(roles, requests, timer)
+    t0 = time.perf_counter()
+    exp = make_experience(roles, samples, scores, cfg, kl_ctl)
+    stats.update(update_roles(roles, exp, cfg, kl_ctl))
     timer["time/train"] = time.perf_counter() - t0
     stats.update(timer)
     return exp, stats
+
+
+REFILL_STEP_BASE = 10_000_000
+
+
+def refill_prompts(
+    source: Any, step: int, max_rounds: int
+) -> Callable[[int, int], Sequence[TokenizedPrompt]]:
+    """Prompts for dynamic-sampling round r >= 1 of ``step``: ``source.for_step`` at step
+    indices no training step uses, so refills are fresh and resume-exact."""
+    return lambda rnd, n: source.for_step(REFILL_STEP_BASE + step * max_rounds + rnd, n)
+
+
+def dynamic_rollout(
+    roles: Roles,
+    prompts: Sequence[TokenizedPrompt],
+    cfg: RunConfig,
+    step: int,
+    stop_ids: list[int],
+    timer: dict[str, float],
+    refill: Callable[[int, int], Sequence[TokenizedPrompt]] | None,
+) -> tuple[list[Sample], Tensor, dict[str, float]]:
+    """DAPO dynamic sampling: keep groups whose raw verifiable outcomes differ, refill until
+    ``prompts_per_step`` groups or ``max_rounds`` rounds; log ``dynamic/dropped_frac``.
+
+    The outcome of a sample is the reward service's raw ``outcome`` when recorded, else its
+    score. Kept groups are renumbered 0..B-1. If no group is kept, round 0's groups are used
+    (all-zero advantages: the update only moves the KL and entropy terms).
+    """
+    timer["time/generate"] = timer["time/score"] = 0.0
+    first: dict[str, Any] = {}
+
+    def generate(rnd: int, n: int) -> list[list[tuple[Sample, float]]]:
+        batch = list(prompts) if rnd == 0 else list(refill(rnd, n) if refill else [])
+        if not batch:
+            return []
+        sub: dict[str, float] = {}
+        samples, scores, stats = rollout_and_score(
+            roles, make_requests(batch, cfg, step, stop_ids), sub
+        )
+        timer["time/generate"] += sub["time/generate"]
+        timer["time/score"] += sub["time/score"]
+        groups: dict[Any, list[tuple[Sample, float]]] = {}
+        for sample, value in zip(samples, scores.tolist(), strict=True):
+            groups.setdefault(sample.group_id, []).append((sample, value))
+        if rnd == 0:
+            first.update(stats=stats, groups=list(groups.values()), scores=scores)
+        return list(groups.values())
+
+    def outcomes(group: list[tuple[Sample, float]]) -> list[float]:
+        return [float(s.metadata.get("reward", {}).get("outcome", v)) for s, v in group]
+
+    kept, ds = dynamic_sample(
+        generate, outcomes, len(prompts), cfg.data.dynamic_sampling.max_rounds
+    )
+    if not kept:
+        kept = first.get("groups", [])
+    samples, values = [], []
+    for new_id, group in enumerate(kept):
+        for sample, value in group:
+            sample.group_id = new_id
+            samples.append(sample)
+            values.append(value)
+    stats = dict(first.get("stats", {}))
+    stats.update(ds.as_metrics())
+    if "scores" in first:
+        stats["dynamic/raw_pass_rate"] = float((first["scores"] >= 1.0).float().mean())
+    return samples, torch.tensor(values, dtype=torch.float32), stats
 
 
 def _estimator_kwargs(cfg: RunConfig) -> dict[str, float | bool]:

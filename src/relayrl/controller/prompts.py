@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from relayrl.config import DataConfig
-from relayrl.data import ArithmeticTask, PromptRecord, load_prompts_jsonl
+from relayrl.data import ArithmeticTask, PromptRecord, load_prompt_dataset
+from relayrl.data import tokenize_prompts as _tokenize
 
 
 @dataclass
@@ -37,18 +38,31 @@ def _arith(cfg: DataConfig, seed: int) -> ArithmeticTask:
 
 
 def tokenize_prompts(
-    records: Sequence[PromptRecord], tokenizer: Any, max_tokens: int
+    records: Sequence[PromptRecord], tokenizer: Any, max_tokens: int, cfg: DataConfig | None = None
 ) -> tuple[list[TokenizedPrompt], int]:
-    """Tokenise once (token in, token out); prompts over ``max_tokens`` are skipped and counted."""
-    out: list[TokenizedPrompt] = []
-    skipped = 0
-    for rec in records:
-        ids = list(tokenizer(rec.prompt).input_ids)
-        if len(ids) == 0 or len(ids) > max_tokens:
-            skipped += 1
-            continue
-        out.append(TokenizedPrompt(rec, ids))
-    return out, skipped
+    """Tokenise once (token in, token out), through the tokenizer's chat template when it has
+    one (``data.source.chat_template``); prompts over ``max_tokens`` are skipped and counted."""
+    src = cfg.source if cfg is not None else None
+    kept, report = _tokenize(
+        records,
+        tokenizer,
+        max_tokens,
+        use_chat_template=src.chat_template if src is not None else True,
+        system_prompt=src.system_prompt if src is not None else None,
+    )
+    return [TokenizedPrompt(rec, ids) for rec, ids in kept], report.skipped
+
+
+def _load(cfg: DataConfig, path: str) -> list[PromptRecord]:
+    """JSONL, Parquet or a saved Hugging Face dataset (``relayrl.data.load_prompt_dataset``)."""
+    s = cfg.source
+    return load_prompt_dataset(
+        path,
+        prompt_key=s.prompt_key,
+        answer_key=s.answer_key,
+        require_answer=s.require_answer,
+        split=s.split,
+    )
 
 
 class PromptSource:
@@ -65,7 +79,7 @@ class PromptSource:
             if cfg.train_path is None:
                 raise ValueError("data.train_path is required when data.task is 'jsonl'")
             self._train, self.skipped = tokenize_prompts(
-                load_prompts_jsonl(cfg.train_path), tokenizer, cfg.max_prompt_tokens
+                _load(cfg, cfg.train_path), tokenizer, cfg.max_prompt_tokens, cfg
             )
             if not self._train:
                 raise ValueError(f"{cfg.train_path}: no usable prompts")
@@ -76,7 +90,10 @@ class PromptSource:
             held_out = {p.record.prompt for p in self.eval_set()}
             task = _arith(self.cfg, seed=self.seed * 1_000_003 + 7919 * (step + 1))
             records = [r for r in task.sample(4 * n + 16) if r.prompt not in held_out][:n]
-            return tokenize_prompts(records, self.tokenizer, self.cfg.max_prompt_tokens)[0]
+            kept, _ = tokenize_prompts(
+                records, self.tokenizer, self.cfg.max_prompt_tokens, self.cfg
+            )
+            return kept
         # epochs over the file, each a seeded shuffle
         out: list[TokenizedPrompt] = []
         start = step * n
@@ -94,9 +111,9 @@ class PromptSource:
 
     def _load_eval(self) -> list[TokenizedPrompt]:
         if self.cfg.eval_path is not None:
-            records = load_prompts_jsonl(self.cfg.eval_path)[: self.cfg.eval_size]
+            records = _load(self.cfg, self.cfg.eval_path)[: self.cfg.eval_size]
         elif self.cfg.task == "arithmetic":
             records = _arith(self.cfg, seed=self.seed).held_out(self.cfg.eval_size, seed=self.seed)
         else:
             raise ValueError("data.eval_path is required when data.task is 'jsonl'")
-        return tokenize_prompts(records, self.tokenizer, self.cfg.max_prompt_tokens)[0]
+        return tokenize_prompts(records, self.tokenizer, self.cfg.max_prompt_tokens, self.cfg)[0]

@@ -9,16 +9,22 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from relayrl.config import SFTConfig
+from relayrl.controller.evaluate import greedy_pass_rate
+from relayrl.controller.prompts import tokenize_prompts
 from relayrl.data import ArithmeticTask, SFTRecord, load_sft_jsonl
 from relayrl.model import forward_logprobs, load_causal_lm, load_tokenizer, pack_batch
+from relayrl.reward import get_reward_fn
+from relayrl.rollout import RolloutEngine
 from relayrl.telemetry import StepProgress
 from relayrl.workers.optim import make_optimizer
+from relayrl.workers.reward import RewardWorker
 
 
 def sft_records(cfg: SFTConfig) -> list[SFTRecord]:
@@ -56,12 +62,15 @@ def run_sft(cfg: SFTConfig, exclude_prompts: set[str] | None = None) -> dict[str
     pairs = [tokenize_pair(tokenizer, r) for r in records]
     if not pairs:
         raise ValueError("no SFT examples")
+    decay = cfg.steps if cfg.lr_schedule == "linear" else None
     opt, sched = make_optimizer(
-        list(model.parameters()), cfg.lr, cfg.weight_decay, (0.9, 0.99), cfg.warmup_steps
+        list(model.parameters()), cfg.lr, cfg.weight_decay, (0.9, 0.99), cfg.warmup_steps, decay
     )
     rng = random.Random(cfg.seed)
+    validate = _validator(cfg, model, tokenizer, exclude_prompts) if cfg.eval_every else None
     model.train()
     loss_val = float("nan")
+    out: dict[str, float] = {}
     with StepProgress(cfg.steps, "sft", enabled=cfg.progress) as bar:
         for step in range(cfg.steps):
             chosen = [pairs[rng.randrange(len(pairs))] for _ in range(cfg.batch_size)]
@@ -78,9 +87,53 @@ def run_sft(cfg: SFTConfig, exclude_prompts: set[str] | None = None) -> dict[str
             opt.step()
             sched.step()
             loss_val = float(loss.detach())
-            bar.update(step + 1, loss=loss_val)
+            out = {"sft/loss": loss_val, "sft/steps": float(step + 1)}
+            if validate is not None and (step + 1) % cfg.eval_every == 0:
+                out["sft/val_pass_rate"] = validate()
+                model.train()
+                bar.update(step + 1, loss=loss_val, val_pass=out["sft/val_pass_rate"])
+                if (
+                    cfg.target_pass_rate is not None
+                    and out["sft/val_pass_rate"] >= cfg.target_pass_rate
+                ):
+                    break
+            else:
+                bar.update(step + 1, loss=loss_val)
     save_model_atomic(model, tokenizer, cfg.output_dir)
-    return {"sft/loss": loss_val, "sft/examples": float(len(pairs))}
+    return {**out, "sft/examples": float(len(pairs))}
+
+
+def _validator(
+    cfg: SFTConfig, model: Any, tokenizer: Any, exclude_prompts: set[str] | None
+) -> Callable[[], float]:
+    """Greedy pass rate on a validation stream of the arithmetic task (never the RL eval set)."""
+    if cfg.task != "arithmetic":
+        raise ValueError("SFT eval_every needs task 'arithmetic' (a verifiable answer)")
+    a = cfg.arithmetic
+    task = ArithmeticTask(
+        seed=cfg.seed + 2,
+        min_operand=a.min_operand,
+        max_operand=a.max_operand,
+        operators=tuple(a.operators),
+        num_operands=a.num_operands,
+    )
+    records = [r for r in task.sample(2 * cfg.eval_size) if r.prompt not in (exclude_prompts or ())]
+    prompts = tokenize_prompts(records[: cfg.eval_size], tokenizer, 10**9)[0]
+    engine = RolloutEngine(
+        model,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        max_slots=cfg.eval_size,
+    )  # shares the module: it always sees the current weights
+    reward = RewardWorker(get_reward_fn("arithmetic"), tokenizer)
+    max_tokens = max(len(tokenizer(r.response).input_ids) for r in sft_records(cfg)[:200]) + 2
+
+    def validate() -> float:
+        with torch.no_grad():
+            res = greedy_pass_rate(engine, reward, prompts, max_tokens, [tokenizer.eos_token_id])
+        return res["eval/pass_rate"]
+
+    return validate
 
 
 def save_model_atomic(model: Any, tokenizer: Any, out_dir: str | Path) -> Path:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.config import RunConfig, dump_config
-from relayrl.controller.algorithms import grpo_step, make_kl_controller, ppo_step, rollout_stats
+from relayrl.controller.algorithms import make_kl_controller, rollout_stats
 from relayrl.controller.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
@@ -21,7 +21,10 @@ from relayrl.controller.checkpoint import (
 )
 from relayrl.controller.evaluate import greedy_pass_rate
 from relayrl.controller.prompts import PromptSource
+from relayrl.controller.schedules import make_schedule
+from relayrl.rlhf.monitors import RunMonitor
 from relayrl.telemetry import MetricsLogger, StepProgress, print_summary
+from relayrl.telemetry.timeline import Timeline
 from relayrl.workers import Roles
 
 RoleBuilder = Callable[[str, str | None], Roles]
@@ -44,6 +47,10 @@ def train(cfg: RunConfig, build_roles: RoleBuilder, resume: bool = False) -> dic
     With ``resume`` the run continues from the newest checkpoint in ``run_dir`` (if any):
     actor and critic weights, optimizer and scheduler state, KL controller and RNG states.
     """
+    if cfg.algo.name == "dpo":  # offline: no roles, no rollouts
+        from relayrl.rlhf.dpo import train_dpo
+
+        return train_dpo(cfg, resume=resume)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.yaml")
@@ -54,6 +61,13 @@ def train(cfg: RunConfig, build_roles: RoleBuilder, resume: bool = False) -> dic
         str(ckpt / "critic") if ckpt and (ckpt / "critic").is_dir() else cfg.model.critic_path
     )
     roles = build_roles(actor_path, critic_path)
+    try:
+        return _run(cfg, roles, ckpt, run_dir)
+    finally:
+        roles.close()
+
+
+def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict[str, Any]:
     kl_ctl = make_kl_controller(cfg)
     start = 0
     if ckpt is not None:
@@ -89,36 +103,42 @@ def train(cfg: RunConfig, build_roles: RoleBuilder, resume: bool = False) -> dic
         logger.log(0, first_eval)
     final: dict[str, Any] = {"eval_before": first_eval.get("eval/pass_rate")}
     stats: dict[str, float] = {}
-    with StepProgress(
-        cfg.train.steps - start, f"{cfg.algo.name}", enabled=cfg.logging.progress
-    ) as bar:
-        for step in range(start, cfg.train.steps):
-            t0 = time.perf_counter()
-            prompts = source.for_step(step, cfg.algo.prompts_per_step)
-            if cfg.algo.name == "grpo":
-                exp, stats = grpo_step(roles, prompts, cfg, step, stop_ids)
-            else:
-                exp, stats = ppo_step(roles, prompts, cfg, step, stop_ids, kl_ctl)
-            t_sync = time.perf_counter()
-            roles.rollout.update_weights(
-                roles.actor.state_dict(), version=step + 1, interrupt=False
-            )
-            stats["time/weight_sync"] = time.perf_counter() - t_sync
-            stats.update(rollout_stats(exp))
-            stats.update(_rates(exp, stats, cfg))
-            stats["time/step"] = time.perf_counter() - t0
-            stats["kl"] = stats.get("actor/kl", stats.get("kl_in_reward", 0.0))
-            stats["entropy"] = stats.get("actor/entropy", 0.0)
-            stats["clipfrac"] = stats.get("actor/clipfrac", 0.0)
-            done = step + 1
-            if cfg.train.eval_every and done % cfg.train.eval_every == 0 and done < cfg.train.steps:
-                stats.update(evaluate())
-            logger.log(done, stats)
-            bar.update(done - start, reward=stats["reward_mean"], pass_rate=stats["pass_rate"])
-            if (
-                cfg.train.save_every and done % cfg.train.save_every == 0
-            ) or done == cfg.train.steps:
-                _save(cfg, roles, done, kl_ctl.value)
+    monitor = RunMonitor.from_config(cfg, tok)  # KL, distinct-n, proxy vs gold
+    timeline = Timeline()
+    schedule = make_schedule(roles, cfg, source, stop_ids, timeline)
+    schedule.start(start)
+    try:
+        with StepProgress(
+            cfg.train.steps - start,
+            f"{cfg.algo.name} ({cfg.schedule})",
+            enabled=cfg.logging.progress,
+        ) as bar:
+            for step in range(start, cfg.train.steps):
+                t0 = time.perf_counter()
+                exp, stats = schedule.step(step, kl_ctl)
+                stats.update(rollout_stats(exp))
+                stats.update(_rates(exp, stats, cfg))
+                stats.update(monitor(exp))
+                stats["time/step"] = time.perf_counter() - t0
+                stats["kl"] = stats.get("actor/kl", stats.get("kl_in_reward", 0.0))
+                stats["entropy"] = stats.get("actor/entropy", 0.0)
+                stats["clipfrac"] = stats.get("actor/clipfrac", 0.0)
+                done = step + 1
+                if (
+                    cfg.train.eval_every
+                    and done % cfg.train.eval_every == 0
+                    and done < cfg.train.steps
+                ):
+                    stats.update(evaluate())
+                logger.log(done, stats)
+                bar.update(done - start, reward=stats["reward_mean"], pass_rate=stats["pass_rate"])
+                if (cfg.train.save_every and done % cfg.train.save_every == 0) or (
+                    done == cfg.train.steps
+                ):
+                    _save(cfg, roles, done, kl_ctl.value)
+    finally:
+        final.update(schedule.close())
+        timeline.write(run_dir / "timeline.json")
     last_eval = evaluate()
     logger.log(cfg.train.steps, last_eval)
     logger.close()
@@ -131,10 +151,10 @@ def train(cfg: RunConfig, build_roles: RoleBuilder, resume: bool = False) -> dic
 def _rates(exp: Any, stats: dict[str, float], cfg: RunConfig) -> dict[str, float]:
     resp_tokens = float(exp.response_mask.sum())
     all_tokens = float(exp.batch.attention_mask.sum())
-    return {
-        "gen_tokens_per_s": resp_tokens / max(stats["time/generate"], 1e-9),
-        "train_tokens_per_s": all_tokens * cfg.algo.epochs / max(stats["time/train"], 1e-9),
-    }
+    out = {"train_tokens_per_s": all_tokens * cfg.algo.epochs / max(stats["time/train"], 1e-9)}
+    if "time/generate" in stats:  # sync: the step's own generation; async: engine-reported
+        out["gen_tokens_per_s"] = resp_tokens / max(stats["time/generate"], 1e-9)
+    return out
 
 
 def _save(cfg: RunConfig, roles: Roles, step: int, kl_coef: float) -> Path:

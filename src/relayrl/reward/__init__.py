@@ -1,14 +1,61 @@
-"""Reward functions and answer verifiers (DESIGN.md layer 4; must not import ``data``)."""
+"""Rewards (DESIGN.md layer 4; must not import ``data`` or anything above ``reward``).
 
+- reward functions ``fn(prompt, completion, sample) -> float | dict``, a name registry and
+  import paths (``functions``), built-ins (``arithmetic``, ``exact_match``, ``math``,
+  ``regex``, ``format``, ``overlong``, ``code``: ``builtin``), the math answer verifier
+  (``math_answer``);
+- the code sandbox (``sandbox``);
+- weighted mixing, per-domain z-scores and batch logging (``mixing``);
+- the asynchronous reward service with a process pool and batched model scorers
+  (``service``).
+"""
+
+from relayrl.reward import builtin as _builtin  # noqa: F401  (registers the built-ins)
+from relayrl.reward.builtin import (
+    code_tests,
+    extract_code,
+    format_tags,
+    math_answer,
+    overlong_penalty,
+    regex_match,
+)
 from relayrl.reward.functions import (
     REWARD_FUNCTIONS,
     RewardFn,
     RewardSpecError,
     arithmetic,
+    evaluate,
     exact_match,
     get_reward_fn,
     register_reward_fn,
     score,
+)
+from relayrl.reward.math_answer import (
+    answers_equal,
+    extract_final_answer,
+    parse_answer,
+    verify_math,
+)
+from relayrl.reward.mixing import (
+    RewardMix,
+    RewardSpec,
+    ScoreResult,
+    batch_reward_stats,
+    zscore_by_domain,
+)
+from relayrl.reward.sandbox import (
+    Sandbox,
+    SandboxLimits,
+    SandboxResult,
+    detect_isolation,
+    run_python,
+)
+from relayrl.reward.service import (
+    ModelScorer,
+    RewardService,
+    ServiceClosed,
+    build_reward_service,
+    service_enabled,
 )
 from relayrl.reward.verifiers import (
     END_MARKERS,
@@ -20,14 +67,40 @@ from relayrl.reward.verifiers import (
 __all__ = [
     "END_MARKERS",
     "REWARD_FUNCTIONS",
+    "ModelScorer",
     "RewardFn",
+    "RewardMix",
+    "RewardService",
+    "RewardSpec",
     "RewardSpecError",
+    "Sandbox",
+    "SandboxLimits",
+    "SandboxResult",
+    "ScoreResult",
+    "ServiceClosed",
+    "answers_equal",
+    "build_reward_service",
     "arithmetic",
+    "batch_reward_stats",
+    "code_tests",
+    "detect_isolation",
+    "evaluate",
     "exact_match",
+    "extract_code",
+    "extract_final_answer",
     "extract_integer_answer",
+    "format_tags",
     "get_reward_fn",
+    "math_answer",
+    "overlong_penalty",
+    "parse_answer",
     "parse_int_answer",
+    "regex_match",
     "register_reward_fn",
+    "run_python",
     "score",
+    "service_enabled",
     "strip_special_tokens",
+    "verify_math",
+    "zscore_by_domain",
 ]

@@ -1,10 +1,13 @@
 """Reward functions: plain functions, a name registry, and score normalisation.
 
 A reward function is ``fn(prompt: str, completion: str, sample: dict) -> float | dict``.
-``sample`` is the dataset row (``answer`` plus any extra fields). A dict return value holds
-named components (e.g. ``{"correct": 1.0, "format": 0.1}``); ``score`` turns either form
-into a flat ``dict[str, float]`` with a ``"score"`` key. Functions are module-level so that
-a process pool can pickle them.
+``sample`` is the dataset row (``answer`` plus any extra fields; the reward service adds
+``response_length`` in tokens and ``finish_reason``). A dict return value holds named
+components (e.g. ``{"correct": 1.0, "format": 0.1}``) and may carry one string under
+``"reason"`` (why it scored so, e.g. a sandbox timeout), which is recorded, not summed.
+``score`` turns either form into a flat ``dict[str, float]`` with a ``"score"`` key;
+``evaluate`` also returns the reason. Functions are module-level so that a process pool can
+pickle them.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ __all__ = [
     "RewardFn",
     "RewardSpecError",
     "arithmetic",
+    "evaluate",
     "exact_match",
     "get_reward_fn",
     "register_reward_fn",
@@ -130,22 +134,44 @@ def _as_float(value: Any, what: str) -> float:
         raise TypeError(f"{what} must be a number, got {type(value).__name__}") from e
 
 
-def score(fn: RewardFn, prompt: str, completion: str, sample: dict) -> dict[str, float]:
-    """Call ``fn`` and return its result as ``dict[str, float]`` with a ``"score"`` key.
+def evaluate(
+    fn: RewardFn, prompt: str, completion: str, sample: dict
+) -> tuple[dict[str, float], str | None]:
+    """Call ``fn``; return its components as ``dict[str, float]`` (with ``"score"``) and the
+    reason it gave (a ``"reason"`` string in a dict result), or None.
 
     A number ``x`` becomes ``{"score": x}``. A dict keeps its components (as floats) and
-    gains ``"score"`` = the sum of the components when it has none. Any other return type
-    raises ``TypeError`` naming the function. Exceptions raised by ``fn`` propagate.
+    gains ``"score"`` = the sum of the components when it has none. Any other return type,
+    a non-string key, or a non-numeric component raises ``TypeError`` naming the function;
+    a NaN score raises ``ValueError``. Exceptions raised by ``fn`` propagate.
     """
-    name = getattr(fn, "__qualname__", repr(fn))
+    name = getattr(fn, "__qualname__", None) or getattr(
+        getattr(fn, "func", None), "__qualname__", repr(fn)
+    )
     result = fn(prompt, completion, sample)
+    reason: str | None = None
     if isinstance(result, Mapping):
         out: dict[str, float] = {}
         for key, value in result.items():
             if not isinstance(key, str):
                 raise TypeError(f"reward function {name}: component key {key!r} is not a str")
+            if key == "reason":
+                if value is not None:
+                    reason = str(value)
+                continue
             out[key] = _as_float(value, f"reward function {name}: component {key!r}")
         if "score" not in out:
             out["score"] = math.fsum(out.values())
-        return out
-    return {"score": _as_float(result, f"reward function {name}: return value")}
+    else:
+        out = {"score": _as_float(result, f"reward function {name}: return value")}
+    if math.isnan(out["score"]):
+        raise ValueError(f"reward function {name}: score is NaN")
+    return out, reason
+
+
+def score(fn: RewardFn, prompt: str, completion: str, sample: dict) -> dict[str, float]:
+    """Call ``fn`` and return its result as ``dict[str, float]`` with a ``"score"`` key.
+
+    See ``evaluate`` (this drops the reason). Exceptions raised by ``fn`` propagate.
+    """
+    return evaluate(fn, prompt, completion, sample)[0]

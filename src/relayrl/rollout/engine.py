@@ -1,7 +1,10 @@
 """relayrl's built-in generation engine: continuous batching on any Hugging Face causal LM.
 
-``RolloutEngine`` ties together the scheduler (admission + slot table), the per-slot KV cache
-and the model runner (batched prefill/decode forwards), and samples with per-request seeds.
+``RolloutEngine`` ties together the scheduler (admission + slot table, ``scheduler.py``), the
+per-slot KV cache (``kv_cache.py``), the model runner (one batched prefill+decode forward per
+step, ``model_runner.py``) and the sampler (per-request seeds, ``sampler.py``). Each step admits
+waiting requests into the slots freed by the previous step, runs every live sequence one token
+forward, samples, and returns what finished.
 Each finished :class:`Sample` carries per response token: the sampled id, its behaviour
 logprob under the exact distribution it was drawn from (see :mod:`relayrl.rollout.sampler`),
 and the policy version of the weights that produced it, stamped here by the engine.

@@ -47,10 +47,12 @@ class ActorWorker(ReferenceWorker):
         max_response_tokens: int,
         temperature: float = 1.0,
         seed: int = 0,
+        policy_loss: str = "ppo",
     ):
         super().__init__(model, algo.micro_batch_size, temperature)
         self.model.requires_grad_(True)
         self.algo = algo
+        self.policy_loss = policy_loss
         self.grad_clip = optim.grad_clip
         self.max_response_tokens = max_response_tokens
         self.optimizer, self.scheduler = make_optimizer(
@@ -109,7 +111,7 @@ class ActorWorker(ReferenceWorker):
             eps_high=a.clip_eps_high,
             dual_clip=a.dual_clip,
         )
-        if a.policy_loss == "decoupled_ppo":
+        if self.policy_loss == "decoupled_ppo":
             loss, stats = POLICY_LOSSES["decoupled_ppo"](
                 logp,
                 prox_logprobs=micro["old_logprobs"],

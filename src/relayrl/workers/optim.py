@@ -11,11 +11,18 @@ def make_optimizer(
     weight_decay: float,
     betas: tuple[float, float],
     warmup_steps: int,
+    decay_steps: int | None = None,
+    min_lr_ratio: float = 0.0,
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
-    """AdamW; lr ramps linearly from lr/(warmup+1) to lr over ``warmup_steps`` steps, then stays."""
+    """AdamW; lr ramps linearly from lr/(warmup+1) to lr over ``warmup_steps`` steps, then
+    stays (``decay_steps`` None) or decays linearly to ``min_lr_ratio * lr`` at ``decay_steps``."""
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
 
     def factor(step: int) -> float:
-        return min(1.0, (step + 1) / (warmup_steps + 1))
+        warm = min(1.0, (step + 1) / (warmup_steps + 1))
+        if decay_steps is None or step < warmup_steps:
+            return warm
+        frac = min(1.0, (step - warmup_steps) / max(1, decay_steps - warmup_steps))
+        return warm * (1.0 - (1.0 - min_lr_ratio) * frac)
 
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)

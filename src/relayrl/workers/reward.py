@@ -1,25 +1,56 @@
 """Reward role: decode completions and score them with a reward function.
 
+A function with a ``score_batch(prompts, completions, samples)`` method (a model-based
+scorer such as ``relayrl.rlhf.RewardModelScorer``) is called once per batch instead.
+
 Scores here are the raw verifiable outcome (the contract for filters and pass rates); shaping
 and KL penalties are applied by the algorithm afterwards.
+
+With a ``RewardService`` (``reward.service`` in the config) the service scores instead: the
+score is the weighted mixture (z-scored per domain within the batch when ``normalize`` is
+``domain_zscore``), every component is logged, failures are recorded, and the raw outcome is
+on each sample as ``sample.metadata["reward"]["outcome"]``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from relayrl.reward import score
+from relayrl.reward import RewardService, batch_reward_stats, score, zscore_by_domain
 from relayrl.rollout.types import Sample
 
 
 class RewardWorker:
-    def __init__(self, fn: Callable[..., Any], tokenizer: Any):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        tokenizer: Any,
+        service: RewardService | None = None,
+        normalize: str = "none",
+        domain_key: str = "domain",
+    ):
         self.fn = fn
         self.tokenizer = tokenizer
+        self.service = service
+        self.normalize = normalize
+        self.domain_key = domain_key
+
+    def _score_with_service(self, samples: Sequence[Sample]) -> tuple[Tensor, dict[str, float]]:
+        assert self.service is not None
+        results = self.service.score_batch(samples)
+        domains = [s.metadata.get(self.domain_key) for s in samples]
+        values = [r.score for r in results]
+        if self.normalize == "domain_zscore":
+            values = zscore_by_domain(values, domains)
+        stats = batch_reward_stats(
+            results, domains if any(d is not None for d in domains) else None
+        )
+        return torch.tensor(values, dtype=torch.float32), stats
 
     def decode(self, sample: Sample) -> str:
         return self.tokenizer.decode(sample.response_ids, skip_special_tokens=True)
@@ -29,13 +60,33 @@ class RewardWorker:
 
         Returns the per-sample scores [B] and batch means of every named component.
         """
+        if self.service is not None:
+            return self._score_with_service(samples)
         scores = torch.zeros(len(samples), dtype=torch.float32)
         comp_sums: dict[str, float] = {}
-        for i, s in enumerate(samples):
-            fields = dict(s.metadata)
-            out = score(self.fn, str(fields.get("prompt", "")), self.decode(s), fields)
+        fields = [dict(s.metadata) for s in samples]
+        prompts = [str(f.get("prompt", "")) for f in fields]
+        completions = [self.decode(s) for s in samples]
+        if hasattr(self.fn, "score_batch"):  # model-based scorer: one batched call
+            batch = self.fn.score_batch(prompts, completions, fields)
+            outs = [_as_components(r) for r in batch]
+        else:
+            outs = [
+                score(self.fn, p, c, f)
+                for p, c, f in zip(prompts, completions, fields, strict=True)
+            ]
+        for i, out in enumerate(outs):
             scores[i] = out["score"]
             for k, v in out.items():
                 comp_sums[k] = comp_sums.get(k, 0.0) + float(v)
         n = max(len(samples), 1)
         return scores, {f"reward/{k}": v / n for k, v in comp_sums.items()}
+
+
+def _as_components(result: Any) -> dict[str, float]:
+    """A batch scorer's per-sample result (float, or dict of components) as components."""
+    if isinstance(result, dict):
+        out = {str(k): float(v) for k, v in result.items()}
+        out.setdefault("score", math.fsum(out.values()))
+        return out
+    return {"score": float(result)}

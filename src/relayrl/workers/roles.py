@@ -14,8 +14,14 @@ from relayrl.workers.reward import RewardWorker
 @dataclass
 class Roles:
     actor: ActorWorker
-    rollout: RolloutEngine
+    rollout: RolloutEngine | Any  # the engine, or a client of an engine worker process
     reward: RewardWorker
     tokenizer: Any
     reference: ReferenceWorker | None = None
     critic: CriticWorker | None = None
+
+    def close(self) -> None:
+        """Stop worker processes (an engine worker, when the rollout runs in one)."""
+        close = getattr(self.rollout, "close", None)
+        if close is not None:
+            close()

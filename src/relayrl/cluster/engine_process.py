@@ -1,0 +1,322 @@
+"""The rollout engine in its own worker process (the ``local`` backend, several processes).
+
+The trainer process talks to it through an :class:`EngineProcess` client with the rollout
+interface (``submit``, ``poll``, ``generate``, ``update_weights``, ``stats``). Weights move
+trainer -> engine through shared memory, never through disk: the client owns one shared
+tensor per state-dict entry; an update copies the new weights in and sends only the version;
+the worker copies them into its model and acknowledges, and the next update waits for that
+acknowledgement before it overwrites the shared tensors.
+
+A background thread in the client drains the worker's results into queues, so generation
+never stalls on a full pipe while the trainer is busy. If the worker dies, every client call
+raises :class:`RolloutWorkerDied` naming its pid and exit code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+from torch import Tensor
+
+from relayrl.rollout import GenerationRequest, Sample
+
+_CTX = mp.get_context("spawn")
+EVAL_TAG = "_eval_ticket"
+
+
+class RolloutWorkerDied(RuntimeError):
+    """The engine worker process exited unexpectedly."""
+
+
+@dataclass
+class EngineSpec:
+    """What the worker needs to build its engine (the weights come through shared memory)."""
+
+    model_path: str
+    dtype: str
+    eos_token_id: int
+    pad_token_id: int
+    max_slots: int
+    threads: int
+    version: int
+
+
+def _worker_main(spec: EngineSpec, shared: dict[str, Tensor], cmd_conn: Any, out_conn: Any) -> None:
+    """The worker's loop: take commands, step the engine while it has work, ship samples."""
+    os.environ["OMP_NUM_THREADS"] = str(spec.threads)
+    torch.set_num_threads(spec.threads)
+    from relayrl.model import load_causal_lm
+    from relayrl.rollout import RolloutEngine
+
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+    try:
+        model = load_causal_lm(spec.model_path, dtype[spec.dtype]).eval().requires_grad_(False)
+        with torch.no_grad():
+            model.load_state_dict(shared)
+        engine = RolloutEngine(
+            model,
+            eos_token_id=spec.eos_token_id,
+            pad_token_id=spec.pad_token_id,
+            max_slots=spec.max_slots,
+            version=spec.version,
+        )
+    except Exception:
+        out_conn.send(("fatal", traceback.format_exc()))
+        return
+    out_conn.send(("ready", os.getpid()))
+    busy_since: float | None = None
+    spans: list[tuple[float, float]] = []
+    while True:
+        has_work = engine.has_unfinished()
+        if not cmd_conn.poll(0 if has_work else 0.5):
+            if not has_work:
+                continue
+        else:
+            while cmd_conn.poll(0):
+                msg = cmd_conn.recv()
+                kind = msg[0]
+                if kind == "submit":
+                    errors = []
+                    for req in msg[1]:
+                        try:
+                            engine.submit(req)
+                        except ValueError as exc:
+                            errors.append((req.metadata, str(exc)))
+                    if errors:
+                        out_conn.send(("rejected", errors))
+                elif kind == "update":
+                    _, version, interrupt = msg
+                    engine.update_weights(shared, version, interrupt=interrupt)
+                    out_conn.send(("updated", version))
+                elif kind == "stats":
+                    out_conn.send(("stats", engine.stats(), spans))
+                    spans = []
+                elif kind == "stop":
+                    out_conn.send(("stopped", None))
+                    return
+        if engine.has_unfinished():
+            t0 = time.perf_counter()
+            busy_since = t0 if busy_since is None else busy_since
+            finished = engine.step()
+            if finished:
+                out_conn.send(("samples", finished))
+        elif busy_since is not None:
+            spans.append((busy_since, time.perf_counter()))
+            busy_since = None
+
+
+class EngineProcess:
+    """Client of an engine worker process; same rollout interface as ``RolloutEngine``."""
+
+    def __init__(
+        self, spec: EngineSpec, state_dict: Mapping[str, Tensor], start_timeout: float = 120
+    ):
+        self.spec = spec
+        self.version = spec.version
+        self._shared = {
+            k: v.detach().clone().contiguous().share_memory_() for k, v in state_dict.items()
+        }
+        self._cmd_recv, self._cmd_send = _CTX.Pipe(duplex=False)
+        self._out_recv, self._out_send = _CTX.Pipe(duplex=False)
+        self.process = _CTX.Process(
+            target=_worker_main,
+            args=(spec, self._shared, self._cmd_recv, self._out_send),
+            daemon=True,
+            name="relayrl-rollout",
+        )
+        self.process.start()
+        self._out_send.close()
+        self._cmd_recv.close()
+        self._samples: queue.Queue[Sample] = queue.Queue()
+        self._eval: dict[int, Sample] = {}
+        self._eval_cv = threading.Condition()
+        self._acked = threading.Event()
+        self._acked.set()
+        self._stats_q: queue.Queue[tuple[dict[str, Any], list[tuple[float, float]]]] = queue.Queue()
+        self._rejected: list[tuple[dict[str, Any], str]] = []
+        self._send_lock = threading.Lock()
+        self._tickets = itertools.count()
+        self._dead: str | None = None
+        self._stopping = False
+        first = self._recv_first(start_timeout)
+        self.pid = first
+        self._receiver = threading.Thread(target=self._receive_loop, daemon=True)
+        self._receiver.start()
+
+    # ----------------------------------------------------------------- plumbing
+    def _recv_first(self, timeout: float) -> int:
+        if not self._out_recv.poll(timeout):
+            self.process.kill()
+            raise RolloutWorkerDied(f"rollout worker did not start within {timeout:.0f} s")
+        try:
+            kind, payload = self._out_recv.recv()
+        except EOFError:
+            self.process.join(timeout=5)
+            raise RolloutWorkerDied(
+                f"rollout worker exited during start-up (exit code {self.process.exitcode}); "
+                "scripts that start relayrl runs need an `if __name__ == '__main__':` guard"
+            ) from None
+        if kind == "fatal":
+            raise RolloutWorkerDied(f"rollout worker failed to start:\n{payload}")
+        return int(payload)
+
+    def _receive_loop(self) -> None:
+        while True:
+            try:
+                msg = self._out_recv.recv()
+            except (EOFError, OSError):
+                if not self._stopping:
+                    self.process.join(timeout=1)
+                    self._dead = (
+                        f"rollout worker (pid {self.process.pid}) died with exit code "
+                        f"{self.process.exitcode}"
+                    )
+                self._acked.set()
+                with self._eval_cv:
+                    self._eval_cv.notify_all()
+                return
+            kind = msg[0]
+            if kind == "samples":
+                for s in msg[1]:
+                    ticket = s.metadata.get(EVAL_TAG)
+                    if ticket is None:
+                        self._samples.put(s)
+                    else:
+                        with self._eval_cv:
+                            self._eval[ticket] = s
+                            self._eval_cv.notify_all()
+            elif kind == "updated":
+                self._acked.set()
+            elif kind == "stats":
+                self._stats_q.put((msg[1], msg[2]))
+            elif kind == "rejected":
+                self._rejected.extend(msg[1])
+            elif kind == "stopped":
+                return
+
+    def _check_alive(self) -> None:
+        if self._dead is not None:
+            raise RolloutWorkerDied(self._dead)
+        if not self.process.is_alive() and not self._stopping:
+            self.process.join(timeout=1)
+            self._dead = f"rollout worker (pid {self.process.pid}) died with exit code {self.process.exitcode}"
+            raise RolloutWorkerDied(self._dead)
+
+    def _send(self, msg: tuple[Any, ...]) -> None:
+        self._check_alive()
+        with self._send_lock:
+            try:
+                self._cmd_send.send(msg)
+            except (BrokenPipeError, OSError):
+                self._check_alive()
+                raise
+
+    # ----------------------------------------------------------------- interface
+    def submit_many(self, requests: Iterable[GenerationRequest]) -> None:
+        self._send(("submit", list(requests)))
+
+    def submit(self, request: GenerationRequest) -> None:
+        self.submit_many([request])
+
+    def poll(self, timeout: float = 0.0) -> list[Sample]:
+        """Finished samples so far (waits up to ``timeout`` seconds for the first one)."""
+        self._check_alive()
+        out: list[Sample] = []
+        try:
+            out.append(
+                self._samples.get(timeout=timeout) if timeout > 0 else self._samples.get_nowait()
+            )
+        except queue.Empty:
+            self._check_alive()
+            return out
+        while True:
+            try:
+                out.append(self._samples.get_nowait())
+            except queue.Empty:
+                return out
+
+    def generate(self, requests: list[GenerationRequest]) -> list[Sample]:
+        """Blocking: complete ``requests`` (alongside anything else in flight), in order."""
+        tickets = []
+        tagged = []
+        for r in requests:
+            t = next(self._tickets)
+            tickets.append(t)
+            tagged.append(
+                GenerationRequest(r.prompt_ids, r.params, r.group_id, {**r.metadata, EVAL_TAG: t})
+            )
+        self._send(("submit", tagged))
+        with self._eval_cv:
+            while not all(t in self._eval for t in tickets):
+                self._check_alive()
+                self._eval_cv.wait(timeout=0.5)
+            out = [self._eval.pop(t) for t in tickets]
+        for s in out:
+            s.metadata.pop(EVAL_TAG, None)
+        return out
+
+    def update_weights(
+        self, state_dict: Mapping[str, Tensor], version: int, interrupt: bool = True
+    ) -> None:
+        """Copy weights into shared memory and tell the worker to load them as ``version``."""
+        while not self._acked.wait(timeout=0.5):  # the previous update must have been read
+            self._check_alive()
+        self._check_alive()
+        with torch.no_grad():
+            for k, v in state_dict.items():
+                self._shared[k].copy_(v)
+        self._acked.clear()
+        self._send(("update", version, interrupt))
+        self.version = version
+
+    def wait_weights_loaded(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not self._acked.wait(timeout=0.2):
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError("rollout worker did not load the weights in time")
+
+    def stats(self, timeout: float = 30) -> tuple[dict[str, Any], list[tuple[float, float]]]:
+        """Engine counters and its busy spans (perf_counter seconds) since the last call."""
+        self._send(("stats",))
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self._stats_q.get(timeout=0.2)
+            except queue.Empty:
+                self._check_alive()
+                if time.monotonic() > deadline:
+                    raise TimeoutError("rollout worker did not answer stats") from None
+
+    def rejected(self) -> list[tuple[dict[str, Any], str]]:
+        out, self._rejected = self._rejected, []
+        return out
+
+    def close(self) -> None:
+        self._stopping = True
+        if self.process.is_alive():
+            try:
+                with self._send_lock:
+                    self._cmd_send.send(("stop",))
+            except (BrokenPipeError, OSError):
+                pass
+            self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=5)
+
+    def __enter__(self) -> EngineProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

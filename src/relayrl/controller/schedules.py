@@ -1,0 +1,176 @@
+"""Schedules: where a training step's batch comes from and when weights move.
+
+``SyncSchedule``: generate the step's groups with the current weights, then train (one
+process). ``AsyncSchedule`` (``overlap`` = eta 1 without interruption, ``async`` = eta and
+interrupt from the config): the engine worker generates continuously under the staleness gate
+while the trainer trains; each step takes the B oldest finished groups from the buffer,
+recomputes the proximal logprobs with the pre-update actor (decoupled PPO), checks every
+token's staleness, trains and pushes the new weights with their version.
+The algorithm code (``make_experience`` / ``update_roles``) is the same for all three.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import torch
+
+from relayrl.config import RunConfig
+from relayrl.controller.algorithms import (
+    KLController,
+    make_experience,
+    refill_prompts,
+    rl_step,
+    update_roles,
+)
+from relayrl.controller.buffer import GroupBuffer
+from relayrl.controller.prompts import PromptSource
+from relayrl.controller.rollout_controller import RolloutController
+from relayrl.controller.staleness import StalenessGate
+from relayrl.telemetry.timeline import Timeline
+from relayrl.workers import Experience, Roles
+
+
+class SyncSchedule:
+    def __init__(
+        self,
+        roles: Roles,
+        cfg: RunConfig,
+        source: PromptSource,
+        stop_ids: list[int],
+        timeline: Timeline,
+    ):
+        self.roles, self.cfg, self.source, self.stop_ids = roles, cfg, source, stop_ids
+        self.timeline = timeline
+
+    def start(self, step: int) -> None:
+        pass
+
+    def step(self, step: int, kl_ctl: KLController) -> tuple[Experience, dict[str, float]]:
+        prompts = self.source.for_step(step, self.cfg.algo.prompts_per_step)
+        t0 = time.perf_counter()
+        refill = refill_prompts(self.source, step, self.cfg.data.dynamic_sampling.max_rounds)
+        exp, stats = rl_step(self.roles, prompts, self.cfg, step, self.stop_ids, kl_ctl, refill)
+        t1 = t0 + stats["time/generate"]
+        self.timeline.add("rollout", "generate", t0, t1)
+        self.timeline.add("reward", "score", t1, t1 + stats["time/score"])
+        self.timeline.add(
+            "trainer", "train", time.perf_counter() - stats["time/train"], time.perf_counter()
+        )
+        with self.timeline.span("trainer", "weight_sync"):
+            t_sync = time.perf_counter()
+            self.roles.rollout.update_weights(
+                self.roles.actor.state_dict(), version=step + 1, interrupt=False
+            )
+            stats["time/weight_sync"] = time.perf_counter() - t_sync
+        stats["trainer_idle_frac"] = stats["time/generate"] / max(
+            stats["time/generate"] + stats["time/score"] + stats["time/train"], 1e-9
+        )
+        stats["staleness_max"] = 0.0
+        stats["staleness_mean"] = 0.0
+        return exp, stats
+
+    def close(self) -> dict[str, Any]:
+        return {}
+
+
+class AsyncSchedule:
+    def __init__(
+        self,
+        roles: Roles,
+        cfg: RunConfig,
+        source: PromptSource,
+        stop_ids: list[int],
+        timeline: Timeline,
+    ):
+        self.roles, self.cfg, self.timeline = roles, cfg, timeline
+        self.gate = StalenessGate(cfg.algo.prompts_per_step, cfg.staleness_eta)
+        self.buffer = GroupBuffer()
+        self.controller = RolloutController(
+            roles.rollout, source, roles.reward, cfg, self.gate, self.buffer, stop_ids, timeline
+        )
+        self.staleness_hist: Counter[int] = Counter()
+        self._wall0 = 0.0
+        self._idle = 0.0
+        self._engine_busy = 0.0
+
+    def start(self, step: int) -> None:
+        """Re-base the gate on the (resumed) trainer version and start generating."""
+        self.gate.rebase(step)
+        self._wall0 = time.perf_counter()
+        self.controller.start()
+
+    def step(self, step: int, kl_ctl: KLController) -> tuple[Experience, dict[str, float]]:
+        cfg = self.cfg
+        with self.timeline.span("trainer", "wait"):
+            groups, waited = self.buffer.wait_time(cfg.algo.prompts_per_step, self.controller.check)
+        self._idle += waited
+        samples = [s for g in groups for s in g.samples]
+        scores = torch.cat([g.scores for g in groups])
+        t0 = time.perf_counter()
+        with self.timeline.span("trainer", "train"):
+            exp = make_experience(self.roles, samples, scores, cfg, kl_ctl)
+            stats = self._bound_staleness(exp, step)
+            stats.update(update_roles(self.roles, exp, cfg, kl_ctl))
+        stats["time/train"] = time.perf_counter() - t0
+        with self.timeline.span("trainer", "weight_sync"):
+            t1 = time.perf_counter()
+            self.controller.set_version(step + 1)
+            self.roles.rollout.update_weights(
+                self.roles.actor.state_dict(), version=step + 1, interrupt=cfg.interrupt
+            )
+            stats["time/weight_sync"] = time.perf_counter() - t1
+        engine_stats, spans = self.roles.rollout.stats()
+        for s0, e0 in spans:
+            self.timeline.add("rollout", "generate", s0, e0)
+        self._engine_busy += sum(e0 - s0 for s0, e0 in spans)
+        stats["gen_tokens_per_s"] = float(engine_stats["tokens_per_s"])
+        stats["engine_slot_utilisation"] = float(engine_stats["mean_slot_utilisation"])
+        stats["engine_busy_frac"] = self._engine_busy / max(time.perf_counter() - self._wall0, 1e-9)
+        stats["time/wait"] = waited
+        stats["trainer_idle_frac"] = self._idle / max(time.perf_counter() - self._wall0, 1e-9)
+        c = self.controller
+        stats["interrupted_frac"] = c.samples_interrupted / max(c.samples_received, 1)
+        stats["groups_admitted"] = float(self.gate.n_admitted)
+        return exp, stats
+
+    def _bound_staleness(self, exp: Experience, step: int) -> dict[str, float]:
+        """Record staleness = trainer version - token version; enforce max_token_staleness."""
+        mask = exp.response_mask > 0
+        stale = (step - exp["versions"]).masked_fill(~mask, 0)
+        values = stale[mask]
+        self.staleness_hist.update(values.tolist())
+        out = {
+            "staleness_mean": float(values.float().mean()) if values.numel() else 0.0,
+            "staleness_max": float(values.max()) if values.numel() else 0.0,
+        }
+        limit = self.cfg.async_.max_token_staleness
+        if limit is not None:
+            over = (stale > limit) & mask
+            factor = 0.0 if self.cfg.async_.stale_tokens == "drop" else self.cfg.async_.stale_weight
+            exp["advantages"] = torch.where(over, exp["advantages"] * factor, exp["advantages"])
+            out["stale_token_frac"] = float(over.sum()) / max(float(mask.sum()), 1.0)
+        return out
+
+    def close(self) -> dict[str, Any]:
+        self.controller.stop()
+        self.controller.join(timeout=30)
+        out: dict[str, Any] = {"staleness_hist": dict(sorted(self.staleness_hist.items()))}
+        try:
+            stats, spans = self.roles.rollout.stats()
+            for s, e in spans:
+                self.timeline.add("rollout", "generate", s, e)
+            out["engine"] = stats
+        except Exception:  # the engine may be dead: closing must not mask the first error
+            pass
+        return out
+
+
+def make_schedule(
+    roles: Roles, cfg: RunConfig, source: PromptSource, stop_ids: list[int], timeline: Timeline
+) -> SyncSchedule | AsyncSchedule:
+    if cfg.schedule == "sync":
+        return SyncSchedule(roles, cfg, source, stop_ids, timeline)
+    return AsyncSchedule(roles, cfg, source, stop_ids, timeline)

@@ -1,0 +1,103 @@
+"""Prompt text to token ids, once: chat templates, length limit, a report of what was skipped.
+
+``render_prompt`` applies the tokenizer's chat template when it has one (the record's own
+``messages`` turns if present, else one user turn with the prompt, plus an optional system
+prompt) with the generation prompt appended; a tokenizer without a template gets the raw
+prompt. ``tokenize_prompts`` tokenises each rendered prompt once (token in, token out) and
+skips, and counts, prompts that are empty or longer than ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from relayrl.data.records import PromptRecord
+
+__all__ = ["SkipReport", "has_chat_template", "render_prompt", "tokenize_prompts"]
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """True when ``tokenizer`` carries a chat template."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def render_prompt(
+    record: PromptRecord,
+    tokenizer: Any,
+    use_chat_template: bool = True,
+    system_prompt: str | None = None,
+) -> tuple[str, bool]:
+    """(text to tokenise, whether a chat template was applied)."""
+    if not (use_chat_template and has_chat_template(tokenizer)):
+        return record.prompt, False
+    messages = record.extra.get("messages")
+    if not isinstance(messages, list) or not messages:
+        messages = [{"role": "user", "content": record.prompt}]
+    if system_prompt and not any(
+        isinstance(m, dict) and m.get("role") == "system" for m in messages
+    ):
+        messages = [{"role": "system", "content": system_prompt}, *messages]
+    # drop a trailing assistant turn: the policy writes it
+    while messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant":
+        messages = messages[:-1]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return str(text), True
+
+
+@dataclass
+class SkipReport:
+    """Prompts dropped by ``tokenize_prompts``: how many, why, and a few examples."""
+
+    total: int = 0
+    too_long: int = 0
+    empty: int = 0
+    max_tokens: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def skipped(self) -> int:
+        return self.too_long + self.empty
+
+    def message(self) -> str:
+        """One line for the log ('' when nothing was skipped)."""
+        if not self.skipped:
+            return ""
+        return (
+            f"skipped {self.skipped} of {self.total} prompts ({self.too_long} longer than "
+            f"{self.max_tokens} tokens, {self.empty} empty)"
+        )
+
+
+def tokenize_prompts(
+    records: Sequence[PromptRecord],
+    tokenizer: Any,
+    max_tokens: int,
+    use_chat_template: bool = True,
+    system_prompt: str | None = None,
+) -> tuple[list[tuple[PromptRecord, list[int]]], SkipReport]:
+    """Render (chat template) and tokenise each prompt once; skip empty ones and those over
+    ``max_tokens`` tokens. Returns the kept (record, ids) pairs and the ``SkipReport``.
+
+    With a chat template the rendered text already holds the special tokens the template
+    wants, so it is tokenised without adding more.
+    """
+    report = SkipReport(total=len(records), max_tokens=max_tokens)
+    kept: list[tuple[PromptRecord, list[int]]] = []
+    for rec in records:
+        text, templated = render_prompt(rec, tokenizer, use_chat_template, system_prompt)
+        if templated:
+            ids = list(tokenizer(text, add_special_tokens=False).input_ids)
+        else:
+            ids = list(tokenizer(text).input_ids)
+        if not ids:
+            report.empty += 1
+            continue
+        if len(ids) > max_tokens:
+            report.too_long += 1
+            if len(report.examples) < 3:
+                report.examples.append(rec.prompt[:80])
+            continue
+        kept.append((rec, ids))
+    return kept, report

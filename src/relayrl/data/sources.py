@@ -1,0 +1,144 @@
+"""Prompt datasets from JSONL, Parquet and local Hugging Face datasets, one row format.
+
+``load_prompt_dataset(path)`` picks the reader from what ``path`` is:
+
+- a directory written by ``datasets.Dataset.save_to_disk`` (or a ``DatasetDict``: then
+  ``split`` chooses, default ``"train"``) -> ``datasets.load_from_disk``;
+- a ``.parquet`` file, or a directory of them -> ``datasets`` Parquet builder;
+- anything else -> JSONL (``relayrl.data.jsonl``), with ``file:line`` errors.
+
+Each row becomes a ``PromptRecord``: ``prompt_key`` (a string; or, when the row has no prompt
+but a ``messages`` list of chat turns, the content of its last user turn, the turns kept in
+``extra["messages"]`` for the chat template), ``answer_key`` (string or number, stored as a
+string) and every other column in ``extra``. With ``require_answer`` a row without an answer
+is an error naming the row ("the reward needs it"), not a silently unscorable prompt.
+Errors are ``DataError`` with ``path[row N]: ...`` (``path:line: ...`` for JSONL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from relayrl.data.jsonl import DataError, _iter_rows, _json_type
+from relayrl.data.records import PromptRecord
+
+__all__ = ["load_prompt_dataset", "prompt_from_row"]
+
+
+def prompt_from_row(
+    row: dict[str, Any],
+    where: str,
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    require_answer: bool = False,
+) -> PromptRecord:
+    """One dataset row as a ``PromptRecord`` (see the module docstring); ``where`` prefixes
+    the ``DataError`` messages."""
+    extra: dict[str, Any] = {}
+    if prompt_key in row and row[prompt_key] is not None:
+        prompt = row[prompt_key]
+        if not isinstance(prompt, str):
+            raise DataError(
+                where + f"field {prompt_key!r} must be a string, got {_json_type(prompt)}"
+            )
+    elif isinstance(row.get("messages"), list):
+        messages = row["messages"]
+        users = [
+            m
+            for m in messages
+            if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str)
+        ]
+        if not users:
+            raise DataError(where + "field 'messages' has no user turn with string content")
+        prompt = users[-1]["content"]
+        extra["messages"] = messages
+    else:
+        raise DataError(where + f"missing required field {prompt_key!r}")
+    answer = row.get(answer_key)
+    if answer is None:
+        if require_answer:
+            raise DataError(
+                where + f"missing required field {answer_key!r} (the reward needs a reference "
+                "answer; set data.answer_key or data.require_answer=false)"
+            )
+    else:
+        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+            raise DataError(
+                where + f"field {answer_key!r} must be a string or number, got {_json_type(answer)}"
+            )
+        answer = str(answer)
+    for k, v in row.items():
+        if k not in (prompt_key, answer_key, "messages"):
+            extra[k] = v
+    return PromptRecord(prompt=prompt, answer=answer, extra=extra)
+
+
+def _is_hf_dir(p: Path) -> bool:
+    return p.is_dir() and any(
+        (p / name).is_file() for name in ("dataset_info.json", "state.json", "dataset_dict.json")
+    )
+
+
+def _parquet_files(p: Path) -> list[Path]:
+    if p.is_file() and p.suffix == ".parquet":
+        return [p]
+    if p.is_dir():
+        return sorted(p.rglob("*.parquet"))
+    return []
+
+
+def _hf_rows(path: Path, split: str | None) -> Iterator[dict[str, Any]]:
+    try:
+        import datasets
+    except ImportError as e:  # pragma: no cover - a declared dependency
+        raise DataError(f"{path}: reading it needs the 'datasets' package") from e
+    if _is_hf_dir(path):
+        try:
+            ds = datasets.load_from_disk(str(path))
+        except Exception as e:
+            raise DataError(f"{path}: cannot load the dataset: {e}") from e
+        if isinstance(ds, datasets.DatasetDict):
+            name = split or ("train" if "train" in ds else None)
+            if name is None or name not in ds:
+                raise DataError(f"{path}: no split {split!r} (has {sorted(ds)}); set data.split")
+            ds = ds[name]
+    else:
+        files = [str(f) for f in _parquet_files(path)]
+        try:
+            ds = datasets.load_dataset("parquet", data_files=files, split="train")
+        except Exception as e:
+            raise DataError(f"{path}: cannot read Parquet: {e}") from e
+    yield from ds
+
+
+def load_prompt_dataset(
+    path: str | Path,
+    *,
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    require_answer: bool = False,
+    split: str | None = None,
+) -> list[PromptRecord]:
+    """Load RL prompts from JSONL, Parquet or a saved Hugging Face dataset (see the module
+    docstring). Raises ``DataError`` for a missing path, an empty dataset or a bad row."""
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"{path}: file not found")
+    records: list[PromptRecord] = []
+    if _is_hf_dir(p) or _parquet_files(p):
+        for i, row in enumerate(_hf_rows(p, split)):
+            records.append(
+                prompt_from_row(row, f"{path}[row {i}]: ", prompt_key, answer_key, require_answer)
+            )
+    elif p.is_dir():
+        raise DataError(f"{path}: a directory that is neither a saved dataset nor Parquet files")
+    else:
+        for lineno, row in _iter_rows(p):
+            records.append(
+                prompt_from_row(row, f"{path}:{lineno}: ", prompt_key, answer_key, require_answer)
+            )
+    if not records:
+        raise DataError(f"{path}: no records (the dataset is empty)")
+    return records

@@ -1,0 +1,512 @@
+"""Planner subcommands: ``simulate``, ``reshard``, ``placement``, ``plan``, ``cost``, ``profile``.
+
+``add_subcommands(subparsers)`` registers them on an argparse subparsers object; each sets
+``fn=handler`` where ``handler(args) -> int`` prints a rich table (or JSON with ``--json``).
+Bad input raises ``ValueError`` with a one-line message (the main CLI maps it to exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_subcommands", "main"]
+
+
+# -- parsing helpers --------------------------------------------------------------------------
+def _layout(text: str, n: int, what: str) -> tuple[int, ...]:
+    parts = text.replace("x", "-").split("-")
+    try:
+        vals = tuple(int(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"{what} must look like {'-'.join(['N'] * n)}, got {text!r}") from None
+    if len(vals) != n or min(vals) < 1:
+        raise ValueError(f"{what} must be {n} positive integers joined by '-', got {text!r}")
+    return vals
+
+
+def _eta(text: str) -> int | None:
+    if text.lower() in ("inf", "none", "unbounded"):
+        return None
+    try:
+        v = int(text)
+    except ValueError:
+        raise ValueError(f"eta must be an integer >= 0 or 'inf', got {text!r}") from None
+    if v < 0:
+        raise ValueError(f"eta must be >= 0, got {v}")
+    return v
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _print_table(title: str, rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        for r in rows:
+            print(json.dumps(r, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    cols: list[str] = []
+    for r in rows:
+        for k in r:
+            if k not in cols:
+                cols.append(k)
+    for c in cols:
+        table.add_column(c, overflow="fold")
+    for r in rows:
+        table.add_row(*[_fmt(r.get(c, "")) for c in cols])
+    Console(width=max(100, 14 * len(cols))).print(table)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if v == 0:
+            return "0"
+        if abs(v) >= 1e5 or abs(v) < 1e-3:
+            return f"{v:.3g}"
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _time_model(args: argparse.Namespace) -> Any:
+    from relayrl.plan.hardware import get_hardware
+    from relayrl.plan.models import get_model
+    from relayrl.plan.timemodel import MeasuredProfile, ProfiledTimeModel, RooflineTimeModel
+
+    if getattr(args, "profile", None):
+        return ProfiledTimeModel(MeasuredProfile.load(args.profile), concurrency=args.slots or 32)
+    return RooflineTimeModel(
+        get_model(args.model),
+        get_hardware(args.hardware),
+        decode_efficiency=args.decode_eff,
+        mfu=args.mfu,
+    )
+
+
+# -- simulate ----------------------------------------------------------------------------------
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from relayrl.plan.lengths import parse_lengths
+    from relayrl.plan.plots import plot_simulations, write_chrome_trace
+    from relayrl.plan.simulator import SimConfig, simulate, sparkline
+
+    tm = _time_model(args)
+    lengths = parse_lengths(args.lengths)
+    schedules = _csv(args.schedule)
+    etas = [_eta(e) for e in _csv(args.eta)]
+    try:
+        splits: list[int | None] = (
+            [int(x) for x in _csv(args.train_devices)] if args.train_devices else [None]
+        )
+    except ValueError:
+        raise ValueError(f"--train-devices must be integers, got {args.train_devices!r}") from None
+    runs: list[tuple[str, Any]] = []
+    combos: list[tuple[str, int | None, int | None]] = []
+    for sched in schedules:
+        if sched not in ("sync", "overlap", "async"):
+            raise ValueError(f"schedule must be sync, overlap or async, got {sched!r}")
+        for eta in etas if sched == "async" else [None]:
+            for split in splits if sched != "sync" else [None]:
+                combos.append((sched, eta, split))
+    for sched, eta, split in combos:
+        cfg = SimConfig(
+            time_model=tm,
+            lengths=lengths,
+            schedule=sched,  # type: ignore[arg-type]
+            n_devices=args.devices,
+            train_devices=split,
+            gen_devices_per_replica=args.tp,
+            batch_size=args.batch,
+            n_steps=args.steps,
+            prompt_len=args.prompt_len,
+            eta=eta,
+            interrupt=not args.no_interrupt,
+            slots_per_replica=args.slots,
+            weight_sync_s=args.weight_sync_s,
+            sync_bandwidth=args.sync_bandwidth * 1e9,
+            seed=args.seed,
+            record_events=bool(args.plot),
+        )
+        label = sched if sched != "async" else f"async eta={'inf' if eta is None else eta}"
+        if split is not None and len(splits) > 1:
+            label += f" train={split}"
+        runs.append((label, simulate(cfg)))
+    base = next((r for lbl, r in runs if lbl == "sync"), runs[0][1])
+    rows = []
+    for label, r in runs:
+        s = r.summary()
+        sp = r.steady_samples_per_s / base.steady_samples_per_s
+        if args.json:
+            row = {"config": label, **s, "speedup": sp}
+        else:
+            b = r.breakdown
+            row = {
+                "config": label,
+                "samples/s": s["steady_samples_per_s"],
+                "speedup": round(sp, 3),
+                "tokens/s": r.tokens_per_s,
+                "gen util": s["slot_utilisation"],
+                "<10% running": s["low_utilisation_share"],
+                "stale mean/max": f"{s['mean_staleness']:.2f}/{s['max_staleness']}",
+                "generate s": b.get("generate_s", b.get("generate_busy_s", 0.0)),
+                "train s": b["train_s"],
+                "trainer idle s": b.get("trainer_idle_s", 0.0),
+                "reprefill s": b.get("reprefill_s", 0.0),
+            }
+        rows.append(row)
+    _print_table("relayrl simulate", rows, args.json)
+    if not args.json:
+        for label, r in runs:
+            print(f"{label:>16} |{sparkline([u for _, u in r.utilisation_timeline])}|")
+    if args.plot:
+        out = Path(args.plot)
+        paths = plot_simulations(runs, out)
+        for label, r in runs:
+            safe = label.replace(" ", "_").replace("=", "")
+            paths.append(write_chrome_trace(r.events, out / f"trace_{safe}.json"))
+        if not args.json:
+            print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+# -- reshard -----------------------------------------------------------------------------------
+def cmd_reshard(args: argparse.Namespace) -> int:
+    from relayrl.plan.models import get_model
+    from relayrl.plan.reshard import STRATEGIES, reshard
+
+    train = _layout(args.train, 3, "--train")
+    gen = _layout(args.gen, 2, "--gen")
+    if args.model_gb is not None:
+        mbytes: float | None = args.model_gb * 1e9
+    elif args.model:
+        mbytes = get_model(args.model).weight_bytes
+    else:
+        mbytes = None
+    strategies = _csv(args.strategy) if args.strategy != "all" else list(STRATEGIES)
+    bw = args.bandwidth * 1e9 if args.bandwidth else None
+    rows = []
+    plans = []
+    for s in strategies:
+        plan = reshard(train, gen, s, mbytes, bw)  # type: ignore[arg-type]
+        plans.append(plan)
+        rows.append(plan.summary())
+    _print_table(f"reshard {args.train} -> {args.gen}", rows, args.json)
+    if args.per_gpu:
+        for plan in plans:
+            _print_table(
+                f"{plan.strategy}: per GPU (fractions of the model)",
+                [g.to_dict(mbytes) for g in plan.gpus],
+                args.json,
+            )
+    return 0
+
+
+# -- placement ---------------------------------------------------------------------------------
+def _four_models(args: argparse.Namespace) -> dict[str, Any]:
+    from relayrl.plan.models import get_model
+
+    return {
+        r: get_model(getattr(args, r) or args.model) for r in ("actor", "critic", "ref", "reward")
+    }
+
+
+def cmd_placement(args: argparse.Namespace) -> int:
+    from relayrl.plan.hardware import get_hardware
+    from relayrl.plan.placement import RLHFWorkload, placement_memory, search_placements
+
+    models = _four_models(args)
+    w = RLHFWorkload(
+        models,
+        get_hardware(args.hardware),
+        batch=args.batch,
+        prompt_len=args.prompt_len,
+        mean_len=args.mean_len,
+        max_len=args.max_len,
+    )
+    for n in [int(x) for x in _csv(args.devices)]:
+        res = search_placements(w, n)
+        rows = []
+        for rank, r in enumerate(res[: args.top], 1):
+            d = r.to_dict()
+            d["memory_gb"] = [round(b / 1e9, 1) for b in placement_memory(r.placement, models)]
+            rows.append({"rank": rank, **d})
+        _print_table(f"placements on {n} x {args.hardware}", rows, args.json)
+    return 0
+
+
+# -- plan --------------------------------------------------------------------------------------
+def cmd_plan(args: argparse.Namespace) -> int:
+    from relayrl.plan.hardware import get_hardware
+    from relayrl.plan.search import (
+        PPOProblem,
+        asymmetric_plan,
+        heuristic_plan,
+        search_plan,
+        symmetric_plan,
+    )
+
+    pb = PPOProblem(
+        _four_models(args),
+        get_hardware(args.hardware),
+        n_nodes=args.nodes,
+        batch=args.batch,
+        prompt_len=args.prompt_len,
+        gen_len=args.gen_len,
+    )
+    rows = []
+    for name, fn in (
+        ("heuristic", heuristic_plan),
+        ("symmetric", symmetric_plan),
+        ("asymmetric", asymmetric_plan),
+    ):
+        try:
+            ev = pb.evaluate(fn(pb))
+        except ValueError:
+            continue
+        rows.append({"plan": name, **{k: v for k, v in ev.to_dict().items() if k != "calls"}})
+    best = search_plan(pb, steps=args.steps, seed=args.seed)
+    rows.append({"plan": "search", **{k: v for k, v in best.to_dict().items() if k != "calls"}})
+    heur = rows[0]["iteration_s"]
+    for r in rows:
+        r["vs heuristic"] = round(heur / r["iteration_s"], 3)
+    _print_table(f"execution plans on {args.nodes} x {pb.gpn} {args.hardware}", rows, args.json)
+    calls = [{"call": c, **v} for c, v in best.to_dict()["calls"].items()]
+    _print_table("searched plan", calls, args.json)
+    if args.trace:
+        from relayrl.plan.plots import write_chrome_trace
+
+        write_chrome_trace(best.spans, args.trace, lane_key="mesh")
+    return 0
+
+
+# -- cost --------------------------------------------------------------------------------------
+def cmd_cost(args: argparse.Namespace) -> int:
+    from relayrl.plan.cost import model_set_memory_bytes, money, rl_step_cost, training_gpu_hours
+    from relayrl.plan.hardware import get_hardware
+    from relayrl.plan.models import get_model
+
+    hw = get_hardware(args.hardware)
+    m = get_model(args.model)
+    price = hw.price_per_hour if args.price is None else args.price
+    rows: list[dict[str, Any]] = []
+    if args.tokens:
+        h = training_gpu_hours(m, args.tokens, hw, args.mfu)
+        rows.append(
+            {
+                "item": f"train {m.name} on {args.tokens:.3g} tokens",
+                "gpu_hours": round(h, 3),
+                "cost": round(money(h, price), 2),
+                "days_on": f"{h / 24 / args.gpus:.3g} d on {args.gpus} GPUs",
+            }
+        )
+    mem = model_set_memory_bytes(
+        [(m.params, True), (m.params, True), (m.params, False), (m.params, False)]
+    )
+    rows.append(
+        {
+            "item": f"memory actor+critic (trained) + ref+reward (frozen), {m.name}",
+            "gb": round(mem / 1e9, 1),
+        }
+    )
+    _print_table(f"cost on {hw.name} at {price}/GPU-hour", rows, args.json)
+    if args.rl:
+        c = rl_step_cost(
+            m,
+            hw,
+            prompts=args.prompts,
+            samples_per_prompt=args.samples,
+            prompt_len=args.prompt_len,
+            response_len=args.response_len,
+            mfu=args.mfu,
+            ref=m if not args.no_ref else None,
+            reward=get_model(args.reward_model) if args.reward_model else None,
+            critic=m if args.critic else None,
+            tail_factor=args.tail_factor,
+            price_per_gpu_hour=price,
+        )
+        d = c.to_dict()
+        rows = [
+            {"component": k, "gpu_s": round(v, 2), "share": round(c.share(k), 4)}
+            for k, v in c.components.items()
+        ]
+        rows.append(
+            {
+                "component": "total",
+                "gpu_s": round(c.total_gpu_s, 2),
+                "share": 1.0,
+                "gpu_hours": d["gpu_hours"],
+                "cost": d["cost"],
+                "x_steps": f"{args.rl_steps} steps: {c.gpu_hours * args.rl_steps:.4g} GPU-h, "
+                f"{c.cost * args.rl_steps:.4g}",
+            }
+        )
+        _print_table("one RL step", rows, args.json)
+    return 0
+
+
+# -- profile -----------------------------------------------------------------------------------
+def cmd_profile(args: argparse.Namespace) -> int:
+    from relayrl.plan.profiling import profile
+
+    batches = tuple(int(b) for b in _csv(args.batches))
+    pr = profile(
+        args.model_dir,
+        batches=batches,
+        context=args.context,
+        decode_steps=args.decode_steps,
+        threads=args.threads,
+    )
+    pr.save(args.out)
+    rows = [
+        {"batch": b, "decode_step_ms": round(t * 1e3, 4), "decode_tok/s": round(b / t, 1)}
+        for b, t in pr.decode_step_s.items()
+    ]
+    _print_table(
+        f"profile of {args.model_dir} ({pr.params:.3g} params, {pr.threads} threads)",
+        rows,
+        args.json,
+    )
+    _print_table(
+        "throughput",
+        [
+            {
+                "prefill_tok/s": round(pr.prefill_tokens_per_s, 1),
+                "train_tok/s": round(pr.train_tokens_per_s, 1),
+                "s/step/ctx token": pr.decode_s_per_ctx_token,
+                "written": args.out,
+            }
+        ],
+        args.json,
+    )
+    return 0
+
+
+# -- registration ------------------------------------------------------------------------------
+def _common_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="qwen2.5-1.5b", help="preset name or local HF model dir")
+    p.add_argument("--hardware", default="h100", help="a100 | h100 | h200 | h800")
+    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation")
+    p.add_argument("--decode-eff", type=float, default=0.6, help="share of HBM bandwidth in decode")
+
+
+def add_subcommands(sub: Any) -> None:
+    """Register the planner subcommands on an argparse ``subparsers`` object."""
+    s = sub.add_parser("simulate", help="simulate sync / overlap / async schedules")
+    _common_model(s)
+    s.add_argument("--profile", help="measured profile JSON (instead of --model/--hardware)")
+    s.add_argument("--schedule", default="sync,overlap,async", help="comma list")
+    s.add_argument("--eta", default="0,1,2,4,inf", help="comma list for async ('inf' = unbounded)")
+    s.add_argument("--no-interrupt", action="store_true", help="async: do not interrupt on updates")
+    s.add_argument("--devices", type=int, default=16)
+    s.add_argument(
+        "--train-devices", default=None, help="overlap/async training devices, comma list (1/4)"
+    )
+    s.add_argument("--tp", type=int, default=1, help="devices per generation replica")
+    s.add_argument("--batch", type=int, default=512, help="samples per training step")
+    s.add_argument("--steps", type=int, default=8)
+    s.add_argument("--prompt-len", type=int, default=256)
+    s.add_argument(
+        "--lengths",
+        default="lognormal:2000:0.8:16384",
+        help="lognormal:MEDIAN:SIGMA:CAP | constant:N | fixed:N,N | empirical:PATH",
+    )
+    s.add_argument(
+        "--slots", type=int, default=None, help="sequences per replica (default: KV limit)"
+    )
+    s.add_argument("--weight-sync-s", type=float, default=None)
+    s.add_argument("--sync-bandwidth", type=float, default=25.0, help="GB/s trainer->generator")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--plot", help="directory for utilisation/staleness PNGs and Chrome traces")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_simulate)
+
+    r = sub.add_parser("reshard", help="train -> generate resharding: per-GPU intervals")
+    r.add_argument("--train", required=True, help="p-t-d, e.g. 1-8-1")
+    r.add_argument("--gen", required=True, help="p_g-t_g, e.g. 1-2")
+    r.add_argument("--model", help="preset or HF dir (size in bf16)")
+    r.add_argument("--model-gb", type=float, help="model size M in GB (e.g. 140 for 70B bf16)")
+    r.add_argument("--bandwidth", type=float, help="GB/s per GPU (separate: trainer->generator)")
+    r.add_argument(
+        "--strategy", default="all", help="hybridflow,hybridflow-v,deepspeed-chat,separate"
+    )
+    r.add_argument("--per-gpu", action="store_true", help="print every GPU's intervals")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(fn=cmd_reshard)
+
+    pl = sub.add_parser("placement", help="rank the 15 placements of actor/critic/ref/reward")
+    _common_model(pl)
+    for role in ("actor", "critic", "ref", "reward"):
+        pl.add_argument(f"--{role}", help=f"{role} model (default --model)")
+    pl.add_argument("--devices", default="16", help="device count(s), comma list")
+    pl.add_argument("--batch", type=int, default=1024)
+    pl.add_argument("--prompt-len", type=int, default=256)
+    pl.add_argument("--mean-len", type=int, default=1024)
+    pl.add_argument("--max-len", type=int, default=None)
+    pl.add_argument("--top", type=int, default=15)
+    pl.add_argument("--json", action="store_true")
+    pl.set_defaults(fn=cmd_placement)
+
+    p = sub.add_parser("plan", help="ReaLHF-style execution-plan search (MCMC)")
+    _common_model(p)
+    for role in ("actor", "critic", "ref", "reward"):
+        p.add_argument(f"--{role}", help=f"{role} model (default --model)")
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--batch", type=int, default=512)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--gen-len", type=int, default=896)
+    p.add_argument("--steps", type=int, default=4000, help="annealing steps")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace", help="write the best plan's timeline as a Chrome trace")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_plan, model="7b", hardware="a100")
+
+    c = sub.add_parser("cost", help="GPU-hours, money, memory, one RL step")
+    _common_model(c)
+    c.add_argument("--tokens", type=float, default=0.0, help="training tokens (SFT-style estimate)")
+    c.add_argument("--gpus", type=int, default=8, help="GPUs, for the wall-clock days column")
+    c.add_argument("--price", type=float, default=None, help="per GPU-hour (default: hardware's)")
+    c.add_argument("--rl", action="store_true", help="also cost one RL step")
+    c.add_argument("--prompts", type=int, default=512)
+    c.add_argument("--samples", type=int, default=8)
+    c.add_argument("--prompt-len", type=int, default=512)
+    c.add_argument("--response-len", type=int, default=2048)
+    c.add_argument("--tail-factor", type=float, default=1.0)
+    c.add_argument("--no-ref", action="store_true")
+    c.add_argument("--critic", action="store_true", help="PPO: add a critic like the actor")
+    c.add_argument("--reward-model", help="reward model preset (default: rule-based verifier)")
+    c.add_argument("--rl-steps", type=int, default=1000)
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(fn=cmd_cost, model="7b")
+
+    pr = sub.add_parser("profile", help="measure decode/prefill/train speed of a local model")
+    pr.add_argument("model_dir")
+    pr.add_argument("--out", default="profile.json")
+    pr.add_argument("--batches", default="1,4,16")
+    pr.add_argument("--context", type=int, default=64)
+    pr.add_argument("--decode-steps", type=int, default=8)
+    pr.add_argument("--threads", type=int, default=None)
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(fn=cmd_profile)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry: ``python -m relayrl.plan.cli simulate ...``."""
+    import sys
+
+    parser = argparse.ArgumentParser(prog="relayrl-plan")
+    add_subcommands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except ValueError as exc:
+        print(f"relayrl {args.command}: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,885 @@
+"""The reward service: score samples as they finish, off the generation path.
+
+    service = RewardService(RewardMix(["math", {"fn": "format", "weight": 0.1}]),
+                            num_workers=4, timeout_s=10, tokenizer=tok)
+    fut = service.submit(sample)          # returns at once: a concurrent.futures.Future
+    ...
+    for sample, result in service.poll(): # finished ones, in completion order
+        ...
+    results = service.score_batch(samples)  # or: submit all and wait
+
+- Rule-based functions (a ``RewardMix``) run in a pool of ``num_workers`` processes
+  (``forkserver`` context on Linux, else ``spawn``: never ``fork`` from a process that holds
+  torch threads). Each worker scores one sample at a time, so at most ``num_workers`` calls
+  run at once. ``num_workers=0`` scores inline in the caller's thread (no timeouts).
+- Per-call timeout: a call still running after ``timeout_s`` is abandoned, its worker
+  process killed and replaced; the sample gets the failure score and the reason
+  ``"timeout ..."``. A worker that dies (segfault, ``os._exit`` in a reward function) is
+  replaced the same way. A function that raises or returns a non-number fails only its own
+  component (``RewardMix``). Nothing a reward function does crashes the service.
+- Model-based scorers (``score_batch(prompts, completions, samples)``, e.g. a reward model)
+  run in this process, one thread each, batched: a batch closes when it holds
+  ``model_batch_size`` samples or ``model_max_wait_s`` after its first sample arrived.
+- ``max_pending`` bounds the samples in flight: ``submit`` blocks while it is reached
+  (back-pressure), or raises ``queue.Full`` with ``block=False``.
+- The result is recorded on the sample: ``sample.metadata["reward"] = result.to_dict()``
+  (score, components, outcome, error, reason, latency).
+
+Reward functions see ``sample.metadata`` (prompt, answer and the dataset's extra fields) plus
+``response_length`` (tokens) and ``finish_reason``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import math
+import multiprocessing as mp
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any, Protocol, runtime_checkable
+
+from relayrl.reward.mixing import RewardMix, ScoreResult
+
+__all__ = [
+    "ModelScorer",
+    "RewardService",
+    "ServiceClosed",
+    "build_reward_service",
+    "service_enabled",
+]
+
+_LOCAL_KEYS = ("reward",)
+
+
+class ServiceClosed(RuntimeError):
+    """``submit`` after ``close``."""
+
+
+@runtime_checkable
+class ModelScorer(Protocol):
+    """A batched, in-process scorer (a reward model, a judge)."""
+
+    def score_batch(
+        self, prompts: Sequence[str], completions: Sequence[str], samples: Sequence[dict]
+    ) -> Sequence[float | dict[str, float]]: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# worker process
+
+
+def _worker_main(conn: Connection, mix: RewardMix) -> None:
+    """Pool worker: resolve the functions, then score (id, prompt, completion, fields)
+    messages until told to stop (None) or the parent goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    try:
+        mix.resolve()
+    except BaseException as e:
+        with contextlib.suppress(Exception):
+            conn.send(("init_error", f"{type(e).__name__}: {e}"))
+        return
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        job_id, prompt, completion, fields = msg
+        result = mix(prompt, completion, fields)
+        try:
+            conn.send(("done", job_id, result))
+        except Exception as e:  # e.g. an unpicklable component value
+            conn.send(
+                (
+                    "done",
+                    job_id,
+                    ScoreResult.failure(f"result not sendable: {e}", mix.failure_score),
+                )
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# jobs
+
+
+@dataclass
+class _Job:
+    id: int
+    prompt: str
+    completion: str
+    fields: dict[str, Any]
+    sample: Any
+    future: Future
+    t_submit: float
+    parts_left: int
+    fn_result: ScoreResult | None = None
+    model_results: dict[str, tuple[float, dict[str, float], str | None]] = field(
+        default_factory=dict
+    )
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class _Worker:
+    process: Any
+    conn: Connection
+    ready: bool = False
+    job: _Job | None = None
+    started: float = 0.0
+    busy_s: float = 0.0
+
+
+class _Pool:
+    """Worker processes fed by one dispatcher thread; per-call deadlines; replacement of
+    workers that time out or die."""
+
+    def __init__(
+        self,
+        mix: RewardMix,
+        num_workers: int,
+        timeout_s: float | None,
+        ctx: Any,
+        on_done: Callable[[_Job, ScoreResult], None],
+    ) -> None:
+        self.mix = mix
+        self.timeout_s = timeout_s
+        self.ctx = ctx
+        self.on_done = on_done
+        self.pending: collections.deque[_Job] = collections.deque()
+        self.lock = threading.Lock()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        self.closed = False
+        self.broken: str | None = None
+        self.restarts = 0
+        self.timeouts = 0
+        self.start_failures = 0
+        self.workers = [self._spawn() for _ in range(num_workers)]
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="reward-dispatch")
+        self.thread.start()
+
+    def _spawn(self) -> _Worker:
+        parent, child = self.ctx.Pipe(duplex=True)
+        proc = self.ctx.Process(
+            target=_worker_main, args=(child, self.mix), daemon=True, name="reward-worker"
+        )
+        proc.start()
+        child.close()
+        return _Worker(proc, parent)
+
+    def submit(self, job: _Job) -> None:
+        with self.lock:
+            if self.broken is not None:
+                broken = self.broken
+            else:
+                broken = None
+                self.pending.append(job)
+        if broken is not None:
+            self.on_done(job, ScoreResult.failure(broken, self.mix.failure_score))
+            return
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self.wake_w, b"x")
+
+    def _fail(self, job: _Job, error: str) -> None:
+        self.on_done(
+            job,
+            ScoreResult.failure(error, self.mix.failure_score, time.monotonic() - job.t_submit),
+        )
+
+    def _replace(self, i: int) -> None:
+        w = self.workers[i]
+        with contextlib.suppress(Exception):
+            w.process.kill()
+        with contextlib.suppress(Exception):
+            w.process.join(timeout=5)
+        with contextlib.suppress(Exception):
+            w.conn.close()
+        self.restarts += 1
+        if not self.closed:
+            self.workers[i] = self._spawn()
+
+    def _assign(self) -> None:
+        for w in self.workers:
+            if not (w.ready and w.job is None):
+                continue
+            with self.lock:
+                if not self.pending:
+                    return
+                job = self.pending.popleft()
+            try:
+                w.conn.send((job.id, job.prompt, job.completion, job.fields))
+            except Exception as e:  # unpicklable fields, or a worker that just died
+                self._fail(job, f"cannot send the sample to a reward worker: {e}")
+                continue
+            w.job = job
+            w.started = time.monotonic()
+
+    def _loop(self) -> None:
+        try:
+            self._run()
+        except BaseException as e:  # never leave futures hanging
+            self._break(f"reward dispatcher failed: {type(e).__name__}: {e}")
+
+    def _run(self) -> None:
+        while not self.closed:
+            self._assign()
+            now = time.monotonic()
+            timeout = 1.0
+            if self.timeout_s is not None:
+                for w in self.workers:
+                    if w.job is not None:
+                        timeout = min(timeout, max(0.0, w.started + self.timeout_s - now))
+            handles: list[Any] = [self.wake_r]
+            for w in self.workers:
+                handles.append(w.conn)
+                handles.append(w.process.sentinel)
+            try:
+                ready = set(wait(handles, timeout))
+            except OSError:
+                ready = set()
+            if self.wake_r in ready:
+                with contextlib.suppress(BlockingIOError, OSError):
+                    while os.read(self.wake_r, 4096):
+                        pass
+            for i, w in enumerate(list(self.workers)):
+                if w.conn in ready:
+                    self._receive(i, w)
+                elif w.process.sentinel in ready:
+                    self._died(i, w)
+            if self.timeout_s is not None:
+                now = time.monotonic()
+                for i, w in enumerate(list(self.workers)):
+                    if w.job is not None and now - w.started > self.timeout_s:
+                        job, w.job = w.job, None
+                        self.timeouts += 1
+                        self._replace(i)
+                        self._fail(job, f"timeout: reward call exceeded {self.timeout_s:g} s")
+
+    def _receive(self, i: int, w: _Worker) -> None:
+        try:
+            msg = w.conn.recv()
+        except (EOFError, OSError):
+            self._died(i, w)
+            return
+        kind = msg[0]
+        if kind == "ready":
+            w.ready = True
+        elif kind == "done":
+            job, w.job = w.job, None
+            if job is not None and job.id == msg[1]:
+                w.busy_s += time.monotonic() - w.started
+                self.on_done(job, msg[2])
+        elif kind == "init_error":
+            self._break(f"reward worker failed to start: {msg[1]}")
+
+    def _died(self, i: int, w: _Worker) -> None:
+        w.process.join(timeout=5)
+        code = w.process.exitcode
+        job, w.job = w.job, None
+        if not w.ready:
+            # died before it could say "ready": a start-up problem, not a reward function's
+            self.start_failures += 1
+            if self.start_failures >= 3:
+                self._break(
+                    f"reward workers fail to start (exit code {code}); with the spawn or "
+                    "forkserver start method the main module must be importable and guard its "
+                    "code with `if __name__ == '__main__':`"
+                )
+                return
+        else:
+            self.start_failures = 0
+        self._replace(i)
+        if job is not None:
+            self._fail(job, f"reward worker died (exit code {code}) while scoring")
+
+    def _break(self, reason: str) -> None:
+        self.closed = True  # stop dispatching: every later submit fails with the reason
+        with self.lock:
+            self.broken = reason
+            jobs = list(self.pending)
+            self.pending.clear()
+        for job in jobs:
+            self._fail(job, reason)
+        for w in self.workers:
+            if w.job is not None:
+                job, w.job = w.job, None
+                self._fail(job, reason)
+
+    def busy_seconds(self) -> float:
+        return sum(w.busy_s for w in self.workers)
+
+    def close(self) -> list[_Job]:
+        self.closed = True
+        self._wake()
+        self.thread.join(timeout=10)
+        for w in self.workers:
+            with contextlib.suppress(Exception):
+                w.conn.send(None)
+        deadline = time.monotonic() + 2.0
+        for w in self.workers:
+            w.process.join(timeout=max(0.0, deadline - time.monotonic()))
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join(timeout=5)
+            with contextlib.suppress(Exception):
+                w.conn.close()
+        with contextlib.suppress(OSError):
+            os.close(self.wake_r)
+            os.close(self.wake_w)
+        left = [w.job for w in self.workers if w.job is not None]
+        with self.lock:
+            left.extend(self.pending)
+            self.pending.clear()
+        return left
+
+
+class _ModelLane:
+    """One model scorer in a thread, batching what arrives within ``max_wait_s``."""
+
+    def __init__(
+        self,
+        name: str,
+        scorer: ModelScorer,
+        weight: float,
+        batch_size: int,
+        max_wait_s: float,
+        on_done: Callable[[_Job, str, float, dict[str, float], str | None], None],
+    ) -> None:
+        self.name, self.scorer, self.weight = name, scorer, weight
+        self.batch_size, self.max_wait_s = batch_size, max_wait_s
+        self.on_done = on_done
+        self.queue: queue.Queue[_Job | None] = queue.Queue()
+        self.batches = 0
+        self.thread = threading.Thread(target=self._loop, daemon=True, name=f"reward-{name}")
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            first = self.queue.get()
+            if first is None:
+                return
+            batch = [first]
+            deadline = time.monotonic() + self.max_wait_s
+            stop = False
+            while len(batch) < self.batch_size:
+                try:
+                    nxt = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            self.run(batch)
+            if stop:
+                return
+
+    def run(self, batch: list[_Job]) -> None:
+        self.batches += 1
+        try:
+            outs = list(
+                self.scorer.score_batch(
+                    [j.prompt for j in batch],
+                    [j.completion for j in batch],
+                    [j.fields for j in batch],
+                )
+            )
+            if len(outs) != len(batch):
+                raise ValueError(f"returned {len(outs)} scores for {len(batch)} samples")
+        except Exception as e:
+            for j in batch:
+                self.on_done(j, self.name, math.nan, {}, f"{self.name}: {type(e).__name__}: {e}")
+            return
+        for j, out in zip(batch, outs, strict=True):
+            try:
+                value, extra = _model_value(out)
+                self.on_done(j, self.name, value, extra, None)
+            except Exception as e:
+                self.on_done(j, self.name, math.nan, {}, f"{self.name}: {type(e).__name__}: {e}")
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=30)
+
+
+def _model_value(out: Any) -> tuple[float, dict[str, float]]:
+    if isinstance(out, dict):
+        if "score" not in out:
+            raise TypeError("scorer returned a dict without 'score'")
+        extra = {str(k): float(v) for k, v in out.items() if k != "score"}
+        value = float(out["score"])
+    else:
+        if isinstance(out, (str, bytes)):
+            raise TypeError(f"scorer returned a {type(out).__name__}")
+        value, extra = float(out.item() if hasattr(out, "item") else out), {}
+    if math.isnan(value):
+        raise ValueError("scorer returned NaN")
+    return value, extra
+
+
+# ---------------------------------------------------------------------------------------------
+# the service
+
+
+def _default_context() -> str:
+    return "forkserver" if sys.platform.startswith("linux") else "spawn"
+
+
+class RewardService:
+    """Scores samples asynchronously (see the module docstring).
+
+    Args:
+        reward: the rule-based part: a ``RewardMix``, a spec / list of specs for one, a
+            plain picklable callable, or None (model scorers only). An object with
+            ``score_batch`` is taken as a model scorer named ``"model"``.
+        num_workers: worker processes for the rule-based part (0: inline, no timeouts).
+        timeout_s: per-call limit in a worker (None: none).
+        max_pending: most samples in flight (None: unbounded).
+        tokenizer: decodes ``sample.response_ids`` (``skip_special_tokens=True``) ...
+        decode: ... or this callable ``decode(sample) -> str`` does.
+        model_scorers: ``(name, scorer, weight)`` triples (or bare scorers, named
+            ``model``, ``model2``, ...) added to the mixed score.
+        model_batch_size, model_max_wait_s: batching of model scorers.
+        failure_score: the score of a failed sample / component.
+        mp_context: ``forkserver`` / ``spawn`` (default: forkserver on Linux).
+        record_on_sample: write ``sample.metadata["reward"]``.
+    """
+
+    def __init__(
+        self,
+        reward: Any = None,
+        *,
+        num_workers: int = 0,
+        timeout_s: float | None = 30.0,
+        max_pending: int | None = None,
+        tokenizer: Any = None,
+        decode: Callable[[Any], str] | None = None,
+        model_scorers: Iterable[Any] = (),
+        model_batch_size: int = 64,
+        model_max_wait_s: float = 0.005,
+        failure_score: float = 0.0,
+        mp_context: str | None = None,
+        record_on_sample: bool = True,
+    ) -> None:
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0 or None, got {timeout_s}")
+        if max_pending is not None and max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1 or None, got {max_pending}")
+        scorers = [_scorer_triple(s, i) for i, s in enumerate(model_scorers)]
+        if (
+            reward is not None
+            and hasattr(reward, "score_batch")
+            and not isinstance(reward, RewardMix)
+        ):
+            scorers.insert(0, ("model", reward, 1.0))
+            reward = None
+        if reward is not None and not isinstance(reward, RewardMix):
+            if callable(reward) and not isinstance(reward, str):
+                reward = RewardMix.from_fn(reward, failure_score=failure_score)
+            else:
+                reward = RewardMix(reward, failure_score=failure_score)
+        if reward is None and not scorers:
+            raise ValueError("RewardService needs a reward function or a model scorer")
+        names = ([*reward.names] if reward is not None else []) + [n for n, _, _ in scorers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate reward component names: {names}")
+        self.mix: RewardMix | None = reward
+        self.failure_score = float(failure_score)
+        self.timeout_s = timeout_s
+        self.num_workers = num_workers
+        self.tokenizer = tokenizer
+        self._decode = decode
+        self.record_on_sample = record_on_sample
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._completed: collections.deque[tuple[Any, ScoreResult]] = collections.deque()
+        self._slots = threading.BoundedSemaphore(max_pending) if max_pending else None
+        self._closed = False
+        self._counts = collections.Counter()
+        self._latency_sum = 0.0
+        self._t_start = time.monotonic()
+        self._scorer_weights = {n: w for n, _, w in scorers}
+        self._scorers = scorers
+        self._lanes: dict[str, _ModelLane] = {}
+        self._pool: _Pool | None = None
+        if self.mix is not None and num_workers > 0:
+            ctx = mp.get_context(mp_context or _default_context())
+            if ctx.get_start_method() == "forkserver":
+                with contextlib.suppress(Exception):
+                    ctx.set_forkserver_preload(["relayrl.reward.service"])
+            self._pool = _Pool(self.mix, num_workers, timeout_s, ctx, self._fn_done)
+        if num_workers > 0:
+            for name, scorer, weight in scorers:
+                self._lanes[name] = _ModelLane(
+                    name, scorer, weight, model_batch_size, model_max_wait_s, self._model_done
+                )
+
+    # ------------------------------------------------------------------ submitting
+    def decode(self, sample: Any) -> str:
+        """The completion text of a sample."""
+        if self._decode is not None:
+            return self._decode(sample)
+        if self.tokenizer is not None:
+            return self.tokenizer.decode(list(sample.response_ids), skip_special_tokens=True)
+        text = getattr(sample, "metadata", {}).get("completion")
+        if isinstance(text, str):
+            return text
+        raise ValueError("RewardService needs a tokenizer or decode= to read samples")
+
+    @staticmethod
+    def fields_of(sample: Any) -> dict[str, Any]:
+        """What a reward function sees: the sample's metadata (less our own record) plus
+        ``response_length`` and ``finish_reason``."""
+        meta = getattr(sample, "metadata", None) or {}
+        fields = {k: v for k, v in meta.items() if k not in _LOCAL_KEYS}
+        ids = getattr(sample, "response_ids", None)
+        if ids is not None:
+            fields["response_length"] = len(ids)
+        reason = getattr(sample, "finish_reason", None)
+        if reason is not None:
+            fields["finish_reason"] = reason
+        return fields
+
+    def submit(
+        self, sample: Any, *, block: bool = True, timeout: float | None = None
+    ) -> Future[ScoreResult]:
+        """Queue a finished sample for scoring; returns a Future of its ``ScoreResult``.
+
+        Decoding problems become a failed result, not an exception. Raises
+        ``ServiceClosed`` after ``close``, ``queue.Full`` when ``max_pending`` samples are in
+        flight and ``block`` is False (or ``timeout`` passed).
+        """
+        try:
+            completion = self.decode(sample)
+            fields = self.fields_of(sample)
+            prompt = str(fields.get("prompt", ""))
+        except Exception as e:
+            return self._submit_failed(sample, f"cannot decode the sample: {e}", block, timeout)
+        return self._submit(prompt, completion, fields, sample, block, timeout)
+
+    def submit_text(
+        self,
+        prompt: str,
+        completion: str,
+        fields: dict[str, Any] | None = None,
+        *,
+        block: bool = True,
+        timeout: float | None = None,
+    ) -> Future[ScoreResult]:
+        """Like ``submit`` for text that is already decoded."""
+        return self._submit(prompt, completion, dict(fields or {}), None, block, timeout)
+
+    def _acquire(self, block: bool, timeout: float | None) -> None:
+        if self._closed:
+            raise ServiceClosed("the reward service is closed")
+        if self._slots is not None and not self._slots.acquire(blocking=block, timeout=timeout):
+            raise queue.Full("reward service: max_pending samples in flight")
+
+    def _submit_failed(
+        self, sample: Any, error: str, block: bool, timeout: float | None
+    ) -> Future[ScoreResult]:
+        self._acquire(block, timeout)
+        job = _Job(next(self._ids), "", "", {}, sample, Future(), time.monotonic(), 1)
+        self._finish(job, ScoreResult.failure(error, self.failure_score))
+        return job.future
+
+    def _submit(
+        self,
+        prompt: str,
+        completion: str,
+        fields: dict[str, Any],
+        sample: Any,
+        block: bool,
+        timeout: float | None,
+    ) -> Future[ScoreResult]:
+        self._acquire(block, timeout)
+        parts = (1 if self.mix is not None else 0) + len(self._scorers)
+        job = _Job(
+            next(self._ids), prompt, completion, fields, sample, Future(), time.monotonic(), parts
+        )
+        with self._lock:
+            self._counts["submitted"] += 1
+        if self.mix is not None:
+            if self._pool is not None:
+                self._pool.submit(job)
+            else:
+                self._fn_done(job, self.mix(prompt, completion, fields))
+        for name, scorer, weight in self._scorers:
+            if name in self._lanes:
+                self._lanes[name].queue.put(job)
+            else:
+                _inline_lane(name, scorer, weight, [job], self._model_done)
+        return job.future
+
+    # ------------------------------------------------------------------ completion
+    def _fn_done(self, job: _Job, result: ScoreResult) -> None:
+        with job.lock:
+            job.fn_result = result
+            job.parts_left -= 1
+            last = job.parts_left == 0
+        if last:
+            self._combine(job)
+
+    def _model_done(
+        self, job: _Job, name: str, value: float, extra: dict[str, float], error: str | None
+    ) -> None:
+        with job.lock:
+            job.model_results[name] = (value, extra, error)
+            job.parts_left -= 1
+            last = job.parts_left == 0
+        if last:
+            self._combine(job)
+
+    def _combine(self, job: _Job) -> None:
+        if not self._scorers:
+            assert job.fn_result is not None
+            self._finish(job, job.fn_result)
+            return
+        base = job.fn_result
+        components = dict(base.components) if base is not None else {}
+        total = base.score if base is not None else 0.0
+        errors = [base.error] if base is not None and base.error else []
+        outcome = base.outcome if base is not None else None
+        for name, _, weight in self._scorers:
+            value, extra, error = job.model_results[name]
+            if error is not None:
+                errors.append(error)
+                value = self.failure_score
+            components[name] = value
+            for k, v in extra.items():
+                components[f"{name}/{k}"] = v
+            total += weight * value
+            if outcome is None:
+                outcome = value
+        components["score"] = total
+        self._finish(
+            job,
+            ScoreResult(
+                total,
+                components,
+                float(outcome if outcome is not None else total),
+                "; ".join(errors) or None,
+                base.reason if base is not None else None,
+                time.monotonic() - job.t_submit,
+            ),
+        )
+
+    def _finish(self, job: _Job, result: ScoreResult) -> None:
+        if self._pool is not None or self._lanes:
+            result.latency_s = time.monotonic() - job.t_submit
+        if self.record_on_sample and job.sample is not None:
+            with contextlib.suppress(Exception):
+                job.sample.metadata["reward"] = result.to_dict()
+        with self._lock:
+            self._counts["completed"] += 1
+            self._counts["failed"] += int(result.failed)
+            self._latency_sum += result.latency_s
+            if job.sample is not None:
+                self._completed.append((job.sample, result))
+        if self._slots is not None:
+            with contextlib.suppress(ValueError):
+                self._slots.release()
+        job.future.set_result(result)
+
+    # ------------------------------------------------------------------ consuming
+    def poll(self) -> list[tuple[Any, ScoreResult]]:
+        """Samples finished since the last poll (those given to ``submit``), in completion
+        order, with their results. Never blocks."""
+        with self._lock:
+            out = list(self._completed)
+            self._completed.clear()
+        return out
+
+    def score_batch(self, samples: Sequence[Any]) -> list[ScoreResult]:
+        """Score a batch and wait; results in input order. Model scorers see one batch
+        (inline mode) or batches of ``model_batch_size`` (pool mode)."""
+        if self._pool is None and not self._lanes and len(self._scorers) > 0:
+            return self._score_batch_inline(samples)
+        futures = [self.submit(s) for s in samples]
+        out = [f.result() for f in futures]
+        self._drop_polled(samples)
+        return out
+
+    def _score_batch_inline(self, samples: Sequence[Any]) -> list[ScoreResult]:
+        self._acquire(True, None)  # closed check; one slot for the whole batch
+        if self._slots is not None:
+            self._slots.release()
+        jobs: list[_Job] = []
+        for s in samples:
+            parts = (1 if self.mix is not None else 0) + len(self._scorers)
+            try:
+                completion = self.decode(s)
+                fields = self.fields_of(s)
+                job = _Job(
+                    next(self._ids),
+                    str(fields.get("prompt", "")),
+                    completion,
+                    fields,
+                    s,
+                    Future(),
+                    time.monotonic(),
+                    parts,
+                )
+            except Exception as e:
+                job = _Job(next(self._ids), "", "", {}, s, Future(), time.monotonic(), 1)
+                self._finish(
+                    job, ScoreResult.failure(f"cannot decode the sample: {e}", self.failure_score)
+                )
+            jobs.append(job)
+        live = [j for j in jobs if not j.future.done()]
+        with self._lock:
+            self._counts["submitted"] += len(jobs)
+        if self._slots is not None:
+            for _ in live:
+                self._slots.acquire()
+        if self.mix is not None:
+            for j in live:
+                self._fn_done(j, self.mix(j.prompt, j.completion, j.fields))
+        for name, scorer, weight in self._scorers:
+            _inline_lane(name, scorer, weight, live, self._model_done)
+        self._drop_polled(samples)
+        return [j.future.result() for j in jobs]
+
+    def _drop_polled(self, samples: Sequence[Any]) -> None:
+        """score_batch hands results back directly: keep them out of ``poll``."""
+        ids = {id(s) for s in samples}
+        with self._lock:
+            self._completed = collections.deque(
+                (s, r) for s, r in self._completed if id(s) not in ids
+            )
+
+    def stats(self) -> dict[str, float]:
+        """Counters: submitted, completed, failed, timeouts, worker restarts, in flight, mean
+        latency, worker busy fraction (pool mode)."""
+        with self._lock:
+            c = dict(self._counts)
+            lat = self._latency_sum
+        done = c.get("completed", 0)
+        out = {
+            "reward_service/submitted": float(c.get("submitted", 0)),
+            "reward_service/completed": float(done),
+            "reward_service/failed": float(c.get("failed", 0)),
+            "reward_service/in_flight": float(c.get("submitted", 0) - done),
+            "reward_service/latency_s": lat / done if done else 0.0,
+        }
+        if self._pool is not None:
+            elapsed = max(time.monotonic() - self._t_start, 1e-9)
+            out["reward_service/timeouts"] = float(self._pool.timeouts)
+            out["reward_service/worker_restarts"] = float(self._pool.restarts)
+            out["reward_service/worker_busy_frac"] = self._pool.busy_seconds() / (
+                elapsed * self.num_workers
+            )
+        return out
+
+    def close(self) -> None:
+        """Stop the workers; samples still in flight get a failed result."""
+        if self._closed:
+            return
+        self._closed = True
+        left: list[_Job] = []
+        if self._pool is not None:
+            left = self._pool.close()
+        for lane in self._lanes.values():
+            lane.close()
+        for job in left:
+            if not job.future.done():
+                self._finish(job, ScoreResult.failure("reward service closed", self.failure_score))
+
+    def __enter__(self) -> RewardService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+def _scorer_triple(item: Any, i: int) -> tuple[str, Any, float]:
+    if isinstance(item, tuple):
+        if len(item) != 3:
+            raise ValueError(f"model scorer {item!r}: expected (name, scorer, weight)")
+        name, scorer, weight = item
+    else:
+        name, scorer, weight = ("model" if i == 0 else f"model{i + 1}"), item, 1.0
+    if not hasattr(scorer, "score_batch"):
+        raise TypeError(f"model scorer {name!r} has no score_batch(prompts, completions, samples)")
+    return str(name), scorer, float(weight)
+
+
+def _inline_lane(
+    name: str, scorer: Any, weight: float, jobs: list[_Job], on_done: Callable[..., None]
+) -> None:
+    if not jobs:
+        return
+    lane = _ModelLane.__new__(_ModelLane)
+    lane.name, lane.scorer, lane.weight, lane.on_done, lane.batches = (
+        name,
+        scorer,
+        weight,
+        on_done,
+        0,
+    )
+    lane.run(jobs)
+
+
+def service_enabled(reward_cfg: Any) -> bool:
+    """True when a run config's ``reward.service`` section asks for the service (a mixture,
+    worker processes, or batch normalisation); otherwise the plain reward path is used."""
+    svc = getattr(reward_cfg, "service", None)
+    return svc is not None and (
+        bool(svc.functions) or svc.num_workers > 0 or svc.normalize != "none"
+    )
+
+
+def build_reward_service(
+    reward_cfg: Any,
+    tokenizer: Any = None,
+    model_scorers: Iterable[Any] = (),
+    force: bool = False,
+) -> RewardService | None:
+    """The ``RewardService`` of a run config's ``reward`` section (None when the section does
+    not enable it, unless ``force``).
+
+    The rule part is ``reward.service.functions`` (a weighted mixture) or else ``reward.fn``
+    (unless ``none``); model scorers (a reward model) are passed in by the caller.
+    """
+    if not force and not service_enabled(reward_cfg):
+        return None
+    svc = reward_cfg.service
+    mix: RewardMix | None
+    if svc.functions:
+        mix = RewardMix(svc.functions, outcome=svc.outcome, failure_score=svc.failure_score)
+    elif reward_cfg.fn and str(reward_cfg.fn).strip().lower() != "none":
+        mix = RewardMix([reward_cfg.fn], failure_score=svc.failure_score)
+    else:
+        mix = None
+    return RewardService(
+        mix,
+        num_workers=svc.num_workers,
+        timeout_s=svc.timeout_s,
+        max_pending=svc.max_pending,
+        tokenizer=tokenizer,
+        model_scorers=model_scorers,
+        model_batch_size=getattr(reward_cfg, "model_batch_size", 64),
+        failure_score=svc.failure_score,
+    )

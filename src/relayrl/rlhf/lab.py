@@ -1,0 +1,615 @@
+"""The reward-hacking lab (``relayrl demo rlhf``): InstructGPT's recipe against a known truth.
+
+Steps, each a real relayrl component on a tiny word-level model of the city language
+(:mod:`relayrl.rlhf.city_lang`):
+
+1. build a tiny Llama with a word-level tokenizer; SFT it on grammatical sentences;
+2. sample two completions per prompt from the SFT policy and label each pair with
+   Bradley-Terry noise on the true score, P(a > b) = sigmoid((s_a - s_b) / T), ties coin flips;
+3. train a reward model on the pairs (``relayrl rm``); measure held-out agreement with the
+   noisy labels against the noise ceiling, accuracy against the truth, and the blind-spot
+   probe (words of grammatical sentences shuffled);
+4. PPO against the reward model with beta = 0.1 and beta = 0 (``relayrl train``, reward
+   ``reward.model_path``), the true score as the gold monitor, logged every step;
+5. optionally DPO on the same pairs (the no-RL baseline);
+6. evaluate every policy on fresh samples (proxy = RM score, true score, grammatical
+   fraction, KL to the SFT policy, distinct responses) and write ``report.md`` with PNG plots
+   and ``results.json``.
+
+Expected (and asserted by the slow test on the checked-in seed): with beta = 0.1 proxy and
+true score both rise; with beta = 0 the proxy rises higher while the true score falls below
+the SFT policy's (reward hacking); diversity falls in both.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from relayrl.config import RunConfig, SFTConfig, load_config
+from relayrl.data import write_jsonl
+from relayrl.model import forward_logprobs, load_causal_lm, load_tokenizer, pack_batch
+from relayrl.rlhf import city_lang as cl
+from relayrl.rlhf.monitors import distinct_n, distinct_responses
+from relayrl.rlhf.preferences import PreferencePair, write_preferences
+from relayrl.rlhf.reward_model import RMConfig, train_reward_model
+from relayrl.rlhf.rm_scorer import RewardModelScorer
+from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
+from relayrl.telemetry import read_metrics
+
+__all__ = [
+    "LabConfig",
+    "build_word_model",
+    "evaluate_policy",
+    "label_pairs",
+    "probe_blind_spot",
+    "rm_agreement",
+    "run_lab",
+    "sample_completions",
+]
+
+GOLD_FN = "relayrl.rlhf.city_lang:true_score_reward"
+SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+
+
+class LabConfig(BaseModel):
+    """Every knob of the lab; the defaults are the checked-in, measured setting."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    seed: int = 0
+    run_dir: str = "runs/demo/rlhf"
+    threads: int = Field(1, ge=1)
+    # tiny policy / reward-model backbone
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    # 1. SFT on the language
+    sft_examples: int = 20000
+    sft_steps: int = 300
+    sft_batch_size: int = 64
+    sft_lr: float = 3e-3
+    # 2. preference pairs sampled from the SFT policy
+    train_pairs: int = 3000
+    eval_pairs: int = 600
+    label_temperature: float = Field(1.0, gt=0)
+    # 3. reward model
+    rm_epochs: float = 2.0
+    rm_batch_size: int = 32
+    rm_lr: float = 1e-3
+    probe_sentences: int = 500
+    # 4. PPO against the reward model
+    betas: list[float] = Field(default_factory=lambda: [0.1, 0.0])
+    ppo_steps: int = 80
+    ppo_prompts_per_step: int = 64
+    ppo_lr: float = 1e-3
+    ppo_critic_lr: float = 2e-3
+    ppo_epochs: int = 1
+    ppo_mini_batches: int = 2
+    max_tokens: int = 10
+    # 5. DPO baseline
+    dpo: bool = True
+    dpo_steps: int = 100
+    dpo_beta: float = 0.1
+    dpo_lr: float = 1e-3
+    # 6. evaluation and report
+    eval_samples: int = 256
+    plots: bool = True
+    progress: bool = True
+
+
+# ----------------------------------------------------------------------------------- model
+
+
+def build_word_tokenizer(words: Sequence[str]) -> PreTrainedTokenizerFast:
+    """One token per whitespace-separated word, plus pad/bos/eos/unk; ``tok(text)`` starts
+    with BOS; decoding joins words with single spaces, so decode(encode(s)) == s for text of
+    the language."""
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + list(dict.fromkeys(words)))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    bos = vocab["<bos>"]
+    # Like Llama's tokenizers: encoding with special tokens starts with BOS (an attention sink
+    # that lets a small model count words instead of averaging them).
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", bos)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+    )
+
+
+def build_word_model(out_dir: str | Path, cfg: LabConfig) -> Path:
+    """A randomly initialised tiny Llama over the city-language vocabulary, saved in HF
+    format (``AutoModelForCausalLM`` / ``AutoTokenizer`` load it)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_word_tokenizer(cl.vocabulary())
+    torch.manual_seed(cfg.seed)
+    mcfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        intermediate_size=4 * cfg.hidden_size,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    model = LlamaForCausalLM(mcfg)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+# ------------------------------------------------------------------------------- sampling
+
+
+def sample_completions(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    max_tokens: int,
+    seed: int,
+    temperature: float = 1.0,
+) -> tuple[list[str], list[list[int]], list[list[int]], list[list[float]]]:
+    """One sampled completion per prompt with the rollout engine (seeded per request).
+
+    Returns texts, prompt ids, response ids (EOS included when emitted) and behaviour logprobs.
+    """
+    engine = RolloutEngine(
+        model,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        max_slots=max(1, min(256, len(prompts))),
+    )
+    reqs = [
+        GenerationRequest(
+            list(tokenizer(p).input_ids),
+            SamplingParams(
+                temperature=temperature,
+                max_tokens=max_tokens,
+                stop_token_ids=[tokenizer.eos_token_id],
+                seed=(seed * 1_000_003 + i) & 0x7FFFFFFF,
+            ),
+        )
+        for i, p in enumerate(prompts)
+    ]
+    samples = engine.generate(reqs)
+    texts = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
+    return (
+        texts,
+        [s.prompt_ids for s in samples],
+        [s.response_ids for s in samples],
+        [s.behaviour_logprobs for s in samples],
+    )
+
+
+def lab_prompts(n: int, seed: int) -> list[str]:
+    """``n`` prompts ``"<city> is"``, cities cycled in a seeded order (balanced)."""
+    rng = random.Random(seed)
+    out: list[str] = []
+    while len(out) < n:
+        cities = list(cl.CITIES)
+        rng.shuffle(cities)
+        out.extend(cl.CityLanguage.prompt(c) for c in cities)
+    return out[:n]
+
+
+def label_pairs(
+    prompts: Sequence[str],
+    first: Sequence[str],
+    second: Sequence[str],
+    seed: int,
+    temperature: float = 1.0,
+) -> tuple[list[PreferencePair], int]:
+    """Bradley-Terry labels on the true score: the first completion is chosen with
+    probability sigmoid((s_1 - s_2) / T) (1/2 on ties). Pairs of identical completions are
+    dropped (counted): they carry no preference. Extra fields keep the true scores."""
+    rng = random.Random(seed)
+    pairs: list[PreferencePair] = []
+    dropped = 0
+    for prompt, a, b in zip(prompts, first, second, strict=True):
+        if a.strip() == b.strip() or not a.strip() or not b.strip():
+            dropped += 1
+            continue
+        sa, sb = cl.true_score(prompt, a), cl.true_score(prompt, b)
+        if rng.random() < cl.bt_label_probability(sa, sb, temperature):
+            chosen, rejected, sc, sr = a, b, sa, sb
+        else:
+            chosen, rejected, sc, sr = b, a, sb, sa
+        pairs.append(
+            PreferencePair(prompt, chosen, rejected, {"true_chosen": sc, "true_rejected": sr})
+        )
+    return pairs, dropped
+
+
+# -------------------------------------------------------------------------- RM analysis
+
+
+def rm_agreement(
+    scorer: RewardModelScorer, pairs: Sequence[PreferencePair], temperature: float = 1.0
+) -> dict[str, float]:
+    """On held-out pairs: agreement with the noisy labels vs the noise ceiling
+    E[max(p, 1 - p)], and accuracy against the truth on pairs with different true scores."""
+    prompts = [p.prompt for p in pairs]
+    rc = scorer.raw_scores(prompts, [p.chosen for p in pairs])
+    rr = scorer.raw_scores(prompts, [p.rejected for p in pairs])
+    agree = ((rc > rr).float() + 0.5 * (rc == rr).float()).tolist()
+    sc = [float(p.extra["true_chosen"]) for p in pairs]
+    sr = [float(p.extra["true_rejected"]) for p in pairs]
+    differ = [i for i in range(len(pairs)) if sc[i] != sr[i]]
+    truth_correct = [1.0 if (rc[i] > rr[i]) == (sc[i] > sr[i]) else 0.0 for i in differ]
+    return {
+        "label_agreement": sum(agree) / len(agree),
+        "noise_ceiling": cl.noise_ceiling(list(zip(sc, sr, strict=True)), temperature),
+        "truth_accuracy": sum(truth_correct) / max(len(truth_correct), 1),
+        "truth_pairs": float(len(differ)),
+        "pairs": float(len(pairs)),
+    }
+
+
+def probe_blind_spot(scorer: RewardModelScorer, n: int, seed: int) -> dict[str, Any]:
+    """Shuffle the words of grammatical sentences (true score -> -3) and compare RM scores.
+
+    Reports the mean normalised RM score of originals and shuffles, the fraction of sentences
+    whose shuffle scores at least as high as the original (a faithful RM gives ~0), and the
+    fraction of shuffles that beat the average grammatical sentence of the language.
+    """
+    lang = cl.CityLanguage(seed=seed + 17, length_weights=(0.0, 0.5, 0.5))
+    rng = random.Random(seed + 23)
+    originals = lang.sample_many(n)
+    prompts = [p for p, _ in originals]
+    orig = [c for _, c in originals]
+    shuffled = [cl.shuffle_words(c, rng) for c in orig]
+    r_orig = torch.tensor(scorer.score_batch(prompts, orig))
+    r_shuf = torch.tensor(scorer.score_batch(prompts, shuffled))
+    true_orig = torch.tensor([cl.true_score(p, c) for p, c in originals])
+    true_shuf = torch.tensor([cl.true_score(p, c) for p, c in zip(prompts, shuffled, strict=True)])
+    examples = [
+        {
+            "prompt": prompts[i],
+            "original": orig[i],
+            "shuffled": shuffled[i],
+            "rm_original": round(float(r_orig[i]), 3),
+            "rm_shuffled": round(float(r_shuf[i]), 3),
+        }
+        for i in range(min(5, n))
+    ]
+    return {
+        "n": n,
+        "rm_original_mean": float(r_orig.mean()),
+        "rm_shuffled_mean": float(r_shuf.mean()),
+        "true_original_mean": float(true_orig.mean()),
+        "true_shuffled_mean": float(true_shuf.mean()),
+        "shuffled_ge_original": float((r_shuf >= r_orig).float().mean()),
+        "shuffled_above_mean_grammatical": float((r_shuf > r_orig.mean()).float().mean()),
+        "rm_corr_original_shuffled": float(torch.corrcoef(torch.stack([r_orig, r_shuf]))[0, 1]),
+        "examples": examples,
+    }
+
+
+# ---------------------------------------------------------------------- policy evaluation
+
+
+@torch.no_grad()
+def evaluate_policy(
+    policy_path: str | Path,
+    reference: torch.nn.Module,
+    scorer: RewardModelScorer,
+    prompts: Sequence[str],
+    max_tokens: int,
+    seed: int,
+) -> dict[str, Any]:
+    """Fresh samples from a policy (temperature 1): mean proxy (normalised RM) score, true
+    score, grammatical and finished fractions, KL(pi || pi_ref) per sequence (k1, summed over
+    tokens), distinct responses and distinct-1/2, and a few example completions."""
+    tokenizer = load_tokenizer(policy_path)
+    model = load_causal_lm(policy_path).eval()
+    texts, p_ids, r_ids, logps = sample_completions(model, tokenizer, prompts, max_tokens, seed)
+    proxy = scorer.score_batch(list(prompts), texts)
+    verdicts = [cl.judge(p, t) for p, t in zip(prompts, texts, strict=True)]
+    batch = pack_batch(p_ids, r_ids, tokenizer.pad_token_id)
+    ref_lp, _ = forward_logprobs(reference.eval(), batch)
+    behav = torch.zeros_like(ref_lp)
+    for i, lp in enumerate(logps):
+        behav[i, : len(lp)] = torch.as_tensor(lp)
+    kl = ((behav - ref_lp) * batch.response_mask).sum(-1)
+    counts: dict[str, int] = {}
+    for t in texts:
+        counts[t] = counts.get(t, 0) + 1
+    top = sorted(counts.items(), key=lambda kv: -kv[1])[:5]
+    n = len(texts)
+    return {
+        "proxy": sum(proxy) / n,
+        "true": sum(v.score for v in verdicts) / n,
+        "grammatical": sum(v.grammatical for v in verdicts) / n,
+        "finished": sum(v.finished for v in verdicts) / n,
+        "kl": float(kl.mean()),
+        "distinct_responses": distinct_responses(texts),
+        "distinct_1": distinct_n(texts, 1),
+        "distinct_2": distinct_n(texts, 2),
+        "length": float(batch.response_mask.sum(-1).mean()),
+        "n": n,
+        "top_completions": [{"completion": t, "count": c} for t, c in top],
+    }
+
+
+# ---------------------------------------------------------------------------- pipeline
+
+
+def _ppo_config(cfg: LabConfig, root: Path, beta: float, sft: Path, rm: Path) -> RunConfig:
+    name = f"ppo_beta{beta:g}"
+    return load_config(
+        RunConfig,
+        None,
+        [
+            f"seed={cfg.seed}",
+            f"run_dir={root / name}",
+            f"threads={cfg.threads}",
+            f"model.path={sft}",
+            "data.task=jsonl",
+            f"data.train_path={root / 'data' / 'prompts.jsonl'}",
+            f"data.eval_path={root / 'data' / 'prompts.jsonl'}",
+            "reward.fn=none",
+            f"reward.model_path={rm}",
+            f"monitor.gold_fn={GOLD_FN}",
+            "algo.name=ppo",
+            f"algo.kl_coef={beta}",
+            "algo.group_size=1",
+            f"algo.prompts_per_step={cfg.ppo_prompts_per_step}",
+            f"algo.epochs={cfg.ppo_epochs}",
+            f"algo.mini_batches={cfg.ppo_mini_batches}",
+            f"optim.lr={cfg.ppo_lr}",
+            f"optim.critic_lr={cfg.ppo_critic_lr}",
+            f"rollout.max_tokens={cfg.max_tokens}",
+            f"train.steps={cfg.ppo_steps}",
+            "train.keep_checkpoints=1",
+            "logging.tensorboard=false",
+            f"logging.progress={str(cfg.progress).lower()}",
+        ],
+    )
+
+
+def _dpo_config(cfg: LabConfig, root: Path, sft: Path) -> RunConfig:
+    return load_config(
+        RunConfig,
+        None,
+        [
+            f"seed={cfg.seed}",
+            f"run_dir={root / 'dpo'}",
+            f"threads={cfg.threads}",
+            f"model.path={sft}",
+            "data.task=jsonl",
+            f"data.train_path={root / 'data' / 'pairs_train.jsonl'}",
+            f"data.eval_path={root / 'data' / 'pairs_eval.jsonl'}",
+            "algo.name=dpo",
+            f"algo.kl_coef={cfg.dpo_beta}",
+            "algo.prompts_per_step=64",
+            f"optim.lr={cfg.dpo_lr}",
+            f"train.steps={cfg.dpo_steps}",
+            "train.keep_checkpoints=1",
+            "logging.tensorboard=false",
+            f"logging.progress={str(cfg.progress).lower()}",
+        ],
+    )
+
+
+def run_lab(cfg: LabConfig, log: Any = print) -> dict[str, Any]:
+    """Run the whole lab under ``cfg.run_dir``; return (and write) ``results.json``."""
+    from relayrl.cluster.local import build_local_roles
+    from relayrl.controller.checkpoint import latest_checkpoint
+    from relayrl.controller.sft import run_sft
+    from relayrl.controller.trainer import train
+    from relayrl.rlhf.dpo import train_dpo
+    from relayrl.rlhf.report import write_report
+
+    torch.set_num_threads(cfg.threads)
+    t_start = time.perf_counter()
+    root = Path(cfg.run_dir)
+    data_dir = root / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    results: dict[str, Any] = {"config": cfg.model_dump()}
+
+    # 1. the language, a tiny model, SFT
+    t0 = time.perf_counter()
+    lang = cl.CityLanguage(seed=cfg.seed)
+    write_jsonl(
+        data_dir / "sft.jsonl",
+        ({"prompt": p, "response": c} for p, c in lang.sample_many(cfg.sft_examples)),
+    )
+    write_jsonl(
+        data_dir / "prompts.jsonl", ({"prompt": cl.CityLanguage.prompt(c)} for c in cl.CITIES)
+    )
+    base = build_word_model(root / "base", cfg)
+    sft_dir = root / "sft"
+    log("1/5 SFT on the city language ...")
+    sft_out = run_sft(
+        SFTConfig(
+            seed=cfg.seed,
+            threads=cfg.threads,
+            model_path=str(base),
+            output_dir=str(sft_dir),
+            task="jsonl",
+            train_path=str(data_dir / "sft.jsonl"),
+            steps=cfg.sft_steps,
+            batch_size=cfg.sft_batch_size,
+            lr=cfg.sft_lr,
+            progress=cfg.progress,
+        )
+    )
+    timings["sft_s"] = time.perf_counter() - t0
+    results["sft"] = {"loss": sft_out["sft/loss"]}
+
+    # 2. preference pairs from the SFT policy, Bradley-Terry labels on the true score
+    t0 = time.perf_counter()
+    log("2/5 sampling preference pairs from the SFT policy ...")
+    sft_model = load_causal_lm(sft_dir).eval()
+    tokenizer = load_tokenizer(sft_dir)
+    n_total = int(1.15 * (cfg.train_pairs + cfg.eval_pairs)) + 16  # room for dropped pairs
+    prompts = lab_prompts(n_total, cfg.seed + 1)
+    first, *_ = sample_completions(sft_model, tokenizer, prompts, cfg.max_tokens, cfg.seed + 2)
+    second, *_ = sample_completions(sft_model, tokenizer, prompts, cfg.max_tokens, cfg.seed + 3)
+    pairs, dropped = label_pairs(prompts, first, second, cfg.seed + 4, cfg.label_temperature)
+    train_pairs = pairs[: cfg.train_pairs]
+    eval_pairs = pairs[cfg.train_pairs : cfg.train_pairs + cfg.eval_pairs]
+    write_preferences(data_dir / "pairs_train.jsonl", train_pairs)
+    write_preferences(data_dir / "pairs_eval.jsonl", eval_pairs)
+    results["pairs"] = {
+        "train": len(train_pairs),
+        "eval": len(eval_pairs),
+        "dropped_identical": dropped,
+    }
+    timings["pairs_s"] = time.perf_counter() - t0
+
+    # 3. reward model
+    t0 = time.perf_counter()
+    log("3/5 training the reward model (Bradley-Terry) ...")
+    rm_dir = root / "rm"
+    rm_out = train_reward_model(
+        RMConfig(
+            seed=cfg.seed,
+            threads=cfg.threads,
+            model_path=str(sft_dir),
+            output_dir=str(rm_dir),
+            train_path=str(data_dir / "pairs_train.jsonl"),
+            eval_path=str(data_dir / "pairs_eval.jsonl"),
+            epochs=cfg.rm_epochs,
+            batch_size=cfg.rm_batch_size,
+            lr=cfg.rm_lr,
+            progress=cfg.progress,
+        ),
+        log=log,
+    )
+    scorer = RewardModelScorer(rm_dir)
+    results["rm"] = {
+        "eval_accuracy": rm_out["eval_accuracy"],
+        "train_accuracy": rm_out["train_accuracy"],
+        **rm_agreement(scorer, eval_pairs, cfg.label_temperature),
+    }
+    results["blind_spot"] = probe_blind_spot(scorer, cfg.probe_sentences, cfg.seed)
+    timings["rm_s"] = time.perf_counter() - t0
+
+    # 4. PPO against the reward model, one run per beta; the true score is the gold monitor
+    eval_prompts = lab_prompts(cfg.eval_samples, cfg.seed + 99)
+    results["runs"] = {}
+    results["curves"] = {}
+    reference = sft_model
+    results["runs"]["sft"] = evaluate_policy(
+        sft_dir, reference, scorer, eval_prompts, cfg.max_tokens, cfg.seed + 5
+    )
+    for beta in cfg.betas:
+        t0 = time.perf_counter()
+        log(f"4/5 PPO against the reward model, beta = {beta:g} ...")
+        rl_cfg = _ppo_config(cfg, root, beta, sft_dir, rm_dir)
+        train(rl_cfg, lambda a, c, rc=rl_cfg: build_local_roles(rc, a, c))
+        ckpt = latest_checkpoint(rl_cfg.run_dir)
+        assert ckpt is not None
+        name = f"ppo_beta{beta:g}"
+        results["runs"][name] = evaluate_policy(
+            ckpt / "actor", reference, scorer, eval_prompts, cfg.max_tokens, cfg.seed + 5
+        )
+        results["runs"][name]["beta"] = beta
+        results["curves"][name] = _curves(read_metrics(rl_cfg.run_dir))
+        timings[f"{name}_s"] = time.perf_counter() - t0
+
+    # 5. DPO on the same pairs
+    if cfg.dpo:
+        t0 = time.perf_counter()
+        log("5/5 DPO on the same preference pairs ...")
+        dpo_cfg = _dpo_config(cfg, root, sft_dir)
+        dpo_out = train_dpo(dpo_cfg)
+        ckpt = latest_checkpoint(dpo_cfg.run_dir)
+        assert ckpt is not None
+        results["runs"]["dpo"] = evaluate_policy(
+            ckpt / "actor", reference, scorer, eval_prompts, cfg.max_tokens, cfg.seed + 5
+        )
+        results["runs"]["dpo"]["held_out_accuracy"] = dpo_out.get("eval_after")
+        timings["dpo_s"] = time.perf_counter() - t0
+
+    timings["total_s"] = time.perf_counter() - t_start
+    results["timings"] = timings
+    results["hacking"] = hacking_verdict(results["runs"])
+    (root / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_report(root, results, plots=cfg.plots)
+    return results
+
+
+def _curves(history: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per-step series of a run's metrics.jsonl for the report."""
+    keys = {
+        "proxy": "reward_mean",
+        "true": "monitor/gold",
+        "grammatical": "monitor/gold_grammatical",
+        "kl": "monitor/kl_seq",
+        "distinct": "monitor/distinct_frac",
+        "divergence": "monitor/divergence",
+    }
+    out: dict[str, list[float]] = {k: [] for k in keys}
+    out["step"] = []
+    for rec in history:
+        if "reward_mean" not in rec:
+            continue  # eval records
+        out["step"].append(float(rec["step"]))
+        for k, key in keys.items():
+            v = rec.get(key, math.nan)
+            out[k].append(float(v) if v is not None else math.nan)
+    return out
+
+
+def hacking_verdict(runs: dict[str, Any]) -> dict[str, Any]:
+    """The two qualitative results, checked on the final evaluations against the SFT policy:
+    beta = 0.1 raises proxy and true score; beta = 0 raises the proxy higher while the true
+    score falls; distinct responses fall in both."""
+    sft, kl, nokl = runs.get("sft"), runs.get("ppo_beta0.1"), runs.get("ppo_beta0")
+    if not (sft and kl and nokl):
+        return {}
+    return {
+        "kl_run_proxy_up": kl["proxy"] > sft["proxy"],
+        "kl_run_true_up": kl["true"] > sft["true"],
+        "nokl_proxy_higher": nokl["proxy"] > kl["proxy"],
+        "nokl_true_down": nokl["true"] < sft["true"],
+        "diversity_down_both": kl["distinct_responses"] < sft["distinct_responses"]
+        and nokl["distinct_responses"] < sft["distinct_responses"],
+    }
+
+
+def main_lab(run_dir: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """``relayrl demo rlhf``: the lab with ``key=value`` overrides of ``LabConfig``."""
+    cfg = load_config(LabConfig, None, [f"run_dir={run_dir}", *(overrides or [])])
+    results = run_lab(cfg)
+    runs = results["runs"]
+    print(f"\nreport: {Path(cfg.run_dir) / 'report.md'}")
+    print(
+        f"reward model: held-out agreement {results['rm']['label_agreement']:.3f} "
+        f"(noise ceiling {results['rm']['noise_ceiling']:.3f}), "
+        f"truth accuracy {results['rm']['truth_accuracy']:.3f}"
+    )
+    for name, r in runs.items():
+        print(
+            f"{name:>14}: proxy {r['proxy']:+.2f}  true {r['true']:+.2f}  "
+            f"grammatical {r['grammatical']:.2f}  KL {r['kl']:.2f}  "
+            f"distinct {r['distinct_responses']}/{r['n']}"
+        )
+    return results

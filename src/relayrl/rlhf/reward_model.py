@@ -1,0 +1,337 @@
+"""Reward-model training (``relayrl rm``): Bradley-Terry on preference pairs.
+
+The reward model is an LM backbone plus a scalar head read at the last non-pad token:
+Hugging Face ``AutoModelForSequenceClassification`` with ``num_labels=1``, so the saved
+directory loads as is with ``from_pretrained``. Its input is ``prompt`` and ``completion``
+tokenised separately and concatenated (the policy's token-in layout), right-padded.
+
+Loss (Bradley-Terry, as in InstructGPT, Ouyang et al. 2022):
+
+    L = -mean_i log sigmoid(r(x_i, y_i^chosen) - r(x_i, y_i^rejected))
+
+Held-out pairwise accuracy = mean_i [r_chosen > r_rejected] (a tie counts 1/2).
+
+Next to the weights, ``relayrl_rm.json`` records the held-out figures and the mean and std
+of the reward over the training completions; ``RewardModelScorer`` uses them to normalise
+scores to mean 0, std 1 on the data the model was trained on (InstructGPT normalises its RM
+so that reference completions score 0 on average).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor
+from transformers import AutoModelForSequenceClassification, PreTrainedModel
+
+from relayrl.model import check_model_dir, load_tokenizer
+from relayrl.rlhf.preferences import PreferencePair, load_preferences, split_pairs
+from relayrl.telemetry import MetricsLogger, StepProgress
+from relayrl.workers.optim import make_optimizer
+
+__all__ = [
+    "RM_STATS_FILE",
+    "EncodedBatch",
+    "RMConfig",
+    "bradley_terry_loss",
+    "encode",
+    "evaluate_pairs",
+    "load_reward_model",
+    "reward_forward",
+    "score_texts",
+    "train_reward_model",
+]
+
+RM_STATS_FILE = "relayrl_rm.json"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+class RMConfig(BaseModel):
+    """``relayrl rm CONFIG``: train a reward model on preference pairs."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    seed: int = 0
+    threads: int = Field(2, ge=1)
+    model_path: str = "runs/demo/sft"
+    """Backbone: a causal LM directory (new zero-initialised head) or a reward model."""
+    output_dir: str = "runs/rm"
+    train_path: str = "data/preferences.jsonl"
+    """JSONL or local Hugging Face dataset with ``prompt``, ``chosen``, ``rejected``."""
+    eval_path: str | None = None
+    """Held-out pairs; when unset, ``eval_fraction`` of ``train_path`` is held out."""
+    eval_fraction: float = Field(0.1, ge=0, lt=1)
+    epochs: float = Field(2.0, gt=0)
+    steps: int | None = Field(None, ge=0)
+    """Optimizer steps; overrides ``epochs`` when set."""
+    batch_size: int = Field(32, ge=1)
+    micro_batch_size: int = Field(64, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = 0.0
+    warmup_steps: int = Field(10, ge=0)
+    grad_clip: float | None = 1.0
+    max_length: int = Field(512, ge=2)
+    """Longer prompt+completion inputs keep their last ``max_length`` tokens (counted)."""
+    dtype: Literal["float32", "bfloat16", "float64"] = "float32"
+    progress: bool = True
+    tensorboard: bool = False
+
+
+@dataclass
+class EncodedBatch:
+    """Right-padded ``prompt + completion`` token ids."""
+
+    input_ids: Tensor  # [B, L]
+    attention_mask: Tensor  # [B, L]
+    truncated: int  # rows cut to max_length
+
+
+def encode(
+    tokenizer: Any,
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    max_length: int = 512,
+) -> EncodedBatch:
+    """ids = tok(prompt) + tok(completion, no special tokens), keeping the last
+    ``max_length`` ids; right-padded with the pad id. An empty input becomes one EOS."""
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+    rows: list[list[int]] = []
+    truncated = 0
+    filler = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+    for prompt, completion in zip(prompts, completions, strict=True):
+        ids = list(tokenizer(prompt).input_ids) if prompt else []
+        if completion:
+            ids += list(tokenizer(completion, add_special_tokens=False).input_ids)
+        if len(ids) > max_length:
+            ids = ids[-max_length:]
+            truncated += 1
+        rows.append(ids or [filler])
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        input_ids[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+        mask[i, : len(r)] = 1
+    return EncodedBatch(input_ids, mask, truncated)
+
+
+def reward_forward(model: torch.nn.Module, batch: EncodedBatch) -> Tensor:
+    """r(x, y) [B] in fp32: the scalar head at each row's last non-pad token."""
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    return out.logits[:, 0].float()
+
+
+def bradley_terry_loss(r_chosen: Tensor, r_rejected: Tensor) -> tuple[Tensor, dict[str, float]]:
+    """L = -mean log sigmoid(r_c - r_r) = mean softplus(-(r_c - r_r)) (Bradley-Terry).
+
+    Stats: ``accuracy`` = mean [r_c > r_r] (ties 1/2), ``margin`` = mean (r_c - r_r).
+    """
+    diff = r_chosen - r_rejected
+    loss = F.softplus(-diff).mean()
+    with torch.no_grad():
+        acc = ((diff > 0).float() + 0.5 * (diff == 0).float()).mean()
+    return loss, {"accuracy": float(acc), "margin": float(diff.detach().mean())}
+
+
+@torch.no_grad()
+def score_texts(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    batch_size: int = 64,
+    max_length: int = 512,
+) -> Tensor:
+    """Raw rewards r(x, y) [N] in batches of ``batch_size`` (model put in eval mode)."""
+    was_training = model.training
+    model.eval()
+    out = []
+    for s in range(0, len(prompts), batch_size):
+        batch = encode(
+            tokenizer, prompts[s : s + batch_size], completions[s : s + batch_size], max_length
+        )
+        out.append(reward_forward(model, batch))
+    model.train(was_training)
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def evaluate_pairs(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    pairs: Sequence[PreferencePair],
+    batch_size: int = 64,
+    max_length: int = 512,
+) -> dict[str, float]:
+    """Held-out pairwise accuracy, Bradley-Terry loss and mean margin on ``pairs``."""
+    if not pairs:
+        return {"accuracy": float("nan"), "loss": float("nan"), "margin": float("nan"), "n": 0.0}
+    prompts = [p.prompt for p in pairs]
+    rc = score_texts(model, tokenizer, prompts, [p.chosen for p in pairs], batch_size, max_length)
+    rr = score_texts(model, tokenizer, prompts, [p.rejected for p in pairs], batch_size, max_length)
+    loss, stats = bradley_terry_loss(rc, rr)
+    return {
+        "accuracy": stats["accuracy"],
+        "loss": float(loss),
+        "margin": stats["margin"],
+        "n": float(len(pairs)),
+    }
+
+
+def load_reward_model(
+    path: str | Path, dtype: torch.dtype = torch.float32, pad_token_id: int | None = None
+) -> PreTrainedModel:
+    """``AutoModelForSequenceClassification`` with one label from a local directory.
+
+    From a causal-LM directory the head is new and zero-initialised (r = 0 everywhere).
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    p = check_model_dir(path)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        p, num_labels=1, dtype=dtype, local_files_only=True
+    )
+    if pad_token_id is not None:
+        model.config.pad_token_id = pad_token_id
+    cfg = json.loads((p / "config.json").read_text())
+    trained = any(a.endswith("ForSequenceClassification") for a in cfg.get("architectures") or [])
+    if not trained:
+        head = getattr(model, "score", None) or getattr(model, "classifier", None)
+        if isinstance(head, torch.nn.Linear):
+            with torch.no_grad():
+                head.weight.zero_()
+                if head.bias is not None:
+                    head.bias.zero_()
+    return model
+
+
+def _save_atomic(model: Any, tokenizer: Any, stats: dict[str, Any], out_dir: Path) -> None:
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".tmp_{out_dir.name}_{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / RM_STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")
+    if out_dir.exists():
+        old = out_dir.parent / f".old_{out_dir.name}_{os.getpid()}"
+        os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out_dir)
+
+
+def train_reward_model(cfg: RMConfig, log: Any = print) -> dict[str, Any]:
+    """Train with the Bradley-Terry loss, evaluate on held-out pairs, save to ``output_dir``.
+
+    Returns the figures written to ``relayrl_rm.json`` (``eval_accuracy``, ``eval_loss``,
+    ``train_pairs``, ``skipped``, ``reward_mean``, ``reward_std``, ...).
+    """
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    data = load_preferences(cfg.train_path)
+    if data.skipped:
+        log(data.skip_summary())
+    skipped = dict(data.skipped)
+    if cfg.eval_path is not None:
+        held = load_preferences(cfg.eval_path)
+        if held.skipped:
+            log(held.skip_summary())
+        train_pairs, eval_pairs = list(data.pairs), held.pairs
+    else:
+        train_pairs, eval_pairs = split_pairs(data.pairs, cfg.eval_fraction, cfg.seed)
+    tokenizer = load_tokenizer(cfg.model_path)
+    model = load_reward_model(cfg.model_path, DTYPES[cfg.dtype], tokenizer.pad_token_id)
+    opt, sched = make_optimizer(
+        list(model.parameters()), cfg.lr, cfg.weight_decay, (0.9, 0.99), cfg.warmup_steps
+    )
+    per_epoch = math.ceil(len(train_pairs) / cfg.batch_size)
+    steps = cfg.steps if cfg.steps is not None else max(1, round(cfg.epochs * per_epoch))
+    rng = random.Random(cfg.seed)
+    order: list[int] = []
+    history: list[dict[str, float]] = []
+    truncated = 0
+    stats: dict[str, float] = {}
+    model.train()
+    with StepProgress(steps, "rm", enabled=cfg.progress) as bar:
+        for step in range(steps):
+            if len(order) < cfg.batch_size:  # refill with a fresh seeded permutation
+                perm = list(range(len(train_pairs)))
+                rng.shuffle(perm)
+                order += perm
+            idx, order = order[: cfg.batch_size], order[cfg.batch_size :]
+            batch = [train_pairs[i] for i in idx]
+            opt.zero_grad(set_to_none=True)
+            sums = {"loss": 0.0, "accuracy": 0.0, "margin": 0.0}
+            for s in range(0, len(batch), cfg.micro_batch_size):
+                micro = batch[s : s + cfg.micro_batch_size]
+                prompts = [p.prompt for p in micro] * 2
+                texts = [p.chosen for p in micro] + [p.rejected for p in micro]
+                enc = encode(tokenizer, prompts, texts, cfg.max_length)
+                truncated += enc.truncated
+                r = reward_forward(model, enc)
+                loss, st = bradley_terry_loss(r[: len(micro)], r[len(micro) :])
+                # micro-batch means weighted by their share: the step loss is the batch mean
+                (loss * len(micro) / len(batch)).backward()
+                sums["loss"] += float(loss.detach()) * len(micro) / len(batch)
+                for k in ("accuracy", "margin"):
+                    sums[k] += st[k] * len(micro) / len(batch)
+            if cfg.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            sched.step()
+            stats = {f"rm/train_{k}": v for k, v in sums.items()}
+            history.append(stats)
+            bar.update(step + 1, loss=sums["loss"], acc=sums["accuracy"])
+    held_out = evaluate_pairs(model, tokenizer, eval_pairs, cfg.micro_batch_size, cfg.max_length)
+    train_eval = evaluate_pairs(
+        model, tokenizer, train_pairs[:2000], cfg.micro_batch_size, cfg.max_length
+    )
+    # Reward statistics over the training completions, for normalisation at scoring time.
+    sample = train_pairs[:2000]
+    r_all = score_texts(
+        model,
+        tokenizer,
+        [p.prompt for p in sample] * 2,
+        [p.chosen for p in sample] + [p.rejected for p in sample],
+        cfg.micro_batch_size,
+        cfg.max_length,
+    )
+    result: dict[str, Any] = {
+        "eval_accuracy": held_out["accuracy"],
+        "eval_loss": held_out["loss"],
+        "eval_margin": held_out["margin"],
+        "eval_pairs": len(eval_pairs),
+        "train_accuracy": train_eval["accuracy"],
+        "train_loss": stats.get("rm/train_loss", float("nan")),
+        "train_pairs": len(train_pairs),
+        "steps": steps,
+        "skipped": skipped,
+        "truncated": truncated,
+        "reward_mean": float(r_all.mean()),
+        "reward_std": float(r_all.std()) if len(r_all) > 1 else 1.0,
+        "max_length": cfg.max_length,
+    }
+    if truncated:
+        log(f"truncated {truncated} inputs to their last {cfg.max_length} tokens")
+    _save_atomic(model, tokenizer, result, Path(cfg.output_dir))
+    # Per-step curves next to the model (metrics.jsonl, TensorBoard when enabled).
+    with MetricsLogger(cfg.output_dir, tensorboard=cfg.tensorboard, resume_step=-1) as logger:
+        for i, rec in enumerate(history, start=1):
+            logger.log(i, rec)
+        logger.log(
+            steps, {"rm/eval_accuracy": held_out["accuracy"], "rm/eval_loss": held_out["loss"]}
+        )
+    return result

@@ -1,0 +1,75 @@
+"""The staleness gate over random interleavings of admissions, completions and version bumps."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from relayrl.controller.staleness import StalenessGate, admission_allowed, max_admitted
+
+
+def test_hand_computed_case():
+    # B = 512, eta = 2, i = 5: floor((N_r - 1)/512) <= 7  <=>  N_r <= 8 * 512 = 4096
+    assert max_admitted(5, 512, 2) == 4096
+    assert admission_allowed(4095, 5, 512, 2)  # N_r = 4096 allowed
+    assert not admission_allowed(4096, 5, 512, 2)  # N_r = 4097 refused
+    assert admission_allowed(10**9, 0, 4, None)  # unbounded
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        admission_allowed(0, 0, 0, 1)
+    with pytest.raises(ValueError):
+        admission_allowed(0, 0, 4, -1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    b=st.integers(1, 6),
+    eta=st.integers(0, 4),
+    ops=st.lists(st.sampled_from(["admit", "complete", "train"]), min_size=1, max_size=200),
+)
+def test_random_interleavings_never_violate_the_bound(b, eta, ops):
+    """Admit whenever the gate allows; train consumes B finished groups and bumps the version."""
+    gate = StalenessGate(b, eta)
+    in_flight = finished = 0
+    for op in ops:
+        if op == "admit" and gate.can_admit():
+            gate.admit()
+            in_flight += 1
+            # the formula, for the group just admitted (N_r includes it)
+            assert (gate.n_admitted - 1) // b <= gate.version + eta
+        elif op == "complete" and in_flight:
+            in_flight -= 1
+            finished += 1
+        elif op == "train" and finished >= b:
+            finished -= b
+            gate.set_version(gate.version + 1)
+        assert gate.n_admitted <= max_admitted(gate.version, b, eta)
+        # consumption is oldest-first, so data trained at version i was admitted under the
+        # gate at a version >= i - eta: staleness of any trained group is at most eta
+        assert gate.version * b <= gate.n_admitted
+
+
+def test_eta_zero_admits_exactly_one_step_at_a_time():
+    gate = StalenessGate(groups_per_step=3, eta=0)
+    for version in range(4):
+        gate.set_version(version)
+        admitted = 0
+        while gate.can_admit():
+            gate.admit()
+            admitted += 1
+        assert admitted == 3  # exactly the groups of this step
+        assert gate.n_admitted == 3 * (version + 1)
+
+
+def test_rebase_on_resume():
+    gate = StalenessGate(groups_per_step=4, eta=2)
+    gate.rebase(10)
+    assert gate.n_admitted == 40
+    n = 0
+    while gate.can_admit():
+        gate.admit()
+        n += 1
+    assert n == 3 * 4  # steps 10, 11, 12 worth of groups
