@@ -1,4 +1,4 @@
-"""Command line: ``relayrl demo | train | sft | eval``.
+"""Command line: ``relayrl demo | train | sft | eval | filter``.
 
 Bad input (an unknown config key, a wrong type, a missing path, a malformed data line) is a
 one-line error on stderr and exit code 2; ``--debug`` shows the traceback instead.
@@ -16,8 +16,6 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-USAGE_ERRORS: tuple[type[BaseException], ...] = ()
-
 
 def _usage_errors() -> tuple[type[BaseException], ...]:
     from relayrl.config import ConfigError
@@ -25,6 +23,12 @@ def _usage_errors() -> tuple[type[BaseException], ...]:
     from relayrl.model import ModelPathError
 
     return (ConfigError, DataError, ModelPathError, FileNotFoundError, ValueError)
+
+
+def _worker_errors() -> tuple[type[BaseException], ...]:
+    from relayrl.cluster.engine_process import RolloutWorkerDied
+
+    return (RolloutWorkerDied,)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -73,7 +77,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_filter(args: argparse.Namespace) -> int:
+    from relayrl.config import RunConfig, load_config
+    from relayrl.data import run_difficulty_filter
+    from relayrl.model import check_model_dir
+
+    cfg = load_config(RunConfig, args.config, args.overrides)
+    check_model_dir(cfg.model.path)
+    report = run_difficulty_filter(
+        cfg, args.input, args.output, n=args.n, low=args.low, high=args.high
+    )
+    print(report.message())
+    print(f"wrote {report.output}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.overrides[:1] == ["rlhf"]:  # ``relayrl demo rlhf [key=value ...]``: the RLHF lab
+        from relayrl.rlhf.cli import cmd_demo_rlhf
+
+        return cmd_demo_rlhf(Path(args.run_dir) / "rlhf", args.overrides[1:])
     from relayrl.demo import run_demo
 
     run_demo(Path(args.run_dir), overrides=args.overrides)
@@ -105,10 +128,31 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("overrides", nargs="*")
     e.set_defaults(fn=cmd_eval)
 
+    f = sub.add_parser("filter", help="keep prompts whose measured pass rate is in [low, high]")
+    f.add_argument("config", help="YAML run config (model, rollout, reward, data)")
+    f.add_argument("overrides", nargs="*")
+    f.add_argument("--input", help="prompt dataset (default data.train_path)")
+    f.add_argument("--output", required=True, help="filtered JSONL to write")
+    f.add_argument("--n", type=int, default=8, help="samples per prompt")
+    f.add_argument("--low", type=float, default=0.1)
+    f.add_argument("--high", type=float, default=0.9)
+    f.set_defaults(fn=cmd_filter)
+
     d = sub.add_parser("demo", help="tiny model: build, SFT, GRPO on arithmetic; pass rates")
     d.add_argument("--run-dir", default="runs/demo")
-    d.add_argument("overrides", nargs="*", help="overrides for the GRPO run config")
+    d.add_argument(
+        "overrides",
+        nargs="*",
+        help="overrides for the GRPO run config; 'rlhf [key=value ...]' runs the RLHF lab",
+    )
     d.set_defaults(fn=cmd_demo)
+
+    from relayrl.plan.cli import add_subcommands as add_plan_subcommands
+
+    add_plan_subcommands(sub)
+    from relayrl.rlhf.cli import add_subcommands as add_rlhf_subcommands
+
+    add_rlhf_subcommands(sub)
     return p
 
 
@@ -118,6 +162,15 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         rc = int(args.fn(args))
+    except _worker_errors() as exc:
+        if args.debug:
+            raise
+        print(
+            f"relayrl {args.command}: error: {exc}; checkpoints already written are intact, "
+            "continue with --resume",
+            file=sys.stderr,
+        )
+        return 1
     except KeyboardInterrupt:
         print("interrupted; checkpoints already written are intact", file=sys.stderr)
         return 130

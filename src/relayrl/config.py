@@ -175,7 +175,7 @@ class OptimConfig(_Strict):
     critic_lr: float = Field(1e-3, gt=0)
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.99)
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(10, ge=0)
     grad_clip: float | None = 1.0
 
 
@@ -207,7 +207,7 @@ class AsyncConfig(_Strict):
 
 
 class TrainConfig(_Strict):
-    steps: int = Field(150, ge=0)
+    steps: int = Field(400, ge=0)
     eval_every: int = Field(0, ge=0)
     """Greedy held-out eval every N steps (0: only before and after)."""
     save_every: int = Field(0, ge=0)

@@ -77,7 +77,7 @@ def tokenize_prompts(
     use_chat_template: bool = True,
     system_prompt: str | None = None,
 ) -> tuple[list[tuple[PromptRecord, list[int]]], SkipReport]:
-    """Render (chat template) and tokenise each prompt once; skip empty ones and those over
+    """Render (chat template) and tokenise each prompt once; skip blank ones and those over
     ``max_tokens`` tokens. Returns the kept (record, ids) pairs and the ``SkipReport``.
 
     With a chat template the rendered text already holds the special tokens the template
@@ -86,6 +86,9 @@ def tokenize_prompts(
     report = SkipReport(total=len(records), max_tokens=max_tokens)
     kept: list[tuple[PromptRecord, list[int]]] = []
     for rec in records:
+        if not rec.prompt.strip() and not rec.extra.get("messages"):
+            report.empty += 1
+            continue
         text, templated = render_prompt(rec, tokenizer, use_chat_template, system_prompt)
         if templated:
             ids = list(tokenizer(text, add_special_tokens=False).input_ids)

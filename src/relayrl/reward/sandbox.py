@@ -60,6 +60,7 @@ __all__ = [
     "SandboxResult",
     "SandboxStatus",
     "detect_isolation",
+    "remove_orphaned_dirs",
     "run_python",
 ]
 
@@ -245,6 +246,26 @@ except OSError:  # pragma: no cover - non-glibc platforms
     _LIBC = None  # type: ignore[assignment]
 
 
+_setpriv: list[list[str]] = []
+
+
+def _pdeathsig_prefix() -> list[str]:
+    """``setpriv --pdeathsig KILL`` when util-linux's setpriv supports it (checked once)."""
+    if not _setpriv:
+        exe = shutil.which("setpriv")
+        ok = False
+        if exe is not None:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                ok = (
+                    subprocess.run(
+                        [exe, "--pdeathsig", "KILL", "true"], capture_output=True, timeout=10
+                    ).returncode
+                    == 0
+                )
+        _setpriv.append([exe, "--pdeathsig", "KILL"] if ok and exe else [])
+    return _setpriv[0]
+
+
 def _pids() -> list[int]:
     try:
         return [int(n) for n in os.listdir("/proc") if n.isdigit()]
@@ -406,7 +427,7 @@ class Sandbox:
                     "sandbox_error", None, "", "", f"bad file name {name!r}", 0.0, mode
                 )
         files["main.py"] = code
-        hostdir = Path(tempfile.mkdtemp(prefix="relayrl-sbx-", dir=self.tmp_root))
+        hostdir = Path(tempfile.mkdtemp(prefix=f"relayrl-sbx-{os.getpid()}-", dir=self.tmp_root))
         uid: int | None = None
         proc: subprocess.Popen | None = None
         killed_by_us = False
@@ -455,9 +476,12 @@ class Sandbox:
             os.chmod(boot_path, 0o600)
             out_path, err_path = hostdir / "stdout", hostdir / "stderr"
             data = stdin.encode("utf-8") if isinstance(stdin, str) else bytes(stdin)
+            # die with the parent (a killed reward worker takes its sandboxes with it):
+            # setpriv sets the parent-death signal before exec, no preexec_fn in threads
+            guard_parent = _pdeathsig_prefix()
             with out_path.open("wb") as out_f, err_path.open("wb") as err_f:
                 proc = subprocess.Popen(
-                    [*cmd, sys.executable, "-I", "-S", str(_BOOT), str(hostdir)],
+                    [*guard_parent, *cmd, sys.executable, "-I", "-S", str(_BOOT), str(hostdir)],
                     stdin=subprocess.PIPE,
                     stdout=out_f,
                     stderr=err_f,
@@ -465,7 +489,7 @@ class Sandbox:
                     cwd=str(hostdir),
                     start_new_session=True,
                     close_fds=True,
-                    preexec_fn=_pdeathsig if _LIBC is not None else None,
+                    preexec_fn=None if guard_parent or _LIBC is None else _pdeathsig,
                 )
             self._feed(proc, data)
             remaining = max(0.05, limits.wall_s - (time.monotonic() - t0))
@@ -561,6 +585,18 @@ def _classify(
     last = [x for x in err_tail.strip().splitlines() if x.strip()]
     detail = f": {last[-1].strip()[:200]}" if last else ""
     return "error", f"exit code {rc}{detail}"
+
+
+def remove_orphaned_dirs(pid: int, tmp_root: str | None = None) -> int:
+    """Remove the run directories a process ``pid`` left behind when it was killed in the
+    middle of a run (the reward service calls this for the workers it replaces)."""
+    root = Path(tmp_root or tempfile.gettempdir())
+    n = 0
+    for d in root.glob(f"relayrl-sbx-{int(pid)}-*"):
+        with contextlib.suppress(OSError):
+            _rmtree(d)
+            n += 1
+    return n
 
 
 def run_python(

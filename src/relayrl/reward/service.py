@@ -49,6 +49,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol, runtime_checkable
 
 from relayrl.reward.mixing import RewardMix, ScoreResult
+from relayrl.reward.sandbox import remove_orphaned_dirs
 
 __all__ = [
     "ModelScorer",
@@ -208,6 +209,8 @@ class _Pool:
             w.process.kill()
         with contextlib.suppress(Exception):
             w.process.join(timeout=5)
+        with contextlib.suppress(Exception):  # a sandbox run it was in the middle of
+            remove_orphaned_dirs(w.process.pid)
         with contextlib.suppress(Exception):
             w.conn.close()
         self.restarts += 1

@@ -29,7 +29,7 @@ import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -84,10 +84,14 @@ class LabConfig(BaseModel):
     train_pairs: int = 3000
     eval_pairs: int = 600
     label_temperature: float = Field(1.0, gt=0)
-    # 3. reward model
-    rm_epochs: float = 2.0
+    # 3. reward model: its own tiny backbone (``rm_init: scratch``) or the SFT model's
+    rm_init: Literal["scratch", "sft"] = "scratch"
+    rm_hidden_size: int = 32
+    rm_num_layers: int = 2
+    rm_num_heads: int = 2
+    rm_epochs: float = 3.0
     rm_batch_size: int = 32
-    rm_lr: float = 1e-3
+    rm_lr: float = 3e-3
     probe_sentences: int = 500
     # 4. PPO against the reward model
     betas: list[float] = Field(default_factory=lambda: [0.1, 0.0])
@@ -134,20 +138,27 @@ def build_word_tokenizer(words: Sequence[str]) -> PreTrainedTokenizerFast:
     )
 
 
-def build_word_model(out_dir: str | Path, cfg: LabConfig) -> Path:
+def build_word_model(
+    out_dir: str | Path,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    seed: int = 0,
+) -> Path:
     """A randomly initialised tiny Llama over the city-language vocabulary, saved in HF
     format (``AutoModelForCausalLM`` / ``AutoTokenizer`` load it)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_word_tokenizer(cl.vocabulary())
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(seed)
     mcfg = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=cfg.hidden_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads,
-        intermediate_size=4 * cfg.hidden_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        intermediate_size=4 * hidden_size,
         max_position_embeddings=32,
         tie_word_embeddings=False,
         pad_token_id=tokenizer.pad_token_id,
@@ -442,7 +453,9 @@ def run_lab(cfg: LabConfig, log: Any = print) -> dict[str, Any]:
     write_jsonl(
         data_dir / "prompts.jsonl", ({"prompt": cl.CityLanguage.prompt(c)} for c in cl.CITIES)
     )
-    base = build_word_model(root / "base", cfg)
+    base = build_word_model(
+        root / "base", cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.seed
+    )
     sft_dir = root / "sft"
     log("1/5 SFT on the city language ...")
     sft_out = run_sft(
@@ -487,11 +500,19 @@ def run_lab(cfg: LabConfig, log: Any = print) -> dict[str, Any]:
     t0 = time.perf_counter()
     log("3/5 training the reward model (Bradley-Terry) ...")
     rm_dir = root / "rm"
+    # A fresh backbone learns to count attribute words; one initialised from the tiny SFT
+    # model tends to average them (measured), a weaker and noisier proxy.
+    rm_base = sft_dir
+    if cfg.rm_init == "scratch":
+        rm_base = build_word_model(
+            root / "rm_base", cfg.rm_hidden_size, cfg.rm_num_layers, cfg.rm_num_heads,
+            cfg.rm_num_heads, cfg.seed + 7,
+        )
     rm_out = train_reward_model(
         RMConfig(
             seed=cfg.seed,
             threads=cfg.threads,
-            model_path=str(sft_dir),
+            model_path=str(rm_base),
             output_dir=str(rm_dir),
             train_path=str(data_dir / "pairs_train.jsonl"),
             eval_path=str(data_dir / "pairs_eval.jsonl"),

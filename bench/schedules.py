@@ -1,0 +1,185 @@
+"""Schedules benchmark: sync vs overlap vs async (eta, interrupt, decoupled vs naive PPO).
+
+A heavy-tailed task on the tiny model: 2-digit addition where every SFT response starts with a
+"thinking" filler of k dots, k ~ lognormal(median, sigma) capped, so response lengths have a
+long tail (the verifier reads the last integer, so the filler is neutral for the reward).
+Each configuration runs GRPO from the same SFT model with the same seed and the same sample
+budget (steps x prompts x G) and reports samples/s over the training loop, the trainer's idle
+fraction, engine utilisation, max token staleness and the held-out greedy pass rate at the end.
+
+Prints one JSON line per configuration (first a ``config`` line for
+``bench/plan_calibration.py``), then a table, then one summary JSON line with the ratios that
+the issue's goals are stated in (async eta=2 over sync; decoupled vs naive at large staleness).
+
+    .venv/bin/python bench/schedules.py            # full set (several minutes on 2 cores)
+    .venv/bin/python bench/schedules.py --quick    # sync, overlap, async eta=2 only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from relayrl.cluster.local import build_local_roles
+from relayrl.config import RunConfig, SFTConfig, load_config
+from relayrl.controller.sft import run_sft
+from relayrl.controller.trainer import train
+from relayrl.data import ArithmeticTask, write_jsonl
+from relayrl.model import build_tiny_model
+
+CONFIGS: list[tuple[str, list[str]]] = [
+    ("sync", ["schedule=sync"]),
+    ("overlap", ["schedule=overlap"]),
+    ("async eta=0", ["schedule=async", "async.eta=0"]),
+    ("async eta=1", ["schedule=async", "async.eta=1"]),
+    ("async eta=2", ["schedule=async", "async.eta=2"]),
+    ("async eta=4", ["schedule=async", "async.eta=4"]),
+    ("async eta=inf", ["schedule=async", "async.eta=null"]),
+    ("async eta=2 no-interrupt", ["schedule=async", "async.eta=2", "async.interrupt=false"]),
+    ("async eta=8 decoupled", ["schedule=async", "async.eta=8", "algo.policy_loss=decoupled_ppo"]),
+    ("async eta=8 naive", ["schedule=async", "async.eta=8", "algo.policy_loss=ppo"]),
+]
+QUICK = {"sync", "overlap", "async eta=2"}
+
+
+def filler_sft_data(path: Path, n: int, median: float, sigma: float, cap: int, seed: int) -> None:
+    rng = random.Random(seed)
+    rows = []
+    for rec in ArithmeticTask(seed=seed + 1, max_operand=99).sft_records(n):
+        k = min(cap, int(math.exp(math.log(median) + sigma * rng.gauss(0.0, 1.0))))
+        rows.append({"prompt": rec.prompt, "response": "." * k + rec.response})
+    write_jsonl(path, rows)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--prompts", type=int, default=16, help="prompt groups per step (B)")
+    ap.add_argument("--group", type=int, default=4, help="samples per prompt (G)")
+    ap.add_argument("--median", type=float, default=8.0)
+    ap.add_argument("--sigma", type=float, default=1.0)
+    ap.add_argument("--cap", type=int, default=96)
+    ap.add_argument("--sft-steps", type=int, default=700)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--workdir", default=None)
+    args = ap.parse_args()
+
+    root = Path(args.workdir or tempfile.mkdtemp(prefix="relayrl-sched-"))
+    base = build_tiny_model(root / "base", hidden_size=96, max_position_embeddings=256)
+    data = root / "sft.jsonl"
+    filler_sft_data(data, 20000, args.median, args.sigma, args.cap, seed=0)
+    sft = SFTConfig(
+        model_path=str(base),
+        output_dir=str(root / "sft"),
+        task="jsonl",
+        train_path=str(data),
+        steps=args.sft_steps,
+        threads=2,
+        progress=False,
+    )
+    run_sft(sft)
+    meta = {
+        "config": {
+            "batch_size": args.prompts * args.group,
+            "n_steps": args.steps,
+            "prompt_len": 6,
+            "lengths": f"lognormal:{args.median + 4}:{args.sigma}:{args.cap + 4}",
+            "slots": 64,
+            "threads": 2,
+            "train_threads": 1,
+        }
+    }
+    print(json.dumps(meta), flush=True)
+    rows = []
+    for name, overrides in CONFIGS:
+        if args.quick and name not in QUICK:
+            continue
+        threads = "threads=2" if "schedule=sync" in overrides else "threads=1"
+        cfg: RunConfig = load_config(
+            RunConfig,
+            None,
+            [
+                f"model.path={root / 'sft'}",
+                f"run_dir={root / name.replace(' ', '_')}",
+                threads,
+                "rollout.threads=1",
+                f"rollout.max_tokens={args.cap + 4}",
+                f"algo.prompts_per_step={args.prompts}",
+                f"algo.group_size={args.group}",
+                "algo.mini_batches=1",
+                f"train.steps={args.steps}",
+                "data.eval_size=200",
+                "logging.progress=false",
+                "logging.tensorboard=false",
+                *overrides,
+            ],
+        )
+        t0 = time.perf_counter()
+        out = train(cfg, lambda a, c, cfg=cfg: build_local_roles(cfg, a, c))
+        wall = time.perf_counter() - t0
+        hist = [
+            json.loads(x) for x in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()
+        ]
+        steps = [r for r in hist if "reward_mean" in r]
+        loop_s = sum(r["time/step"] for r in steps)
+        row = {
+            "name": name,
+            "schedule": cfg.schedule,
+            "eta": cfg.staleness_eta if cfg.schedule != "sync" else None,
+            "interrupt": cfg.interrupt,
+            "policy_loss": cfg.policy_loss,
+            "samples_per_s": args.steps * args.prompts * args.group / loop_s,
+            "trainer_idle_frac": steps[-1].get("trainer_idle_frac"),
+            "engine_utilisation": steps[-1].get(
+                "engine_busy_frac", steps[-1].get("engine_slot_utilisation")
+            ),
+            "engine_slot_utilisation": steps[-1].get("engine_slot_utilisation"),
+            "staleness_max": max(r.get("staleness_max", 0.0) for r in steps),
+            "response_length_mean": sum(r["response_length_mean"] for r in steps) / len(steps),
+            "pass_before": out["eval_before"],
+            "pass_after": out["eval_after"],
+            "loop_s": loop_s,
+            "wall_s": wall,
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    table = Table(title="schedules (same seed, same sample budget)")
+    for col in ("name", "samples/s", "x sync", "idle %", "engine util", "max stale", "pass after"):
+        table.add_column(col)
+    sync = next((r for r in rows if r["name"] == "sync"), rows[0])
+    for r in rows:
+        table.add_row(
+            r["name"],
+            f"{r['samples_per_s']:.1f}",
+            f"{r['samples_per_s'] / sync['samples_per_s']:.2f}",
+            "" if r["trainer_idle_frac"] is None else f"{100 * r['trainer_idle_frac']:.0f}",
+            "" if r["engine_utilisation"] is None else f"{r['engine_utilisation']:.2f}",
+            f"{r['staleness_max']:.0f}",
+            f"{100 * r['pass_after']:.1f}%",
+        )
+    Console(file=sys.stderr).print(table)
+    by = {r["name"]: r for r in rows}
+    summary = {"bench": "schedules"}
+    if "async eta=2" in by:
+        summary["async_eta2_over_sync"] = by["async eta=2"]["samples_per_s"] / sync["samples_per_s"]
+        summary["async_eta2_pass_minus_sync"] = by["async eta=2"]["pass_after"] - sync["pass_after"]
+    if "async eta=8 naive" in by:
+        summary["decoupled_minus_naive_pass"] = (
+            by["async eta=8 decoupled"]["pass_after"] - by["async eta=8 naive"]["pass_after"]
+        )
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
