@@ -179,3 +179,41 @@ def test_real_tokenizer_skip_count(tmp_path: Path) -> None:
     kept, report = tokenize_prompts(records, tok, max_tokens=16)
     assert [r.prompt for r, _ in kept] == ["3+5=", "12+13="] and report.too_long == 1
     assert kept[0][1] == list(tok("3+5=").input_ids)
+
+
+def test_prompt_source_reads_hf_and_parquet(tmp_path: Path) -> None:
+    from relayrl.config import DataConfig
+    from relayrl.controller.prompts import PromptSource
+    from relayrl.model import build_tiny_model, load_tokenizer
+
+    tok = load_tokenizer(build_tiny_model(tmp_path / "m", hidden_size=16))
+    rows = [{"q": f"{i}+1=", "a": str(i + 1)} for i in range(6)] + [{"q": "9" * 300, "a": "x"}]
+    ds = datasets.Dataset.from_list(rows)
+    ds.save_to_disk(str(tmp_path / "hf"))
+    ds.to_parquet(str(tmp_path / "p.parquet"))
+    for path in (tmp_path / "hf", tmp_path / "p.parquet"):
+        cfg = DataConfig.model_validate(
+            {
+                "task": "jsonl",
+                "train_path": str(path),
+                "eval_path": str(path),
+                "max_prompt_tokens": 64,
+                "source": {"prompt_key": "q", "answer_key": "a", "require_answer": True},
+            }
+        )
+        src = PromptSource(cfg, tok, seed=0)
+        assert src.skipped == 1  # the 300-character prompt
+        batch = src.for_step(0, 4)
+        assert len(batch) == 4 and all(p.fields()["answer"] for p in batch)
+        assert len(src.eval_set()) == 6
+    bad = tmp_path / "bad.jsonl"
+    _jsonl(bad, [{"q": "1+1=", "a": "2"}, {"q": "2+2="}])
+    cfg = DataConfig.model_validate(
+        {
+            "task": "jsonl",
+            "train_path": str(bad),
+            "source": {"prompt_key": "q", "answer_key": "a", "require_answer": True},
+        }
+    )
+    with pytest.raises(DataError, match=r"bad.jsonl:2: missing required field 'a'"):
+        PromptSource(cfg, tok, seed=0)

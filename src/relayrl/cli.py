@@ -39,7 +39,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = load_config(RunConfig, args.config, args.overrides)
     check_model_dir(cfg.model.path)
-    result = train(cfg, lambda a, c: build_local_roles(cfg, a, c), resume=args.resume)
+    build = build_local_roles
+    if cfg.cluster == "ray":
+        from relayrl.cluster.ray_roles import build_ray_roles
+
+        build = build_ray_roles
+    result = train(cfg, lambda a, c: build(cfg, a, c), resume=args.resume)
     print(
         f"eval pass rate: before {_pct(result.get('eval_before'))}  after {_pct(result['eval_after'])}"
     )

@@ -220,6 +220,45 @@ class LoggingConfig(_Strict):
     progress: bool = True
 
 
+class RayPoolConfig(_Strict):
+    """One resource pool: a Ray placement group of ``bundles`` equal bundles (one worker
+    process per bundle), packed on as few nodes as possible or spread over nodes."""
+
+    bundles: int = Field(1, ge=1)
+    cpus_per_bundle: float = Field(1.0, gt=0)
+    gpus_per_bundle: float = Field(0.0, ge=0)
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+
+
+class RayConfig(_Strict):
+    """``cluster: ray``: where each role runs. Roles mapped to the same pool are colocated
+    (they share the pool's processes and time-share its devices); roles on different pools
+    run concurrently. The reward role runs in the controller process."""
+
+    address: str | None = None
+    """Address of a running cluster (``auto``, ``ray://host:10001``, ``host:6379``);
+    null: start a local cluster on demand (or use the one this process already joined)."""
+    num_cpus: int | None = None
+    """CPUs of a local cluster started on demand (null: all)."""
+    pools: dict[str, RayPoolConfig] = Field(default_factory=lambda: {"main": RayPoolConfig()})
+    placement: dict[str, str] = Field(default_factory=dict)
+    """role -> pool name, for ``actor``, ``reference``, ``critic``, ``rollout``; a role not
+    named goes to the first pool."""
+    rollout_replicas: int = Field(1, ge=1)
+    """Rollout engines (one per bundle of the rollout pool when it is not colocated)."""
+    max_replica_restarts: int = Field(3, ge=0)
+    """How often a dead rollout replica is restarted before the run fails."""
+
+    @model_validator(mode="after")
+    def _placement_names_pools(self) -> RayConfig:
+        for role, pool in self.placement.items():
+            if role not in ("actor", "reference", "critic", "rollout"):
+                raise ValueError(f"ray.placement: unknown role {role!r}")
+            if pool not in self.pools:
+                raise ValueError(f"ray.placement.{role}: unknown pool {pool!r}")
+        return self
+
+
 class RunConfig(_Strict):
     """A whole RL run."""
 
@@ -230,7 +269,8 @@ class RunConfig(_Strict):
     schedule: Literal["sync", "overlap", "async"] = "sync"
     """``sync``: generate then train, one process. ``overlap``: one-step off-policy, engine in
     its own process. ``async``: continuous generation under the staleness gate (``async_``)."""
-    cluster: Literal["local"] = "local"
+    cluster: Literal["local", "ray"] = "local"
+    ray: RayConfig = Field(default_factory=RayConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)

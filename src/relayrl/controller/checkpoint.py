@@ -33,6 +33,13 @@ def rng_state() -> dict[str, Any]:
     }
 
 
+def seed_everything(seed: int) -> None:
+    """Seed torch, Python and numpy global RNGs from the run config."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])

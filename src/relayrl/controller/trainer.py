@@ -17,6 +17,7 @@ from relayrl.controller.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
     save_checkpoint,
+    seed_everything,
     set_rng_state,
 )
 from relayrl.controller.evaluate import greedy_pass_rate
@@ -60,6 +61,7 @@ def train(cfg: RunConfig, build_roles: RoleBuilder, resume: bool = False) -> dic
     critic_path = (
         str(ckpt / "critic") if ckpt and (ckpt / "critic").is_dir() else cfg.model.critic_path
     )
+    seed_everything(cfg.seed)  # a resumed run restores the checkpoint's RNG state below
     roles = build_roles(actor_path, critic_path)
     try:
         return _run(cfg, roles, ckpt, run_dir)

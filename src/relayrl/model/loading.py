@@ -43,12 +43,22 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tok
 
 
+def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """Set every dropout probability to 0 (as TRL and veRL do for RL): the logprobs of a
+    training forward must equal the rollout's, and runs must be reproducible from the seed."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model
+
+
 def load_causal_lm(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    """Load a causal LM through ``AutoModelForCausalLM`` from a local directory, offline."""
+    """Load a causal LM through ``AutoModelForCausalLM`` from a local directory, offline,
+    with dropout disabled."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     p = check_model_dir(path)
     model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype, local_files_only=True)
-    return model
+    return disable_dropout(model)
 
 
 def load_critic(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
@@ -63,6 +73,7 @@ def load_critic(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrai
     model = AutoModelForTokenClassification.from_pretrained(
         p, num_labels=1, dtype=dtype, local_files_only=True
     )
+    disable_dropout(model)
     head = _value_head(model)
     if not _is_trained_critic(p):
         with torch.no_grad():

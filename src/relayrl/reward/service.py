@@ -37,6 +37,7 @@ import itertools
 import math
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import signal
 import sys
@@ -130,6 +131,7 @@ class _Job:
         default_factory=dict
     )
     lock: threading.Lock = field(default_factory=threading.Lock)
+    holds_slot: bool = False
 
 
 @dataclass
@@ -528,7 +530,13 @@ class RewardService:
             if ctx.get_start_method() == "forkserver":
                 with contextlib.suppress(Exception):
                     ctx.set_forkserver_preload(["relayrl.reward.service"])
-            self._pool = _Pool(self.mix, num_workers, timeout_s, ctx, self._fn_done)
+            try:
+                self._pool = _Pool(self.mix, num_workers, timeout_s, ctx, self._fn_done)
+            except (TypeError, AttributeError, pickle.PicklingError) as e:
+                raise ValueError(
+                    "reward functions must be picklable (module-level, or given as "
+                    f"'module:function') to run in worker processes: {e}"
+                ) from e
         if num_workers > 0:
             for name, scorer, weight in scorers:
                 self._lanes[name] = _ModelLane(
@@ -590,17 +598,22 @@ class RewardService:
         """Like ``submit`` for text that is already decoded."""
         return self._submit(prompt, completion, dict(fields or {}), None, block, timeout)
 
-    def _acquire(self, block: bool, timeout: float | None) -> None:
+    def _acquire(self, block: bool, timeout: float | None) -> bool:
+        """Closed check, then one ``max_pending`` slot; True when a slot is held."""
         if self._closed:
             raise ServiceClosed("the reward service is closed")
-        if self._slots is not None and not self._slots.acquire(blocking=block, timeout=timeout):
+        if self._slots is None:
+            return False
+        if not self._slots.acquire(blocking=block, timeout=timeout):
             raise queue.Full("reward service: max_pending samples in flight")
+        return True
 
     def _submit_failed(
         self, sample: Any, error: str, block: bool, timeout: float | None
     ) -> Future[ScoreResult]:
-        self._acquire(block, timeout)
+        held = self._acquire(block, timeout)
         job = _Job(next(self._ids), "", "", {}, sample, Future(), time.monotonic(), 1)
+        job.holds_slot = held
         self._finish(job, ScoreResult.failure(error, self.failure_score))
         return job.future
 
@@ -613,11 +626,12 @@ class RewardService:
         block: bool,
         timeout: float | None,
     ) -> Future[ScoreResult]:
-        self._acquire(block, timeout)
+        held = self._acquire(block, timeout)
         parts = (1 if self.mix is not None else 0) + len(self._scorers)
         job = _Job(
             next(self._ids), prompt, completion, fields, sample, Future(), time.monotonic(), parts
         )
+        job.holds_slot = held
         with self._lock:
             self._counts["submitted"] += 1
         if self.mix is not None:
@@ -697,9 +711,9 @@ class RewardService:
             self._latency_sum += result.latency_s
             if job.sample is not None:
                 self._completed.append((job.sample, result))
-        if self._slots is not None:
-            with contextlib.suppress(ValueError):
-                self._slots.release()
+        if job.holds_slot and self._slots is not None:
+            job.holds_slot = False
+            self._slots.release()
         job.future.set_result(result)
 
     # ------------------------------------------------------------------ consuming
@@ -722,9 +736,8 @@ class RewardService:
         return out
 
     def _score_batch_inline(self, samples: Sequence[Any]) -> list[ScoreResult]:
-        self._acquire(True, None)  # closed check; one slot for the whole batch
-        if self._slots is not None:
-            self._slots.release()
+        if self._closed:  # synchronous: nothing stays in flight, so no max_pending slots
+            raise ServiceClosed("the reward service is closed")
         jobs: list[_Job] = []
         for s in samples:
             parts = (1 if self.mix is not None else 0) + len(self._scorers)
@@ -750,9 +763,6 @@ class RewardService:
         live = [j for j in jobs if not j.future.done()]
         with self._lock:
             self._counts["submitted"] += len(jobs)
-        if self._slots is not None:
-            for _ in live:
-                self._slots.acquire()
         if self.mix is not None:
             for j in live:
                 self._fn_done(j, self.mix(j.prompt, j.completion, j.fields))

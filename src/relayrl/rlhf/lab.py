@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -77,11 +78,11 @@ class LabConfig(BaseModel):
     num_kv_heads: int = 2
     # 1. SFT on the language
     sft_examples: int = 20000
-    sft_steps: int = 300
+    sft_steps: int = 800
     sft_batch_size: int = 64
     sft_lr: float = 3e-3
     # 2. preference pairs sampled from the SFT policy
-    train_pairs: int = 3000
+    train_pairs: int = 6000
     eval_pairs: int = 600
     label_temperature: float = Field(1.0, gt=0)
     # 3. reward model: its own tiny backbone (``rm_init: scratch``) or the SFT model's
@@ -106,7 +107,7 @@ class LabConfig(BaseModel):
     dpo: bool = True
     dpo_steps: int = 100
     dpo_beta: float = 0.1
-    dpo_lr: float = 1e-3
+    dpo_lr: float = 2e-4
     # 6. evaluation and report
     eval_samples: int = 256
     plots: bool = True
@@ -505,8 +506,12 @@ def run_lab(cfg: LabConfig, log: Any = print) -> dict[str, Any]:
     rm_base = sft_dir
     if cfg.rm_init == "scratch":
         rm_base = build_word_model(
-            root / "rm_base", cfg.rm_hidden_size, cfg.rm_num_layers, cfg.rm_num_heads,
-            cfg.rm_num_heads, cfg.seed + 7,
+            root / "rm_base",
+            cfg.rm_hidden_size,
+            cfg.rm_num_layers,
+            cfg.rm_num_heads,
+            cfg.rm_num_heads,
+            cfg.seed + 7,
         )
     rm_out = train_reward_model(
         RMConfig(
@@ -544,6 +549,7 @@ def run_lab(cfg: LabConfig, log: Any = print) -> dict[str, Any]:
         t0 = time.perf_counter()
         log(f"4/5 PPO against the reward model, beta = {beta:g} ...")
         rl_cfg = _ppo_config(cfg, root, beta, sft_dir, rm_dir)
+        shutil.rmtree(rl_cfg.run_dir, ignore_errors=True)  # no stale checkpoints of a rerun
         train(rl_cfg, lambda a, c, rc=rl_cfg: build_local_roles(rc, a, c))
         ckpt = latest_checkpoint(rl_cfg.run_dir)
         assert ckpt is not None
@@ -560,6 +566,7 @@ def run_lab(cfg: LabConfig, log: Any = print) -> dict[str, Any]:
         t0 = time.perf_counter()
         log("5/5 DPO on the same preference pairs ...")
         dpo_cfg = _dpo_config(cfg, root, sft_dir)
+        shutil.rmtree(dpo_cfg.run_dir, ignore_errors=True)
         dpo_out = train_dpo(dpo_cfg)
         ckpt = latest_checkpoint(dpo_cfg.run_dir)
         assert ckpt is not None

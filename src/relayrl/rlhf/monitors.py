@@ -117,8 +117,8 @@ class RunMonitor:
         n_distinct = distinct_responses(completions)
         out["monitor/distinct_responses"] = float(n_distinct)
         out["monitor/distinct_frac"] = n_distinct / len(completions)
-        logp = exp["old_logprobs"] if "old_logprobs" in exp else exp["behaviour_logprobs"]
         if "ref_logprobs" in exp:
+            logp = exp["old_logprobs"] if "old_logprobs" in exp else exp["behaviour_logprobs"]
             out["monitor/kl_seq"] = float(
                 sequence_kl(logp, exp["ref_logprobs"], exp.response_mask).mean()
             )

@@ -78,7 +78,7 @@ class ActorWorker(ReferenceWorker):
         n_opt = 0
         for _ in range(a.epochs):
             for mini in exp.shuffled_splits(a.mini_batches, self.generator):
-                norm = LossNorm.for_batch(mini.response_mask, a.loss_agg, self.max_response_tokens)
+                norm = self._loss_norm(mini)
                 self.optimizer.zero_grad(set_to_none=True)
                 mini_loss = 0.0
                 for micro in mini.chunks(a.micro_batch_size):
@@ -138,7 +138,15 @@ class ActorWorker(ReferenceWorker):
         stats["_loss"] = float(loss.detach())
         return stats
 
+    def _loss_norm(self, mini: Experience) -> LossNorm:
+        """The step-global normaliser (a data-parallel actor sums the counts over ranks)."""
+        return LossNorm.for_batch(mini.response_mask, self.algo.loss_agg, self.max_response_tokens)
+
+    def _reduce_gradients(self) -> None:
+        """Hook before clipping: a data-parallel actor all-reduces gradients here."""
+
     def _clip_and_step(self) -> float:
+        self._reduce_gradients()
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))

@@ -1,0 +1,156 @@
+"""The ``ray`` cluster: build the roles of a run as worker groups on resource pools.
+
+``build_ray_roles(cfg, actor_path, critic_path)`` returns the same :class:`Roles` as the local
+backend, so ``trainer.train(cfg, lambda a, c: build_ray_roles(cfg, a, c))`` runs every
+schedule unchanged. Placement comes from ``cfg.ray``: roles on one pool are colocated in the
+pool's processes (a rollout engine there copies the actor's weights in-process); a rollout
+pool of its own runs ``ray.rollout_replicas`` engines that get weights through the object
+store. The actor is data-parallel over the bundles of its pool (gloo process group). The
+reward role runs in the controller process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+import torch
+
+from relayrl.cluster.ray_pools import ResourcePool, create_pools, ensure_ray, role_pools
+from relayrl.cluster.ray_workers import (
+    HostSpec,
+    RayRolloutClient,
+    RemoteRole,
+    RoleHostActor,
+    WorkerGroup,
+)
+from relayrl.config import RunConfig
+from relayrl.model import load_causal_lm, load_critic, load_tokenizer
+from relayrl.reward import build_reward_service
+from relayrl.rlhf.rm_scorer import build_reward_fn
+from relayrl.workers import RewardWorker, Roles
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+def needed_roles(cfg: RunConfig) -> list[str]:
+    roles = ["actor", "rollout"]
+    if cfg.algo.kl_coef > 0 or cfg.algo.name == "ppo":
+        roles.append("reference")
+    if cfg.algo.name == "ppo":
+        roles.append("critic")
+    return roles
+
+
+def _start_host(pool: ResourcePool, rank: int, spec: HostSpec, weights: Any = None) -> Any:
+    return RoleHostActor.options(  # type: ignore[attr-defined]
+        name=None, max_restarts=0, **pool.options(rank)
+    ).remote(spec, weights)
+
+
+def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) -> Roles:
+    """Place the roles of ``cfg`` on Ray resource pools and return their controller-side
+    handles (``roles.close()`` stops the processes and frees the pools)."""
+    ensure_ray(cfg.ray)
+    torch.set_num_threads(cfg.threads)
+    dtype = DTYPES[cfg.model.dtype]
+    tokenizer = load_tokenizer(cfg.model.path)
+    by_pool = role_pools(cfg.ray, needed_roles(cfg))
+    pools = create_pools(cfg.ray, list(by_pool))
+    groups: dict[str, WorkerGroup] = {}
+    hosts: list[Any] = []
+
+    def stop_all() -> None:
+        for h in hosts:
+            ray.kill(h, no_restart=True)
+        for p in pools.values():
+            p.remove()
+
+    replicas = cfg.ray.rollout_replicas
+    try:
+        for name, roles in by_pool.items():
+            pool = pools[name]
+            if "rollout" in roles and replicas > pool.size:
+                raise ValueError(
+                    f"ray.rollout_replicas={replicas} needs {replicas} bundles in pool "
+                    f"{name!r}, it has {pool.size}"
+                )
+            threads = cfg.threads if roles != ["rollout"] else cfg.rollout.threads
+            members = []
+            for rank in range(pool.size):
+                here = tuple(r for r in roles if r != "rollout" or rank < replicas)
+                if not here:
+                    continue
+                spec = HostSpec(cfg, actor_path, critic_path, here, rank, pool.size, 0, threads)
+                members.append(_start_host(pool, rank, spec))
+            hosts.extend(members)
+            groups[name] = WorkerGroup(members)
+        ray.get([h.ready.remote() for h in hosts], timeout=300)
+        actor_pool = cfg.ray.placement.get("actor", next(iter(by_pool)))
+        actor_pool = actor_pool if actor_pool in by_pool else next(iter(by_pool))
+        actor_group = groups[actor_pool]
+        if actor_group.size > 1:  # data-parallel actor: one gloo group over the pool
+            addr, port = ray.get(actor_group.hosts[0].free_address.remote())
+            ray.get(
+                [
+                    h.init_process_group.remote(addr, port, r, actor_group.size)
+                    for r, h in enumerate(actor_group.hosts)
+                ]
+            )
+    except BaseException:
+        stop_all()
+        raise
+
+    rollout_pool = next(n for n, rs in by_pool.items() if "rollout" in rs)
+    colocated = len(by_pool[rollout_pool]) > 1
+    rollout_hosts = groups[rollout_pool].hosts[:replicas]
+    pool = pools[rollout_pool]
+
+    def restart_replica(index: int, weights_ref: Any, version: int) -> Any:
+        spec = HostSpec(
+            cfg,
+            actor_path,
+            critic_path,
+            ("rollout",),
+            index,
+            pool.size,
+            version,
+            cfg.rollout.threads,
+        )
+        handle = _start_host(pool, index, spec, weights_ref)
+        hosts.append(handle)
+        return handle
+
+    rollout = RayRolloutClient(
+        rollout_hosts,
+        [colocated] * len(rollout_hosts),
+        None if colocated else restart_replica,
+        max_restarts=cfg.ray.max_replica_restarts,
+        version=0,
+        on_close=stop_all,
+    )
+
+    def group_of(role: str) -> WorkerGroup:
+        return groups[next(n for n, rs in by_pool.items() if role in rs)]
+
+    actor = RemoteRole(group_of("actor"), "actor", lambda: load_causal_lm(actor_path, dtype))
+    reference = None
+    if "reference" in needed_roles(cfg):
+        reference = RemoteRole(
+            group_of("reference"), "reference", lambda: load_causal_lm(cfg.model.path, dtype)
+        )
+    critic = None
+    if "critic" in needed_roles(cfg):
+        critic = RemoteRole(
+            group_of("critic"),
+            "critic",
+            lambda: load_critic(critic_path or cfg.model.path, dtype),
+        )
+    reward = RewardWorker(
+        build_reward_fn(cfg.reward),
+        tokenizer,
+        service=build_reward_service(cfg.reward, tokenizer),
+        normalize=cfg.reward.service.normalize,
+        domain_key=cfg.reward.service.domain_key,
+    )
+    return Roles(actor, rollout, reward, tokenizer, reference, critic)  # type: ignore[arg-type]

@@ -1,0 +1,273 @@
+"""The RLHF lab end to end on its checked-in seed, and the RLHF paths on its tiny models:
+reward-model training and HF format, PPO (fixed and adaptive beta) and GRPO against the reward
+model (alone or mixed with a rule), DPO, and the ``rm`` / ``dpo`` / ``demo rlhf`` commands."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+from helpers import run_config
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+from relayrl.cli import main
+from relayrl.cluster.local import build_local_roles
+from relayrl.config import load_config
+from relayrl.controller.checkpoint import latest_checkpoint
+from relayrl.controller.trainer import train
+from relayrl.rlhf.lab import GOLD_FN, LabConfig, run_lab
+from relayrl.rlhf.reward_model import encode
+from relayrl.rlhf.rm_scorer import RewardModelScorer
+from relayrl.telemetry import read_metrics
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """The default lab (``relayrl demo rlhf``, seed 0): ~1 minute on one CPU thread."""
+    root = tmp_path_factory.mktemp("lab")
+    cfg = load_config(LabConfig, None, [f"run_dir={root}", "progress=false"])
+    results = run_lab(cfg, log=lambda *a: None)
+    return root, results
+
+
+def test_lab_reproduces_reward_hacking(lab):
+    """beta = 0.1: proxy and true score rise. beta = 0: the proxy rises higher while the true
+    score falls (reward hacking). Diversity falls in both."""
+    _, r = lab
+    sft, kl, nokl = r["runs"]["sft"], r["runs"]["ppo_beta0.1"], r["runs"]["ppo_beta0"]
+    assert all(r["hacking"].values()), r["hacking"]
+    # measured on seed 0: sft true -0.40 / proxy -0.18; beta 0.1: +1.01 / +1.15;
+    # beta 0: -3.00 / +1.54
+    assert kl["proxy"] > sft["proxy"] + 0.8 and kl["true"] > sft["true"] + 0.8
+    assert nokl["proxy"] > kl["proxy"] + 0.15
+    assert nokl["true"] < sft["true"] - 1.5 and nokl["grammatical"] < 0.2
+    assert nokl["kl"] > 5 * kl["kl"]
+    assert kl["distinct_responses"] < 0.6 * sft["distinct_responses"]
+    assert nokl["distinct_responses"] < 0.6 * sft["distinct_responses"]
+
+
+def test_reward_model_near_the_noise_ceiling_and_far_above_chance(lab):
+    _, r = lab
+    rm = r["rm"]
+    # measured: agreement 0.725 against a ceiling of 0.753; truth accuracy 0.91
+    assert rm["label_agreement"] > rm["noise_ceiling"] - 0.06, rm
+    assert rm["truth_accuracy"] > 0.85, rm
+    assert rm["pairs"] == 600 and rm["truth_pairs"] > 300
+
+
+def test_blind_spot_probe_is_measured_and_reported(lab):
+    root, r = lab
+    probe = r["blind_spot"]
+    assert probe["true_shuffled_mean"] < -2.5 < probe["true_original_mean"]
+    # the reward model barely notices word order: shuffles score close to the originals
+    assert probe["rm_shuffled_mean"] > probe["rm_original_mean"] - 0.5
+    assert probe["shuffled_ge_original"] > 0.15
+    assert "Blind-spot probe" in (root / "report.md").read_text()
+
+
+def test_report_has_the_table_and_plots(lab):
+    root, r = lab
+    text = (root / "report.md").read_text()
+    for name in ("sft", "ppo_beta0.1", "ppo_beta0", "dpo"):
+        assert f"| {name} |" in text
+    pytest.importorskip("matplotlib")
+    for png in ("proxy_vs_true.png", "true.png", "kl.png", "distinct.png", "grammatical.png"):
+        data = (root / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, png
+    saved = json.loads((root / "results.json").read_text())
+    assert saved["runs"]["ppo_beta0"]["true"] == r["runs"]["ppo_beta0"]["true"]
+
+
+def test_reward_model_loads_as_sequence_classification(lab):
+    root, _ = lab
+    model = AutoModelForSequenceClassification.from_pretrained(
+        root / "rm", local_files_only=True
+    ).eval()
+    assert model.config.num_labels == 1
+    scorer = RewardModelScorer(root / "rm", normalize=False)
+    prompts, completions = ["rome is", "oslo is"], ["clean and safe .", "dirty"]
+    batch = encode(scorer.tokenizer, prompts, completions)
+    with torch.no_grad():
+        plain = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, 0]
+    torch.testing.assert_close(plain, scorer.raw_scores(prompts, completions))
+    # right padding does not change a score: scored alone == scored in a batch
+    alone = scorer.raw_scores(prompts[1:], completions[1:])
+    torch.testing.assert_close(alone, scorer.raw_scores(prompts, completions)[1:])
+    assert scorer.stats["eval_accuracy"] > 0.6
+
+
+def test_ppo_against_the_reward_model_logs_monitors_every_step(lab):
+    root, _ = lab
+    for run, beta in (("ppo_beta0.1", 0.1), ("ppo_beta0", 0.0)):
+        steps = [rec for rec in read_metrics(root / run) if "reward_mean" in rec]
+        assert len(steps) == 80
+        for rec in steps:
+            for key in ("monitor/gold", "monitor/kl_seq", "monitor/distinct_2",
+                        "monitor/divergence", "monitor/gold_grammatical", "critic/vf_loss"):
+                assert key in rec, (run, key)
+            assert rec["kl_beta"] == pytest.approx(beta)
+    hacked = [rec for rec in read_metrics(root / "ppo_beta0") if "reward_mean" in rec]
+    assert hacked[-1]["monitor/divergence"] > 2.0  # proxy up, gold down
+
+
+def _rm_run(lab, tmp_path, name, *overrides):
+    root, _ = lab
+    data = root / "data" / "prompts.jsonl"
+    return run_config(
+        root / "sft",
+        tmp_path / name,
+        "data.task=jsonl",
+        f"data.train_path={data}",
+        f"data.eval_path={data}",
+        f"reward.model_path={root / 'rm'}",
+        f"monitor.gold_fn={GOLD_FN}",
+        "rollout.max_tokens=10",
+        *overrides,
+    )
+
+
+def test_grpo_against_the_reward_model_mixed_with_a_rule(lab, tmp_path):
+    cfg = _rm_run(
+        lab,
+        tmp_path,
+        "grpo",
+        "reward.fn=relayrl.rlhf.city_lang:grammatical_reward",
+        "reward.model_weight=0.5",
+        "algo.name=grpo",
+        "algo.kl_coef=0.05",
+        "algo.group_size=8",
+        "algo.prompts_per_step=8",
+        "optim.lr=1e-3",
+        "train.steps=12",
+    )
+    train(cfg, lambda a, c: build_local_roles(cfg, a, c))
+    recs = [r for r in read_metrics(tmp_path / "grpo") if "reward_mean" in r]
+    first, last = recs[0], recs[-1]
+    for rec in recs:
+        assert rec["reward/score"] == pytest.approx(
+            rec["reward/grammatical_reward"] + 0.5 * rec["reward/rm"], abs=1e-5
+        )
+        assert "actor/kl" in rec and "monitor/gold" in rec
+    assert last["reward/rm"] > first["reward/rm"]  # the RM score is being optimised
+
+
+def test_ppo_with_adaptive_beta_against_the_reward_model(lab, tmp_path):
+    cfg = _rm_run(
+        lab,
+        tmp_path,
+        "ppo_adaptive",
+        "reward.fn=none",
+        "algo.name=ppo",
+        "algo.kl_coef=0.1",
+        "algo.adaptive_kl_target=0.5",
+        "algo.adaptive_kl_horizon=100",
+        "algo.group_size=1",
+        "algo.prompts_per_step=32",
+        "train.steps=4",
+    )
+    out = train(cfg, lambda a, c: build_local_roles(cfg, a, c))
+    betas = [r["kl_beta"] for r in read_metrics(tmp_path / "ppo_adaptive") if "kl_beta" in r]
+    assert len(betas) == 4 and betas[-1] != pytest.approx(0.1)  # beta adapts
+    assert (tmp_path / "ppo_adaptive" / "checkpoints" / "step_000004" / "critic").is_dir()
+    assert "critic/vf_loss" in out
+
+
+def test_dpo_with_algo_name_dpo_learns_the_preferences(lab, tmp_path):
+    root, _ = lab
+    cfg = run_config(
+        root / "sft",
+        tmp_path / "dpo",
+        "algo.name=dpo",
+        "algo.kl_coef=0.1",
+        "algo.prompts_per_step=64",
+        "optim.lr=3e-4",
+        "data.task=jsonl",
+        f"data.train_path={root / 'data' / 'pairs_train.jsonl'}",
+        f"data.eval_path={root / 'data' / 'pairs_eval.jsonl'}",
+        "data.eval_size=300",
+        "train.steps=40",
+    )
+    out = train(cfg, lambda a, c: pytest.fail("DPO builds no roles"))
+    assert out["eval_before"] == pytest.approx(0.5)  # policy == reference: every h is 0
+    assert out["eval_after"] > 0.6, out
+    assert out["dpo/chosen_reward"] > out["dpo/rejected_reward"]
+    ckpt = latest_checkpoint(tmp_path / "dpo")
+    assert ckpt is not None and ckpt.name == "step_000040"
+    AutoModelForCausalLM.from_pretrained(ckpt / "actor", local_files_only=True)
+
+
+def test_cli_rm_and_dpo_and_their_errors(lab, tmp_path, capsys):
+    root, _ = lab
+    rm_cfg = tmp_path / "rm.yaml"
+    rm_cfg.write_text(
+        yaml.safe_dump(
+            {
+                "model_path": str(root / "rm_base"),
+                "output_dir": str(tmp_path / "rm"),
+                "train_path": str(root / "data" / "pairs_train.jsonl"),
+                "threads": 1,
+                "progress": False,
+            }
+        )
+    )
+    assert main(["rm", str(rm_cfg), "steps=30", "eval_fraction=0.2"]) == 0
+    out = capsys.readouterr().out
+    assert "held-out pairwise accuracy" in out and "AutoModelForSequenceClassification" in out
+    stats = json.loads((tmp_path / "rm" / "relayrl_rm.json").read_text())
+    assert stats["eval_pairs"] == 1200 and stats["train_pairs"] == 4800
+    assert (tmp_path / "rm" / "metrics.jsonl").is_file()
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "rome is", "chosen": "clean ."}\n')
+    assert main(["rm", str(rm_cfg), f"train_path={bad}"]) == 2
+    assert "bad.jsonl:1: missing required field 'rejected'" in capsys.readouterr().err
+
+    (tmp_path / "dpo.yaml").write_text("# everything from the overrides\n")
+    dpo_args = [
+        "dpo",
+        str(tmp_path / "dpo.yaml"),
+        f"model.path={root / 'sft'}",
+        f"run_dir={tmp_path / 'dpo'}",
+        "data.task=jsonl",
+        f"data.train_path={root / 'data' / 'pairs_train.jsonl'}",
+        "threads=1",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "train.steps=3",
+    ]
+    assert main([*dpo_args, "algo.kl_coef=0.1"]) == 0
+    assert "held-out preference accuracy" in capsys.readouterr().out
+    assert main(dpo_args) == 2  # beta = kl_coef = 0
+    assert "algo.kl_coef > 0" in capsys.readouterr().err
+
+
+def test_cli_demo_rlhf_small(tmp_path, capsys):
+    """``relayrl demo rlhf`` plumbing on a very small setting (the full lab is the fixture)."""
+    rc = main(
+        [
+            "demo",
+            "--run-dir",
+            str(tmp_path),
+            "rlhf",
+            "progress=false",
+            "sft_examples=2000",
+            "sft_steps=60",
+            "train_pairs=300",
+            "eval_pairs=60",
+            "rm_epochs=1",
+            "probe_sentences=20",
+            "betas=[0.1]",
+            "ppo_steps=2",
+            "ppo_prompts_per_step=16",
+            "dpo_steps=2",
+            "eval_samples=32",
+            "plots=false",
+        ]
+    )
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "report:" in out and "wall time" in out
+    text = (tmp_path / "rlhf" / "report.md").read_text()
+    assert "| ppo_beta0.1 |" in text and "| dpo |" in text
