@@ -16,6 +16,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray")
 
+from relayrl.cluster.local import build_local_roles  # noqa: E402
 from relayrl.cluster.ray_roles import build_ray_roles  # noqa: E402
 from relayrl.controller.trainer import train  # noqa: E402
 
@@ -52,7 +53,7 @@ def _train(cfg, seen=None):
     return train(cfg, build)
 
 
-SMALL = ["algo.prompts_per_step=16", "algo.group_size=4", "data.eval_size=200"]
+SMALL = ["algo.prompts_per_step=32", "algo.group_size=8", "data.eval_size=200"]
 
 
 def test_grpo_sync_all_roles_colocated(sft_model, tmp_path):
@@ -65,6 +66,13 @@ def test_grpo_sync_all_roles_colocated(sft_model, tmp_path):
     assert actor["pid"] == rollout["pid"] and "rollout" in actor["roles"]
     rows = [r for r in _metrics(tmp_path / "sync") if "reward_mean" in r]
     assert len(rows) == 40 and all(r["staleness_max"] == 0 for r in rows)
+    # the same controller on the local backend: the same run, step for step
+    local_cfg = run_config(sft_model, tmp_path / "local", "train.steps=40", *SMALL)
+    local_out = train(local_cfg, lambda a, c: build_local_roles(local_cfg, a, c))
+    assert local_out["eval_after"] == pytest.approx(out["eval_after"], abs=1e-6)
+    local_rows = [r for r in _metrics(tmp_path / "local") if "reward_mean" in r]
+    for a, b in zip(rows, local_rows, strict=True):
+        assert a["reward_mean"] == pytest.approx(b["reward_mean"], abs=1e-6)
 
 
 def test_async_rollout_and_trainer_on_split_pools(sft_model, tmp_path):

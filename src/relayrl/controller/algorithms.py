@@ -134,8 +134,11 @@ def make_experience(
     roles: Roles, samples: Sequence[Sample], scores: Tensor, cfg: RunConfig, kl_ctl: KLController
 ) -> Experience:
     if cfg.algo.name == "ppo":
-        return ppo_experience(roles, samples, scores, cfg, kl_ctl)
-    return grpo_experience(roles, samples, scores, cfg)
+        exp = ppo_experience(roles, samples, scores, cfg, kl_ctl)
+    else:
+        exp = grpo_experience(roles, samples, scores, cfg)
+    exp["outcomes"] = roles.reward.outcomes(samples, scores)  # raw verifiable outcome
+    return exp
 
 
 def update_roles(
@@ -273,8 +276,9 @@ def make_kl_controller(cfg: RunConfig) -> KLController:
 @torch.no_grad()
 def rollout_stats(exp: Experience) -> dict[str, float]:
     scores = exp["scores"]
+    outcomes = exp.tensors.get("outcomes", scores)
     return {
         "reward_mean": float(scores.mean()),
-        "pass_rate": float((scores >= 1.0).float().mean()),
+        "pass_rate": float((outcomes >= 1.0).float().mean()),
         **exp.meta(),
     }

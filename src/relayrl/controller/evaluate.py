@@ -21,8 +21,9 @@ def greedy_pass_rate(
     requests = [GenerationRequest(p.ids, params, metadata=p.fields()) for p in prompts]
     samples = engine.generate(requests)
     scores, _ = reward.score(samples)
+    outcomes = reward.outcomes(samples, scores)
     return {
-        "eval/pass_rate": float((scores >= 1.0).float().mean()),
+        "eval/pass_rate": float((outcomes >= 1.0).float().mean()),
         "eval/reward_mean": float(scores.mean()),
         "eval/n": float(len(samples)),
     }

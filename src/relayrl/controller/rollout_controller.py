@@ -73,7 +73,10 @@ class RolloutController(threading.Thread):
             while not self._halt.is_set():
                 self._admit()
                 for s in self.engine.poll(timeout=self.cfg.async_.poll_interval_s):
-                    self._collect(s)
+                    self._score(s)
+                if self.reward.service is not None:
+                    for s, result in self.reward.service.poll():
+                        self._collect(s, result.score)
         except BaseException as exc:  # surfaced to the trainer through check()
             self.error = exc
             self.buffer.wake()
@@ -98,15 +101,23 @@ class RolloutController(threading.Thread):
         if batch:
             self.engine.submit_many(batch)
 
-    def _collect(self, sample: Sample) -> None:
+    def _score(self, sample: Sample) -> None:
+        """Score as the sample finishes: in the reward service's process pool when there is
+        one (results come back through ``poll``), else inline in this thread."""
+        self.samples_received += 1
+        if self.reward.service is not None:
+            self.reward.service.submit(sample)
+            return
         t0 = time.perf_counter()
         score, _ = self.reward.score([sample])
         self.timeline.add("reward", "score", t0, time.perf_counter())
-        self.samples_received += 1
+        self._collect(sample, float(score[0]))
+
+    def _collect(self, sample: Sample, score: float) -> None:
         self.samples_interrupted += int(sample.num_interrupts > 0)
         g = int(sample.group_id) if sample.group_id is not None else -1
         group = self._pending.setdefault(g, [])
-        group.append((sample, float(score[0])))
+        group.append((sample, score))
         if len(group) == self.cfg.algo.group_size:
             del self._pending[g]
             group.sort(key=lambda x: x[0].metadata.get("sample_index", 0))

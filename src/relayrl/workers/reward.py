@@ -52,6 +52,21 @@ class RewardWorker:
         )
         return torch.tensor(values, dtype=torch.float32), stats
 
+    def outcomes(self, samples: Sequence[Sample], scores: Tensor) -> Tensor:
+        """The raw verifiable outcome per sample (for pass rates and filters): the service's
+        recorded outcome when it scored them, else the score itself."""
+        if self.service is None:
+            return scores
+        out = [
+            float(s.metadata.get("reward", {}).get("outcome", sc))
+            for s, sc in zip(samples, scores.tolist(), strict=True)
+        ]
+        return torch.tensor(out, dtype=torch.float32)
+
+    def close(self) -> None:
+        if self.service is not None:
+            self.service.close()
+
     def decode(self, sample: Sample) -> str:
         return self.tokenizer.decode(sample.response_ids, skip_special_tokens=True)
 

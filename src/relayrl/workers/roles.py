@@ -25,3 +25,4 @@ class Roles:
         close = getattr(self.rollout, "close", None)
         if close is not None:
             close()
+        self.reward.close()
