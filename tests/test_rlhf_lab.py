@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 import yaml
-from helpers import run_config
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+from helpers import run_config
 from relayrl.cli import main
 from relayrl.cluster.local import build_local_roles
 from relayrl.config import load_config
@@ -104,8 +104,14 @@ def test_ppo_against_the_reward_model_logs_monitors_every_step(lab):
         steps = [rec for rec in read_metrics(root / run) if "reward_mean" in rec]
         assert len(steps) == 80
         for rec in steps:
-            for key in ("monitor/gold", "monitor/kl_seq", "monitor/distinct_2",
-                        "monitor/divergence", "monitor/gold_grammatical", "critic/vf_loss"):
+            for key in (
+                "monitor/gold",
+                "monitor/kl_seq",
+                "monitor/distinct_2",
+                "monitor/divergence",
+                "monitor/gold_grammatical",
+                "critic/vf_loss",
+            ):
                 assert key in rec, (run, key)
             assert rec["kl_beta"] == pytest.approx(beta)
     hacked = [rec for rec in read_metrics(root / "ppo_beta0") if "reward_mean" in rec]

@@ -94,7 +94,7 @@ def test_bradley_terry_probability_and_noise_ceiling():
 
 def test_shuffle_keeps_the_bag_of_words_and_breaks_the_grammar():
     rng = random.Random(0)
-    for prompt, completion in cl.CityLanguage(seed=1, length_weights=(0, 0.5, 0.5)).sample_many(
+    for _prompt, completion in cl.CityLanguage(seed=1, length_weights=(0, 0.5, 0.5)).sample_many(
         200
     ):
         shuffled = cl.shuffle_words(completion, rng)
@@ -242,8 +242,9 @@ class _Tok:
 
 
 def _sample(ids, prompt="rome is"):
-    return Sample(0, [9], list(ids), [0.0] * len(ids), [0] * len(ids), "eos",
-                  metadata={"prompt": prompt})
+    return Sample(
+        0, [9], list(ids), [0.0] * len(ids), [0] * len(ids), "eos", metadata={"prompt": prompt}
+    )
 
 
 def _experience(samples, scores, logp=None, ref=None):
@@ -266,9 +267,7 @@ def _experience(samples, scores, logp=None, ref=None):
 
 
 def test_run_monitor_proxy_vs_gold_and_divergence():
-    cfg = load_config(
-        RunConfig, None, ["monitor.gold_fn=relayrl.rlhf.city_lang:true_score_reward"]
-    )
+    cfg = load_config(RunConfig, None, ["monitor.gold_fn=relayrl.rlhf.city_lang:true_score_reward"])
     mon = RunMonitor.from_config(cfg, _Tok())
     samples = [_sample([1, 3, 0]), _sample([5, 3, 0]), _sample([1, 4, 2, 3, 0])]
     logp = torch.full((3, 5), -1.0)

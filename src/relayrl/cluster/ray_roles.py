@@ -11,6 +11,7 @@ reward role runs in the controller process.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -28,6 +29,7 @@ from relayrl.config import RunConfig
 from relayrl.model import load_causal_lm, load_critic, load_tokenizer
 from relayrl.reward import build_reward_service
 from relayrl.rlhf.rm_scorer import build_reward_fn
+from relayrl.rollout import GenerationRequest
 from relayrl.workers import RewardWorker, Roles
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -40,6 +42,20 @@ def needed_roles(cfg: RunConfig) -> list[str]:
     if cfg.algo.name == "ppo":
         roles.append("critic")
     return roles
+
+
+def _admission_version(cfg: RunConfig) -> Callable[[GenerationRequest], int] | None:
+    """Overlap / async: group g was admitted at trainer version g // B - eta (the gate
+    ``floor(g / B) <= i + eta``); its tokens must come from weights at least that new."""
+    eta = cfg.staleness_eta
+    if cfg.schedule == "sync" or eta is None:
+        return None
+    b = cfg.algo.prompts_per_step
+
+    def min_version(req: GenerationRequest) -> int:
+        return -1 if req.group_id is None else int(req.group_id) // b - eta
+
+    return min_version
 
 
 def _start_host(pool: ResourcePool, rank: int, spec: HostSpec, weights: Any = None) -> Any:
@@ -128,6 +144,7 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
         max_restarts=cfg.ray.max_replica_restarts,
         version=0,
         on_close=stop_all,
+        min_version=_admission_version(cfg),
     )
 
     def group_of(role: str) -> WorkerGroup:

@@ -141,6 +141,7 @@ class RoleHost:
             self._finished: list[Sample] = []
             self._spans: list[tuple[float, float]] = []
             self._stop = False
+            self._updates = 0  # weight updates waiting for the lock: they go before steps
             self._loop = threading.Thread(target=self._engine_loop, daemon=True)
             self._loop.start()
 
@@ -186,7 +187,7 @@ class RoleHost:
         busy_since: float | None = None
         while True:
             with self._cv:
-                while not self._stop and not self.engine.has_unfinished():
+                while not self._stop and (self._updates or not self.engine.has_unfinished()):
                     if busy_since is not None:
                         self._spans.append((busy_since, time.perf_counter()))
                         busy_since = None
@@ -225,10 +226,15 @@ class RoleHost:
         assert self.engine is not None
         t0 = time.perf_counter()
         state = self.roles["actor"].model.state_dict() if weights is None else weights
-        with self._cv:
-            if version != self.engine.version:
-                self.engine.update_weights(state, version, interrupt=interrupt)
-            self._cv.notify_all()
+        self._updates += 1
+        try:
+            with self._cv:
+                if version != self.engine.version:
+                    self.engine.update_weights(state, version, interrupt=interrupt)
+        finally:
+            with self._cv:
+                self._updates -= 1
+                self._cv.notify_all()
         return time.perf_counter() - t0
 
     def rollout_stats(self) -> tuple[dict[str, Any], list[tuple[float, float]]]:
@@ -377,7 +383,11 @@ class RayRolloutClient:
         max_restarts: int = 3,
         version: int = 0,
         on_close: Callable[[], None] | None = None,
+        min_version: Callable[[GenerationRequest], int] | None = None,
     ):
+        self._min_version = min_version
+        self._loaded_version = version  # what every replica has acknowledged loading
+        self._held: list[tuple[int, GenerationRequest]] = []
         self._replicas = list(replicas)
         self._colocated = list(colocated)
         self._factory = factory
@@ -423,9 +433,20 @@ class RayRolloutClient:
         return len(req.prompt_ids) + int(req.params.max_tokens)
 
     def _dispatch(self, tagged: list[tuple[int, GenerationRequest]]) -> None:
-        """Assign each request to the replica with the fewest outstanding tokens, send."""
+        """Assign each request to the replica with the fewest outstanding tokens, send.
+
+        A request whose group needs newer weights than the replicas have (``min_version``:
+        the trainer version that admitted it) is held until ``update_weights`` brings them,
+        so no token of it is sampled from weights older than its admission allows.
+        """
         per: dict[int, list[GenerationRequest]] = {}
         with self._lock:
+            if self._min_version is not None:
+                ready = []
+                for item in tagged:
+                    held = self._min_version(item[1]) > self._loaded_version
+                    (self._held if held else ready).append(item)
+                tagged = ready
             for ticket, req in tagged:
                 i = min(range(len(self._replicas)), key=lambda j: self._outstanding[j])
                 self._inflight[i][ticket] = req
@@ -575,6 +596,11 @@ class RayRolloutClient:
                 ray.get(c)
             except RayActorError:  # it is restarted by its receiver with these weights
                 pass
+        with self._lock:
+            self._loaded_version = version
+            held, self._held = self._held, []
+        if held:
+            self._dispatch(held)
         self.last_sync_s = time.perf_counter() - t0
         self.sync_times.append(self.last_sync_s)
 
@@ -610,8 +636,9 @@ class RayRolloutClient:
         return merged, spans
 
     def in_flight(self) -> int:
+        """Requests sent to a replica (or held for newer weights) and not yet delivered."""
         with self._lock:
-            return sum(len(d) for d in self._inflight)
+            return sum(len(d) for d in self._inflight) + len(self._held)
 
     def close(self) -> None:
         """Stop the receivers, then the replicas and pools (``on_close``)."""

@@ -106,8 +106,8 @@ class LabConfig(BaseModel):
     # 5. DPO baseline
     dpo: bool = True
     dpo_steps: int = 100
-    dpo_beta: float = 0.1
-    dpo_lr: float = 2e-4
+    dpo_beta: float = 0.5
+    dpo_lr: float = 5e-4
     # 6. evaluation and report
     eval_samples: int = 256
     plots: bool = True
@@ -370,12 +370,47 @@ def evaluate_policy(
 # ---------------------------------------------------------------------------- pipeline
 
 
+# Every setting the lab's result depends on is pinned here, not left to RunConfig defaults:
+# the checked-in seed must keep giving the measured result when a default changes.
+PINNED_PPO = [
+    "schedule=sync",
+    "algo.advantage=gae",
+    "algo.policy_loss=ppo",
+    "algo.loss_agg=token-mean",
+    "algo.micro_batch_size=64",
+    "algo.clip_eps_low=0.2",
+    "algo.clip_eps_high=0.2",
+    "algo.kl_estimator=k1",
+    "algo.entropy_coef=0.0",
+    "algo.gamma=1.0",
+    "algo.lam=0.95",
+    "algo.whiten_advantages=true",
+    "algo.vf_coef=0.5",
+    "algo.vf_clip=0.2",
+    "optim.weight_decay=0.0",
+    "optim.betas=[0.9, 0.99]",
+    "optim.warmup_steps=0",
+    "optim.grad_clip=1.0",
+    "rollout.temperature=1.0",
+    "rollout.top_p=1.0",
+    "rollout.top_k=0",
+]
+PINNED_DPO = [
+    "algo.micro_batch_size=64",
+    "optim.weight_decay=0.0",
+    "optim.betas=[0.9, 0.99]",
+    "optim.warmup_steps=10",
+    "optim.grad_clip=1.0",
+]
+
+
 def _ppo_config(cfg: LabConfig, root: Path, beta: float, sft: Path, rm: Path) -> RunConfig:
     name = f"ppo_beta{beta:g}"
     return load_config(
         RunConfig,
         None,
         [
+            *PINNED_PPO,
             f"seed={cfg.seed}",
             f"run_dir={root / name}",
             f"threads={cfg.threads}",
@@ -408,6 +443,7 @@ def _dpo_config(cfg: LabConfig, root: Path, sft: Path) -> RunConfig:
         RunConfig,
         None,
         [
+            *PINNED_DPO,
             f"seed={cfg.seed}",
             f"run_dir={root / 'dpo'}",
             f"threads={cfg.threads}",
@@ -470,6 +506,9 @@ def run_lab(cfg: LabConfig, log: Any = print) -> dict[str, Any]:
             steps=cfg.sft_steps,
             batch_size=cfg.sft_batch_size,
             lr=cfg.sft_lr,
+            warmup_steps=20,
+            weight_decay=0.0,
+            grad_clip=1.0,
             progress=cfg.progress,
         )
     )
@@ -637,7 +676,7 @@ def main_lab(run_dir: str | Path, overrides: list[str] | None = None) -> dict[st
     for name, r in runs.items():
         print(
             f"{name:>14}: proxy {r['proxy']:+.2f}  true {r['true']:+.2f}  "
-            f"grammatical {r['grammatical']:.2f}  KL {r['kl']:.2f}  "
+            f"grammatical {r['grammatical']:.2f}  KL {abs(r['kl']) if abs(r['kl']) < 0.005 else r['kl']:.2f}  "
             f"distinct {r['distinct_responses']}/{r['n']}"
         )
     return results

@@ -73,6 +73,11 @@ def write_plots(out_dir: Path, curves: dict[str, dict[str, list[float]]]) -> lis
     return ["proxy_vs_true.png", *names]
 
 
+def _nz(x: float) -> float:
+    """No "-0.00" in tables: |x| < 0.005 prints as 0.00."""
+    return 0.0 if abs(x) < 0.005 else x
+
+
 def _f(x: Any, digits: int = 2) -> str:
     if isinstance(x, bool):
         return "yes" if x else "no"
@@ -133,7 +138,7 @@ def write_report(root: Path, results: dict[str, Any], plots: bool = True) -> Pat
     for name, r in runs.items():
         lines.append(
             f"| {name} | {r['proxy']:+.2f} | {r['true']:+.2f} | {r['grammatical']:.2f} | "
-            f"{r['finished']:.2f} | {r['kl']:.2f} | {r['distinct_responses']}/{r['n']} | "
+            f"{r['finished']:.2f} | {_nz(r['kl']):.2f} | {r['distinct_responses']}/{r['n']} | "
             f"{r['distinct_2']:.2f} | {r['length']:.1f} |"
         )
     verdict = results.get("hacking", {})
