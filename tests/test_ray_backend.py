@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 
 import pytest
+import torch
 
 from helpers import run_config
 
@@ -18,7 +21,13 @@ ray = pytest.importorskip("ray")
 
 from relayrl.cluster.local import build_local_roles  # noqa: E402
 from relayrl.cluster.ray_roles import build_ray_roles  # noqa: E402
+from relayrl.controller.algorithms import make_requests  # noqa: E402
+from relayrl.controller.checkpoint import latest_checkpoint  # noqa: E402
+from relayrl.controller.prompts import PromptSource  # noqa: E402
 from relayrl.controller.trainer import train  # noqa: E402
+from relayrl.model import load_causal_lm  # noqa: E402
+from relayrl.rollout import GenerationRequest, SamplingParams  # noqa: E402
+from relayrl.workers import ActorWorker, Experience  # noqa: E402
 
 SPLIT = [
     "ray.pools={trainer: {bundles: 1}, rollout: {bundles: 1}}",
@@ -96,3 +105,196 @@ def test_async_rollout_and_trainer_on_split_pools(sft_model, tmp_path):
     assert max(r["staleness_max"] for r in rows) >= 1  # the pools really ran concurrently
     assert out["engine"]["replicas"] == 1 and out["engine"]["weight_updates"] >= 40
     assert out["engine"]["weight_sync_s"] > 0
+
+
+def test_data_parallel_actor_of_two_gives_the_gradients_of_one(sft_model, tmp_path):
+    """Float64: a DP=2 actor (two Ray actors, gloo all-reduce, global loss counts) and a
+    single local actor give the same gradients and weights on the same global batch."""
+    cfg = run_config(
+        sft_model,
+        tmp_path / "dp",
+        "cluster=ray",
+        "model.dtype=float64",
+        "algo.prompts_per_step=8",
+        "algo.group_size=4",
+        "algo.mini_batches=1",
+        "algo.micro_batch_size=5",
+        "ray.pools={main: {bundles: 2, cpus_per_bundle: 0.5}}",
+    )
+    roles = build_ray_roles(cfg, str(sft_model), None)
+    try:
+        assert roles.actor.group.size == 2
+        tok = roles.tokenizer
+        prompts = PromptSource(cfg.data, tok, 0).for_step(0, 8)
+        samples = roles.rollout.generate(make_requests(prompts, cfg, 0, [tok.eos_token_id]))
+        exp = Experience.from_samples(samples, tok.pad_token_id)
+        local = ActorWorker(
+            load_causal_lm(sft_model, torch.float64),
+            cfg.algo,
+            cfg.optim,
+            cfg.rollout.max_tokens,
+            cfg.rollout.temperature,
+            cfg.seed,
+            cfg.policy_loss,
+        )
+        exp["old_logprobs"] = roles.actor.compute_logprobs(exp)  # split by rank, gathered
+        torch.testing.assert_close(
+            exp["old_logprobs"], local.compute_logprobs(exp), atol=1e-10, rtol=0
+        )
+        exp["advantages"] = torch.randn(
+            exp.response_mask.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64
+        )
+        dp_stats = roles.actor.update(exp)
+        local_stats = local.update(exp)
+        assert dp_stats["actor/grad_norm"] == pytest.approx(
+            local_stats["actor/grad_norm"], abs=1e-9
+        )
+        want = {n: p.grad for n, p in local.model.named_parameters() if p.grad is not None}
+        for host in roles.actor.group.hosts:  # both ranks hold the all-reduced gradient
+            got = ray.get(host.gradients.remote("actor"))
+            assert got.keys() == want.keys()
+            for n, g in want.items():
+                torch.testing.assert_close(got[n], g, atol=1e-9, rtol=0)
+        for n, p in roles.actor.model.state_dict().items():
+            torch.testing.assert_close(p, local.model.state_dict()[n], atol=1e-9, rtol=0)
+    finally:
+        roles.close()
+
+
+def test_killed_rollout_replica_is_restarted_without_losing_or_duplicating(sft_model, tmp_path):
+    cfg = run_config(
+        sft_model,
+        tmp_path / "kill",
+        "cluster=ray",
+        "schedule=async",
+        "ray.pools={trainer: {bundles: 1}, rollout: {bundles: 2, cpus_per_bundle: 0.5}}",
+        "ray.placement={actor: trainer, rollout: rollout}",
+        "ray.rollout_replicas=2",
+        "rollout.max_slots=4",  # requests finish in waves: many still in flight at the kill
+    )
+    roles = build_ray_roles(cfg, str(sft_model), None)
+    client = roles.rollout
+    try:
+        client.update_weights(roles.actor.state_dict(), version=1, interrupt=False)
+        prompt = roles.tokenizer.encode("12+34=")
+        n = 96
+        params = SamplingParams(max_tokens=48, ignore_eos=True, seed=7)
+        client.submit_many(
+            [GenerationRequest(prompt, params, metadata={"uid": i}) for i in range(n)]
+        )
+        load = client.outstanding_tokens()
+        assert len(load) == 2 and load[0] == load[1] > 0  # balanced by outstanding tokens
+        got: list[int] = []
+        versions: set[int] = set()
+        killed = False
+        deadline = time.monotonic() + 180
+        while len(got) < n and time.monotonic() < deadline:
+            for s in client.poll(timeout=0.2):
+                got.append(s.metadata["uid"])
+                versions.update(s.versions)
+                assert s.error is None and len(s.response_ids) == 48
+            if not killed and len(got) >= 4 and client.outstanding_tokens()[0] > 0:
+                ray.kill(client.replica(0), no_restart=True)
+                killed = True
+        time.sleep(0.5)
+        got.extend(s.metadata["uid"] for s in client.poll(timeout=0.2))
+        assert killed
+        assert sorted(got) == list(range(n)), "a sample was lost or duplicated"
+        assert client.restarts == 1 and client.resubmitted > 0
+        assert versions == {1}  # the restarted replica came back with the current weights
+        stats, _ = client.stats()
+        assert stats["replica_restarts"] == 1 and stats["replicas"] == 2
+    finally:
+        roles.close()
+
+
+def _when(predicate, action, timeout=120.0):
+    """Run ``action`` in a thread as soon as ``predicate()`` holds."""
+
+    def watch():
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                action()
+                return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+def _logged_steps(run_dir):
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    return sum(1 for x in path.read_text().splitlines() if '"reward_mean"' in x)
+
+
+def test_async_run_survives_a_killed_replica(sft_model, tmp_path):
+    """Overlap schedule, two replicas; one is killed mid-run: every step still gets its full
+    groups (a lost sample would hang the group, a duplicate would be dropped and counted)."""
+    run = tmp_path / "survive"
+    cfg = run_config(
+        sft_model,
+        run,
+        "cluster=ray",
+        "schedule=overlap",
+        "train.steps=10",
+        "algo.prompts_per_step=8",
+        "algo.group_size=4",
+        "data.eval_size=8",
+        "rollout.max_slots=4",
+        "ray.pools={trainer: {bundles: 1}, rollout: {bundles: 2, cpus_per_bundle: 0.5}}",
+        "ray.placement={actor: trainer, rollout: rollout}",
+        "ray.rollout_replicas=2",
+    )
+    built = []
+
+    def build(a, c):
+        built.append(build_ray_roles(cfg, a, c))
+        return built[-1]
+
+    killer = _when(
+        lambda: _logged_steps(run) >= 3,
+        lambda: ray.kill(built[0].rollout.replica(0), no_restart=True),
+    )
+    out = train(cfg, build)
+    killer.join()
+    assert _logged_steps(run) == 10
+    assert out["engine"]["replica_restarts"] == 1
+    assert out["engine"]["duplicates_dropped"] == 0
+    rows = [r for r in _metrics(run) if "reward_mean" in r]
+    assert max(r["staleness_max"] for r in rows) <= 1
+
+
+def test_trainer_death_stops_the_run_and_resume_continues(sft_model, tmp_path):
+    run = tmp_path / "dead"
+    common = [
+        "cluster=ray",
+        "schedule=async",
+        "train.save_every=2",
+        "algo.prompts_per_step=8",
+        "algo.group_size=4",
+        "data.eval_size=8",
+        *SPLIT,
+    ]
+    cfg = run_config(sft_model, run, "train.steps=200", *common)
+    built = []
+
+    def build(a, c):
+        built.append(build_ray_roles(cfg, a, c))
+        return built[-1]
+
+    killer = _when(
+        lambda: latest_checkpoint(run) is not None,
+        lambda: ray.kill(built[0].actor.group.hosts[0], no_restart=True),
+    )
+    with pytest.raises(ray.exceptions.RayActorError):
+        train(cfg, build)
+    killer.join()
+    done = int(latest_checkpoint(run).name.split("_")[1])
+    resumed = run_config(sft_model, run, f"train.steps={done + 2}", *common)
+    train(resumed, lambda a, c: build_ray_roles(resumed, a, c), resume=True)
+    steps = [r["step"] for r in _metrics(run) if "reward_mean" in r]
+    assert steps == sorted(set(steps)) and steps[-1] == done + 2

@@ -38,14 +38,17 @@ def test_lab_reproduces_reward_hacking(lab):
     _, r = lab
     sft, kl, nokl = r["runs"]["sft"], r["runs"]["ppo_beta0.1"], r["runs"]["ppo_beta0"]
     assert all(r["hacking"].values()), r["hacking"]
-    # measured on seed 0: sft true -0.40 / proxy -0.18; beta 0.1: +1.01 / +1.15;
+    # measured on seed 0: sft true -0.40 / proxy -0.18; beta 0.1: +0.96 / +1.15;
     # beta 0: -3.00 / +1.54
     assert kl["proxy"] > sft["proxy"] + 0.8 and kl["true"] > sft["true"] + 0.8
     assert nokl["proxy"] > kl["proxy"] + 0.15
     assert nokl["true"] < sft["true"] - 1.5 and nokl["grammatical"] < 0.2
     assert nokl["kl"] > 5 * kl["kl"]
+    # on this seed both diversity measures fall: distinct strings and distinct bigrams
     assert kl["distinct_responses"] < 0.6 * sft["distinct_responses"]
     assert nokl["distinct_responses"] < 0.6 * sft["distinct_responses"]
+    assert kl["distinct_2"] < 0.7 * sft["distinct_2"]
+    assert nokl["distinct_2"] < 0.7 * sft["distinct_2"]
 
 
 def test_reward_model_near_the_noise_ceiling_and_far_above_chance(lab):
@@ -277,3 +280,12 @@ def test_cli_demo_rlhf_small(tmp_path, capsys):
     assert "report:" in out and "wall time" in out
     text = (tmp_path / "rlhf" / "report.md").read_text()
     assert "| ppo_beta0.1 |" in text and "| dpo |" in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_lab_reward_hacking_on_other_seeds(tmp_path, seed):
+    """Robustness beyond the checked-in seed (measured: all five seeds 0-4 show both results)."""
+    cfg = load_config(LabConfig, None, [f"run_dir={tmp_path}", f"seed={seed}", "progress=false"])
+    results = run_lab(cfg, log=lambda *a: None)
+    assert all(results["hacking"].values()), results["hacking"]

@@ -635,6 +635,11 @@ class RayRolloutClient:
         merged["weight_sync_s"] = self.last_sync_s
         return merged, spans
 
+    def outstanding_tokens(self) -> list[int]:
+        """Per replica: the token estimate of its in-flight requests (the balancing key)."""
+        with self._lock:
+            return list(self._outstanding)
+
     def in_flight(self) -> int:
         """Requests sent to a replica (or held for newer weights) and not yet delivered."""
         with self._lock:

@@ -117,10 +117,12 @@ class AsyncSchedule:
         stats["time/train"] = time.perf_counter() - t0
         with self.timeline.span("trainer", "weight_sync"):
             t1 = time.perf_counter()
-            self.controller.set_version(step + 1)
+            # Weights first, then open the gate: every group admitted under version i + 1 is
+            # queued behind the update, so the engine never generates it with older weights.
             self.roles.rollout.update_weights(
                 self.roles.actor.state_dict(), version=step + 1, interrupt=cfg.interrupt
             )
+            self.controller.set_version(step + 1)
             stats["time/weight_sync"] = time.perf_counter() - t1
         engine_stats, spans = self.roles.rollout.stats()
         for s0, e0 in spans:

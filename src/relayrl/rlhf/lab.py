@@ -43,6 +43,7 @@ from relayrl.model import forward_logprobs, load_causal_lm, load_tokenizer, pack
 from relayrl.rlhf import city_lang as cl
 from relayrl.rlhf.monitors import distinct_n, distinct_responses
 from relayrl.rlhf.preferences import PreferencePair, write_preferences
+from relayrl.rlhf.report import clean_zero
 from relayrl.rlhf.reward_model import RMConfig, train_reward_model
 from relayrl.rlhf.rm_scorer import RewardModelScorer
 from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
@@ -631,6 +632,7 @@ def _curves(history: list[dict[str, Any]]) -> dict[str, list[float]]:
         "grammatical": "monitor/gold_grammatical",
         "kl": "monitor/kl_seq",
         "distinct": "monitor/distinct_frac",
+        "distinct_2": "monitor/distinct_2",
         "divergence": "monitor/divergence",
     }
     out: dict[str, list[float]] = {k: [] for k in keys}
@@ -648,7 +650,7 @@ def _curves(history: list[dict[str, Any]]) -> dict[str, list[float]]:
 def hacking_verdict(runs: dict[str, Any]) -> dict[str, Any]:
     """The two qualitative results, checked on the final evaluations against the SFT policy:
     beta = 0.1 raises proxy and true score; beta = 0 raises the proxy higher while the true
-    score falls; distinct responses fall in both."""
+    score falls; diversity (distinct-2) falls in both."""
     sft, kl, nokl = runs.get("sft"), runs.get("ppo_beta0.1"), runs.get("ppo_beta0")
     if not (sft and kl and nokl):
         return {}
@@ -657,8 +659,10 @@ def hacking_verdict(runs: dict[str, Any]) -> dict[str, Any]:
         "kl_run_true_up": kl["true"] > sft["true"],
         "nokl_proxy_higher": nokl["proxy"] > kl["proxy"],
         "nokl_true_down": nokl["true"] < sft["true"],
-        "diversity_down_both": kl["distinct_responses"] < sft["distinct_responses"]
-        and nokl["distinct_responses"] < sft["distinct_responses"],
+        # distinct-2 rather than distinct strings: a hacked policy's word salad of two good
+        # words can be many different strings while its n-gram diversity collapses
+        "diversity_down_both": kl["distinct_2"] < sft["distinct_2"]
+        and nokl["distinct_2"] < sft["distinct_2"],
     }
 
 
@@ -676,7 +680,7 @@ def main_lab(run_dir: str | Path, overrides: list[str] | None = None) -> dict[st
     for name, r in runs.items():
         print(
             f"{name:>14}: proxy {r['proxy']:+.2f}  true {r['true']:+.2f}  "
-            f"grammatical {r['grammatical']:.2f}  KL {abs(r['kl']) if abs(r['kl']) < 0.005 else r['kl']:.2f}  "
+            f"grammatical {r['grammatical']:.2f}  KL {clean_zero(r['kl']):.2f}  "
             f"distinct {r['distinct_responses']}/{r['n']}"
         )
     return results

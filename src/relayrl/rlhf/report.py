@@ -10,12 +10,14 @@ from typing import Any
 
 __all__ = ["write_plots", "write_report"]
 
+
 CURVES = [
     ("proxy", "reward-model score (normalised)"),
     ("true", "true score"),
     ("kl", "KL(pi || pi_sft) per sequence (nats)"),
     ("grammatical", "grammatical fraction"),
     ("distinct", "distinct responses / batch"),
+    ("distinct_2", "distinct-2 (bigram diversity)"),
     ("divergence", "proxy-vs-gold divergence D_t"),
 ]
 
@@ -73,7 +75,7 @@ def write_plots(out_dir: Path, curves: dict[str, dict[str, list[float]]]) -> lis
     return ["proxy_vs_true.png", *names]
 
 
-def _nz(x: float) -> float:
+def clean_zero(x: float) -> float:
     """No "-0.00" in tables: |x| < 0.005 prints as 0.00."""
     return 0.0 if abs(x) < 0.005 else x
 
@@ -138,8 +140,8 @@ def write_report(root: Path, results: dict[str, Any], plots: bool = True) -> Pat
     for name, r in runs.items():
         lines.append(
             f"| {name} | {r['proxy']:+.2f} | {r['true']:+.2f} | {r['grammatical']:.2f} | "
-            f"{r['finished']:.2f} | {_nz(r['kl']):.2f} | {r['distinct_responses']}/{r['n']} | "
-            f"{r['distinct_2']:.2f} | {r['length']:.1f} |"
+            f"{r['finished']:.2f} | {clean_zero(r['kl']):.2f} | "
+            f"{r['distinct_responses']}/{r['n']} | {r['distinct_2']:.2f} | {r['length']:.1f} |"
         )
     verdict = results.get("hacking", {})
     if verdict:
