@@ -25,9 +25,9 @@ from relayrl.controller.algorithms import make_requests  # noqa: E402
 from relayrl.controller.checkpoint import latest_checkpoint  # noqa: E402
 from relayrl.controller.prompts import PromptSource  # noqa: E402
 from relayrl.controller.trainer import train  # noqa: E402
-from relayrl.model import load_causal_lm  # noqa: E402
+from relayrl.model import load_causal_lm, load_critic  # noqa: E402
 from relayrl.rollout import GenerationRequest, SamplingParams  # noqa: E402
-from relayrl.workers import ActorWorker, Experience  # noqa: E402
+from relayrl.workers import ActorWorker, CriticWorker, Experience  # noqa: E402
 
 SPLIT = [
     "ray.pools={trainer: {bundles: 1}, rollout: {bundles: 1}}",
@@ -108,12 +108,14 @@ def test_async_rollout_and_trainer_on_split_pools(sft_model, tmp_path):
 
 
 def test_data_parallel_actor_of_two_gives_the_gradients_of_one(sft_model, tmp_path):
-    """Float64: a DP=2 actor (two Ray actors, gloo all-reduce, global loss counts) and a
-    single local actor give the same gradients and weights on the same global batch."""
+    """Float64: a DP=2 actor and critic (two Ray actors, gloo all-reduce, global loss counts)
+    and a single local actor / critic give the same gradients and weights on one batch."""
     cfg = run_config(
         sft_model,
         tmp_path / "dp",
         "cluster=ray",
+        "algo.name=ppo",
+        "algo.loss_agg=seq-mean-token-mean",
         "model.dtype=float64",
         "algo.prompts_per_step=8",
         "algo.group_size=4",
@@ -146,9 +148,8 @@ def test_data_parallel_actor_of_two_gives_the_gradients_of_one(sft_model, tmp_pa
         )
         dp_stats = roles.actor.update(exp)
         local_stats = local.update(exp)
-        assert dp_stats["actor/grad_norm"] == pytest.approx(
-            local_stats["actor/grad_norm"], abs=1e-9
-        )
+        for key in ("actor/grad_norm", "actor/loss"):
+            assert dp_stats[key] == pytest.approx(local_stats[key], abs=1e-9)
         want = {n: p.grad for n, p in local.model.named_parameters() if p.grad is not None}
         for host in roles.actor.group.hosts:  # both ranks hold the all-reduced gradient
             got = ray.get(host.gradients.remote("actor"))
@@ -157,6 +158,26 @@ def test_data_parallel_actor_of_two_gives_the_gradients_of_one(sft_model, tmp_pa
                 torch.testing.assert_close(got[n], g, atol=1e-9, rtol=0)
         for n, p in roles.actor.model.state_dict().items():
             torch.testing.assert_close(p, local.model.state_dict()[n], atol=1e-9, rtol=0)
+        # the critic: the same on its value loss
+        local_critic = CriticWorker(
+            load_critic(sft_model, torch.float64), cfg.algo, cfg.optim, cfg.seed
+        )
+        exp["values"] = roles.critic.compute_values(exp)
+        torch.testing.assert_close(
+            exp["values"], local_critic.compute_values(exp), atol=1e-10, rtol=0
+        )
+        exp["returns"] = torch.randn(
+            exp.response_mask.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64
+        )
+        dp_c = roles.critic.update(exp)
+        local_c = local_critic.update(exp)
+        assert dp_c["critic/vf_loss"] == pytest.approx(local_c["critic/vf_loss"], abs=1e-9)
+        want = {n: p.grad for n, p in local_critic.model.named_parameters() if p.grad is not None}
+        for host in roles.critic.group.hosts:
+            got = ray.get(host.gradients.remote("critic"))
+            assert got.keys() == want.keys()
+            for n, g in want.items():
+                torch.testing.assert_close(got[n], g, atol=1e-9, rtol=0)
     finally:
         roles.close()
 

@@ -162,6 +162,33 @@ def test_grpo_against_the_reward_model_mixed_with_a_rule(lab, tmp_path):
     assert last["reward/rm"] > first["reward/rm"]  # the RM score is being optimised
 
 
+def test_reward_model_inside_the_reward_service(lab, tmp_path):
+    """With ``reward.service`` on, the reward model is one of the service's batched model
+    scorers (the same loaded copy), mixed with the service's rule functions."""
+    cfg = _rm_run(
+        lab,
+        tmp_path,
+        "grpo_service",
+        "reward.fn=none",
+        "reward.service.functions=[{fn: 'relayrl.rlhf.city_lang:grammatical_reward', "
+        "name: grammar}]",
+        "algo.name=grpo",
+        "algo.group_size=4",
+        "algo.prompts_per_step=8",
+        "train.steps=3",
+    )
+    roles = build_local_roles(cfg, cfg.model.path, None)
+    assert roles.reward.service is not None
+    roles.close()
+    train(cfg, lambda a, c: build_local_roles(cfg, a, c))
+    recs = [r for r in read_metrics(tmp_path / "grpo_service") if "reward_mean" in r]
+    assert len(recs) == 3
+    for rec in recs:
+        assert rec["reward/score"] == pytest.approx(
+            rec["reward/grammar"] + rec["reward/rm"], abs=1e-5
+        )
+
+
 def test_ppo_with_adaptive_beta_against_the_reward_model(lab, tmp_path):
     cfg = _rm_run(
         lab,

@@ -10,7 +10,7 @@ from relayrl.cluster.engine_process import EngineProcess, EngineSpec
 from relayrl.config import RunConfig
 from relayrl.model import load_causal_lm, load_critic, load_tokenizer
 from relayrl.reward import build_reward_service
-from relayrl.rlhf.rm_scorer import build_reward_fn
+from relayrl.rlhf.rm_scorer import build_reward_fn, reward_model_scorers
 from relayrl.rollout import RolloutEngine
 from relayrl.workers import ActorWorker, CriticWorker, ReferenceWorker, RewardWorker, Roles
 
@@ -67,10 +67,11 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
         critic = CriticWorker(
             load_critic(critic_path or cfg.model.path, dtype), cfg.algo, cfg.optim, cfg.seed
         )
+    rm = reward_model_scorers(cfg.reward)  # the reward model (reward.model_path), if any
     reward = RewardWorker(
-        build_reward_fn(cfg.reward),  # rule fn and/or RM
+        build_reward_fn(cfg.reward, rm),  # rule fn and/or RM
         tokenizer,
-        service=build_reward_service(cfg.reward, tokenizer),  # None unless reward.service asks
+        service=build_reward_service(cfg.reward, tokenizer, model_scorers=rm),  # if asked for
         normalize=cfg.reward.service.normalize,
         domain_key=cfg.reward.service.domain_key,
     )

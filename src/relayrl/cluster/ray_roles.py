@@ -102,17 +102,15 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
             hosts.extend(members)
             groups[name] = WorkerGroup(members)
         ray.get([h.ready.remote() for h in hosts], timeout=300)
-        actor_pool = cfg.ray.placement.get("actor", next(iter(by_pool)))
-        actor_pool = actor_pool if actor_pool in by_pool else next(iter(by_pool))
-        actor_group = groups[actor_pool]
-        if actor_group.size > 1:  # data-parallel actor: one gloo group over the pool
-            addr, port = ray.get(actor_group.hosts[0].free_address.remote())
-            ray.get(
-                [
-                    h.init_process_group.remote(addr, port, r, actor_group.size)
-                    for r, h in enumerate(actor_group.hosts)
-                ]
-            )
+        for name, group in groups.items():  # one gloo group per data-parallel trainer pool
+            if group.size > 1 and {"actor", "critic"} & set(by_pool[name]):
+                addr, port = ray.get(group.hosts[0].free_address.remote())
+                ray.get(
+                    [
+                        h.init_process_group.remote(addr, port, r, group.size)
+                        for r, h in enumerate(group.hosts)
+                    ]
+                )
     except BaseException:
         stop_all()
         raise

@@ -88,7 +88,10 @@ class RoleHost:
         torch.set_num_threads(spec.threads)
         from relayrl.model import load_causal_lm, load_critic, load_tokenizer
         from relayrl.workers import ActorWorker, CriticWorker, ReferenceWorker
-        from relayrl.workers.data_parallel import DataParallelActorWorker
+        from relayrl.workers.data_parallel import (
+            DataParallelActorWorker,
+            DataParallelCriticWorker,
+        )
 
         cfg = spec.cfg
         self.spec = spec
@@ -112,9 +115,8 @@ class RoleHost:
                 cfg.rollout.temperature,
             )
         if "critic" in spec.roles:
-            if spec.world > 1:
-                raise NotImplementedError("a data-parallel critic is not implemented yet")
-            self.roles["critic"] = CriticWorker(
+            critic_cls = DataParallelCriticWorker if spec.world > 1 else CriticWorker
+            self.roles["critic"] = critic_cls(
                 load_critic(spec.critic_path or cfg.model.path, dtype),
                 cfg.algo,
                 cfg.optim,
@@ -262,13 +264,22 @@ def split_experience(exp: Experience, n: int) -> list[Experience]:
     return [exp.select(b) for b in bounds]
 
 
+SUMMED_STATS = frozenset({"actor/loss", "critic/vf_loss"})
+"""Losses normalised by the global counts: the ranks' partial losses add up to the loss."""
+
+
 def gather(results: list[Any]) -> Any:
-    """Tensors are concatenated along the batch; stats dicts are averaged over ranks."""
+    """Tensors are concatenated along the batch; stats dicts are averaged over ranks, except
+    the losses (``SUMMED_STATS``), which are summed."""
     first = results[0]
     if isinstance(first, Tensor):
         return torch.cat(results)
     if isinstance(first, dict):
-        return {k: sum(float(r[k]) for r in results) / len(results) for k in first}
+        out = {}
+        for k in first:
+            total = sum(float(r[k]) for r in results)
+            out[k] = total if k in SUMMED_STATS else total / len(results)
+        return out
     return first
 
 

@@ -94,7 +94,12 @@ def load_trainer_state(ckpt: Path) -> dict[str, Any]:
 
 
 def _prune(root: Path, keep: int) -> None:
-    done = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).is_file())
+    """Keep the ``keep`` most recently written checkpoints (by write time, not step number:
+    a fresh run in an old run directory must never delete what it just wrote)."""
+    done = sorted(
+        (p for p in root.glob("step_*") if (p / STATE_FILE).is_file()),
+        key=lambda p: (p / STATE_FILE).stat().st_mtime_ns,
+    )
     for old in done[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -29,7 +29,13 @@ from relayrl.rlhf.reward_model import (
     load_reward_model,
     train_reward_model,
 )
-from relayrl.rlhf.rm_scorer import BatchScorer, MixedReward, RewardModelScorer, build_reward_fn
+from relayrl.rlhf.rm_scorer import (
+    BatchScorer,
+    MixedReward,
+    RewardModelScorer,
+    build_reward_fn,
+    reward_model_scorers,
+)
 
 __all__ = [
     "BatchScorer",
@@ -46,6 +52,7 @@ __all__ = [
     "evaluate_pairs",
     "load_preferences",
     "load_reward_model",
+    "reward_model_scorers",
     "sequence_kl",
     "train_reward_model",
     "write_preferences",

@@ -16,9 +16,20 @@ Steps, each a real relayrl component on a tiny word-level model of the city lang
    fraction, KL to the SFT policy, distinct responses) and write ``report.md`` with PNG plots
    and ``results.json``.
 
-Expected (and asserted by the slow test on the checked-in seed): with beta = 0.1 proxy and
-true score both rise; with beta = 0 the proxy rises higher while the true score falls below
-the SFT policy's (reward hacking); diversity falls in both.
+Expected (asserted by the tests on the checked-in seed 0, and by a slow test on seeds 1-4):
+with beta = 0.1 proxy and true score both rise; with beta = 0 the proxy rises higher while
+the true score falls below the SFT policy's (reward hacking); diversity falls in both.
+Measured on seed 0 (one CPU thread, ~1 minute): RM held-out agreement 0.725 against a noise
+ceiling of 0.753, 0.914 against the truth; final (RM score, true score): SFT (-0.18, -0.40),
+beta 0.1 (+1.15, +0.96) at KL 1.7, beta 0 (+1.54, -3.00) at KL 98 -- it repeats one good
+word until the length limit, never finishing the sentence.
+
+Design choices that make the result reliable (each measured): a word-level tokenizer with a
+BOS token (short sequences; the BOS is an attention sink, so a small model can count words);
+a reward model on its own fresh tiny backbone (initialised from the tiny SFT model it averaged
+attribute words instead of counting them, which made its preferences among good sentences a
+coin flip); every PPO/DPO setting the result depends on pinned in ``PINNED_PPO`` /
+``PINNED_DPO`` rather than taken from ``RunConfig`` defaults.
 """
 
 from __future__ import annotations
@@ -50,10 +61,15 @@ from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
 from relayrl.telemetry import read_metrics
 
 __all__ = [
+    "GOLD_FN",
     "LabConfig",
     "build_word_model",
+    "build_word_tokenizer",
     "evaluate_policy",
+    "hacking_verdict",
+    "lab_prompts",
     "label_pairs",
+    "main_lab",
     "probe_blind_spot",
     "rm_agreement",
     "run_lab",

@@ -51,6 +51,8 @@ def write_plots(out_dir: Path, curves: dict[str, dict[str, list[float]]]) -> lis
                 ax.plot(c["step"], _smooth(c[key]), label=run)
         ax.set_xlabel("PPO step")
         ax.set_ylabel(label)
+        if key == "kl":  # beta = 0 runs end orders of magnitude above beta > 0 ones
+            ax.set_yscale("symlog", linthresh=1.0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()

@@ -34,6 +34,7 @@ __all__ = [
     "MixedReward",
     "RewardModelScorer",
     "build_reward_fn",
+    "reward_model_scorers",
 ]
 
 NO_RULE = "none"
@@ -155,6 +156,13 @@ class MixedReward:
         return self.score_batch([prompt], [completion], [sample])[0]
 
 
+def _no_reward(prompt: str, completion: str, sample: dict) -> float:
+    raise ValueError(
+        "reward.fn is 'none' but there is no reward.model_path nor reward.service.functions: "
+        "nothing scores the samples"
+    )
+
+
 def _score_of(value: Any, name: str) -> float:
     if isinstance(value, dict):
         if "score" not in value:
@@ -163,24 +171,41 @@ def _score_of(value: Any, name: str) -> float:
     return float(value)
 
 
-def build_reward_fn(reward_cfg: Any) -> Callable[..., Any]:
+def reward_model_scorers(reward_cfg: Any) -> list[tuple[str, RewardModelScorer, float]]:
+    """``[("rm", scorer, model_weight)]`` when ``reward.model_path`` is set, else ``[]``:
+    the ``(name, scorer, weight)`` triples the reward service's ``model_scorers`` take."""
+    model_path = getattr(reward_cfg, "model_path", None)
+    if model_path is None:
+        return []
+    scorer = RewardModelScorer(
+        model_path,
+        batch_size=getattr(reward_cfg, "model_batch_size", 64),
+        normalize=getattr(reward_cfg, "model_normalize", True),
+    )
+    return [("rm", scorer, float(getattr(reward_cfg, "model_weight", 1.0)))]
+
+
+def build_reward_fn(
+    reward_cfg: Any, scorers: list[tuple[str, Any, float]] | None = None
+) -> Callable[..., Any]:
     """The reward of a run config's ``reward`` section.
 
     - no ``model_path``: the rule-based function ``fn`` (as before);
     - ``model_path`` and ``fn: none``: the reward model alone, weighted by ``model_weight``;
     - ``model_path`` and a rule ``fn``: s = s_fn + model_weight * s_rm (components ``fn``
       name and ``rm`` logged separately).
+
+    ``scorers`` reuses already loaded ``reward_model_scorers(reward_cfg)`` (one copy of the
+    reward model shared with the reward service).
     """
-    model_path = getattr(reward_cfg, "model_path", None)
     fn_spec = reward_cfg.fn
-    if model_path is None:
+    if scorers is None:
+        scorers = reward_model_scorers(reward_cfg)
+    if not scorers:
+        if fn_spec is None or str(fn_spec).strip().lower() == NO_RULE:
+            return _no_reward  # the reward service's functions score instead (or nothing does)
         return get_reward_fn(fn_spec)
-    scorer = RewardModelScorer(
-        model_path,
-        batch_size=getattr(reward_cfg, "model_batch_size", 64),
-        normalize=getattr(reward_cfg, "model_normalize", True),
-    )
-    weight = float(getattr(reward_cfg, "model_weight", 1.0))
+    _, scorer, weight = scorers[0]
     if fn_spec is None or str(fn_spec).strip().lower() == NO_RULE:
         if weight == 1.0:
             return scorer

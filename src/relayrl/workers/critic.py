@@ -47,7 +47,7 @@ class CriticWorker:
         total_loss = 0.0
         for _ in range(a.epochs):
             for mini in exp.shuffled_splits(a.mini_batches, self.generator):
-                norm = LossNorm.for_batch(mini.response_mask, a.loss_agg)
+                norm = self._loss_norm(mini)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss_sum = 0.0
                 for micro in mini.chunks(a.micro_batch_size):
@@ -66,6 +66,7 @@ class CriticWorker:
                     for k, v in stats.items():
                         sums[k] += v * tokens
                     count += tokens
+                self._reduce_gradients()
                 max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
                 self.optimizer.step()
@@ -75,6 +76,13 @@ class CriticWorker:
         out = {f"critic/{k}": v / max(count, 1e-12) for k, v in sums.items()}
         out["critic/vf_loss"] = total_loss / max(n_mini, 1)
         return out
+
+    def _loss_norm(self, mini: Experience) -> LossNorm:
+        """The step-global normaliser (a data-parallel critic sums the counts over ranks)."""
+        return LossNorm.for_batch(mini.response_mask, self.algo.loss_agg)
+
+    def _reduce_gradients(self) -> None:
+        """Hook before clipping: a data-parallel critic all-reduces gradients here."""
 
     def train_state(self) -> dict[str, Any]:
         return {

@@ -1,10 +1,12 @@
-"""Data-parallel actor: each rank trains on its shard; gradients are summed over ranks.
+"""Data-parallel actor and critic: each rank trains on its shard; gradients summed over ranks.
 
 The loss of every rank is normalised by the GLOBAL token / sequence counts of the optimizer
 step (summed over ranks with ``all_reduce``), so rank losses add up to the loss of the whole
 batch and the summed gradient equals the single-process gradient whatever the split.
-Gradients are all-reduced (SUM) with ``torch.distributed`` (gloo on CPU, NCCL on GPU) before
+Gradients are all-reduced (SUM) with ``torch.distributed`` (gloo on CPU; NCCL on GPU) before
 clipping, so every rank clips the same global norm and takes the same optimizer step.
+Every rank must run the same number of optimizer steps (each shard needs at least
+``algo.mini_batches`` sequences).
 """
 
 from __future__ import annotations
@@ -15,35 +17,51 @@ import torch.distributed as dist
 from relayrl.algos import LossNorm
 from relayrl.algos.masked import as_bool_mask
 from relayrl.workers.actor import ActorWorker
+from relayrl.workers.critic import CriticWorker
 from relayrl.workers.experience import Experience
+
+
+def global_loss_norm(mini: Experience, mode: str, norm_constant: float = 1.0) -> LossNorm:
+    """``LossNorm`` with token and sequence counts summed over all data-parallel ranks."""
+    mask = mini.response_mask
+    counts = torch.tensor(
+        [float(as_bool_mask(mask).sum()), float(mask.shape[0])], dtype=torch.float64
+    )
+    dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+    return LossNorm(mode, float(counts[0]), float(counts[1]), float(norm_constant))
+
+
+def all_reduce_gradients(model: torch.nn.Module) -> None:
+    """Sum the gradients of ``model`` over ranks (one flat collective, not one per tensor)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:  # a parameter unused on this rank still joins the collective
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for g in grads:
+        n = g.numel()
+        g.copy_(flat[offset : offset + n].view_as(g))
+        offset += n
 
 
 class DataParallelActorWorker(ActorWorker):
     """``ActorWorker`` on one rank of an initialised default process group."""
 
     def _loss_norm(self, mini: Experience) -> LossNorm:
-        mask = mini.response_mask
-        counts = torch.tensor(
-            [float(as_bool_mask(mask).sum()), float(mask.shape[0])], dtype=torch.float64
-        )
-        dist.all_reduce(counts, op=dist.ReduceOp.SUM)
-        return LossNorm(
-            self.algo.loss_agg,
-            float(counts[0]),
-            float(counts[1]),
-            float(self.max_response_tokens),
-        )
+        return global_loss_norm(mini, self.algo.loss_agg, self.max_response_tokens)
 
     def _reduce_gradients(self) -> None:
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        for p in params:  # a parameter unused on this rank still joins the collective
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])  # one collective, not one per tensor
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        offset = 0
-        for g in grads:
-            n = g.numel()
-            g.copy_(flat[offset : offset + n].view_as(g))
-            offset += n
+        all_reduce_gradients(self.model)
+
+
+class DataParallelCriticWorker(CriticWorker):
+    """``CriticWorker`` on one rank of an initialised default process group."""
+
+    def _loss_norm(self, mini: Experience) -> LossNorm:
+        return global_loss_norm(mini, self.algo.loss_agg)
+
+    def _reduce_gradients(self) -> None:
+        all_reduce_gradients(self.model)
