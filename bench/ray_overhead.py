@@ -9,7 +9,7 @@
 
 Prints one JSON line.
 
-    RAY_AUTH_MODE=disabled .venv/bin/python bench/ray_overhead.py [--steps 12] [--quick]
+    RAY_AUTH_MODE=disabled .venv/bin/python bench/ray_overhead.py [--steps 20] [--quick]
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def sync_latency(root: Path, hidden_sizes: list[int], repeats: int) -> list[dict
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="fewer model sizes")
     args = ap.parse_args()

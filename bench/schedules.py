@@ -1,8 +1,9 @@
 """Schedules benchmark: sync vs overlap vs async (eta, interrupt, decoupled vs naive PPO).
 
-A heavy-tailed task on the tiny model: 2-digit addition where every SFT response starts with a
-"thinking" filler of k dots, k ~ lognormal(median, sigma) capped, so response lengths have a
-long tail (the verifier reads the last integer, so the filler is neutral for the reward).
+A heavy-tailed task on the tiny model: 2-digit addition where every SFT response is the answer
+followed by a filler of k dots before EOS, k ~ lognormal(median, sigma) capped, so response
+lengths have a long tail (the verifier reads the leading integer, so the filler is neutral for
+the reward, and the arithmetic is as learnable as in the demo).
 Each configuration runs GRPO from the same SFT model with the same seed and the same sample
 budget (steps x prompts x G) and reports samples/s over the training loop, the trainer's idle
 fraction, engine utilisation, max token staleness and the held-out greedy pass rate at the end.
@@ -56,7 +57,7 @@ def filler_sft_data(path: Path, n: int, median: float, sigma: float, cap: int, s
     rows = []
     for rec in ArithmeticTask(seed=seed + 1, max_operand=99).sft_records(n):
         k = min(cap, int(math.exp(math.log(median) + sigma * rng.gauss(0.0, 1.0))))
-        rows.append({"prompt": rec.prompt, "response": "." * k + rec.response})
+        rows.append({"prompt": rec.prompt, "response": rec.response + "." * k})
     write_jsonl(path, rows)
 
 
@@ -68,7 +69,7 @@ def main() -> int:
     ap.add_argument("--median", type=float, default=8.0)
     ap.add_argument("--sigma", type=float, default=1.0)
     ap.add_argument("--cap", type=int, default=96)
-    ap.add_argument("--sft-steps", type=int, default=700)
+    ap.add_argument("--sft-steps", type=int, default=600)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()

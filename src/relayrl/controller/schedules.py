@@ -127,7 +127,8 @@ class AsyncSchedule:
         engine_stats, spans = self.roles.rollout.stats()
         for s0, e0 in spans:
             self.timeline.add("rollout", "generate", s0, e0)
-        self._engine_busy += sum(e0 - s0 for s0, e0 in spans)
+        # only busy time since this schedule started (the initial eval ran before)
+        self._engine_busy += sum(max(0.0, e0 - max(s0, self._wall0)) for s0, e0 in spans)
         stats["gen_tokens_per_s"] = float(engine_stats["tokens_per_s"])
         stats["engine_slot_utilisation"] = float(engine_stats["mean_slot_utilisation"])
         stats["engine_busy_frac"] = self._engine_busy / max(time.perf_counter() - self._wall0, 1e-9)
