@@ -9,8 +9,8 @@ import time
 
 import pytest
 import torch
-from helpers import run_config
 
+from helpers import run_config
 from relayrl.cluster.engine_process import RolloutWorkerDied
 from relayrl.cluster.local import build_local_roles
 from relayrl.controller.algorithms import make_requests

@@ -7,9 +7,9 @@ import json
 
 import pytest
 import torch
-from helpers import run_config
 from transformers import AutoModelForCausalLM
 
+from helpers import run_config
 from relayrl.cluster.local import build_local_roles
 from relayrl.controller.algorithms import make_requests
 from relayrl.controller.checkpoint import latest_checkpoint

@@ -45,9 +45,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         build = build_ray_roles
     result = train(cfg, lambda a, c: build(cfg, a, c), resume=args.resume)
-    print(
-        f"eval pass rate: before {_pct(result.get('eval_before'))}  after {_pct(result['eval_after'])}"
-    )
+    before, after = _pct(result.get("eval_before")), _pct(result["eval_after"])
+    print(f"eval pass rate: before {before}  after {after}")
     return 0
 
 

@@ -209,7 +209,10 @@ class EngineProcess:
             raise RolloutWorkerDied(self._dead)
         if not self.process.is_alive() and not self._stopping:
             self.process.join(timeout=1)
-            self._dead = f"rollout worker (pid {self.process.pid}) died with exit code {self.process.exitcode}"
+            self._dead = (
+                f"rollout worker (pid {self.process.pid}) died with exit code "
+                f"{self.process.exitcode}"
+            )
             raise RolloutWorkerDied(self._dead)
 
     def _send(self, msg: tuple[Any, ...]) -> None:
