@@ -71,6 +71,8 @@ def main() -> int:
     ap.add_argument("--cap", type=int, default=96)
     ap.add_argument("--sft-steps", type=int, default=600)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default="", help="comma-separated configuration names")
+    ap.add_argument("--sft-batch", type=int, default=64)
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
 
@@ -103,6 +105,8 @@ def main() -> int:
     rows = []
     for name, overrides in CONFIGS:
         if args.quick and name not in QUICK:
+            continue
+        if args.only and name not in {x.strip() for x in args.only.split(",")}:
             continue
         threads = "threads=2" if "schedule=sync" in overrides else "threads=1"
         cfg: RunConfig = load_config(

@@ -53,6 +53,12 @@ class RolloutController(threading.Thread):
         self._prompt_cache: dict[int, list[TokenizedPrompt]] = {}
         self.samples_received = 0
         self.samples_interrupted = 0
+        self.groups_completed = 0
+        # Never flood the engine beyond what keeps its slots busy (this is also what bounds
+        # an unbounded eta): at most 2 x slots worth of groups unfinished, and at least B.
+        slots = int(getattr(getattr(engine, "spec", None), "max_slots", cfg.rollout.max_slots))
+        per_group = cfg.algo.group_size
+        self._capacity = max(cfg.algo.prompts_per_step, -(-2 * slots // per_group))
 
     # ---------------------------------------------------------------- trainer side
     def set_version(self, version: int) -> None:
@@ -69,6 +75,7 @@ class RolloutController(threading.Thread):
 
     # ---------------------------------------------------------------- the loop
     def run(self) -> None:
+        self._start_admitted = self.gate.n_admitted  # after a resume the gate is re-based
         try:
             while not self._halt.is_set():
                 self._admit()
@@ -81,6 +88,10 @@ class RolloutController(threading.Thread):
             self.error = exc
             self.buffer.wake()
 
+    def _in_flight(self) -> int:
+        """Admitted groups not yet complete (in the engine or being scored)."""
+        return self.gate.n_admitted - self._start_admitted - self.groups_completed
+
     def _prompts_for_step(self, step: int) -> list[TokenizedPrompt]:
         if step not in self._prompt_cache:
             self._prompt_cache[step] = self.source.for_step(step, self.cfg.algo.prompts_per_step)
@@ -92,7 +103,7 @@ class RolloutController(threading.Thread):
         b = self.cfg.algo.prompts_per_step
         batch = []
         with self._lock:
-            while self.gate.can_admit():
+            while self.gate.can_admit() and self._in_flight() < self._capacity:
                 g = self.gate.n_admitted
                 step, index = divmod(g, b)
                 prompt = self._prompts_for_step(step)[index]
@@ -120,6 +131,7 @@ class RolloutController(threading.Thread):
         group.append((sample, score))
         if len(group) == self.cfg.algo.group_size:
             del self._pending[g]
+            self.groups_completed += 1
             group.sort(key=lambda x: x[0].metadata.get("sample_index", 0))
             self.buffer.put(
                 ScoredGroup(
