@@ -99,6 +99,10 @@ def _worker_main(spec: EngineSpec, shared: dict[str, Tensor], cmd_conn: Any, out
                     engine.update_weights(shared, version, interrupt=interrupt)
                     out_conn.send(("updated", version))
                 elif kind == "stats":
+                    if busy_since is not None:  # report the open busy span up to now
+                        now = time.perf_counter()
+                        spans.append((busy_since, now))
+                        busy_since = now
                     out_conn.send(("stats", engine.stats(), spans))
                     spans = []
                 elif kind == "stop":
