@@ -12,7 +12,7 @@ from relayrl.algos import POLICY_LOSSES, LossNorm, aggregate_loss, kl_penalty
 from relayrl.config import AlgoConfig, OptimConfig
 from relayrl.model import forward_logprobs
 from relayrl.workers.experience import Experience
-from relayrl.workers.optim import make_optimizer
+from relayrl.workers.optim import TrainState, make_optimizer
 
 
 class ReferenceWorker:
@@ -36,7 +36,7 @@ class ReferenceWorker:
         return torch.cat(out) * exp.response_mask
 
 
-class ActorWorker(ReferenceWorker):
+class ActorWorker(TrainState, ReferenceWorker):
     """The trained policy: PPO-family update with global loss normalisation per optimizer step."""
 
     def __init__(
@@ -156,15 +156,3 @@ class ActorWorker(ReferenceWorker):
 
     def state_dict(self) -> dict[str, Tensor]:
         return self.model.state_dict()
-
-    def train_state(self) -> dict[str, Any]:
-        return {
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "generator": self.generator.get_state(),
-        }
-
-    def load_train_state(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.generator.set_state(state["generator"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -12,10 +11,10 @@ from relayrl.algos import LossNorm, clipped_value_loss
 from relayrl.config import AlgoConfig, OptimConfig
 from relayrl.model import forward_values
 from relayrl.workers.experience import Experience
-from relayrl.workers.optim import make_optimizer
+from relayrl.workers.optim import TrainState, make_optimizer
 
 
-class CriticWorker:
+class CriticWorker(TrainState):
     def __init__(self, model: torch.nn.Module, algo: AlgoConfig, optim: OptimConfig, seed: int = 0):
         self.model = model
         self.algo = algo
@@ -83,15 +82,3 @@ class CriticWorker:
 
     def _reduce_gradients(self) -> None:
         """Hook before clipping: a data-parallel critic all-reduces gradients here."""
-
-    def train_state(self) -> dict[str, Any]:
-        return {
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "generator": self.generator.get_state(),
-        }
-
-    def load_train_state(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.generator.set_state(state["generator"])

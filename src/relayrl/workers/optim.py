@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -26,3 +28,26 @@ def make_optimizer(
         return warm * (1.0 - (1.0 - min_lr_ratio) * frac)
 
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+class TrainState:
+    """Checkpointable training state of a role: optimizer, LR scheduler, shuffling generator.
+
+    Mixed into trainable roles that set ``optimizer``, ``scheduler`` and ``generator``.
+    """
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    generator: torch.Generator
+
+    def train_state(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "generator": self.generator.get_state(),
+        }
+
+    def load_train_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.generator.set_state(state["generator"])
