@@ -34,6 +34,20 @@ _CTX = mp.get_context("spawn")
 EVAL_TAG = "_eval_ticket"
 
 
+def drain_queue(q: queue.Queue[Sample], timeout: float) -> list[Sample]:
+    """Everything in ``q`` now, waiting up to ``timeout`` seconds for the first item."""
+    out: list[Sample] = []
+    try:
+        out.append(q.get(timeout=timeout) if timeout > 0 else q.get_nowait())
+    except queue.Empty:
+        return out
+    while True:
+        try:
+            out.append(q.get_nowait())
+        except queue.Empty:
+            return out
+
+
 class RolloutWorkerDied(RuntimeError):
     """The engine worker process exited unexpectedly."""
 
@@ -238,19 +252,10 @@ class EngineProcess:
     def poll(self, timeout: float = 0.0) -> list[Sample]:
         """Finished samples so far (waits up to ``timeout`` seconds for the first one)."""
         self._check_alive()
-        out: list[Sample] = []
-        try:
-            out.append(
-                self._samples.get(timeout=timeout) if timeout > 0 else self._samples.get_nowait()
-            )
-        except queue.Empty:
+        out = drain_queue(self._samples, timeout)
+        if not out:
             self._check_alive()
-            return out
-        while True:
-            try:
-                out.append(self._samples.get_nowait())
-            except queue.Empty:
-                return out
+        return out
 
     def generate(self, requests: list[GenerationRequest]) -> list[Sample]:
         """Blocking: complete ``requests`` (alongside anything else in flight), in order."""

@@ -34,6 +34,7 @@ import torch
 from ray.exceptions import RayActorError
 from torch import Tensor
 
+from relayrl.cluster.engine_process import drain_queue
 from relayrl.config import RunConfig
 from relayrl.rollout import GenerationRequest, RolloutEngine, Sample
 from relayrl.rollout.engine import _error_sample
@@ -550,19 +551,10 @@ class RayRolloutClient:
     def poll(self, timeout: float = 0.0) -> list[Sample]:
         """Finished samples so far (waits up to ``timeout`` seconds for the first one)."""
         self._check()
-        out: list[Sample] = []
-        try:
-            out.append(
-                self._samples.get(timeout=timeout) if timeout > 0 else self._samples.get_nowait()
-            )
-        except queue.Empty:
+        out = drain_queue(self._samples, timeout)
+        if not out:
             self._check()
-            return out
-        while True:
-            try:
-                out.append(self._samples.get_nowait())
-            except queue.Empty:
-                return out
+        return out
 
     def generate(self, requests: list[GenerationRequest]) -> list[Sample]:
         """Blocking: complete ``requests`` (alongside anything else in flight), in order."""

@@ -75,6 +75,7 @@ class PromptSource:
         self.skipped = 0
         self._train: list[TokenizedPrompt] | None = None
         self._eval: list[TokenizedPrompt] | None = None
+        self._held_out: set[str] | None = None
         if cfg.task == "jsonl":
             if cfg.train_path is None:
                 raise ValueError("data.train_path is required when data.task is 'jsonl'")
@@ -87,7 +88,9 @@ class PromptSource:
     def for_step(self, step: int, n: int) -> list[TokenizedPrompt]:
         if self._train is None:
             # Held-out problems never appear in training: draw extra and filter them out.
-            held_out = {p.record.prompt for p in self.eval_set()}
+            if self._held_out is None:
+                self._held_out = {p.record.prompt for p in self.eval_set()}
+            held_out = self._held_out
             task = _arith(self.cfg, seed=self.seed * 1_000_003 + 7919 * (step + 1))
             records = [r for r in task.sample(4 * n + 16) if r.prompt not in held_out][:n]
             kept, _ = tokenize_prompts(

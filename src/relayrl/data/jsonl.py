@@ -36,8 +36,10 @@ def _json_type(value: Any) -> str:
     return "object"
 
 
-def _iter_rows(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield (line number, JSON object) for each non-blank line; raise DataError on bad ones."""
+def iter_jsonl_objects(path: str | Path, require_object: bool = True) -> Iterator[tuple[int, Any]]:
+    """Yield (line number, JSON value) for each non-blank line; raise DataError on bad ones
+    (a value that is not an object too, unless ``require_object`` is False: the caller then
+    checks the row with its own message)."""
     p = Path(path)
     if not p.exists():
         raise DataError(f"{path}: file not found")
@@ -60,7 +62,7 @@ def _iter_rows(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 row = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as e:
                 raise DataError(where + f"invalid JSON: {e.msg} (column {e.colno})") from e
-            if not isinstance(row, dict):
+            if require_object and not isinstance(row, dict):
                 raise DataError(where + f"expected a JSON object, got {_json_type(row)}")
             yield lineno, row
 
@@ -75,7 +77,7 @@ def _required_str(row: dict[str, Any], key: str, where: str) -> str:
 
 
 def _load(path: str | Path, parse: Callable[[dict[str, Any], str], T]) -> list[T]:
-    records = [parse(row, f"{path}:{lineno}: ") for lineno, row in _iter_rows(path)]
+    records = [parse(row, f"{path}:{lineno}: ") for lineno, row in iter_jsonl_objects(path)]
     if not records:
         raise DataError(f"{path}: no records (the file is empty)")
     return records

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from relayrl.data.jsonl import DataError, _iter_rows, _json_type
+from relayrl.data.jsonl import DataError, _json_type, iter_jsonl_objects
 from relayrl.data.records import PromptRecord
 
 __all__ = ["load_prompt_dataset", "prompt_from_row"]
@@ -135,7 +135,7 @@ def load_prompt_dataset(
     elif p.is_dir():
         raise DataError(f"{path}: a directory that is neither a saved dataset nor Parquet files")
     else:
-        for lineno, row in _iter_rows(p):
+        for lineno, row in iter_jsonl_objects(p):
             records.append(
                 prompt_from_row(row, f"{path}:{lineno}: ", prompt_key, answer_key, require_answer)
             )

@@ -181,13 +181,7 @@ _UNIT_TAIL_RE = re.compile(
     r"(?<=[0-9}).])\s*(?:[A-Za-z]{2,}\.?)(?:\s*(?:\^\s*\{?\d\}?|[A-Za-z]{2,}\.?|/))*\s*$"
 )
 _THOUSANDS_RE = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
-_KNOWN_WORDS = {
-    "sqrt",
-    "pi",
-    "inf",
-    "infty",
-    "infinity",
-    "oo",
+_FUNCS = {
     "sin",
     "cos",
     "tan",
@@ -200,13 +194,21 @@ _KNOWN_WORDS = {
     "log",
     "ln",
     "exp",
+}
+_KNOWN_WORDS = {
+    "sqrt",
+    "pi",
+    "inf",
+    "infty",
+    "infinity",
+    "oo",
     "frac",
     "dfrac",
     "tfrac",
     "cdot",
     "times",
     "div",
-}
+} | _FUNCS
 
 
 def _unwrap_text_commands(s: str) -> str:
@@ -306,20 +308,6 @@ _GREEK = {
     "xi",
     "psi",
     "chi",
-}
-_FUNCS = {
-    "sin",
-    "cos",
-    "tan",
-    "cot",
-    "sec",
-    "csc",
-    "arcsin",
-    "arccos",
-    "arctan",
-    "log",
-    "ln",
-    "exp",
 }
 
 Node = tuple

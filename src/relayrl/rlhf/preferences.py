@@ -13,7 +13,6 @@ A file whose rows are all skipped is a ``DataError`` too.
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.data import DataError
+from relayrl.data.jsonl import iter_jsonl_objects
 
 __all__ = [
     "PreferenceData",
@@ -105,19 +105,9 @@ def _parse_row(row: Any, where: str, skipped: Counter[str]) -> PreferencePair | 
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    with path.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            where = f"{path}:{lineno}: "
-            try:
-                line = raw.decode("utf-8-sig")
-            except UnicodeDecodeError as e:
-                raise DataError(where + f"not valid UTF-8 (byte {e.start + 1})") from e
-            if not line.strip():
-                continue
-            try:
-                yield where, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(where + f"invalid JSON: {e.msg} (column {e.colno})") from e
+    """(``file:line: `` prefix, JSON object) per non-blank line, via the data layer's reader."""
+    for lineno, row in iter_jsonl_objects(path, require_object=False):
+        yield f"{path}:{lineno}: ", row
 
 
 def _hf_dataset_rows(path: Path, split: str | None) -> Iterator[tuple[str, Any]]:
