@@ -69,7 +69,11 @@ def main() -> int:
     ap.add_argument("--median", type=float, default=8.0)
     ap.add_argument("--sigma", type=float, default=1.0)
     ap.add_argument("--cap", type=int, default=96)
-    ap.add_argument("--sft-steps", type=int, default=600)
+    ap.add_argument("--sft-steps", type=int, default=3000, help="at most (stops at --sft-target)")
+    ap.add_argument("--sft-target", type=float, default=0.3, help="SFT validation pass rate")
+    ap.add_argument(
+        "--micro-batch-tokens", type=int, default=2048, help="dynamic micro-batches (all configs)"
+    )
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="", help="comma-separated configuration names")
     ap.add_argument("--sft-batch", type=int, default=64)
@@ -77,19 +81,29 @@ def main() -> int:
     args = ap.parse_args()
 
     root = Path(args.workdir or tempfile.mkdtemp(prefix="relayrl-sched-"))
-    base = build_tiny_model(root / "base", hidden_size=96, max_position_embeddings=256)
-    data = root / "sft.jsonl"
-    filler_sft_data(data, 20000, args.median, args.sigma, args.cap, seed=0)
-    sft = SFTConfig(
-        model_path=str(base),
-        output_dir=str(root / "sft"),
-        task="jsonl",
-        train_path=str(data),
-        steps=args.sft_steps,
-        threads=2,
-        progress=False,
-    )
-    run_sft(sft)
+    if not (root / "sft" / "config.json").exists():  # a --workdir from an earlier run is reused
+        base = build_tiny_model(root / "base", hidden_size=96, max_position_embeddings=256)
+        data = root / "sft.jsonl"
+        filler_sft_data(data, 20000, args.median, args.sigma, args.cap, seed=0)
+        val = root / "val.jsonl"  # a validation stream disjoint from the RL held-out set
+        held_out = {r.prompt for r in ArithmeticTask(max_operand=99).held_out(200, seed=0)}
+        rows = ArithmeticTask(seed=7, max_operand=99).sample(400)
+        write_jsonl(val, [r for r in rows if r.prompt not in held_out][:200])
+        sft = SFTConfig(
+            model_path=str(base),
+            output_dir=str(root / "sft"),
+            task="jsonl",
+            train_path=str(data),
+            steps=args.sft_steps,
+            batch_size=args.sft_batch,
+            eval_every=25,
+            val_path=str(val),
+            target_pass_rate=args.sft_target,
+            threads=2,
+            progress=False,
+        )
+        out = run_sft(sft)
+        print(json.dumps({"sft": out}), flush=True)
     meta = {
         "config": {
             "batch_size": args.prompts * args.group,
@@ -121,6 +135,7 @@ def main() -> int:
                 f"algo.prompts_per_step={args.prompts}",
                 f"algo.group_size={args.group}",
                 "algo.mini_batches=1",
+                f"algo.micro_batch_tokens={args.micro_batch_tokens}",
                 f"train.steps={args.steps}",
                 "data.eval_size=200",
                 "logging.progress=false",

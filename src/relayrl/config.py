@@ -131,6 +131,14 @@ class AlgoConfig(_Strict):
     epochs: int = Field(1, ge=1)
     mini_batches: int = Field(2, ge=1)
     micro_batch_size: int = Field(64, ge=1)
+    micro_batch_tokens: int | None = Field(None, ge=1)
+    """Dynamic micro-batches (veRL ``use_dynamic_bsz``): rows sorted by length and packed up
+    to this many padded tokens each (at most ``micro_batch_size`` rows). Every micro-batch is
+    trimmed to its own longest response either way."""
+    recompute_old_logprobs: Literal["auto", "always"] = "auto"
+    """``auto``: with one policy update per step (epochs = mini_batches = 1) the GRPO actor
+    takes pi_old = its own detached logprobs in the update's forward (identical values, one
+    forward pass fewer; as veRL does on-policy). ``always``: a separate forward first."""
     loss_agg: Literal[
         "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
     ] = "token-mean"
@@ -317,7 +325,11 @@ class SFTConfig(_Strict):
     """``linear``: decay to 0 at the last step."""
     warmup_steps: int = 20
     eval_every: int = Field(0, ge=0)
-    """Greedy pass rate on a validation stream every N steps (arithmetic task; 0: never)."""
+    """Greedy pass rate on a validation set every N steps (0: never): the arithmetic task's
+    validation stream, or ``val_path``."""
+    val_path: str | None = None
+    """JSONL validation prompts (``prompt``, ``answer``) scored by ``val_reward``."""
+    val_reward: str = "arithmetic"
     eval_size: int = Field(200, ge=1)
     target_pass_rate: float | None = Field(None, ge=0, le=1)
     """Stop as soon as the validation pass rate reaches this (a warm start, not a full SFT)."""

@@ -61,6 +61,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
             load_causal_lm(cfg.model.path, dtype),
             cfg.algo.micro_batch_size,
             cfg.rollout.temperature,
+            cfg.algo.micro_batch_tokens,
         )
     critic = None
     if cfg.algo.name == "ppo":

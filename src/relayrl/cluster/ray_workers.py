@@ -114,6 +114,7 @@ class RoleHost:
                 load_causal_lm(cfg.model.path, dtype),
                 cfg.algo.micro_batch_size,
                 cfg.rollout.temperature,
+                cfg.algo.micro_batch_tokens,
             )
         if "critic" in spec.roles:
             critic_cls = DataParallelCriticWorker if spec.world > 1 else CriticWorker

@@ -82,13 +82,34 @@ def rollout_and_score(
     return samples, scores, reward_stats
 
 
+def old_logprobs(roles: Roles, exp: Experience, cfg: RunConfig) -> Tensor | None:
+    """pi_old of the PPO ratio for this batch.
+
+    - naive PPO on possibly stale data (``policy_loss: ppo`` in ``overlap`` / ``async``):
+      the behaviour policy's logprobs, as the engine reported them (the clip is centred on
+      the policy that generated the tokens: AReaL's "naive PPO" baseline);
+    - one update per step (``recompute_old_logprobs: auto``): None, and the actor takes its
+      own detached logprobs in the update's forward: they are the pre-update policy's;
+    - otherwise the pre-update actor's logprobs, recomputed here (decoupled PPO's proximal
+      policy pi_prox; on fresh data equal to the behaviour logprobs).
+    """
+    a = cfg.algo
+    if cfg.policy_loss == "ppo" and cfg.schedule != "sync":
+        return exp["behaviour_logprobs"]
+    if a.recompute_old_logprobs == "auto" and a.epochs == 1 and a.mini_batches == 1:
+        return None
+    return roles.actor.compute_logprobs(exp)
+
+
 def grpo_experience(
     roles: Roles, samples: Sequence[Sample], scores: Tensor, cfg: RunConfig
 ) -> Experience:
     """GRPO's batch: pi_old (proximal) and pi_ref logprobs, group-normalised advantages."""
     exp = Experience.from_samples(samples, roles.tokenizer.pad_token_id)
     exp["scores"] = scores
-    exp["old_logprobs"] = roles.actor.compute_logprobs(exp)
+    old = old_logprobs(roles, exp, cfg)
+    if old is not None:
+        exp["old_logprobs"] = old
     if cfg.algo.kl_coef > 0 and roles.reference is not None:
         exp["ref_logprobs"] = roles.reference.compute_logprobs(exp)
     exp["advantages"], _ = compute_advantages(

@@ -18,7 +18,7 @@ import torch
 from relayrl.config import SFTConfig
 from relayrl.controller.evaluate import greedy_pass_rate
 from relayrl.controller.prompts import tokenize_prompts
-from relayrl.data import ArithmeticTask, SFTRecord, load_sft_jsonl
+from relayrl.data import ArithmeticTask, SFTRecord, load_prompts_jsonl, load_sft_jsonl
 from relayrl.model import forward_logprobs, load_causal_lm, load_tokenizer, pack_batch
 from relayrl.reward import get_reward_fn
 from relayrl.rollout import RolloutEngine
@@ -106,18 +106,23 @@ def run_sft(cfg: SFTConfig, exclude_prompts: set[str] | None = None) -> dict[str
 def _validator(
     cfg: SFTConfig, model: Any, tokenizer: Any, exclude_prompts: set[str] | None
 ) -> Callable[[], float]:
-    """Greedy pass rate on a validation stream of the arithmetic task (never the RL eval set)."""
-    if cfg.task != "arithmetic":
-        raise ValueError("SFT eval_every needs task 'arithmetic' (a verifiable answer)")
-    a = cfg.arithmetic
-    task = ArithmeticTask(
-        seed=cfg.seed + 2,
-        min_operand=a.min_operand,
-        max_operand=a.max_operand,
-        operators=tuple(a.operators),
-        num_operands=a.num_operands,
-    )
-    records = [r for r in task.sample(2 * cfg.eval_size) if r.prompt not in (exclude_prompts or ())]
+    """Greedy pass rate on ``val_path`` or on a validation stream of the arithmetic task
+    (never the RL eval set: ``exclude_prompts``)."""
+    if cfg.val_path is not None:
+        rows = load_prompts_jsonl(cfg.val_path)
+    elif cfg.task == "arithmetic":
+        a = cfg.arithmetic
+        task = ArithmeticTask(
+            seed=cfg.seed + 2,
+            min_operand=a.min_operand,
+            max_operand=a.max_operand,
+            operators=tuple(a.operators),
+            num_operands=a.num_operands,
+        )
+        rows = task.sample(2 * cfg.eval_size)
+    else:
+        raise ValueError("SFT eval_every needs task 'arithmetic' or a val_path (prompt, answer)")
+    records = [r for r in rows if r.prompt not in (exclude_prompts or ())]
     prompts = tokenize_prompts(records[: cfg.eval_size], tokenizer, 10**9)[0]
     engine = RolloutEngine(
         model,
@@ -125,7 +130,7 @@ def _validator(
         pad_token_id=tokenizer.pad_token_id,
         max_slots=cfg.eval_size,
     )  # shares the module: it always sees the current weights
-    reward = RewardWorker(get_reward_fn("arithmetic"), tokenizer)
+    reward = RewardWorker(get_reward_fn(cfg.val_reward), tokenizer)
     max_tokens = max(len(tokenizer(r.response).input_ids) for r in sft_records(cfg)[:200]) + 2
 
     def validate() -> float:

@@ -18,22 +18,29 @@ from relayrl.workers.optim import TrainState, make_optimizer
 class ReferenceWorker:
     """A frozen policy: computes log pi_ref of response tokens."""
 
-    def __init__(self, model: torch.nn.Module, micro_batch_size: int, temperature: float = 1.0):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        micro_batch_size: int,
+        temperature: float = 1.0,
+        micro_batch_tokens: int | None = None,
+    ):
         self.model = model.eval()
         self.model.requires_grad_(False)
         self.micro_batch_size = micro_batch_size
+        self.micro_batch_tokens = micro_batch_tokens
         self.temperature = temperature
 
     @torch.no_grad()
     def compute_logprobs(self, exp: Experience) -> Tensor:
         was_training = self.model.training
         self.model.eval()
-        out = [
-            forward_logprobs(self.model, mb.batch, self.temperature)[0]
-            for mb in exp.chunks(self.micro_batch_size)
+        parts = [
+            (idx, forward_logprobs(self.model, mb.batch, self.temperature)[0])
+            for idx, mb in exp.micro_batches(self.micro_batch_size, self.micro_batch_tokens)
         ]
         self.model.train(was_training)
-        return torch.cat(out) * exp.response_mask
+        return exp.scatter_tokens(parts) * exp.response_mask
 
 
 class ActorWorker(TrainState, ReferenceWorker):
@@ -49,7 +56,7 @@ class ActorWorker(TrainState, ReferenceWorker):
         seed: int = 0,
         policy_loss: str = "ppo",
     ):
-        super().__init__(model, algo.micro_batch_size, temperature)
+        super().__init__(model, algo.micro_batch_size, temperature, algo.micro_batch_tokens)
         self.model.requires_grad_(True)
         self.algo = algo
         self.policy_loss = policy_loss
@@ -69,9 +76,13 @@ class ActorWorker(TrainState, ReferenceWorker):
 
         Reads ``old_logprobs`` (pi_old, recomputed at the start of the step: the proximal policy),
         ``behaviour_logprobs`` (the engine's), ``advantages`` and optionally ``ref_logprobs``.
+        Without ``old_logprobs`` and with a single update per step, pi_old is the current
+        policy itself: the update's own logprobs, detached (see ``single_update``).
         Loss = policy loss + kl_coef * agg(KL(pi || pi_ref)) - entropy_coef * agg(H).
         """
         a = self.algo
+        if "old_logprobs" not in exp and not self.single_update:
+            raise ValueError("old_logprobs missing and the step makes more than one update")
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
         weights: dict[str, float] = defaultdict(float)
@@ -81,7 +92,7 @@ class ActorWorker(TrainState, ReferenceWorker):
                 norm = self._loss_norm(mini)
                 self.optimizer.zero_grad(set_to_none=True)
                 mini_loss = 0.0
-                for micro in mini.chunks(a.micro_batch_size):
+                for _, micro in mini.micro_batches(a.micro_batch_size, a.micro_batch_tokens):
                     stats = self._micro_step(micro, norm)
                     mini_loss += stats.pop("_loss")  # partial losses add up to the mini-batch loss
                     tokens = float(micro.response_mask.sum())
@@ -103,6 +114,8 @@ class ActorWorker(TrainState, ReferenceWorker):
         a = self.algo
         mask = micro.response_mask
         logp, ent = forward_logprobs(self.model, micro.batch, self.temperature, with_entropy=True)
+        # one update per step: pi_old = pi_theta before the update = these logprobs, detached
+        old = micro["old_logprobs"] if "old_logprobs" in micro else logp.detach() * mask
         common: dict[str, Any] = dict(
             advantages=micro["advantages"],
             response_mask=mask,
@@ -114,13 +127,13 @@ class ActorWorker(TrainState, ReferenceWorker):
         if self.policy_loss == "decoupled_ppo":
             loss, stats = POLICY_LOSSES["decoupled_ppo"](
                 logp,
-                prox_logprobs=micro["old_logprobs"],
+                prox_logprobs=old,
                 behav_logprobs=micro["behaviour_logprobs"],
                 behav_weight_cap=a.behav_weight_cap,
                 **common,
             )
         else:
-            loss, stats = POLICY_LOSSES["ppo"](logp, old_logprobs=micro["old_logprobs"], **common)
+            loss, stats = POLICY_LOSSES["ppo"](logp, old_logprobs=old, **common)
         stats = {
             f"pg_{k}" if not k.startswith(("clip", "approx")) else k: v for k, v in stats.items()
         }
@@ -137,6 +150,11 @@ class ActorWorker(TrainState, ReferenceWorker):
         loss.backward()
         stats["_loss"] = float(loss.detach())
         return stats
+
+    @property
+    def single_update(self) -> bool:
+        """One optimizer step per training step (epochs = mini_batches = 1)."""
+        return self.algo.epochs == 1 and self.algo.mini_batches == 1
 
     def _loss_norm(self, mini: Experience) -> LossNorm:
         """The step-global normaliser (a data-parallel actor sums the counts over ranks)."""

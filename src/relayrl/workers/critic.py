@@ -31,10 +31,12 @@ class CriticWorker(TrainState):
     @torch.no_grad()
     def compute_values(self, exp: Experience) -> Tensor:
         self.model.eval()
-        out = [
-            forward_values(self.model, mb.batch) for mb in exp.chunks(self.algo.micro_batch_size)
+        a = self.algo
+        parts = [
+            (idx, forward_values(self.model, mb.batch))
+            for idx, mb in exp.micro_batches(a.micro_batch_size, a.micro_batch_tokens)
         ]
-        return torch.cat(out) * exp.response_mask
+        return exp.scatter_tokens(parts) * exp.response_mask
 
     def update(self, exp: Experience) -> dict[str, float]:
         """Clipped value loss 0.5 max((V-R)^2, (V_clip-R)^2) against ``returns``, old ``values``."""
@@ -49,7 +51,7 @@ class CriticWorker(TrainState):
                 norm = self._loss_norm(mini)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss_sum = 0.0
-                for micro in mini.chunks(a.micro_batch_size):
+                for _, micro in mini.micro_batches(a.micro_batch_size, a.micro_batch_tokens):
                     values = forward_values(self.model, micro.batch)
                     loss, stats = clipped_value_loss(
                         values,

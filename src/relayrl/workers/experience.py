@@ -66,10 +66,69 @@ class Experience:
             self.batch.select(idx), {k: v[idx] for k, v in self.tensors.items()}, samples
         )
 
-    def chunks(self, size: int) -> Iterator[Experience]:
-        """Consecutive micro-batches of at most ``size`` sequences."""
-        for start in range(0, len(self), size):
-            yield self.select(range(start, min(start + size, len(self))))
+    def micro_batches(
+        self, max_seqs: int, max_tokens: int | None = None
+    ) -> Iterator[tuple[Tensor, Experience]]:
+        """Micro-batches as ``(row index, trimmed sub-batch)``.
+
+        Each sub-batch keeps only the response columns up to its own longest response, so a
+        long answer elsewhere in the batch costs no padding here; per-token tensors are trimmed
+        with it. Without ``max_tokens``: consecutive chunks of ``max_seqs`` rows. With it
+        (veRL's dynamic batch size): rows sorted by length and packed greedily so that
+        rows x padded length (prompt width P + longest response) <= max_tokens, at most
+        ``max_seqs`` rows; a row longer than the budget gets a micro-batch of its own.
+        With a step-global ``LossNorm`` the summed gradient does not depend on the split.
+        """
+        n = len(self)
+        if max_tokens is None:
+            order = torch.arange(n)
+            groups = [order[s : s + max_seqs] for s in range(0, n, max_seqs)]
+        else:
+            lengths = self.response_mask.sum(-1).long()
+            order = torch.argsort(lengths, descending=True, stable=True)
+            p = self.batch.prompt_width
+            groups, current, width = [], [], 0
+            for i in order.tolist():
+                w = max(width, p + int(lengths[i]))
+                if current and (len(current) >= max_seqs or (len(current) + 1) * w > max_tokens):
+                    groups.append(torch.as_tensor(current))
+                    current, w = [], p + int(lengths[i])
+                current.append(i)
+                width = w
+            if current:
+                groups.append(torch.as_tensor(current))
+        for idx in groups:
+            yield idx, self.select(idx).trimmed()
+
+    def trimmed(self) -> Experience:
+        """Drop response columns past the longest response (per-token tensors too)."""
+        r = self.batch.response_ids.shape[1]
+        keep = max(1, int(self.response_mask.sum(-1).max())) if len(self) else r
+        if keep >= r:
+            return self
+        b = self.batch
+        p = b.prompt_width
+        batch = TokenBatch(
+            b.input_ids[:, : p + keep],
+            b.attention_mask[:, : p + keep],
+            b.position_ids[:, : p + keep],
+            p,
+            b.response_ids[:, :keep],
+            b.response_mask[:, :keep],
+        )
+        tensors = {
+            k: v[:, :keep] if v.dim() >= 2 and v.shape[1] == r else v
+            for k, v in self.tensors.items()
+        }
+        return Experience(batch, tensors, self.samples)
+
+    def scatter_tokens(self, parts: Sequence[tuple[Tensor, Tensor]]) -> Tensor:
+        """Reassemble per-token outputs of ``micro_batches`` into one [B, R] tensor (zeros past
+        each part's width)."""
+        out = torch.zeros(self.response_mask.shape, dtype=parts[0][1].dtype)
+        for idx, values in parts:
+            out[idx, : values.shape[1]] = values
+        return out
 
     def shuffled_splits(self, n: int, generator: torch.Generator) -> list[Experience]:
         """A random permutation cut into ``n`` near-equal mini-batches."""
