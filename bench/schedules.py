@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from relayrl.cluster.local import build_local_roles
-from relayrl.config import RunConfig, SFTConfig, load_config
+from relayrl.config import ArithmeticConfig, RunConfig, SFTConfig, load_config
 from relayrl.controller.sft import run_sft
 from relayrl.controller.trainer import train
 from relayrl.data import ArithmeticTask, write_jsonl
@@ -46,6 +46,7 @@ CONFIGS: list[tuple[str, list[str]]] = [
     ("async eta=4", ["schedule=async", "async.eta=4"]),
     ("async eta=inf", ["schedule=async", "async.eta=null"]),
     ("async eta=2 no-interrupt", ["schedule=async", "async.eta=2", "async.interrupt=false"]),
+    ("async eta=2 finish-order", ["schedule=async", "async.eta=2", "async.in_order=false"]),
     ("async eta=8 decoupled", ["schedule=async", "async.eta=8", "algo.policy_loss=decoupled_ppo"]),
     ("async eta=8 naive", ["schedule=async", "async.eta=8", "algo.policy_loss=ppo"]),
 ]
@@ -61,56 +62,75 @@ def filler_sft_data(path: Path, n: int, median: float, sigma: float, cap: int, s
     write_jsonl(path, rows)
 
 
+def warm_start(root: Path, args: argparse.Namespace) -> None:
+    """Two SFT stages: plain answers until the validation pass rate reaches ``--sft-target``
+    (the demo's warm start: the filler would dilute the arithmetic signal ~10x), then
+    ``--filler-steps`` on answer + filler so that sampled lengths follow the heavy tail."""
+    base = build_tiny_model(root / "base", hidden_size=96, max_position_embeddings=512)
+    held_out = {r.prompt for r in ArithmeticTask(max_operand=99).held_out(200, seed=0)}
+    rows = ArithmeticTask(seed=7, max_operand=99).sample(400)
+    val = root / "val.jsonl"  # a validation stream disjoint from the RL held-out set
+    write_jsonl(val, [r for r in rows if r.prompt not in held_out][:200])
+    common = dict(eval_every=25, val_path=str(val), threads=2, progress=False)
+    answers = SFTConfig(
+        model_path=str(base),
+        output_dir=str(root / "sft_answers"),
+        arithmetic=ArithmeticConfig(max_operand=99),
+        steps=args.sft_steps,
+        target_pass_rate=args.sft_target,
+        **common,
+    )
+    out = run_sft(answers, exclude_prompts=held_out)
+    print(json.dumps({"sft_answers": out}), flush=True)
+    data = root / "sft_filler.jsonl"
+    filler_sft_data(data, 20000, args.median, args.sigma, args.cap, seed=0)
+    filler = SFTConfig(
+        model_path=str(root / "sft_answers"),
+        output_dir=str(root / "sft"),
+        task="jsonl",
+        train_path=str(data),
+        steps=args.filler_steps,
+        warmup_steps=0,
+        **common,
+    )
+    out = run_sft(filler)
+    print(json.dumps({"sft_filler": out}), flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--prompts", type=int, default=16, help="prompt groups per step (B)")
-    ap.add_argument("--group", type=int, default=4, help="samples per prompt (G)")
-    ap.add_argument("--median", type=float, default=8.0)
-    ap.add_argument("--sigma", type=float, default=1.0)
-    ap.add_argument("--cap", type=int, default=96)
+    ap.add_argument("--prompts", type=int, default=64, help="prompt groups per step (B)")
+    ap.add_argument("--group", type=int, default=8, help="samples per prompt (G)")
+    ap.add_argument("--median", type=float, default=12.0)
+    ap.add_argument("--sigma", type=float, default=1.5)
+    ap.add_argument("--cap", type=int, default=400)
     ap.add_argument("--sft-steps", type=int, default=3000, help="at most (stops at --sft-target)")
+    ap.add_argument("--filler-steps", type=int, default=200, help="SFT steps on answer + filler")
     ap.add_argument("--sft-target", type=float, default=0.3, help="SFT validation pass rate")
     ap.add_argument(
         "--micro-batch-tokens", type=int, default=2048, help="dynamic micro-batches (all configs)"
     )
+    ap.add_argument("--slots", type=int, default=0, help="engine slots (0: prompts x group)")
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--kl", type=float, default=0.0, help="GRPO k3 KL loss coefficient")
+    ap.add_argument("--sync-threads", type=int, default=2, help="threads of the sync process")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="", help="comma-separated configuration names")
-    ap.add_argument("--sft-batch", type=int, default=64)
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
 
     root = Path(args.workdir or tempfile.mkdtemp(prefix="relayrl-sched-"))
     if not (root / "sft" / "config.json").exists():  # a --workdir from an earlier run is reused
-        base = build_tiny_model(root / "base", hidden_size=96, max_position_embeddings=256)
-        data = root / "sft.jsonl"
-        filler_sft_data(data, 20000, args.median, args.sigma, args.cap, seed=0)
-        val = root / "val.jsonl"  # a validation stream disjoint from the RL held-out set
-        held_out = {r.prompt for r in ArithmeticTask(max_operand=99).held_out(200, seed=0)}
-        rows = ArithmeticTask(seed=7, max_operand=99).sample(400)
-        write_jsonl(val, [r for r in rows if r.prompt not in held_out][:200])
-        sft = SFTConfig(
-            model_path=str(base),
-            output_dir=str(root / "sft"),
-            task="jsonl",
-            train_path=str(data),
-            steps=args.sft_steps,
-            batch_size=args.sft_batch,
-            eval_every=25,
-            val_path=str(val),
-            target_pass_rate=args.sft_target,
-            threads=2,
-            progress=False,
-        )
-        out = run_sft(sft)
-        print(json.dumps({"sft": out}), flush=True)
+        warm_start(root, args)
+    slots = args.slots or args.prompts * args.group
     meta = {
         "config": {
             "batch_size": args.prompts * args.group,
             "n_steps": args.steps,
             "prompt_len": 6,
             "lengths": f"lognormal:{args.median + 4}:{args.sigma}:{args.cap + 4}",
-            "slots": 64,
+            "slots": slots,
             "threads": 2,
             "train_threads": 1,
         }
@@ -122,7 +142,7 @@ def main() -> int:
             continue
         if args.only and name not in {x.strip() for x in args.only.split(",")}:
             continue
-        threads = "threads=2" if "schedule=sync" in overrides else "threads=1"
+        threads = f"threads={args.sync_threads}" if "schedule=sync" in overrides else "threads=1"
         cfg: RunConfig = load_config(
             RunConfig,
             None,
@@ -131,6 +151,9 @@ def main() -> int:
                 f"run_dir={root / name.replace(' ', '_')}",
                 threads,
                 "rollout.threads=1",
+                f"rollout.max_slots={slots}",
+                f"optim.lr={args.lr}",
+                f"algo.kl_coef={args.kl}",
                 f"rollout.max_tokens={args.cap + 4}",
                 f"algo.prompts_per_step={args.prompts}",
                 f"algo.group_size={args.group}",
@@ -151,6 +174,9 @@ def main() -> int:
         ]
         steps = [r for r in hist if "reward_mean" in r]
         loop_s = sum(r["time/step"] for r in steps)
+        hist = {int(k): v for k, v in out.get("staleness_hist", {}).items()}
+        n_tok = max(sum(hist.values()), 1)
+        eta = cfg.staleness_eta if cfg.schedule != "sync" else 0
         row = {
             "name": name,
             "schedule": cfg.schedule,
@@ -158,12 +184,25 @@ def main() -> int:
             "interrupt": cfg.interrupt,
             "policy_loss": cfg.policy_loss,
             "samples_per_s": args.steps * args.prompts * args.group / loop_s,
+            # response tokens trained per second: independent of how long the answers became
+            "response_tokens_per_s": sum(r["response_length_mean"] for r in steps)
+            * args.prompts
+            * args.group
+            / loop_s,
             "trainer_idle_frac": steps[-1].get("trainer_idle_frac"),
             "engine_utilisation": steps[-1].get(
                 "engine_busy_frac", steps[-1].get("engine_slot_utilisation")
             ),
-            "engine_slot_utilisation": steps[-1].get("engine_slot_utilisation"),
+            "engine_slot_utilisation": (
+                sum(r.get("engine_slot_utilisation", 0.0) for r in steps) / len(steps)
+                if cfg.schedule == "sync"  # per step; async reports the engine's running mean
+                else steps[-1].get("engine_slot_utilisation")
+            ),
             "staleness_max": max(r.get("staleness_max", 0.0) for r in steps),
+            "staleness_mean": sum(k * v for k, v in hist.items()) / n_tok,
+            "tokens_over_eta_frac": (
+                sum(v for k, v in hist.items() if k > eta) / n_tok if eta is not None else 0.0
+            ),
             "response_length_mean": sum(r["response_length_mean"] for r in steps) / len(steps),
             "pass_before": out["eval_before"],
             "pass_after": out["eval_after"],
@@ -174,7 +213,19 @@ def main() -> int:
         print(json.dumps(row), flush=True)
 
     table = Table(title="schedules (same seed, same sample budget)")
-    for col in ("name", "samples/s", "x sync", "idle %", "engine util", "max stale", "pass after"):
+    for col in (
+        "name",
+        "samples/s",
+        "x sync",
+        "resp tok/s",
+        "x sync (tok)",
+        "idle %",
+        "engine busy",
+        "slot util",
+        "stale mean/max",
+        "> eta %",
+        "pass after",
+    ):
         table.add_column(col)
     sync = next((r for r in rows if r["name"] == "sync"), rows[0])
     for r in rows:
@@ -182,9 +233,13 @@ def main() -> int:
             r["name"],
             f"{r['samples_per_s']:.1f}",
             f"{r['samples_per_s'] / sync['samples_per_s']:.2f}",
+            f"{r['response_tokens_per_s']:.0f}",
+            f"{r['response_tokens_per_s'] / sync['response_tokens_per_s']:.2f}",
             "" if r["trainer_idle_frac"] is None else f"{100 * r['trainer_idle_frac']:.0f}",
             "" if r["engine_utilisation"] is None else f"{r['engine_utilisation']:.2f}",
-            f"{r['staleness_max']:.0f}",
+            "" if r["engine_slot_utilisation"] is None else f"{r['engine_slot_utilisation']:.2f}",
+            f"{r['staleness_mean']:.2f}/{r['staleness_max']:.0f}",
+            f"{100 * r['tokens_over_eta_frac']:.1f}",
             f"{100 * r['pass_after']:.1f}%",
         )
     Console(file=sys.stderr).print(table)

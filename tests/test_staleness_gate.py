@@ -73,3 +73,49 @@ def test_rebase_on_resume():
         gate.admit()
         n += 1
     assert n == 3 * 4  # steps 10, 11, 12 worth of groups
+
+
+def _group(i: int):
+    import torch
+
+    from relayrl.controller.buffer import ScoredGroup
+
+    return ScoredGroup(i, [], torch.zeros(0))
+
+
+def test_buffer_in_order_waits_for_the_straggler():
+    import threading
+
+    from relayrl.controller.buffer import GroupBuffer
+
+    buf = GroupBuffer(in_order=True)
+    for i in (1, 2, 3):  # group 0 (a straggler) is still generating
+        buf.put(_group(i))
+    got: list[list[int]] = []
+    t = threading.Thread(target=lambda: got.append([g.admission_index for g in buf.take(2)]))
+    t.start()
+    t.join(timeout=0.3)
+    assert t.is_alive() and not got  # 1, 2, 3 are ready but the step needs 0 and 1
+    buf.put(_group(0))
+    t.join(timeout=5)
+    assert got == [[0, 1]]
+    assert [g.admission_index for g in buf.take(2)] == [2, 3]
+
+
+def test_buffer_finish_order_takes_the_oldest_finished():
+    from relayrl.controller.buffer import GroupBuffer
+
+    buf = GroupBuffer(in_order=False)
+    for i in (3, 1, 2):
+        buf.put(_group(i))
+    assert [g.admission_index for g in buf.take(2)] == [1, 2]
+
+
+def test_buffer_rebase_on_resume():
+    from relayrl.controller.buffer import GroupBuffer
+
+    buf = GroupBuffer(in_order=True)
+    buf.rebase(8)  # resumed at step 4 with B = 2
+    for i in (9, 8):
+        buf.put(_group(i))
+    assert [g.admission_index for g in buf.take(2)] == [8, 9]

@@ -205,6 +205,10 @@ class AsyncConfig(_Strict):
     ``schedule: overlap`` always uses eta = 1 without interruption."""
     interrupt: bool = True
     """On a weight update, in-flight sequences re-prefill under the new weights."""
+    in_order: bool = True
+    """Train the groups in admission order: step s waits for the groups admitted for step s,
+    so every trained token is at most eta versions old. false: the oldest finished groups (no
+    wait for stragglers; they are trained later and staler than eta)."""
     max_token_staleness: int | None = None
     """Consumption-side bound on (trainer version - token version); null: no check."""
     stale_tokens: Literal["drop", "downweight"] = "drop"

@@ -2,6 +2,11 @@
 
 Finished, scored groups are consumed oldest-first by submission (admission) order, each exactly
 once. ``take`` blocks until enough groups are ready, waking early on an error or a stop.
+
+``in_order=True``: a take returns exactly the next ``n`` admitted groups, waiting for a
+straggler among them (step s trains the groups admitted for step s, so with the staleness gate
+every token is at most eta versions old). ``in_order=False``: the ``n`` oldest finished groups
+(no wait for stragglers; a straggler is trained at a later step, staler than eta).
 """
 
 from __future__ import annotations
@@ -25,11 +30,28 @@ class ScoredGroup:
 
 
 class GroupBuffer:
-    def __init__(self) -> None:
+    def __init__(self, in_order: bool = False, next_index: int = 0) -> None:
         self._heap: list[ScoredGroup] = []
         self._cv = threading.Condition()
+        self.in_order = in_order
+        self.next_index = next_index
         self.total_put = 0
         self.total_taken = 0
+
+    def rebase(self, next_index: int) -> None:
+        """The admission index of the next group to train (after a resume)."""
+        with self._cv:
+            self.next_index = next_index
+
+    def _ready(self, n: int) -> bool:
+        if len(self._heap) < n:
+            return False
+        if not self.in_order:
+            return True
+        front = heapq.nsmallest(n, self._heap)
+        return [g.admission_index for g in front] == list(
+            range(self.next_index, self.next_index + n)
+        )
 
     def put(self, group: ScoredGroup) -> None:
         with self._cv:
@@ -50,12 +72,13 @@ class GroupBuffer:
     ) -> list[ScoredGroup]:
         """Block until ``n`` groups are ready; return the ``n`` oldest. ``check`` may raise."""
         with self._cv:
-            while len(self._heap) < n:
+            while not self._ready(n):
                 if check is not None:
                     check()
                 self._cv.wait(timeout=poll_s)
             out = [heapq.heappop(self._heap) for _ in range(n)]
             self.total_taken += n
+            self.next_index = out[-1].admission_index + 1
             return out
 
     def wait_time(

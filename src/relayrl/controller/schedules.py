@@ -44,9 +44,17 @@ class SyncSchedule:
     ):
         self.roles, self.cfg, self.source, self.stop_ids = roles, cfg, source, stop_ids
         self.timeline = timeline
+        self._engine_counts = (0, 0)
 
     def start(self, step: int) -> None:
-        pass
+        self._engine_counts = self._slot_counts()
+
+    def _slot_counts(self) -> tuple[int, int]:
+        """(engine steps, slot steps) so far, for an in-process engine that reports them."""
+        st = self.roles.rollout.stats() if hasattr(self.roles.rollout, "stats") else None
+        if not isinstance(st, dict) or "slot_steps" not in st:
+            return (0, 0)
+        return int(st["steps"]), int(st["slot_steps"])
 
     def step(self, step: int, kl_ctl: KLController) -> tuple[Experience, dict[str, float]]:
         prompts = self.source.for_step(step, self.cfg.algo.prompts_per_step)
@@ -70,6 +78,11 @@ class SyncSchedule:
         )
         stats["staleness_max"] = 0.0
         stats["staleness_mean"] = 0.0
+        # slot utilisation of this step's generation: the straggler tail leaves slots empty
+        (s0, u0), (s1, u1) = self._engine_counts, self._slot_counts()
+        self._engine_counts = (s1, u1)
+        if s1 > s0:
+            stats["engine_slot_utilisation"] = (u1 - u0) / ((s1 - s0) * self.cfg.rollout.max_slots)
         return exp, stats
 
     def close(self) -> dict[str, Any]:
@@ -87,7 +100,7 @@ class AsyncSchedule:
     ):
         self.roles, self.cfg, self.timeline = roles, cfg, timeline
         self.gate = StalenessGate(cfg.algo.prompts_per_step, cfg.staleness_eta)
-        self.buffer = GroupBuffer()
+        self.buffer = GroupBuffer(in_order=cfg.async_.in_order)
         self.controller = RolloutController(
             roles.rollout, source, roles.reward, cfg, self.gate, self.buffer, stop_ids, timeline
         )
@@ -99,6 +112,7 @@ class AsyncSchedule:
     def start(self, step: int) -> None:
         """Re-base the gate on the (resumed) trainer version and start generating."""
         self.gate.rebase(step)
+        self.buffer.rebase(self.gate.n_admitted)
         self._wall0 = time.perf_counter()
         self.controller.start()
 
