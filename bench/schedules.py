@@ -49,6 +49,16 @@ CONFIGS: list[tuple[str, list[str]]] = [
     ("async eta=2 finish-order", ["schedule=async", "async.eta=2", "async.in_order=false"]),
     ("async eta=8 decoupled", ["schedule=async", "async.eta=8", "algo.policy_loss=decoupled_ppo"]),
     ("async eta=8 naive", ["schedule=async", "async.eta=8", "algo.policy_loss=ppo"]),
+    # AReaL's ablation makes several PPO updates per batch: that is where the clip's centre
+    # (behaviour policy vs proximal policy) matters
+    (
+        "async eta=8 decoupled 4 minibatches",
+        ["schedule=async", "async.eta=8", "algo.policy_loss=decoupled_ppo", "algo.mini_batches=4"],
+    ),
+    (
+        "async eta=8 naive 4 minibatches",
+        ["schedule=async", "async.eta=8", "algo.policy_loss=ppo", "algo.mini_batches=4"],
+    ),
 ]
 QUICK = {"sync", "overlap", "async eta=2"}
 
@@ -115,6 +125,7 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--kl", type=float, default=0.0, help="GRPO k3 KL loss coefficient")
     ap.add_argument("--sync-threads", type=int, default=2, help="threads of the sync process")
+    ap.add_argument("--seed", type=int, default=0, help="RL seed (prompts, sampling, shuffling)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="", help="comma-separated configuration names")
     ap.add_argument("--workdir", default=None)
@@ -148,16 +159,17 @@ def main() -> int:
             None,
             [
                 f"model.path={root / 'sft'}",
-                f"run_dir={root / name.replace(' ', '_')}",
+                f"run_dir={root / name.replace(' ', '_')}_s{args.seed}",
                 threads,
                 "rollout.threads=1",
                 f"rollout.max_slots={slots}",
                 f"optim.lr={args.lr}",
+                f"seed={args.seed}",
                 f"algo.kl_coef={args.kl}",
                 f"rollout.max_tokens={args.cap + 4}",
                 f"algo.prompts_per_step={args.prompts}",
                 f"algo.group_size={args.group}",
-                "algo.mini_batches=1",
+                *([] if any("mini_batches" in o for o in overrides) else ["algo.mini_batches=1"]),
                 f"algo.micro_batch_tokens={args.micro_batch_tokens}",
                 f"train.steps={args.steps}",
                 "data.eval_size=200",
@@ -242,7 +254,7 @@ def main() -> int:
             f"{100 * r['tokens_over_eta_frac']:.1f}",
             f"{100 * r['pass_after']:.1f}%",
         )
-    Console(file=sys.stderr).print(table)
+    Console(file=sys.stderr, width=200).print(table)
     by = {r["name"]: r for r in rows}
     summary = {"bench": "schedules"}
     if "async eta=2" in by:
