@@ -285,9 +285,9 @@ def test_async_run_survives_a_killed_replica(sft_model, tmp_path):
     assert _logged_steps(run) == 10
     assert out["engine"]["replica_restarts"] == 1
     assert out["engine"]["duplicates_dropped"] == 0
-    # No staleness assertion here: a resubmitted group completes late and is consumed after
-    # younger ones (the buffer takes the oldest *ready* groups), so its early samples can be
-    # one step staler than eta; ``async.max_token_staleness`` bounds that at consumption.
+    # No staleness assertion here: with ``async.in_order: false`` a resubmitted group
+    # completes late and is consumed after younger ones, so its early samples can be one step
+    # staler than eta; in order (the default) the trainer waits for it instead.
 
 
 def test_trainer_death_stops_the_run_and_resume_continues(sft_model, tmp_path):
