@@ -69,7 +69,12 @@ def load_schedules(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, An
 
 
 def _sim_config(
-    tm: ProfiledTimeModel, cfg: dict[str, Any], schedule: str, eta: int | None, interrupt: bool
+    tm: ProfiledTimeModel,
+    cfg: dict[str, Any],
+    schedule: str,
+    eta: int | None,
+    interrupt: bool,
+    in_order: bool = True,
 ) -> SimConfig:
     threads = int(cfg["threads"])
     train = int(cfg["train_threads"] or max(1, threads // 2))
@@ -100,6 +105,7 @@ def _sim_config(
         prompt_len=int(cfg["prompt_len"]),
         eta=eta,
         interrupt=interrupt,
+        in_order=in_order,
         slots_per_replica=int(cfg["slots"]),
         weight_sync_s=0.0,
     )
@@ -121,7 +127,8 @@ def compare(
             continue
         eta = r.get("eta", 1 if r["schedule"] == "overlap" else None)
         interrupt = bool(r.get("interrupt", True))
-        pred = simulate(_sim_config(tm, cfg, r["schedule"], eta, interrupt)).samples_per_s
+        in_order = bool(r.get("in_order", True))
+        pred = simulate(_sim_config(tm, cfg, r["schedule"], eta, interrupt, in_order)).samples_per_s
         meas_sp = float(r["samples_per_s"]) / float(sync_meas)
         pred_sp = pred / sync_pred
         out.append(

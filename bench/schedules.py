@@ -208,6 +208,7 @@ def main() -> int:
             "schedule": cfg.schedule,
             "eta": cfg.staleness_eta if cfg.schedule != "sync" else None,
             "interrupt": cfg.interrupt,
+            "in_order": cfg.async_.in_order,
             "policy_loss": cfg.policy_loss,
             "samples_per_s": args.steps * args.prompts * args.group / loop_s,
             # response tokens trained per second: independent of how long the answers became

@@ -48,6 +48,7 @@ def test_exercise1_one_long_answer_in_a_batch_of_100():
             n_steps=20,
             prompt_len=0,
             eta=None,
+            in_order=False,  # the lecture's model: the trainer takes whatever has finished
         )
     )
     assert a.slot_utilisation > 0.99
@@ -70,6 +71,7 @@ def run(tm, lengths, **kw):
         n_steps=8,
         prompt_len=256,
         seed=0,
+        in_order=False,  # the lecture notes' model (AReaL's buffer): take what has finished
     )
     cfg.update(kw)
     return simulate(SimConfig(**cfg))
@@ -206,3 +208,11 @@ def test_lengths_and_bad_configs(tmp_path):
     ):
         with pytest.raises(ValueError):
             simulate(SimConfig(tm, ConstantLengths(4), **kw))
+
+
+def test_in_order_consumption_bounds_staleness_at_eta_for_a_throughput_cost(tm15):
+    kw = dict(schedule="async", train_devices=4, eta=1, n_steps=8)
+    ordered = run(tm15, TAIL, in_order=True, **kw)
+    finished = run(tm15, TAIL, in_order=False, **kw)
+    assert ordered.max_staleness <= 1 < finished.max_staleness
+    assert ordered.samples_per_s < finished.samples_per_s  # it waits for stragglers

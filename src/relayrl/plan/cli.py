@@ -126,6 +126,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             prompt_len=args.prompt_len,
             eta=eta,
             interrupt=not args.no_interrupt,
+            in_order=not args.finish_order,
             slots_per_replica=args.slots,
             weight_sync_s=args.weight_sync_s,
             sync_bandwidth=args.sync_bandwidth * 1e9,
@@ -402,6 +403,11 @@ def add_subcommands(sub: Any) -> None:
     s.add_argument("--schedule", default="sync,overlap,async", help="comma list")
     s.add_argument("--eta", default="0,1,2,4,inf", help="comma list for async ('inf' = unbounded)")
     s.add_argument("--no-interrupt", action="store_true", help="async: do not interrupt on updates")
+    s.add_argument(
+        "--finish-order",
+        action="store_true",
+        help="async: train the oldest finished samples (async.in_order: false)",
+    )
     s.add_argument("--devices", type=int, default=16)
     s.add_argument(
         "--train-devices", default=None, help="overlap/async training devices, comma list (1/4)"

@@ -19,10 +19,12 @@ Schedules (one mechanism, three settings):
   each batch's longest answer.
 * ``async`` - AReaL: separate devices, continuous generation, gate
   ``floor((N_r - 1)/B) <= i + eta`` (:mod:`relayrl.plan.staleness`), the trainer takes the
-  oldest ``B`` finished samples as soon as it is free. On a weight update, ``interrupt=True``
-  drops the KV of in-flight sequences and re-prefills prompt + tokens so far under the new
-  weights (costed as a prefill; later tokens carry the new version); ``interrupt=False`` lets
-  them finish under the weights they started with.
+  ``B`` samples admitted for its step as soon as they have all finished (``in_order``, the
+  runtime's default ``async.in_order``: every token at most eta versions old), or with
+  ``in_order=False`` the oldest ``B`` finished samples as soon as it is free. On a weight
+  update, ``interrupt=True`` drops the KV of in-flight sequences and re-prefills prompt +
+  tokens so far under the new weights (costed as a prefill; later tokens carry the new
+  version); ``interrupt=False`` lets them finish under the weights they started with.
 
 Staleness of a token = trainer version when it is trained - version that generated it.
 
@@ -69,6 +71,8 @@ class SimConfig:
         prompt_len: prompt tokens per sample.
         eta: staleness bound for ``async`` (``None`` = unbounded).
         interrupt: interrupt in-flight generation on weight updates (``async``).
+        in_order: ``async`` trains step k on the samples admitted for step k, waiting for its
+            stragglers (``async.in_order``); False: the oldest ``B`` finished samples.
         slots_per_replica: running-sequence cap per replica (default: the time model's KV
             limit for ``prompt_len + lengths.cap`` tokens).
         weight_sync_s: seconds to move new weights to the generators (default: 0 when
@@ -90,6 +94,7 @@ class SimConfig:
     prompt_len: int = 256
     eta: int | None = 2
     interrupt: bool = True
+    in_order: bool = True
     slots_per_replica: int | None = None
     weight_sync_s: float | None = None
     sync_bandwidth: float = 25e9
@@ -451,7 +456,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         nonlocal trainer_busy, trained_tokens, interrupted, train_busy
         if trainer_busy or trained >= cfg.n_steps or len(buffer) < B:
             return
-        if barrier and not batch_complete(trained):
+        if (barrier or cfg.in_order) and not batch_complete(trained):
             return
         batch = [heapq.heappop(buffer)[1] for _ in range(B)]
         t = max(t, max(s.finished_at for s in batch))
