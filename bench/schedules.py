@@ -61,6 +61,17 @@ CONFIGS: list[tuple[str, list[str]]] = [
             "async.stale_tokens=drop",
         ],
     ),
+    (
+        "async eta=2 finish-order drop>2 no-interrupt",
+        [
+            "schedule=async",
+            "async.eta=2",
+            "async.in_order=false",
+            "async.max_token_staleness=2",
+            "async.stale_tokens=drop",
+            "async.interrupt=false",
+        ],
+    ),
     ("async eta=8 decoupled", ["schedule=async", "async.eta=8", "algo.policy_loss=decoupled_ppo"]),
     ("async eta=8 naive", ["schedule=async", "async.eta=8", "algo.policy_loss=ppo"]),
     # AReaL's ablation makes several PPO updates per batch: that is where the clip's centre
