@@ -119,3 +119,38 @@ def test_buffer_rebase_on_resume():
     for i in (9, 8):
         buf.put(_group(i))
     assert [g.admission_index for g in buf.take(2)] == [8, 9]
+
+
+@pytest.mark.parametrize("mode,factor", [("drop", 0.0), ("downweight", 0.25)])
+def test_max_token_staleness_at_consumption(mode, factor):
+    """Trainer version 5, token versions 5/4/2/1: staleness 0/1/3/4; limit 2 -> the last two
+    tokens' advantages are zeroed (drop) or scaled (downweight); padding is ignored."""
+    from collections import Counter
+    from types import SimpleNamespace
+
+    import torch
+
+    from relayrl.config import RunConfig, load_config
+    from relayrl.controller.schedules import AsyncSchedule
+    from relayrl.rollout.types import Sample
+    from relayrl.workers import Experience
+
+    cfg = load_config(
+        RunConfig,
+        None,
+        ["async.max_token_staleness=2", f"async.stale_tokens={mode}", "async.stale_weight=0.25"],
+    )
+    samples = [
+        Sample(0, [1], [5, 5, 5, 5], [-0.1] * 4, [5, 4, 2, 1], "eos", group_id=0),
+        Sample(1, [1], [5], [-0.1], [5], "eos", group_id=0),  # 3 padded positions
+    ]
+    exp = Experience.from_samples(samples, pad_id=0)
+    exp["advantages"] = torch.ones(2, 4)
+    fake = SimpleNamespace(cfg=cfg, staleness_hist=Counter())
+    stats = AsyncSchedule._bound_staleness(fake, exp, step=5)
+    assert stats["staleness_max"] == 4.0
+    assert stats["staleness_mean"] == pytest.approx((0 + 1 + 3 + 4 + 0) / 5)
+    assert stats["stale_token_frac"] == pytest.approx(2 / 5)
+    assert exp["advantages"][0].tolist() == [1.0, 1.0, factor, factor]
+    assert exp["advantages"][1, 0] == 1.0
+    assert dict(fake.staleness_hist) == {0: 2, 1: 1, 3: 1, 4: 1}
