@@ -130,15 +130,7 @@ def test_data_parallel_actor_of_two_gives_the_gradients_of_one(sft_model, tmp_pa
         prompts = PromptSource(cfg.data, tok, 0).for_step(0, 8)
         samples = roles.rollout.generate(make_requests(prompts, cfg, 0, [tok.eos_token_id]))
         exp = Experience.from_samples(samples, tok.pad_token_id)
-        local = ActorWorker(
-            load_causal_lm(sft_model, torch.float64),
-            cfg.algo,
-            cfg.optim,
-            cfg.rollout.max_tokens,
-            cfg.rollout.temperature,
-            cfg.seed,
-            cfg.policy_loss,
-        )
+        local = ActorWorker.from_config(load_causal_lm(sft_model, torch.float64), cfg)
         exp["old_logprobs"] = roles.actor.compute_logprobs(exp)  # split by rank, gathered
         torch.testing.assert_close(
             exp["old_logprobs"], local.compute_logprobs(exp), atol=1e-10, rtol=0

@@ -26,15 +26,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
     dtype = DTYPES[cfg.model.dtype]
     tokenizer = load_tokenizer(cfg.model.path)
     actor_model = load_causal_lm(actor_path, dtype)
-    actor = ActorWorker(
-        actor_model,
-        cfg.algo,
-        cfg.optim,
-        cfg.rollout.max_tokens,
-        cfg.rollout.temperature,
-        cfg.seed,
-        cfg.policy_loss,
-    )
+    actor = ActorWorker.from_config(actor_model, cfg)
     rollout: RolloutEngine | EngineProcess
     if cfg.schedule == "sync":
         engine_model = copy.deepcopy(actor_model).eval().requires_grad_(False)
@@ -57,12 +49,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
         rollout = EngineProcess(spec, actor_model.state_dict())
     reference = None
     if cfg.algo.kl_coef > 0 or cfg.algo.name == "ppo":
-        reference = ReferenceWorker(
-            load_causal_lm(cfg.model.path, dtype),
-            cfg.algo.micro_batch_size,
-            cfg.rollout.temperature,
-            cfg.algo.micro_batch_tokens,
-        )
+        reference = ReferenceWorker.from_config(load_causal_lm(cfg.model.path, dtype), cfg)
     critic = None
     if cfg.algo.name == "ppo":
         critic = CriticWorker(

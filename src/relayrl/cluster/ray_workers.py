@@ -100,21 +100,10 @@ class RoleHost:
         self.roles: dict[str, Any] = {}
         if "actor" in spec.roles:
             cls = DataParallelActorWorker if spec.world > 1 else ActorWorker
-            self.roles["actor"] = cls(
-                load_causal_lm(spec.actor_path, dtype),
-                cfg.algo,
-                cfg.optim,
-                cfg.rollout.max_tokens,
-                cfg.rollout.temperature,
-                cfg.seed,
-                cfg.policy_loss,
-            )
+            self.roles["actor"] = cls.from_config(load_causal_lm(spec.actor_path, dtype), cfg)
         if "reference" in spec.roles:
-            self.roles["reference"] = ReferenceWorker(
-                load_causal_lm(cfg.model.path, dtype),
-                cfg.algo.micro_batch_size,
-                cfg.rollout.temperature,
-                cfg.algo.micro_batch_tokens,
+            self.roles["reference"] = ReferenceWorker.from_config(
+                load_causal_lm(cfg.model.path, dtype), cfg
             )
         if "critic" in spec.roles:
             critic_cls = DataParallelCriticWorker if spec.world > 1 else CriticWorker

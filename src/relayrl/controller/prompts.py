@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from relayrl.config import DataConfig
+from relayrl.config import ArithmeticConfig, DataConfig
 from relayrl.data import ArithmeticTask, PromptRecord, load_prompt_dataset
 from relayrl.data import tokenize_prompts as _tokenize
 
@@ -26,8 +26,8 @@ class TokenizedPrompt:
         return {**self.record.extra, "prompt": self.record.prompt, "answer": self.record.answer}
 
 
-def _arith(cfg: DataConfig, seed: int) -> ArithmeticTask:
-    a = cfg.arithmetic
+def arithmetic_task(a: ArithmeticConfig, seed: int) -> ArithmeticTask:
+    """The built-in arithmetic task with the config's operand range, operators and count."""
     return ArithmeticTask(
         seed=seed,
         min_operand=a.min_operand,
@@ -35,6 +35,10 @@ def _arith(cfg: DataConfig, seed: int) -> ArithmeticTask:
         operators=tuple(a.operators),
         num_operands=a.num_operands,
     )
+
+
+def _arith(cfg: DataConfig, seed: int) -> ArithmeticTask:
+    return arithmetic_task(cfg.arithmetic, seed)
 
 
 def tokenize_prompts(

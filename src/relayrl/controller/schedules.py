@@ -50,11 +50,10 @@ class SyncSchedule:
         self._engine_counts = self._slot_counts()
 
     def _slot_counts(self) -> tuple[int, int]:
-        """(engine steps, slot steps) so far, for an in-process engine that reports them."""
-        st = self.roles.rollout.stats() if hasattr(self.roles.rollout, "stats") else None
-        if not isinstance(st, dict) or "slot_steps" not in st:
-            return (0, 0)
-        return int(st["steps"]), int(st["slot_steps"])
+        """(engine steps, slot steps) so far, summed over the engine's replicas."""
+        st = self.roles.rollout.stats()
+        st = st[0] if isinstance(st, tuple) else st  # worker pools add their busy spans
+        return int(st.get("steps", 0)), int(st.get("slot_steps", 0))
 
     def step(self, step: int, kl_ctl: KLController) -> tuple[Experience, dict[str, float]]:
         prompts = self.source.for_step(step, self.cfg.algo.prompts_per_step)

@@ -6,20 +6,23 @@ tokens masked: L = -sum_t m_t log pi(y_t | x, y_<t) / sum_t m_t.
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from relayrl.config import SFTConfig
 from relayrl.controller.evaluate import greedy_pass_rate
-from relayrl.controller.prompts import tokenize_prompts
-from relayrl.data import ArithmeticTask, SFTRecord, load_prompts_jsonl, load_sft_jsonl
-from relayrl.model import forward_logprobs, load_causal_lm, load_tokenizer, pack_batch
+from relayrl.controller.prompts import arithmetic_task, tokenize_prompts
+from relayrl.data import SFTRecord, load_prompts_jsonl, load_sft_jsonl
+from relayrl.model import (
+    forward_logprobs,
+    load_causal_lm,
+    load_tokenizer,
+    pack_batch,
+    save_model_atomic,
+)
 from relayrl.reward import get_reward_fn
 from relayrl.rollout import RolloutEngine
 from relayrl.telemetry import StepProgress
@@ -32,14 +35,7 @@ def sft_records(cfg: SFTConfig) -> list[SFTRecord]:
         if cfg.train_path is None:
             raise ValueError("train_path is required when task is 'jsonl'")
         return load_sft_jsonl(cfg.train_path)
-    a = cfg.arithmetic
-    task = ArithmeticTask(
-        seed=cfg.seed + 1,
-        min_operand=a.min_operand,
-        max_operand=a.max_operand,
-        operators=tuple(a.operators),
-        num_operands=a.num_operands,
-    )
+    task = arithmetic_task(cfg.arithmetic, seed=cfg.seed + 1)
     return task.sft_records(cfg.num_examples)
 
 
@@ -111,14 +107,7 @@ def _validator(
     if cfg.val_path is not None:
         rows = load_prompts_jsonl(cfg.val_path)
     elif cfg.task == "arithmetic":
-        a = cfg.arithmetic
-        task = ArithmeticTask(
-            seed=cfg.seed + 2,
-            min_operand=a.min_operand,
-            max_operand=a.max_operand,
-            operators=tuple(a.operators),
-            num_operands=a.num_operands,
-        )
+        task = arithmetic_task(cfg.arithmetic, seed=cfg.seed + 2)
         rows = task.sample(2 * cfg.eval_size)
     else:
         raise ValueError("SFT eval_every needs task 'arithmetic' or a val_path (prompt, answer)")
@@ -139,22 +128,3 @@ def _validator(
         return res["eval/pass_rate"]
 
     return validate
-
-
-def save_model_atomic(model: Any, tokenizer: Any, out_dir: str | Path) -> Path:
-    """save_pretrained into a temp dir next to ``out_dir``, then swap it in."""
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".tmp_{out.name}_{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if out.exists():
-        old = out.parent / f".old_{out.name}_{os.getpid()}"
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
-    return out

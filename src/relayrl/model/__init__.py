@@ -7,6 +7,7 @@ from relayrl.model.loading import (
     load_causal_lm,
     load_critic,
     load_tokenizer,
+    save_model_atomic,
 )
 from relayrl.model.tiny import build_char_tokenizer, build_tiny_model
 
@@ -22,4 +23,5 @@ __all__ = [
     "load_critic",
     "load_tokenizer",
     "pack_batch",
+    "save_model_atomic",
 ]

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -96,3 +99,27 @@ def _is_trained_critic(path: Path) -> bool:
 
     cfg = json.loads((path / "config.json").read_text())
     return any(a.endswith("ForTokenClassification") for a in cfg.get("architectures") or [])
+
+
+def save_model_atomic(
+    model: Any, tokenizer: Any, out_dir: str | Path, extra_files: Mapping[str, str] | None = None
+) -> Path:
+    """``save_pretrained`` (model, tokenizer and ``extra_files`` name -> text) into a temp dir
+    next to ``out_dir``, then swap it in: a reader sees the old directory or the new one."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".tmp_{out.name}_{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    for name, text in (extra_files or {}).items():
+        (tmp / name).write_text(text)
+    if out.exists():
+        old = out.parent / f".old_{out.name}_{os.getpid()}"
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+    return out

@@ -23,7 +23,6 @@ import json
 import math
 import os
 import random
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
-from relayrl.model import check_model_dir, load_tokenizer
+from relayrl.model import check_model_dir, load_tokenizer, save_model_atomic
 from relayrl.rlhf.preferences import PreferencePair, load_preferences, split_pairs
 from relayrl.telemetry import MetricsLogger, StepProgress
 from relayrl.workers.optim import make_optimizer
@@ -216,23 +215,6 @@ def load_reward_model(
     return model
 
 
-def _save_atomic(model: Any, tokenizer: Any, stats: dict[str, Any], out_dir: Path) -> None:
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".tmp_{out_dir.name}_{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / RM_STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")
-    if out_dir.exists():
-        old = out_dir.parent / f".old_{out_dir.name}_{os.getpid()}"
-        os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out_dir)
-
-
 def train_reward_model(cfg: RMConfig, log: Any = print) -> dict[str, Any]:
     """Train with the Bradley-Terry loss, evaluate on held-out pairs, save to ``output_dir``.
 
@@ -326,7 +308,12 @@ def train_reward_model(cfg: RMConfig, log: Any = print) -> dict[str, Any]:
     }
     if truncated:
         log(f"truncated {truncated} inputs to their last {cfg.max_length} tokens")
-    _save_atomic(model, tokenizer, result, Path(cfg.output_dir))
+    save_model_atomic(
+        model,
+        tokenizer,
+        cfg.output_dir,
+        extra_files={RM_STATS_FILE: json.dumps(result, indent=2) + "\n"},
+    )
     # Per-step curves next to the model (metrics.jsonl, TensorBoard when enabled).
     with MetricsLogger(cfg.output_dir, tensorboard=cfg.tensorboard, resume_step=-1) as logger:
         for i, rec in enumerate(history, start=1):

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from relayrl.algos import POLICY_LOSSES, LossNorm, aggregate_loss, kl_penalty
-from relayrl.config import AlgoConfig, OptimConfig
+from relayrl.config import AlgoConfig, OptimConfig, RunConfig
 from relayrl.model import forward_logprobs
 from relayrl.workers.experience import Experience
 from relayrl.workers.optim import TrainState, make_optimizer
@@ -30,6 +30,13 @@ class ReferenceWorker:
         self.micro_batch_size = micro_batch_size
         self.micro_batch_tokens = micro_batch_tokens
         self.temperature = temperature
+
+    @classmethod
+    def from_config(cls, model: torch.nn.Module, cfg: RunConfig) -> ReferenceWorker:
+        """The frozen reference of a run: micro-batching and temperature from ``cfg``."""
+        return cls(
+            model, cfg.algo.micro_batch_size, cfg.rollout.temperature, cfg.algo.micro_batch_tokens
+        )
 
     @torch.no_grad()
     def compute_logprobs(self, exp: Experience) -> Tensor:
@@ -70,6 +77,19 @@ class ActorWorker(TrainState, ReferenceWorker):
             optim.warmup_steps,
         )
         self.generator = torch.Generator().manual_seed(seed)
+
+    @classmethod
+    def from_config(cls, model: torch.nn.Module, cfg: RunConfig) -> ActorWorker:
+        """The actor of a run: algorithm, optimizer, response limit, seed and loss from ``cfg``."""
+        return cls(
+            model,
+            cfg.algo,
+            cfg.optim,
+            cfg.rollout.max_tokens,
+            cfg.rollout.temperature,
+            cfg.seed,
+            cfg.policy_loss,
+        )
 
     def update(self, exp: Experience) -> dict[str, float]:
         """Epochs x mini-batches of PPO-clip (or decoupled PPO) steps on ``exp``.
