@@ -101,7 +101,9 @@ def warm_start(root: Path, args: argparse.Namespace) -> None:
     """Two SFT stages: plain answers until the validation pass rate reaches ``--sft-target``
     (the demo's warm start: the filler would dilute the arithmetic signal ~10x), then
     ``--filler-steps`` on answer + filler so that sampled lengths follow the heavy tail."""
-    base = build_tiny_model(root / "base", hidden_size=96, max_position_embeddings=512)
+    # room for prompt + the longest filler (the engine and the trainer see the whole sequence)
+    context = max(512, 1 << (args.cap + 32 - 1).bit_length())
+    base = build_tiny_model(root / "base", hidden_size=96, max_position_embeddings=context)
     held_out = {r.prompt for r in ArithmeticTask(max_operand=99).held_out(200, seed=0)}
     rows = ArithmeticTask(seed=7, max_operand=99).sample(400)
     val = root / "val.jsonl"  # a validation stream disjoint from the RL held-out set

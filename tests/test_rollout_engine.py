@@ -293,6 +293,8 @@ def test_iter_finished_and_group_metadata(models: dict) -> None:
         {"split_attention": False},  # padded fallback: decode + padded prefill forwards
         {"max_prefill_tokens": 4},  # split attention, prefills chunked over forwards
         {"dense_fraction": 1.01},  # slot rows always gathered, never a view with dummies
+        # decode rows in length buckets from 2 tokens up, every class its own bucket
+        {"bucket_overhead": 1, "bucket_min_len": 2},
     ],
 )
 def test_every_runner_path_matches_recompute(models: dict, arch: str, runner_opts: dict) -> None:
@@ -351,3 +353,20 @@ def test_sampler_uniforms_are_stateless_and_uniform() -> None:
     assert 0.0 <= float(u.min()) and float(u.max()) < 1.0
     assert abs(float(u.mean()) - 0.5) < 0.01 and abs(float(u.var()) - 1 / 12) < 0.005
     assert uniform(7, 3) == uniform(7, 3) != uniform(8, 3)
+
+
+def test_decode_length_buckets_hand_case() -> None:
+    """Classes <= 32, <= 64, <= 512 here; a class joins the next while the extra columns it
+    would read there (rows x (next longest - own longest)) cost less than the overhead."""
+    from relayrl.rollout.model_runner import ModelRunner
+
+    lengths = [5, 40, 33, 300, 10]
+    runner = ModelRunner(PAD, 8, bucket_overhead=4096)
+    # 2 x (40 - 10) = 60 < 4096, then 4 x (300 - 40) = 1040 < 4096: one bucket
+    assert runner._decode_buckets(lengths) is None
+    runner.bucket_overhead = 1000  # 1040 >= 1000: the straggler reads its 300 columns alone
+    assert runner._decode_buckets(lengths) == [[0, 1, 2, 4], [3]]
+    runner.bucket_overhead = 50  # 60 >= 50: every class alone
+    assert runner._decode_buckets(lengths) == [[0, 4], [1, 2], [3]]
+    runner.bucket_overhead = 0  # off
+    assert runner._decode_buckets(lengths) is None

@@ -50,7 +50,9 @@ class SlotKVCache(Cache):
         self._write_pos: Tensor = torch.zeros(0, 1, dtype=torch.long)
         self._kv_len = 0
         self._split = False
+        self._buckets: list[tuple[Tensor | slice, int]] | None = None
         self.split_kv: tuple[Tensor, Tensor] | None = None
+        self.split_buckets: list[tuple[Tensor, Tensor]] | None = None
 
     # ----------------------------------------------------------------- slot table
     def allocate(self) -> int:
@@ -83,6 +85,7 @@ class SlotKVCache(Cache):
         write_pos: Tensor,
         kv_len: int,
         split: bool = False,
+        buckets: list[tuple[Tensor | slice, int]] | None = None,
     ) -> None:
         """Prepare the next forward.
 
@@ -93,6 +96,9 @@ class SlotKVCache(Cache):
         ``split=False``: ``update`` returns those rows (one per batch row). ``split=True``
         (the runner's split attention): ``update`` returns the new keys/values unchanged and
         leaves the selected rows in :attr:`split_kv` for the decode part of attention.
+        ``buckets`` (split only): instead of one read of ``kv_len`` columns for every row,
+        one read per bucket ``(rows, columns)``, left in :attr:`split_buckets`, so that a short
+        sequence decoded next to a long one reads its own length, not the long one's.
         Grows the arenas when needed.
         """
         self.ensure_capacity(kv_len)
@@ -101,7 +107,9 @@ class SlotKVCache(Cache):
         self._write_pos = torch.where(write_pos < 0, self.capacity, write_pos)
         self._kv_len = kv_len
         self._split = split
+        self._buckets = buckets
         self.split_kv: tuple[Tensor, Tensor] | None = None
+        self.split_buckets: list[tuple[Tensor, Tensor]] | None = None
 
     def ensure_capacity(self, columns: int) -> None:
         """Grow the arenas (x2 steps, capped at ``max_len``) to hold ``columns`` tokens."""
@@ -147,6 +155,11 @@ class SlotKVCache(Cache):
         rows, pos = self._write_rows, self._write_pos
         keys.permute(0, 2, 1, 3)[rows, pos] = key_states.transpose(1, 2).to(keys.dtype)
         values.permute(0, 2, 1, 3)[rows, pos] = value_states.transpose(1, 2).to(values.dtype)
+        if self._buckets is not None:
+            self.split_buckets = [
+                (keys[rows, :, :cols], values[rows, :, :cols]) for rows, cols in self._buckets
+            ]
+            return key_states, value_states
         n = self._kv_len
         # A slice selects a view (no copy); an index tensor gathers the rows.
         read = (keys[self._rows, :, :n], values[self._rows, :, :n])

@@ -16,7 +16,11 @@ Two ways to run a step:
   slot's cache, prefill tokens attend causally within their own prompt (a block-diagonal
   mask; a prefill always starts from an empty slot). On CPU, where per-forward overhead
   dominates small models, this makes a step with admissions cost about as much as a plain
-  decode step instead of several times more.
+  decode step instead of several times more. Decode rows of very different lengths (fresh
+  short answers next to a long straggler, the normal state of continuous batching under a
+  heavy tail) are grouped in length buckets (powers of two, merged while merging is cheaper
+  than another attention call), each reading only its own columns of the cache: without
+  them every row would read, and attend over, as many columns as the longest sequence.
 - **Padded** (the fallback, any model whose attention goes through ``cache.update`` and a 4D
   mask): rows right-aligned in an ``[n, q]`` window, the last column is every row's last
   token, leading pad columns write to the cache's trash column. Decode rows and prefills run
@@ -47,6 +51,9 @@ class _SplitState:
     n_decode: int  # batch rows [0, n_decode) are decode rows; the rest are prefill tokens
     decode_mask: Tensor | None  # [n_decode, 1, 1, kv_len] additive
     prefill_mask: Tensor | None  # [1, 1, P, P] additive, block-diagonal causal
+    # length buckets of the decode rows: (first row, end row, mask [rows, 1, 1, columns]);
+    # their keys/values are in ``cache.split_buckets``, in the same order
+    decode_buckets: list[tuple[int, int, Tensor]] | None = None
 
 
 _active = threading.local()
@@ -66,7 +73,14 @@ def _split_attention(
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     n = state.n_decode
     parts = []
-    if n:
+    if state.decode_buckets is not None:
+        assert state.cache.split_buckets is not None
+        for (lo, hi, mask), (k, v) in zip(
+            state.decode_buckets, state.cache.split_buckets, strict=True
+        ):
+            out, _ = sdpa_attention_forward(module, query[lo:hi], k, v, mask, **kwargs)
+            parts.append(out)
+    elif n:
         assert state.cache.split_kv is not None
         k, v = state.cache.split_kv
         out, _ = sdpa_attention_forward(module, query[:n], k, v, state.decode_mask, **kwargs)
@@ -92,6 +106,8 @@ class ModelRunner:
         max_prefill_tokens: int = 512,
         dense_fraction: float = 0.5,
         split_attention: bool = True,
+        bucket_overhead: int = 4096,
+        bucket_min_len: int = 32,
     ) -> None:
         self.pad_token_id = pad_token_id
         self.max_slots = max_slots
@@ -101,6 +117,11 @@ class ModelRunner:
         # least this fraction of its rows is real work; otherwise rows are gathered.
         self.dense_fraction = dense_fraction
         self.split_attention = split_attention
+        # What one more decode length bucket costs (a gather and an attention call per layer),
+        # in cache row-columns read: buckets are merged while merging reads fewer extra.
+        # 0 turns bucketing off.
+        self.bucket_overhead = bucket_overhead
+        self.bucket_min_len = bucket_min_len  # the shortest class: lengths <= this
         self.num_forwards = 0
         self._signatures: dict[type, tuple[str, bool]] = {}
         self._split_ok: dict[type, bool] = {}
@@ -278,7 +299,26 @@ class ModelRunner:
         kv_len = 1
         rows: Tensor | slice = slice(0, 0)
         decode_mask = None
-        if dec_slots:
+        buckets = self._decode_buckets([s + 1 for s in dec_starts]) if dec_slots else None
+        arena_buckets: list[tuple[Tensor | slice, int]] | None = None
+        dec_buckets: list[tuple[int, int, Tensor]] | None = None
+        if buckets is not None:
+            # rows in bucket order; ``keep`` maps them back to the order of ``dec_slots``
+            keep = [0] * len(dec_slots)
+            arena_buckets, dec_buckets = [], []
+            for bucket in buckets:
+                lo = len(ids)
+                for i in bucket:
+                    keep[i] = len(ids)
+                    ids.append(dec_tokens[i][0])
+                    positions.append(dec_starts[i])
+                    write_rows.append(dec_slots[i])
+                cols = max(dec_starts[i] for i in bucket) + 1
+                pos = torch.tensor([dec_starts[i] for i in bucket], dtype=torch.long)
+                dec_buckets.append((lo, len(ids), _causal_mask(pos.view(-1, 1, 1), cols, dtype)))
+                arena_buckets.append((_select(sorted(dec_slots[i] for i in bucket)), cols))
+                kv_len = max(kv_len, cols)
+        elif dec_slots:
             rows, row_map, dec_rows = self._choose_rows(dec_slots)
             write_rows = dec_rows.squeeze(1).tolist()
             for r, i in enumerate(row_map):
@@ -317,14 +357,47 @@ class ModelRunner:
             position_ids,  # dummies have -1: trash column
             kv_len,
             split=True,
+            buckets=arena_buckets,
         )
-        state = _SplitState(cache, n_decode, decode_mask, prefill_mask)
+        state = _SplitState(cache, n_decode, decode_mask, prefill_mask, dec_buckets)
         dummy_mask = torch.zeros(1, 1, 1, 1, dtype=dtype)  # the real masks live in `state`
         with _split_attention_active(model, state):
             logits = self._call(
                 model, cache, torch.tensor(ids).unsqueeze(1), position_ids.clamp(min=0), dummy_mask
             )
-        return logits[keep] if len(keep) != len(ids) else logits
+        if buckets is None and len(keep) == len(ids):  # rows already in the callers' order
+            return logits
+        return logits[keep]
+
+    def _decode_buckets(self, lengths: Sequence[int]) -> list[list[int]] | None:
+        """Decode rows grouped by cache length (indices into ``lengths``), or None for one group.
+
+        Rows fall into power-of-two classes (``<= m``, ``<= 2m``, ... with ``m =
+        bucket_min_len``); going up from the shortest, a class joins the next while the columns
+        it would read in excess there (rows x (next class's longest - its own longest)) cost
+        less than ``bucket_overhead``. Within a bucket rows keep their order (sorted slots stay
+        sorted).
+        """
+        if self.bucket_overhead <= 0 or len(lengths) < 2:
+            return None
+        classes: dict[int, list[int]] = {}
+        for i, n in enumerate(lengths):
+            classes.setdefault((max(n, self.bucket_min_len) - 1).bit_length(), []).append(i)
+        if len(classes) == 1:
+            return None
+        ordered = [classes[c] for c in sorted(classes)]
+        buckets: list[list[int]] = []
+        pending: list[int] = []
+        for c, members in enumerate(ordered):
+            pending = pending + members
+            if c + 1 < len(ordered):
+                longest = max(lengths[i] for i in pending)
+                next_longest = max(lengths[i] for i in ordered[c + 1])
+                if len(pending) * (next_longest - longest) < self.bucket_overhead:
+                    continue
+            buckets.append(sorted(pending))
+            pending = []
+        return buckets if len(buckets) > 1 else None
 
     @torch.inference_mode()
     def _check_split(self, model: torch.nn.Module) -> bool:
@@ -368,6 +441,13 @@ def _split_attention_active(model: torch.nn.Module, state: _SplitState) -> Itera
     finally:
         _active.state = None
         config._attn_implementation = previous
+
+
+def _select(slots: list[int]) -> Tensor | slice:
+    """Arena rows of sorted distinct ``slots``: a slice (a view) when contiguous."""
+    if slots[-1] - slots[0] + 1 == len(slots):
+        return slice(slots[0], slots[-1] + 1)
+    return torch.tensor(slots, dtype=torch.long)
 
 
 def _dtype(model: torch.nn.Module) -> torch.dtype:
