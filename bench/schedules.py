@@ -127,8 +127,10 @@ def warm_start(root: Path, args: argparse.Namespace) -> None:
         task="jsonl",
         train_path=str(data),
         steps=args.filler_steps,
+        batch_size=args.filler_batch,
         warmup_steps=0,
-        **common,
+        threads=2,
+        progress=False,
     )
     out = run_sft(filler)
     print(json.dumps({"sft_filler": out}), flush=True)
@@ -144,6 +146,13 @@ def main() -> int:
     ap.add_argument("--cap", type=int, default=400)
     ap.add_argument("--sft-steps", type=int, default=3000, help="at most (stops at --sft-target)")
     ap.add_argument("--filler-steps", type=int, default=200, help="SFT steps on answer + filler")
+    ap.add_argument(
+        "--filler-batch",
+        type=int,
+        default=64,
+        help="batch of the filler stage (rows padded to "
+        "the longest: 16 keeps a --cap 1000 warm start to minutes)",
+    )
     ap.add_argument("--sft-target", type=float, default=0.3, help="SFT validation pass rate")
     ap.add_argument(
         "--micro-batch-tokens", type=int, default=2048, help="dynamic micro-batches (all configs)"

@@ -158,3 +158,43 @@ def test_naive_ppo_off_policy_uses_the_behaviour_policy(batch):
     assert decoupled.policy_loss == "decoupled_ppo"
     prox = old_logprobs(roles, exp, decoupled)  # default mini_batches=2: recomputed
     torch.testing.assert_close(prox, roles.actor.compute_logprobs(exp))
+
+
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-sum-norm"])
+def test_skipping_zero_advantage_rows_gives_the_same_update(batch, loss_agg):
+    """GRPO groups that all scored the same have A = 0 on every token: leaving them out of the
+    forward/backward (the normaliser still counts them) changes nothing, also when a whole
+    step is skipped after a real one (Adam's moments still move on the zero gradient)."""
+    cfg, roles, exp = batch
+    zeroed = copy.copy(exp)
+    adv = exp["advantages"].clone()
+    adv[::2] = 0.0  # half the rows carry no signal
+    zeroed.tensors = dict(exp.tensors, advantages=adv)
+    nothing = copy.copy(exp)
+    nothing.tensors = dict(exp.tensors, advantages=torch.zeros_like(adv))
+
+    def two_steps(skip: bool) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        a = cfg.algo.model_copy(
+            update=dict(loss_agg=loss_agg, mini_batches=1, skip_zero_advantage=skip)
+        )
+        actor = ActorWorker(copy.deepcopy(roles.actor.model), a, cfg.optim, 12, seed=0)
+        stats = actor.update(zeroed)
+        actor.update(nothing)
+        return actor.model.state_dict(), stats
+
+    (full, full_stats), (skip, skip_stats) = two_steps(False), two_steps(True)
+    assert full_stats["actor/zero_adv_skipped_frac"] == 0.0
+    assert skip_stats["actor/zero_adv_skipped_frac"] == pytest.approx(0.5, abs=0.07)
+    assert skip_stats["actor/grad_norm"] == pytest.approx(full_stats["actor/grad_norm"], rel=1e-5)
+    for k, v in full.items():
+        torch.testing.assert_close(skip[k], v, atol=1e-6, rtol=0)
+
+
+def test_zero_advantage_rows_are_trained_when_the_loss_has_other_terms(batch):
+    cfg, roles, exp = batch
+    for update in ({"entropy_coef": 0.01}, {"kl_coef": 0.1}):
+        a = cfg.algo.model_copy(update=update)
+        actor = ActorWorker(copy.deepcopy(roles.actor.model), a, cfg.optim, 12, seed=0)
+        zero = copy.copy(exp)
+        zero.tensors = dict(exp.tensors, advantages=torch.zeros_like(exp["advantages"]))
+        assert len(actor._rows_with_gradient(zero)) == len(exp)

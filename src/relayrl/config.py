@@ -139,6 +139,11 @@ class AlgoConfig(_Strict):
     """``auto``: with one policy update per step (epochs = mini_batches = 1) the GRPO actor
     takes pi_old = its own detached logprobs in the update's forward (identical values, one
     forward pass fewer; as veRL does on-policy). ``always``: a separate forward first."""
+    skip_zero_advantage: bool = True
+    """Leave sequences whose advantages are all 0 (GRPO groups where every answer scored the
+    same) out of the actor's forward/backward. Exact: their policy-loss gradient is 0 and the
+    loss normaliser still counts them. Only when the loss has no other per-token term
+    (GRPO KL loss with ``kl_coef > 0`` or ``entropy_coef != 0`` turn it off by themselves)."""
     loss_agg: Literal[
         "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
     ] = "token-mean"

@@ -109,10 +109,18 @@ class ActorWorker(TrainState, ReferenceWorker):
         n_opt = 0
         for _ in range(a.epochs):
             for mini in exp.shuffled_splits(a.mini_batches, self.generator):
-                norm = self._loss_norm(mini)
+                norm = self._loss_norm(mini)  # counts every row, trained or skipped
                 self.optimizer.zero_grad(set_to_none=True)
                 mini_loss = 0.0
-                for _, micro in mini.micro_batches(a.micro_batch_size, a.micro_batch_tokens):
+                trained = self._rows_with_gradient(mini)
+                sums["zero_adv_skipped_frac"] += 1.0 - len(trained) / max(len(mini), 1)
+                weights["zero_adv_skipped_frac"] += 1.0
+                micro_batches = (
+                    trained.micro_batches(a.micro_batch_size, a.micro_batch_tokens)
+                    if len(trained)
+                    else []
+                )
+                for _, micro in micro_batches:
                     stats = self._micro_step(micro, norm)
                     mini_loss += stats.pop("_loss")  # partial losses add up to the mini-batch loss
                     tokens = float(micro.response_mask.sum())
@@ -121,6 +129,10 @@ class ActorWorker(TrainState, ReferenceWorker):
                         weights[k] += tokens
                 sums["loss"] += mini_loss
                 weights["loss"] += 1.0
+                if not len(trained):  # a zero gradient still moves Adam's moments
+                    for p in self.model.parameters():
+                        if p.requires_grad:
+                            p.grad = torch.zeros_like(p)
                 grad_norm = self._clip_and_step()
                 sums["grad_norm"] += grad_norm
                 weights["grad_norm"] += 1.0
@@ -170,6 +182,23 @@ class ActorWorker(TrainState, ReferenceWorker):
         loss.backward()
         stats["_loss"] = float(loss.detach())
         return stats
+
+    def _rows_with_gradient(self, mini: Experience) -> Experience:
+        """``mini`` without the sequences whose every advantage is 0 (``skip_zero_advantage``).
+
+        Such a row adds exactly nothing to the gradient of the PPO / decoupled loss (every
+        token's term is ``-A * f(ratio)`` with ``A = 0``) as long as the loss has no other
+        per-token term; the caller's ``LossNorm`` was computed on all of ``mini``, so the
+        remaining rows keep their weights and the update is the same.
+        """
+        a = self.algo
+        loss_kl = a.name == "grpo" and a.kl_coef > 0
+        if not a.skip_zero_advantage or loss_kl or a.entropy_coef != 0:
+            return mini
+        keep = ((mini["advantages"] * mini.response_mask) != 0).any(dim=1)
+        if bool(keep.all()):
+            return mini
+        return mini.select(keep.nonzero().squeeze(1))
 
     @property
     def single_update(self) -> bool:
