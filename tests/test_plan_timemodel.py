@@ -147,3 +147,26 @@ def test_profiled_time_model(tmp_path):
     with pytest.raises(ValueError, match="not found"):
         MeasuredProfile.load(tmp_path / "none.json")
     assert math.isfinite(tm.weight_bytes)
+
+
+def test_profile_measured_at_other_thread_counts_is_used_as_measured(tmp_path):
+    """CPU speed-ups are not linear in threads: with a measurement at 1 thread the model
+    uses it (train 1.6x slower on 1 thread, a small decode step no slower) instead of 2x."""
+    pr = _profile()
+    pr.at_threads[1] = {
+        "decode_step_s": {1: 0.001, 16: 0.003},
+        "decode_s_per_ctx_token": 1e-7,
+        "prefill_tokens_per_s": 1.2e5,
+        "train_tokens_per_s": 1.25e4,
+    }
+    pr.save(tmp_path / "p.json")
+    again = MeasuredProfile.load(tmp_path / "p.json")
+    assert again.at_threads[1]["decode_step_s"] == {1: 0.001, 16: 0.003}
+    tm = ProfiledTimeModel(again)
+    assert tm.train_time(1.25e4, 1) == pytest.approx(1.0)  # measured, not 2 x 2e4 / 2e4
+    assert tm.train_time(2e4, 2) == pytest.approx(1.0)  # the base measurement
+    assert tm.prefill_time(1.2e5, 1) == pytest.approx(1.0)
+    a, beta, _ = tm.decode_step_params(1, 1)
+    assert a + beta * 64 == pytest.approx(0.001)  # not 2 x 0.001
+    assert tm.train_time(2e4, 4) == pytest.approx(0.5)  # not measured at 4: scaled 2 / 4
+    assert pr.with_threads(3) is None and pr.with_threads(2) is pr

@@ -361,6 +361,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         context=args.context,
         decode_steps=args.decode_steps,
         threads=args.threads,
+        also_threads=tuple(int(t) for t in _csv(args.also_threads)) if args.also_threads else (),
     )
     pr.save(args.out)
     rows = [
@@ -496,6 +497,11 @@ def add_subcommands(sub: Any) -> None:
     pr.add_argument("--context", type=int, default=64)
     pr.add_argument("--decode-steps", type=int, default=8)
     pr.add_argument("--threads", type=int, default=None)
+    pr.add_argument(
+        "--also-threads",
+        default="",
+        help="measure again at these thread counts, e.g. 2 (used by the time model as measured)",
+    )
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(fn=cmd_profile)
 

@@ -9,7 +9,9 @@ given number of torch threads:
   cached token ``(t(2c) - t(c)) / (b * c)``;
 * prefill: forward tokens/s on ``prefill_batch x prefill_len`` prompts (no gradient);
 * training: forward + backward + AdamW step tokens/s on ``train_batch x train_len``
-  (the weights are a throw-away copy; nothing is saved).
+  (the weights are a throw-away copy; nothing is saved);
+* optionally all of it again at other thread counts (``also_threads``), since CPU speed-ups
+  are far from linear in threads.
 
 A small model profiles in a few seconds; the default sizes keep it short.
 """
@@ -40,8 +42,50 @@ def profile(
     threads: int | None = None,
     dtype: str = "float32",
     seed: int = 0,
+    also_threads: tuple[int, ...] = (),
 ) -> MeasuredProfile:
-    """Time decode steps, prefill and training of the model in ``model_dir`` (see module doc)."""
+    """Time decode steps, prefill and training of the model in ``model_dir`` (see module doc);
+    ``also_threads``: measure again at these thread counts (``MeasuredProfile.at_threads``)."""
+    sizes = dict(
+        batches=batches,
+        context=context,
+        decode_steps=decode_steps,
+        prefill_batch=prefill_batch,
+        prefill_len=prefill_len,
+        train_batch=train_batch,
+        train_len=train_len,
+        train_iters=train_iters,
+        dtype=dtype,
+        seed=seed,
+    )
+    base = _profile_once(model_dir, threads=threads, **sizes)  # type: ignore[arg-type]
+    for t in sorted(set(also_threads) - {base.threads}):
+        if t < 1:
+            raise ValueError(f"thread counts must be >= 1, got {t}")
+        other = _profile_once(model_dir, threads=t, **sizes)  # type: ignore[arg-type]
+        base.at_threads[t] = {
+            "decode_step_s": other.decode_step_s,
+            "decode_s_per_ctx_token": other.decode_s_per_ctx_token,
+            "prefill_tokens_per_s": other.prefill_tokens_per_s,
+            "train_tokens_per_s": other.train_tokens_per_s,
+        }
+    return base
+
+
+def _profile_once(
+    model_dir: str | Path,
+    batches: tuple[int, ...],
+    context: int,
+    decode_steps: int,
+    prefill_batch: int,
+    prefill_len: int,
+    train_batch: int,
+    train_len: int,
+    train_iters: int,
+    threads: int | None,
+    dtype: str,
+    seed: int,
+) -> MeasuredProfile:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModelForCausalLM

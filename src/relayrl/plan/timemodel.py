@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -253,9 +253,22 @@ class MeasuredProfile:
     train_tokens_per_s: float
     weight_bytes: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    at_threads: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """The same measurements at other thread counts (``relayrl profile --also-threads``):
+    ``{threads: {decode_step_s, decode_s_per_ctx_token, prefill_tokens_per_s,
+    train_tokens_per_s}}``. CPU speed-ups are far from linear in threads (a small decode step
+    is mostly per-forward overhead, measured 1.0x on 2 threads; training 1.6x), so a time
+    model uses these where it can instead of scaling ``threads / devices``."""
 
     def __post_init__(self) -> None:
         self.decode_step_s = {int(k): float(v) for k, v in self.decode_step_s.items()}
+        self.at_threads = {
+            int(t): {
+                **m,
+                "decode_step_s": {int(k): float(v) for k, v in m["decode_step_s"].items()},
+            }
+            for t, m in self.at_threads.items()
+        }
         if not self.decode_step_s:
             raise ValueError("profile has no decode_step_s measurements")
         if min(self.decode_step_s.values()) <= 0:
@@ -268,7 +281,20 @@ class MeasuredProfile:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["decode_step_s"] = {str(k): v for k, v in self.decode_step_s.items()}
+        d["at_threads"] = {
+            str(t): {**m, "decode_step_s": {str(k): v for k, v in m["decode_step_s"].items()}}
+            for t, m in self.at_threads.items()
+        }
         return d
+
+    def with_threads(self, threads: int) -> MeasuredProfile | None:
+        """This profile as measured at ``threads`` threads, or None if it was not."""
+        if threads == self.threads:
+            return self
+        m = self.at_threads.get(threads)
+        if m is None:
+            return None
+        return replace(self, threads=threads, at_threads={}, **m)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
@@ -287,7 +313,7 @@ class MeasuredProfile:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MeasuredProfile:
         names = set(cls.__dataclass_fields__)
-        missing = [k for k in names - {"extra", "weight_bytes"} if k not in d]
+        missing = [k for k in names - {"extra", "weight_bytes", "at_threads"} if k not in d]
         if missing:
             raise ValueError(f"profile lacks {', '.join(sorted(missing))}")
         return cls(**{k: v for k, v in d.items() if k in names})
@@ -300,7 +326,8 @@ class ProfiledTimeModel:
     Decode step of ``n`` sequences with ``C`` cached tokens:
     ``f(n) + slope * (C - n * ctx_ref)`` where ``f`` interpolates the measured step times
     linearly in ``n`` (extrapolating the last segment) and ``ctx_ref`` is the context the
-    profile measured at. All times are multiplied by ``threads / devices``.
+    profile measured at. All times are multiplied by ``threads / devices``, except on a CPU
+    profile also measured at ``devices`` threads (``at_threads``): those are used as they are.
 
     Attributes:
         profile: the measurement.
@@ -314,11 +341,18 @@ class ProfiledTimeModel:
     def weight_bytes(self) -> float:
         return self.profile.weight_bytes or self.profile.params * 4.0
 
-    def _scale(self, devices: int) -> float:
-        return self.profile.threads / max(devices, 1)
+    def _at(self, devices: int) -> tuple[MeasuredProfile, float]:
+        """The measurement to use on ``devices`` and the factor its times are scaled by: the
+        profile at that many threads when it was measured there (CPU), else the base
+        profile scaled by ``threads / devices``."""
+        if self.profile.device == "cpu":
+            exact = self.profile.with_threads(devices)
+            if exact is not None:
+                return exact, 1.0
+        return self.profile, self.profile.threads / max(devices, 1)
 
-    def _f(self, n: int) -> float:
-        pts = sorted(self.profile.decode_step_s.items())
+    def _f(self, profile: MeasuredProfile, n: int) -> float:
+        pts = sorted(profile.decode_step_s.items())
         if len(pts) == 1:
             ((b0, t0),) = pts
             return t0 * max(n, 1) / b0 if n > b0 else t0
@@ -331,17 +365,19 @@ class ProfiledTimeModel:
         return t1 + max(0.0, (t1 - t0) / (b1 - b0)) * (n - b1)
 
     def decode_step_params(self, batch: int, devices: int) -> tuple[float, float, float]:
-        s = self._scale(devices)
-        f = self._f(batch)
-        slope = max(0.0, self.profile.decode_s_per_ctx_token)
-        a = max(f - slope * batch * self.profile.decode_context, 0.2 * f)
+        p, s = self._at(devices)
+        f = self._f(p, batch)
+        slope = max(0.0, p.decode_s_per_ctx_token)
+        a = max(f - slope * batch * p.decode_context, 0.2 * f)
         return a * s, slope * s, 0.0
 
     def prefill_time(self, tokens: float, devices: int) -> float:
-        return tokens / self.profile.prefill_tokens_per_s * self._scale(devices)
+        p, s = self._at(devices)
+        return tokens / p.prefill_tokens_per_s * s
 
     def train_time(self, tokens: float, devices: int) -> float:
-        return tokens / self.profile.train_tokens_per_s * self._scale(devices)
+        p, s = self._at(devices)
+        return tokens / p.train_tokens_per_s * s
 
     def max_concurrency(self, devices: int, max_context: int) -> int:
         return self.concurrency
