@@ -174,12 +174,17 @@ def test_profile_cli_and_profiled_simulation(tiny_model, tmp_path, capsys):
             "1",
             "--decode-steps",
             "3",
+            "--also-threads",
+            "2",
         ],
         capsys,
     )
     assert rc == 0 and out_path.is_file()
     prof = json.loads(out_path.read_text())
     assert set(prof["decode_step_s"]) == {"1", "4"}
+    assert set(prof["at_threads"]) == {"2"}  # measured again on 2 threads
+    assert set(prof["at_threads"]["2"]["decode_step_s"]) == {"1", "4"}
+    assert prof["at_threads"]["2"]["train_tokens_per_s"] > 0
     assert prof["train_tokens_per_s"] > 0 and prof["prefill_tokens_per_s"] > 0
     assert prof["params"] == pytest.approx(82240)
     rc, out = run_cli(

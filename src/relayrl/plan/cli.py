@@ -493,7 +493,7 @@ def add_subcommands(sub: Any) -> None:
     pr = sub.add_parser("profile", help="measure decode/prefill/train speed of a local model")
     pr.add_argument("model_dir")
     pr.add_argument("--out", default="profile.json")
-    pr.add_argument("--batches", default="1,4,16")
+    pr.add_argument("--batches", default="1,4,16,64,256", help="decode batch sizes to time")
     pr.add_argument("--context", type=int, default=64)
     pr.add_argument("--decode-steps", type=int, default=8)
     pr.add_argument("--threads", type=int, default=None)

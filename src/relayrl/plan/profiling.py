@@ -31,7 +31,7 @@ __all__ = ["profile"]
 
 def profile(
     model_dir: str | Path,
-    batches: tuple[int, ...] = (1, 4, 16),
+    batches: tuple[int, ...] = (1, 4, 16, 64, 256),
     context: int = 64,
     decode_steps: int = 8,
     prefill_batch: int = 4,
