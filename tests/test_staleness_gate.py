@@ -121,6 +121,34 @@ def test_buffer_rebase_on_resume():
     assert [g.admission_index for g in buf.take(2)] == [8, 9]
 
 
+def test_buffer_in_order_passes_over_dropped_groups():
+    """Dynamic sampling drops group 1 (no signal): the step takes 0 and 2, then 3 and 5."""
+    from relayrl.controller.buffer import GroupBuffer
+
+    buf = GroupBuffer(in_order=True)
+    buf.skip(1)
+    for i in (3, 2, 0):
+        buf.put(_group(i))
+    assert [g.admission_index for g in buf.take(2)] == [0, 2]
+    buf.skip(4)
+    buf.put(_group(5))
+    assert [g.admission_index for g in buf.take(2)] == [3, 5]
+    assert buf.next_index == 6
+
+
+def test_gate_release_admits_a_replacement_within_the_bound():
+    gate = StalenessGate(groups_per_step=2, eta=0)
+    gate.admit()
+    gate.admit()
+    assert not gate.can_admit()  # step 0's two groups are out
+    gate.release()  # one of them was dropped: a replacement fits in step 0
+    assert gate.can_admit()
+    gate.admit()
+    assert not gate.can_admit()
+    with pytest.raises(RuntimeError, match="nothing admitted"):
+        StalenessGate(groups_per_step=2, eta=0).release()
+
+
 @pytest.mark.parametrize("mode,factor", [("drop", 0.0), ("downweight", 0.25)])
 def test_max_token_staleness_at_consumption(mode, factor):
     """Trainer version 5, token versions 5/4/2/1: staleness 0/1/3/4; limit 2 -> the last two

@@ -207,6 +207,12 @@ def rl_step(
     return exp, stats
 
 
+def group_outcomes(group: Sequence[tuple[Sample, float]]) -> list[float]:
+    """The raw outcomes of a scored group (before reward mixing): what dynamic sampling
+    tests for variance."""
+    return [float(s.metadata.get("reward", {}).get("outcome", v)) for s, v in group]
+
+
 REFILL_STEP_BASE = 10_000_000
 
 
@@ -254,11 +260,8 @@ def dynamic_rollout(
             first.update(stats=stats, groups=list(groups.values()), scores=scores)
         return list(groups.values())
 
-    def outcomes(group: list[tuple[Sample, float]]) -> list[float]:
-        return [float(s.metadata.get("reward", {}).get("outcome", v)) for s, v in group]
-
     kept, ds = dynamic_sample(
-        generate, outcomes, len(prompts), cfg.data.dynamic_sampling.max_rounds
+        generate, group_outcomes, len(prompts), cfg.data.dynamic_sampling.max_rounds
     )
     if not kept:
         kept = first.get("groups", [])

@@ -5,7 +5,8 @@ once. ``take`` blocks until enough groups are ready, waking early on an error or
 
 ``in_order=True``: a take returns exactly the next ``n`` admitted groups, waiting for a
 straggler among them (step s trains the groups admitted for step s, so with the staleness gate
-every token is at most eta versions old). ``in_order=False``: the ``n`` oldest finished groups
+every token is at most eta versions old); groups the controller dropped (dynamic sampling:
+``skip``) are passed over. ``in_order=False``: the ``n`` oldest finished groups
 (no wait for stragglers; a straggler is trained at a later step, staler than eta).
 """
 
@@ -37,11 +38,28 @@ class GroupBuffer:
         self.next_index = next_index
         self.total_put = 0
         self.total_taken = 0
+        self._skipped: set[int] = set()  # admission indices that will never arrive
 
     def rebase(self, next_index: int) -> None:
         """The admission index of the next group to train (after a resume)."""
         with self._cv:
             self.next_index = next_index
+            self._skipped.clear()
+
+    def skip(self, admission_index: int) -> None:
+        """The group with this admission index was dropped: in-order takes pass over it."""
+        with self._cv:
+            self._skipped.add(admission_index)
+            self._cv.notify_all()
+
+    def _expected(self, n: int) -> list[int]:
+        """The next ``n`` admission indices to train in order, skipping dropped groups."""
+        out, idx = [], self.next_index
+        while len(out) < n:
+            if idx not in self._skipped:
+                out.append(idx)
+            idx += 1
+        return out
 
     def _ready(self, n: int) -> bool:
         if len(self._heap) < n:
@@ -49,9 +67,7 @@ class GroupBuffer:
         if not self.in_order:
             return True
         front = heapq.nsmallest(n, self._heap)
-        return [g.admission_index for g in front] == list(
-            range(self.next_index, self.next_index + n)
-        )
+        return [g.admission_index for g in front] == self._expected(n)
 
     def put(self, group: ScoredGroup) -> None:
         with self._cv:
@@ -79,6 +95,7 @@ class GroupBuffer:
             out = [heapq.heappop(self._heap) for _ in range(n)]
             self.total_taken += n
             self.next_index = out[-1].admission_index + 1
+            self._skipped = {i for i in self._skipped if i >= self.next_index}
             return out
 
     def wait_time(

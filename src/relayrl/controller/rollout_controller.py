@@ -16,10 +16,11 @@ from typing import Any
 import torch
 
 from relayrl.config import RunConfig
-from relayrl.controller.algorithms import group_requests
+from relayrl.controller.algorithms import group_outcomes, group_requests
 from relayrl.controller.buffer import GroupBuffer, ScoredGroup
 from relayrl.controller.prompts import PromptSource, TokenizedPrompt
 from relayrl.controller.staleness import StalenessGate
+from relayrl.data.dynamic import has_signal
 from relayrl.rollout import Sample
 from relayrl.telemetry.timeline import Timeline
 from relayrl.workers.reward import RewardWorker
@@ -53,7 +54,13 @@ class RolloutController(threading.Thread):
         self._prompt_cache: dict[int, list[TokenizedPrompt]] = {}
         self.samples_received = 0
         self.samples_interrupted = 0
-        self.groups_completed = 0
+        self.groups_completed = 0  # kept or dropped
+        self.groups_dropped = 0
+        # Admission ids (group ids, prompt positions, buffer order) run on past the gate's
+        # count when dynamic sampling gives dropped groups back to the gate.
+        self._next_id = gate.n_admitted
+        self._start_id = gate.n_admitted
+        self._drops_at_version = 0
         # Never flood the engine beyond what keeps its slots busy (this is also what bounds
         # an unbounded eta): at most 2 x slots worth of groups unfinished, and at least B.
         slots = int(getattr(getattr(engine, "spec", None), "max_slots", cfg.rollout.max_slots))
@@ -64,6 +71,7 @@ class RolloutController(threading.Thread):
     def set_version(self, version: int) -> None:
         with self._lock:
             self.gate.set_version(version)
+            self._drops_at_version = 0
 
     def stop(self) -> None:
         self._halt.set()
@@ -75,7 +83,8 @@ class RolloutController(threading.Thread):
 
     # ---------------------------------------------------------------- the loop
     def run(self) -> None:
-        self._start_admitted = self.gate.n_admitted  # after a resume the gate is re-based
+        # after a resume the gate is re-based
+        self._next_id = self._start_id = self.gate.n_admitted
         try:
             while not self._halt.is_set():
                 self._admit()
@@ -90,7 +99,7 @@ class RolloutController(threading.Thread):
 
     def _in_flight(self) -> int:
         """Admitted groups not yet complete (in the engine or being scored)."""
-        return self.gate.n_admitted - self._start_admitted - self.groups_completed
+        return self._next_id - self._start_id - self.groups_completed
 
     def _prompts_for_step(self, step: int) -> list[TokenizedPrompt]:
         if step not in self._prompt_cache:
@@ -104,13 +113,32 @@ class RolloutController(threading.Thread):
         batch = []
         with self._lock:
             while self.gate.can_admit() and self._in_flight() < self._capacity:
-                g = self.gate.n_admitted
+                g = self._next_id
                 step, index = divmod(g, b)
                 prompt = self._prompts_for_step(step)[index]
                 batch.extend(group_requests(prompt, self.cfg, step, index, g, self.stop_ids))
                 self.gate.admit()
+                self._next_id += 1
         if batch:
             self.engine.submit_many(batch)
+
+    def _drop_without_signal(self, g: int, group: list[tuple[Sample, float]]) -> bool:
+        """Dynamic sampling (DAPO) as groups finish: a group whose raw outcomes are all equal
+        carries no GRPO signal; it is dropped, given back to the staleness gate (a
+        replacement is admitted) and skipped by the buffer. At most (max_rounds - 1) x B
+        drops per trainer version, so an all-solved (or all-failed) phase cannot starve the
+        trainer: past that, such groups are trained as they are."""
+        ds = self.cfg.data.dynamic_sampling
+        if not ds.enabled or has_signal(group_outcomes(group)):
+            return False
+        with self._lock:
+            if self._drops_at_version >= (ds.max_rounds - 1) * self.cfg.algo.prompts_per_step:
+                return False
+            self._drops_at_version += 1
+            self.gate.release()
+        self.groups_dropped += 1
+        self.buffer.skip(g)
+        return True
 
     def _score(self, sample: Sample) -> None:
         """Score as the sample finishes: in the reward service's process pool when there is
@@ -132,6 +160,8 @@ class RolloutController(threading.Thread):
         if len(group) == self.cfg.algo.group_size:
             del self._pending[g]
             self.groups_completed += 1
+            if self._drop_without_signal(g, group):
+                return
             group.sort(key=lambda x: x[0].metadata.get("sample_index", 0))
             self.buffer.put(
                 ScoredGroup(

@@ -150,6 +150,8 @@ class AsyncSchedule:
         c = self.controller
         stats["interrupted_frac"] = c.samples_interrupted / max(c.samples_received, 1)
         stats["groups_admitted"] = float(self.gate.n_admitted)
+        if cfg.data.dynamic_sampling.enabled:
+            stats["dynamic/dropped_frac"] = c.groups_dropped / max(c.groups_completed, 1)
         return exp, stats
 
     def _bound_staleness(self, exp: Experience, step: int) -> dict[str, float]:

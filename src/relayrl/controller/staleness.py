@@ -55,6 +55,14 @@ class StalenessGate:
             )
         self.n_admitted += 1
 
+    def release(self) -> None:
+        """A group admitted earlier was dropped before training (dynamic sampling): it no
+        longer counts, so a replacement may be admitted. Every trained group still satisfied
+        the formula when it was admitted, with at most as many groups ahead of it."""
+        if self.n_admitted <= 0:
+            raise RuntimeError("staleness gate: nothing admitted to release")
+        self.n_admitted -= 1
+
     def set_version(self, version: int) -> None:
         if version < self.version:
             raise ValueError(f"trainer version went back from {self.version} to {version}")
