@@ -73,6 +73,12 @@ CONFIGS: list[tuple[str, list[str]]] = [
             "async.interrupt=false",
         ],
     ),
+    # DAPO dynamic sampling: sync refills in rounds; async drops as groups finish
+    ("sync dynamic sampling", ["schedule=sync", "data.dynamic_sampling.enabled=true"]),
+    (
+        "async eta=2 dynamic sampling",
+        ["schedule=async", "async.eta=2", "data.dynamic_sampling.enabled=true"],
+    ),
     ("async eta=8 decoupled", ["schedule=async", "async.eta=8", "algo.policy_loss=decoupled_ppo"]),
     ("async eta=8 naive", ["schedule=async", "async.eta=8", "algo.policy_loss=ppo"]),
     # AReaL's ablation makes several PPO updates per batch: that is where the clip's centre
