@@ -172,3 +172,26 @@ def test_killed_engine_worker_is_a_clear_error_and_resume_continues(sft_model, t
     assert len(after) == 4
     assert all(0 <= r["staleness_max"] <= 1 for r in after)  # versions re-based on resume
     assert after[0]["groups_admitted"] >= (done + 1) * 8
+
+
+def test_commands_to_a_killed_worker_name_its_exit_code(sft_model):
+    """A worker killed between two commands: whichever notices first (the receiving thread,
+    the process table, or a send meeting the closed pipe, which once raced the exit in CI and
+    surfaced as a bare BrokenPipeError), the error says the worker died and how."""
+    import os
+    import signal
+
+    from relayrl.cluster.engine_process import EngineProcess, EngineSpec
+    from relayrl.model import load_causal_lm, load_tokenizer
+    from relayrl.rollout import GenerationRequest, SamplingParams
+
+    tok = load_tokenizer(sft_model)
+    model = load_causal_lm(sft_model, torch.float32)
+    spec = EngineSpec(str(sft_model), "float32", tok.eos_token_id, tok.pad_token_id, 4, 1, 0)
+    with EngineProcess(spec, model.state_dict()) as engine:
+        os.kill(engine.process.pid, signal.SIGKILL)
+        request = GenerationRequest([5, 6, 7], SamplingParams(max_tokens=2))
+        with pytest.raises(RolloutWorkerDied, match=r"died with exit code -9"):
+            for _ in range(200):  # the first sends may still land in the pipe's buffer
+                engine.submit(request)
+                time.sleep(0.01)

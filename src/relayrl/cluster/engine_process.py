@@ -238,9 +238,16 @@ class EngineProcess:
         with self._send_lock:
             try:
                 self._cmd_send.send(msg)
-            except (BrokenPipeError, OSError):
+            except (BrokenPipeError, OSError) as exc:
+                if self._stopping:
+                    raise
+                # The worker's end of the pipe is gone: it is exiting. Wait for the exit so the
+                # error names its exit code instead of racing the process table.
+                self.process.join(timeout=5)
                 self._check_alive()
-                raise
+                raise RolloutWorkerDied(
+                    f"rollout worker (pid {self.process.pid}) closed its command pipe ({exc})"
+                ) from exc
 
     # ----------------------------------------------------------------- interface
     def submit_many(self, requests: Iterable[GenerationRequest]) -> None:
