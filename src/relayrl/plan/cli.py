@@ -385,6 +385,20 @@ def cmd_profile(args: argparse.Namespace) -> int:
         ],
         args.json,
     )
+    if pr.at_threads:
+        _print_table(
+            "at other thread counts",
+            [
+                {
+                    "threads": t,
+                    **{f"decode_ms@{b}": round(s * 1e3, 4) for b, s in m["decode_step_s"].items()},
+                    "prefill_tok/s": round(m["prefill_tokens_per_s"], 1),
+                    "train_tok/s": round(m["train_tokens_per_s"], 1),
+                }
+                for t, m in sorted(pr.at_threads.items())
+            ],
+            args.json,
+        )
     return 0
 
 
