@@ -37,10 +37,6 @@ def arithmetic_task(a: ArithmeticConfig, seed: int) -> ArithmeticTask:
     )
 
 
-def _arith(cfg: DataConfig, seed: int) -> ArithmeticTask:
-    return arithmetic_task(cfg.arithmetic, seed)
-
-
 def tokenize_prompts(
     records: Sequence[PromptRecord], tokenizer: Any, max_tokens: int, cfg: DataConfig | None = None
 ) -> tuple[list[TokenizedPrompt], int]:
@@ -95,7 +91,9 @@ class PromptSource:
             if self._held_out is None:
                 self._held_out = {p.record.prompt for p in self.eval_set()}
             held_out = self._held_out
-            task = _arith(self.cfg, seed=self.seed * 1_000_003 + 7919 * (step + 1))
+            task = arithmetic_task(
+                self.cfg.arithmetic, seed=self.seed * 1_000_003 + 7919 * (step + 1)
+            )
             records = [r for r in task.sample(4 * n + 16) if r.prompt not in held_out][:n]
             kept, _ = tokenize_prompts(
                 records, self.tokenizer, self.cfg.max_prompt_tokens, self.cfg
@@ -120,7 +118,9 @@ class PromptSource:
         if self.cfg.eval_path is not None:
             records = _load(self.cfg, self.cfg.eval_path)[: self.cfg.eval_size]
         elif self.cfg.task == "arithmetic":
-            records = _arith(self.cfg, seed=self.seed).held_out(self.cfg.eval_size, seed=self.seed)
+            records = arithmetic_task(self.cfg.arithmetic, seed=self.seed).held_out(
+                self.cfg.eval_size, seed=self.seed
+            )
         else:
             raise ValueError("data.eval_path is required when data.task is 'jsonl'")
         return tokenize_prompts(records, self.tokenizer, self.cfg.max_prompt_tokens, self.cfg)[0]

@@ -23,8 +23,9 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
-from relayrl.plan.timemodel import MeasuredProfile
+from relayrl.plan.timemodel import THREAD_MEASUREMENTS, MeasuredProfile
 
 __all__ = ["profile"]
 
@@ -46,112 +47,100 @@ def profile(
 ) -> MeasuredProfile:
     """Time decode steps, prefill and training of the model in ``model_dir`` (see module doc);
     ``also_threads``: measure again at these thread counts (``MeasuredProfile.at_threads``)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
-    def measure(threads: int | None) -> MeasuredProfile:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        import torch
-        from transformers import AutoModelForCausalLM
-        from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    p = Path(model_dir)
+    if not (p / "config.json").is_file():
+        raise ValueError(f"not a Hugging Face model directory (no config.json): {p}")
+    if not batches or min(batches) < 1 or context < 1 or decode_steps < 1:
+        raise ValueError("batches, context and decode_steps must be >= 1")
+    if min(also_threads, default=1) < 1:
+        raise ValueError(f"thread counts must be >= 1, got {also_threads}")
+    dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
+    if dt is None:
+        raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(p, dtype=dt, local_files_only=True)
+    vocab = int(model.config.vocab_size)
+    gen = torch.Generator().manual_seed(seed)
 
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-        p = Path(model_dir)
-        if not (p / "config.json").is_file():
-            raise ValueError(f"not a Hugging Face model directory (no config.json): {p}")
-        if not batches or min(batches) < 1 or context < 1 or decode_steps < 1:
-            raise ValueError("batches, context and decode_steps must be >= 1")
-        dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
-            dtype
-        )
-        if dt is None:
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    def ids(b: int, n: int) -> torch.Tensor:
+        return torch.randint(0, vocab, (b, n), generator=gen)
+
+    # transformers renamed ``past_key_values`` to ``cache``; accept either.
+    params = inspect.signature(model.forward).parameters
+    cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    def cache_of(out: object) -> object:
+        c = getattr(out, "past_key_values", None)
+        return c if c is not None else getattr(out, "cache", None)
+
+    @torch.no_grad()
+    def decode_time(b: int, ctx: int) -> float:
+        out = model(ids(b, ctx), use_cache=True)
+        past = cache_of(out)
+        nxt = out.logits[:, -1:].argmax(-1)
+        times = []
+        for _ in range(decode_steps + 1):
+            t0 = time.perf_counter()
+            out = model(nxt, use_cache=True, **{cache_arg: past})
+            times.append(time.perf_counter() - t0)
+            past = cache_of(out)
+            nxt = out.logits[:, -1:].argmax(-1)
+        return statistics.median(times[1:])
+
+    def measure(n_threads: int) -> dict[str, Any]:
+        """Every timing on ``n_threads`` torch threads (keys of ``THREAD_MEASUREMENTS``)."""
         old_threads = torch.get_num_threads()
-        n_threads = threads or old_threads
         torch.set_num_threads(n_threads)
         try:
-            torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_pretrained(p, dtype=dt, local_files_only=True)
             model.eval()
-            vocab = int(model.config.vocab_size)
-            n_params = float(sum(t.numel() for t in model.parameters()))
-            weight_bytes = float(sum(t.numel() * t.element_size() for t in model.parameters()))
-            gen = torch.Generator().manual_seed(seed)
-
-            def ids(b: int, n: int) -> torch.Tensor:
-                return torch.randint(0, vocab, (b, n), generator=gen)
-
-            # transformers renamed ``past_key_values`` to ``cache``; accept either.
-            params = inspect.signature(model.forward).parameters
-            cache_arg = "cache" if "cache" in params else "past_key_values"
-
-            def cache_of(out: object) -> object:
-                c = getattr(out, "past_key_values", None)
-                return c if c is not None else getattr(out, "cache", None)
-
-            @torch.no_grad()
-            def decode_time(b: int, ctx: int) -> float:
-                out = model(ids(b, ctx), use_cache=True)
-                past = cache_of(out)
-                nxt = out.logits[:, -1:].argmax(-1)
-                times = []
-                for _ in range(decode_steps + 1):
-                    t0 = time.perf_counter()
-                    out = model(nxt, use_cache=True, **{cache_arg: past})
-                    times.append(time.perf_counter() - t0)
-                    past = cache_of(out)
-                    nxt = out.logits[:, -1:].argmax(-1)
-                return statistics.median(times[1:])
-
             step_s = {int(b): decode_time(int(b), context) for b in sorted(set(batches))}
             bmax = max(step_s)
             t2 = decode_time(bmax, 2 * context)
-            slope = max(0.0, (t2 - step_s[bmax]) / (bmax * context))
-
             with torch.no_grad():
                 x = ids(prefill_batch, prefill_len)
                 model(x)
                 t0 = time.perf_counter()
                 model(x)
                 prefill_tps = prefill_batch * prefill_len / (time.perf_counter() - t0)
-
-            model.train()
+            model.train()  # the weights are a throw-away copy
             opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
             x = ids(train_batch, train_len)
             times = []
             for _ in range(train_iters + 1):
                 t0 = time.perf_counter()
-                loss = model(x, labels=x).loss
-                loss.backward()
+                model(x, labels=x).loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 times.append(time.perf_counter() - t0)
-            train_tps = train_batch * train_len / statistics.median(times[1:])
         finally:
             torch.set_num_threads(old_threads)
-        return MeasuredProfile(
-            model=str(p),
-            params=n_params,
-            device="cpu",
-            threads=n_threads,
-            dtype=dtype,
-            decode_context=context,
-            decode_step_s=step_s,
-            decode_s_per_ctx_token=slope,
-            prefill_tokens_per_s=prefill_tps,
-            train_tokens_per_s=train_tps,
-            weight_bytes=weight_bytes,
-            extra={"decode_step_s_at_2x_context": t2, "torch": torch.__version__},
-        )
-
-    base = measure(threads)
-    for t in sorted(set(also_threads) - {base.threads}):
-        if t < 1:
-            raise ValueError(f"thread counts must be >= 1, got {t}")
-        other = measure(t)
-        base.at_threads[t] = {
-            "decode_step_s": other.decode_step_s,
-            "decode_s_per_ctx_token": other.decode_s_per_ctx_token,
-            "prefill_tokens_per_s": other.prefill_tokens_per_s,
-            "train_tokens_per_s": other.train_tokens_per_s,
+        return {
+            "decode_step_s": step_s,
+            "decode_s_per_ctx_token": max(0.0, (t2 - step_s[bmax]) / (bmax * context)),
+            "prefill_tokens_per_s": prefill_tps,
+            "train_tokens_per_s": train_batch * train_len / statistics.median(times[1:]),
+            "t2": t2,
         }
-    return base
+
+    n_threads = threads or torch.get_num_threads()
+    base = measure(n_threads)
+    others = {t: measure(t) for t in sorted(set(also_threads) - {n_threads})}
+    return MeasuredProfile(
+        model=str(p),
+        params=float(sum(t.numel() for t in model.parameters())),
+        device="cpu",
+        threads=n_threads,
+        dtype=dtype,
+        decode_context=context,
+        weight_bytes=float(sum(t.numel() * t.element_size() for t in model.parameters())),
+        extra={"decode_step_s_at_2x_context": base["t2"], "torch": torch.__version__},
+        at_threads={t: {k: m[k] for k in THREAD_MEASUREMENTS} for t, m in others.items()},
+        **{k: base[k] for k in THREAD_MEASUREMENTS},
+    )

@@ -223,6 +223,15 @@ class FixedStepTimeModel:
         return self.concurrency * devices
 
 
+# The measurements a profile holds per thread count (``MeasuredProfile.at_threads``).
+THREAD_MEASUREMENTS = (
+    "decode_step_s",
+    "decode_s_per_ctx_token",
+    "prefill_tokens_per_s",
+    "train_tokens_per_s",
+)
+
+
 @dataclass
 class MeasuredProfile:
     """Speeds of one model measured on one machine (written by ``relayrl profile``).

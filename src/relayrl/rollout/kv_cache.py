@@ -49,9 +49,7 @@ class SlotKVCache(Cache):
         self._write_rows: Tensor = torch.zeros(0, 1, dtype=torch.long)
         self._write_pos: Tensor = torch.zeros(0, 1, dtype=torch.long)
         self._kv_len = 0
-        self._split = False
         self._buckets: list[tuple[Tensor | slice, int]] | None = None
-        self.split_kv: tuple[Tensor, Tensor] | None = None
         self.split_buckets: list[tuple[Tensor, Tensor]] | None = None
 
     # ----------------------------------------------------------------- slot table
@@ -84,7 +82,6 @@ class SlotKVCache(Cache):
         write_rows: Tensor,
         write_pos: Tensor,
         kv_len: int,
-        split: bool = False,
         buckets: list[tuple[Tensor | slice, int]] | None = None,
     ) -> None:
         """Prepare the next forward.
@@ -93,23 +90,20 @@ class SlotKVCache(Cache):
         each new key/value of the batch (column ``-1`` = trash column). ``rows`` selects the
         arena rows attention reads (a slice = zero-copy view), ``kv_len`` how many columns.
 
-        ``split=False``: ``update`` returns those rows (one per batch row). ``split=True``
-        (the runner's split attention): ``update`` returns the new keys/values unchanged and
-        leaves the selected rows in :attr:`split_kv` for the decode part of attention.
-        ``buckets`` (split only): instead of one read of ``kv_len`` columns for every row,
-        one read per bucket ``(rows, columns)``, left in :attr:`split_buckets`, so that a short
-        sequence decoded next to a long one reads its own length, not the long one's.
-        Grows the arenas when needed.
+        Without ``buckets``: ``update`` returns those rows (one per batch row). With
+        ``buckets`` (the runner's split attention): ``update`` returns the new keys/values
+        unchanged and leaves one read per bucket ``(rows, columns)`` in :attr:`split_buckets`
+        for the decode part of attention (``rows`` is then unused), so that a short sequence
+        decoded next to a long one reads its own length, not the long one's. Grows the arenas
+        when needed.
         """
         self.ensure_capacity(kv_len)
         self._rows = rows
         self._write_rows = write_rows
         self._write_pos = torch.where(write_pos < 0, self.capacity, write_pos)
         self._kv_len = kv_len
-        self._split = split
         self._buckets = buckets
-        self.split_kv: tuple[Tensor, Tensor] | None = None
-        self.split_buckets: list[tuple[Tensor, Tensor]] | None = None
+        self.split_buckets = None
 
     def ensure_capacity(self, columns: int) -> None:
         """Grow the arenas (x2 steps, capped at ``max_len``) to hold ``columns`` tokens."""
@@ -157,16 +151,12 @@ class SlotKVCache(Cache):
         values.permute(0, 2, 1, 3)[rows, pos] = value_states.transpose(1, 2).to(values.dtype)
         if self._buckets is not None:
             self.split_buckets = [
-                (keys[rows, :, :cols], values[rows, :, :cols]) for rows, cols in self._buckets
+                (keys[sel, :, :cols], values[sel, :, :cols]) for sel, cols in self._buckets
             ]
             return key_states, value_states
-        n = self._kv_len
         # A slice selects a view (no copy); an index tensor gathers the rows.
-        read = (keys[self._rows, :, :n], values[self._rows, :, :n])
-        if self._split:
-            self.split_kv = read
-            return key_states, value_states
-        return read
+        n = self._kv_len
+        return keys[self._rows, :, :n], values[self._rows, :, :n]
 
     # ----------------------------------------------------------------- HF Cache protocol
     def get_seq_length(self, layer_idx: int = 0) -> int:

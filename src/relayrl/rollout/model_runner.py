@@ -49,11 +49,10 @@ SPLIT_ATTENTION = "relayrl_split_sdpa"
 class _SplitState:
     cache: SlotKVCache
     n_decode: int  # batch rows [0, n_decode) are decode rows; the rest are prefill tokens
-    decode_mask: Tensor | None  # [n_decode, 1, 1, kv_len] additive
+    # the decode rows' length buckets (one when lengths are alike): (first row, end row,
+    # additive mask [rows, 1, 1, columns]); their keys/values are ``cache.split_buckets``
+    decode_buckets: list[tuple[int, int, Tensor]]
     prefill_mask: Tensor | None  # [1, 1, P, P] additive, block-diagonal causal
-    # length buckets of the decode rows: (first row, end row, mask [rows, 1, 1, columns]);
-    # their keys/values are in ``cache.split_buckets``, in the same order
-    decode_buckets: list[tuple[int, int, Tensor]] | None = None
 
 
 _active = threading.local()
@@ -73,18 +72,10 @@ def _split_attention(
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     n = state.n_decode
     parts = []
-    if state.decode_buckets is not None:
-        assert state.cache.split_buckets is not None
-        for (lo, hi, mask), (k, v) in zip(
-            state.decode_buckets, state.cache.split_buckets, strict=True
-        ):
-            out, _ = sdpa_attention_forward(module, query[lo:hi], k, v, mask, **kwargs)
-            parts.append(out)
-    elif n:
-        assert state.cache.split_kv is not None
-        k, v = state.cache.split_kv
-        out, _ = sdpa_attention_forward(module, query[:n], k, v, state.decode_mask, **kwargs)
-        parts.append(out)  # [n, 1, H, D]
+    assert state.cache.split_buckets is not None
+    for (lo, hi, mask), (k, v) in zip(state.decode_buckets, state.cache.split_buckets, strict=True):
+        out, _ = sdpa_attention_forward(module, query[lo:hi], k, v, mask, **kwargs)
+        parts.append(out)  # [rows, 1, H, D]
     if query.shape[0] > n:
         # The prefill tokens as one sequence [1, H, P, D] with a block-diagonal causal mask.
         q, k, v = (t[n:].transpose(0, 2) for t in (query, key, value))
@@ -297,15 +288,13 @@ class ModelRunner:
         write_rows: list[int] = []
         keep: list[int] = []
         kv_len = 1
-        rows: Tensor | slice = slice(0, 0)
-        decode_mask = None
+        # per decode bucket: the arena rows and columns it reads; its batch rows and mask
+        arena_buckets: list[tuple[Tensor | slice, int]] = []
+        dec_buckets: list[tuple[int, int, Tensor]] = []
         buckets = self._decode_buckets([s + 1 for s in dec_starts]) if dec_slots else None
-        arena_buckets: list[tuple[Tensor | slice, int]] | None = None
-        dec_buckets: list[tuple[int, int, Tensor]] | None = None
         if buckets is not None:
             # rows in bucket order; ``keep`` maps them back to the order of ``dec_slots``
             keep = [0] * len(dec_slots)
-            arena_buckets, dec_buckets = [], []
             for bucket in buckets:
                 lo = len(ids)
                 for i in bucket:
@@ -316,7 +305,7 @@ class ModelRunner:
                 cols = max(dec_starts[i] for i in bucket) + 1
                 pos = torch.tensor([dec_starts[i] for i in bucket], dtype=torch.long)
                 dec_buckets.append((lo, len(ids), _causal_mask(pos.view(-1, 1, 1), cols, dtype)))
-                arena_buckets.append((_select(sorted(dec_slots[i] for i in bucket)), cols))
+                arena_buckets.append((_select([dec_slots[i] for i in bucket]), cols))
                 kv_len = max(kv_len, cols)
         elif dec_slots:
             rows, row_map, dec_rows = self._choose_rows(dec_slots)
@@ -331,7 +320,8 @@ class ModelRunner:
                     keep.append(r)
             kv_len = max(dec_starts) + 1
             dec_pos = torch.tensor(positions, dtype=torch.long).view(-1, 1, 1)
-            decode_mask = _causal_mask(dec_pos.clamp(min=0), kv_len, dtype)
+            arena_buckets.append((rows, kv_len))  # one bucket: every row reads kv_len columns
+            dec_buckets.append((0, len(ids), _causal_mask(dec_pos.clamp(min=0), kv_len, dtype)))
         n_decode = len(ids)
         prefill_mask = None
         if pre_slots:
@@ -352,14 +342,13 @@ class ModelRunner:
             cache.ensure_capacity(max(len(t) for t in pre_tokens))
         position_ids = torch.tensor(positions, dtype=torch.long).unsqueeze(1)  # [N, 1]
         cache.plan(
-            rows,
+            slice(0, 0),  # reads are per bucket
             torch.tensor(write_rows, dtype=torch.long).unsqueeze(1),
             position_ids,  # dummies have -1: trash column
             kv_len,
-            split=True,
             buckets=arena_buckets,
         )
-        state = _SplitState(cache, n_decode, decode_mask, prefill_mask, dec_buckets)
+        state = _SplitState(cache, n_decode, dec_buckets, prefill_mask)
         dummy_mask = torch.zeros(1, 1, 1, 1, dtype=dtype)  # the real masks live in `state`
         with _split_attention_active(model, state):
             logits = self._call(

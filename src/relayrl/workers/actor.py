@@ -115,24 +115,20 @@ class ActorWorker(TrainState, ReferenceWorker):
                 trained = self._rows_with_gradient(mini)
                 sums["zero_adv_skipped_frac"] += 1.0 - len(trained) / max(len(mini), 1)
                 weights["zero_adv_skipped_frac"] += 1.0
-                micro_batches = (
-                    trained.micro_batches(a.micro_batch_size, a.micro_batch_tokens)
-                    if len(trained)
-                    else []
-                )
-                for _, micro in micro_batches:
-                    stats = self._micro_step(micro, norm)
-                    mini_loss += stats.pop("_loss")  # partial losses add up to the mini-batch loss
-                    tokens = float(micro.response_mask.sum())
-                    for k, v in stats.items():
-                        sums[k] += v * tokens
-                        weights[k] += tokens
-                sums["loss"] += mini_loss
-                weights["loss"] += 1.0
                 if not len(trained):  # a zero gradient still moves Adam's moments
                     for p in self.model.parameters():
                         if p.requires_grad:
                             p.grad = torch.zeros_like(p)
+                else:
+                    for _, micro in trained.micro_batches(a.micro_batch_size, a.micro_batch_tokens):
+                        stats = self._micro_step(micro, norm)
+                        mini_loss += stats.pop("_loss")  # partial losses add up to the mini loss
+                        tokens = float(micro.response_mask.sum())
+                        for k, v in stats.items():
+                            sums[k] += v * tokens
+                            weights[k] += tokens
+                sums["loss"] += mini_loss
+                weights["loss"] += 1.0
                 grad_norm = self._clip_and_step()
                 sums["grad_norm"] += grad_norm
                 weights["grad_norm"] += 1.0
