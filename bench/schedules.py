@@ -186,6 +186,9 @@ def main() -> int:
     )
     ap.add_argument("--kl", type=float, default=0.0, help="GRPO k3 KL loss coefficient")
     ap.add_argument("--sync-threads", type=int, default=2, help="threads of the sync process")
+    ap.add_argument(
+        "--train-threads", type=int, default=1, help="threads of the trainer in overlap / async"
+    )
     ap.add_argument("--seed", type=int, default=0, help="RL seed (prompts, sampling, shuffling)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="", help="comma-separated configuration names")
@@ -204,7 +207,7 @@ def main() -> int:
             "lengths": f"lognormal:{args.median + 4}:{args.sigma}:{args.cap + 4}",
             "slots": slots,
             "threads": 2,
-            "train_threads": 1,
+            "train_threads": args.train_threads,
         }
     }
     print(json.dumps(meta), flush=True)
@@ -214,7 +217,11 @@ def main() -> int:
             continue
         if args.only and name not in {x.strip() for x in args.only.split(",")}:
             continue
-        threads = f"threads={args.sync_threads}" if "schedule=sync" in overrides else "threads=1"
+        threads = (
+            f"threads={args.sync_threads}"
+            if "schedule=sync" in overrides
+            else f"threads={args.train_threads}"
+        )
         cfg: RunConfig = load_config(
             RunConfig,
             None,

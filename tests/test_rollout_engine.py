@@ -206,6 +206,9 @@ def test_finished_slot_is_refilled_at_once(models: dict) -> None:
         rows_per_step.append(rows)
     assert sorted(len(s.response_ids) for s in samples) == sorted(lengths)
     assert sum(rows_per_step) == sum(lengths)  # one row per generated token, no idle rows
+    report = engine.report()  # the rollout-backend interface: counters, no spans in process
+    assert report.counters["slot_steps"] == sum(lengths) and report.busy_spans == []
+    assert report.counters["tokens_generated"] == sum(lengths)
 
 
 def test_bad_input_raises_clear_errors_without_disturbing_others(models: dict) -> None:

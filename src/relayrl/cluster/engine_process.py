@@ -28,7 +28,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import Tensor
 
-from relayrl.rollout import GenerationRequest, Sample
+from relayrl.rollout import EngineReport, GenerationRequest, Sample
 
 _CTX = mp.get_context("spawn")
 EVAL_TAG = "_eval_ticket"
@@ -160,7 +160,7 @@ class EngineProcess:
         self._eval_cv = threading.Condition()
         self._acked = threading.Event()
         self._acked.set()
-        self._stats_q: queue.Queue[tuple[dict[str, Any], list[tuple[float, float]]]] = queue.Queue()
+        self._stats_q: queue.Queue[EngineReport] = queue.Queue()
         self._rejected: list[tuple[dict[str, Any], str]] = []
         self._send_lock = threading.Lock()
         self._tickets = itertools.count()
@@ -216,7 +216,7 @@ class EngineProcess:
             elif kind == "updated":
                 self._acked.set()
             elif kind == "stats":
-                self._stats_q.put((msg[1], msg[2]))
+                self._stats_q.put(EngineReport(msg[1], msg[2]))
             elif kind == "rejected":
                 self._rejected.extend(msg[1])
             elif kind == "stopped":
@@ -305,8 +305,8 @@ class EngineProcess:
             if time.monotonic() > deadline:
                 raise TimeoutError("rollout worker did not load the weights in time")
 
-    def stats(self, timeout: float = 30) -> tuple[dict[str, Any], list[tuple[float, float]]]:
-        """Engine counters and its busy spans (perf_counter seconds) since the last call."""
+    def report(self, timeout: float = 30) -> EngineReport:
+        """Engine counters and its busy spans (perf_counter seconds) since the last report."""
         self._send(("stats",))
         deadline = time.monotonic() + timeout
         while True:

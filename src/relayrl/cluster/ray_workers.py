@@ -36,7 +36,7 @@ from torch import Tensor
 
 from relayrl.cluster.engine_process import drain_queue
 from relayrl.config import RunConfig
-from relayrl.rollout import GenerationRequest, RolloutEngine, Sample
+from relayrl.rollout import EngineReport, GenerationRequest, RolloutEngine, Sample
 from relayrl.rollout.engine import _error_sample
 from relayrl.workers.experience import Experience
 
@@ -597,8 +597,8 @@ class RayRolloutClient:
         self.last_sync_s = time.perf_counter() - t0
         self.sync_times.append(self.last_sync_s)
 
-    def stats(self) -> tuple[dict[str, Any], list[tuple[float, float]]]:
-        """Merged engine counters of all replicas and their busy spans since the last call."""
+    def report(self) -> EngineReport:
+        """Merged engine counters of all replicas and their busy spans since the last report."""
         self._check()
         with self._lock:
             handles = list(self._replicas)
@@ -626,7 +626,7 @@ class RayRolloutClient:
         merged["requests_resubmitted"] = self.resubmitted
         merged["duplicates_dropped"] = self.duplicates_dropped
         merged["weight_sync_s"] = self.last_sync_s
-        return merged, spans
+        return EngineReport(merged, spans)
 
     def outstanding_tokens(self) -> list[int]:
         """Per replica: the token estimate of its in-flight requests (the balancing key)."""

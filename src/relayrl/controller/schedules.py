@@ -51,8 +51,7 @@ class SyncSchedule:
 
     def _slot_counts(self) -> tuple[int, int]:
         """(engine steps, slot steps) so far, summed over the engine's replicas."""
-        st = self.roles.rollout.stats()
-        st = st[0] if isinstance(st, tuple) else st  # worker pools add their busy spans
+        st = self.roles.rollout.report().counters
         return int(st.get("steps", 0)), int(st.get("slot_steps", 0))
 
     def step(self, step: int, kl_ctl: KLController) -> tuple[Experience, dict[str, float]]:
@@ -137,7 +136,8 @@ class AsyncSchedule:
             )
             self.controller.set_version(step + 1)
             stats["time/weight_sync"] = time.perf_counter() - t1
-        engine_stats, spans = self.roles.rollout.stats()
+        report = self.roles.rollout.report()
+        engine_stats, spans = report.counters, report.busy_spans
         for s0, e0 in spans:
             self.timeline.add("rollout", "generate", s0, e0)
         # only busy time since this schedule started (the initial eval ran before)
@@ -177,10 +177,10 @@ class AsyncSchedule:
         self.controller.join(timeout=30)
         out: dict[str, Any] = {"staleness_hist": dict(sorted(self.staleness_hist.items()))}
         try:
-            stats, spans = self.roles.rollout.stats()
-            for s, e in spans:
+            report = self.roles.rollout.report()
+            for s, e in report.busy_spans:
                 self.timeline.add("rollout", "generate", s, e)
-            out["engine"] = stats
+            out["engine"] = report.counters
         except Exception:  # the engine may be dead: closing must not mask the first error
             pass
         return out

@@ -7,9 +7,16 @@ prefill/decode forwards) and a sampler with per-request seeds. Every finished
 """
 
 from relayrl.rollout.engine import InvalidRequestError, RolloutEngine
-from relayrl.rollout.types import FinishReason, GenerationRequest, Sample, SamplingParams
+from relayrl.rollout.types import (
+    EngineReport,
+    FinishReason,
+    GenerationRequest,
+    Sample,
+    SamplingParams,
+)
 
 __all__ = [
+    "EngineReport",
     "FinishReason",
     "GenerationRequest",
     "InvalidRequestError",

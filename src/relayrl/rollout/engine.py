@@ -33,7 +33,7 @@ from relayrl.rollout.kv_cache import SlotKVCache
 from relayrl.rollout.model_runner import ModelRunner
 from relayrl.rollout.sampler import SamplingSettings, sample
 from relayrl.rollout.scheduler import Scheduler, Sequence
-from relayrl.rollout.types import FinishReason, GenerationRequest, Sample
+from relayrl.rollout.types import EngineReport, FinishReason, GenerationRequest, Sample
 
 
 class InvalidRequestError(ValueError):
@@ -364,6 +364,10 @@ class RolloutEngine:
         for k in ("steps", "forwards", "tokens_generated", "prefill_tokens", "slot_steps"):
             st[k] = int(st[k])
         return st
+
+    def report(self) -> EngineReport:
+        """The rollout-backend report: counters, no spans (this process's clock is the caller's)."""
+        return EngineReport(self.stats())
 
     def _to_sample(self, seq: Sequence, reason: FinishReason) -> Sample:
         req = seq.request

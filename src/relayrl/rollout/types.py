@@ -61,3 +61,17 @@ class Sample:
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
+
+
+@dataclass
+class EngineReport:
+    """What every rollout backend reports (``report()``): the same shape in and out of process.
+
+    ``counters`` are the engine's counters since it started (``RolloutEngine.stats()``; merged
+    over replicas by a pool); ``busy_spans`` are the (start, end) ``perf_counter`` seconds the
+    engine spent generating since the previous report. An engine in the caller's process
+    reports no spans: its caller's own clock is the engine's.
+    """
+
+    counters: dict[str, Any]
+    busy_spans: list[tuple[float, float]] = field(default_factory=list)

@@ -14,7 +14,7 @@ from relayrl.workers.reward import RewardWorker
 @dataclass
 class Roles:
     actor: ActorWorker
-    rollout: RolloutEngine | Any  # the engine, or a client of an engine worker process
+    rollout: RolloutEngine | Any  # the engine or a client of engine workers: same methods, report()
     reward: RewardWorker
     tokenizer: Any
     reference: ReferenceWorker | None = None
