@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import threading
@@ -58,25 +59,35 @@ def test_schedule_raises_held_out_pass_rate(sft_model, tmp_path, schedule, extra
 def test_async_dynamic_sampling_trains_only_groups_with_signal(sft_model, tmp_path):
     """DAPO in async: groups whose answers all scored the same are dropped as they finish
     and replaced under the gate; every trained group then has a non-zero advantage, and
-    in-order consumption still bounds every token's staleness by eta."""
+    in-order consumption still bounds every token's staleness by eta. A resumed run goes on
+    from the checkpoint's admission id, past the dropped groups: no prompt is trained twice."""
     run_dir = tmp_path / "ds"
-    cfg = run_config(
-        sft_model,
-        run_dir,
+    common = [
         "schedule=async",
         "async.eta=1",
-        "train.steps=4",
+        "train.save_every=4",
         "algo.prompts_per_step=8",
         "algo.group_size=4",
         "data.eval_size=8",
         "data.dynamic_sampling.enabled=true",
         "data.dynamic_sampling.max_rounds=8",
-    )
-    _train(cfg)
+    ]
+    _train(run_config(sft_model, run_dir, "train.steps=4", *common))
     rows = [r for r in _metrics(run_dir) if "reward_mean" in r]
     assert len(rows) == 4
     assert rows[-1]["dynamic/dropped_frac"] > 0  # some groups had no signal and were dropped
     assert all(r["actor/zero_adv_skipped_frac"] == 0.0 for r in rows)  # none was trained
+    assert max(r["staleness_max"] for r in rows) <= 1
+    # each step trains the next 8 groups in admission order, past the dropped ones
+    assert rows[-1]["next_group"] > 4 * 8
+    state = torch.load(latest_checkpoint(run_dir) / "trainer_state.pt", weights_only=False)
+    assert state["schedule"]["next_group"] == rows[-1]["next_group"]
+
+    _train(run_config(sft_model, run_dir, "train.steps=6", *common), resume=True)
+    rows = [r for r in _metrics(run_dir) if "reward_mean" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    starts = [r["next_group"] for r in rows]
+    assert all(b >= a + 8 for a, b in itertools.pairwise(starts)), starts  # none trained twice
     assert max(r["staleness_max"] for r in rows) <= 1
 
 

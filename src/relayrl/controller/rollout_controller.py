@@ -76,6 +76,11 @@ class RolloutController(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
 
+    def rebase(self, next_id: int) -> None:
+        """Admission ids continue at ``next_id`` (a resumed run); call before ``start``."""
+        with self._lock:
+            self._next_id = self._start_id = next_id
+
     def check(self) -> None:
         """Raise in the trainer thread if the controller failed (e.g. the engine died)."""
         if self.error is not None:
@@ -83,8 +88,6 @@ class RolloutController(threading.Thread):
 
     # ---------------------------------------------------------------- the loop
     def run(self) -> None:
-        # after a resume the gate is re-based
-        self._next_id = self._start_id = self.gate.n_admitted
         try:
             while not self._halt.is_set():
                 self._admit()

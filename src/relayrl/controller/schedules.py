@@ -46,8 +46,12 @@ class SyncSchedule:
         self.timeline = timeline
         self._engine_counts = (0, 0)
 
-    def start(self, step: int) -> None:
+    def start(self, step: int, state: dict[str, Any] | None = None) -> None:
         self._engine_counts = self._slot_counts()
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the schedule: nothing (step k's prompts follow from k)."""
+        return {}
 
     def _slot_counts(self) -> tuple[int, int]:
         """(engine steps, slot steps) so far, summed over the engine's replicas."""
@@ -107,10 +111,18 @@ class AsyncSchedule:
         self._idle = 0.0
         self._engine_busy = 0.0
 
-    def start(self, step: int) -> None:
-        """Re-base the gate on the (resumed) trainer version and start generating."""
+    def start(self, step: int, state: dict[str, Any] | None = None) -> None:
+        """Re-base the gate on the (resumed) trainer version and start generating.
+
+        The gate counts step x B groups as admitted (staleness is counted in versions); the
+        admission ids (prompt positions, seeds) continue at the checkpoint's ``next_group``,
+        which runs ahead of step x B by the groups dynamic sampling dropped, so a resumed run
+        neither revisits a trained prompt nor re-trains one.
+        """
         self.gate.rebase(step)
-        self.buffer.rebase(self.gate.n_admitted)
+        next_group = int((state or {}).get("next_group", self.gate.n_admitted))
+        self.buffer.rebase(next_group)
+        self.controller.rebase(next_group)
         self._wall0 = time.perf_counter()
         self.controller.start()
 
@@ -150,6 +162,7 @@ class AsyncSchedule:
         c = self.controller
         stats["interrupted_frac"] = c.samples_interrupted / max(c.samples_received, 1)
         stats["groups_admitted"] = float(self.gate.n_admitted)
+        stats["next_group"] = float(self.buffer.next_index)
         if cfg.data.dynamic_sampling.enabled:
             stats["dynamic/dropped_frac"] = c.groups_dropped / max(c.groups_completed, 1)
         return exp, stats
@@ -171,6 +184,11 @@ class AsyncSchedule:
             exp["advantages"] = torch.where(over, exp["advantages"] * factor, exp["advantages"])
             out["stale_token_frac"] = float(over.sum()) / max(float(mask.sum()), 1.0)
         return out
+
+    def state(self) -> dict[str, Any]:
+        """The admission id after the last group trained (in finish order: a straggler
+        admitted before it and still in flight is not trained after a resume)."""
+        return {"next_group": self.buffer.next_index}
 
     def close(self) -> dict[str, Any]:
         self.controller.stop()

@@ -72,6 +72,7 @@ def train(cfg: RunConfig, build_roles: RoleBuilder, resume: bool = False) -> dic
 def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict[str, Any]:
     kl_ctl = make_kl_controller(cfg)
     start = 0
+    schedule_state: dict[str, Any] = {}
     if ckpt is not None:
         state = load_trainer_state(ckpt)
         start = int(state["step"])
@@ -80,6 +81,7 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
             roles.critic.load_train_state(state["critic"])
         kl_ctl.value = state["kl_coef"]
         set_rng_state(state["rng"])
+        schedule_state = state.get("schedule", {})
         print(f"resumed from {ckpt} at step {start}")
     if roles.rollout.version != start:
         roles.rollout.update_weights(roles.actor.state_dict(), version=start, interrupt=False)
@@ -108,7 +110,7 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
     monitor = RunMonitor.from_config(cfg, tok)  # KL, distinct-n, proxy vs gold
     timeline = Timeline()
     schedule = make_schedule(roles, cfg, source, stop_ids, timeline)
-    schedule.start(start)
+    schedule.start(start, schedule_state)
     try:
         with StepProgress(
             cfg.train.steps - start,
@@ -137,7 +139,7 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
                 if (cfg.train.save_every and done % cfg.train.save_every == 0) or (
                     done == cfg.train.steps
                 ):
-                    _save(cfg, roles, done, kl_ctl.value)
+                    _save(cfg, roles, done, kl_ctl.value, schedule.state())
     finally:
         final.update(schedule.close())
         timeline.write(run_dir / "timeline.json")
@@ -159,9 +161,15 @@ def _rates(exp: Any, stats: dict[str, float], cfg: RunConfig) -> dict[str, float
     return out
 
 
-def _save(cfg: RunConfig, roles: Roles, step: int, kl_coef: float) -> Path:
+def _save(
+    cfg: RunConfig, roles: Roles, step: int, kl_coef: float, schedule: dict[str, Any]
+) -> Path:
     models: dict[str, Any] = {"actor": roles.actor.model}
-    state: dict[str, Any] = {"actor": roles.actor.train_state(), "kl_coef": kl_coef}
+    state: dict[str, Any] = {
+        "actor": roles.actor.train_state(),
+        "kl_coef": kl_coef,
+        "schedule": schedule,
+    }
     if roles.critic is not None:
         models["critic"] = roles.critic.model
         state["critic"] = roles.critic.train_state()
