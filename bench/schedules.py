@@ -12,6 +12,10 @@ budget (steps x prompts x G) and reports samples/s and response tokens/s over th
 loop (the answers' lengths drift differently per configuration, so tokens/s is the fairer
 throughput figure), the trainer's idle fraction, engine busy fraction and slot utilisation,
 token staleness (mean / max / fraction beyond eta) and the held-out greedy pass rate at the end.
+``ceiling x sync`` is sync's seconds per step over the row's training seconds per step: what
+the row would reach if generation were hidden entirely behind training (overlap and async give
+the trainer one of the two cores, so on this machine it bounds them; `--train-threads 2`
+oversubscribes the cores instead: measured slower).
 
 Prints one JSON line per configuration (first a ``config`` line for
 ``bench/plan_calibration.py``), then a table, then one summary JSON line with the ratios that
@@ -288,6 +292,10 @@ def main() -> int:
             "pass_before": out["eval_before"],
             "pass_after": out["eval_after"],
             "loop_s": loop_s,
+            "step_s": loop_s / len(steps),
+            # the trainer's own seconds per step: a schedule that overlaps generation entirely
+            # still takes this long, so sync's step_s / this is its ceiling over sync
+            "train_s_per_step": sum(r["time/train"] for r in steps) / len(steps),
             "wall_s": wall,
         }
         rows.append(row)
@@ -301,6 +309,8 @@ def main() -> int:
         "resp tok/s",
         "x sync (tok)",
         "idle %",
+        "train s/step",
+        "ceiling x sync",
         "engine busy",
         "slot util",
         "stale mean/max",
@@ -317,6 +327,8 @@ def main() -> int:
             f"{r['response_tokens_per_s']:.0f}",
             f"{r['response_tokens_per_s'] / sync['response_tokens_per_s']:.2f}",
             "" if r["trainer_idle_frac"] is None else f"{100 * r['trainer_idle_frac']:.0f}",
+            f"{r['train_s_per_step']:.3f}",
+            "" if r["schedule"] == "sync" else f"{sync['step_s'] / r['train_s_per_step']:.2f}",
             "" if r["engine_utilisation"] is None else f"{r['engine_utilisation']:.2f}",
             "" if r["engine_slot_utilisation"] is None else f"{r['engine_slot_utilisation']:.2f}",
             f"{r['staleness_mean']:.2f}/{r['staleness_max']:.0f}",
@@ -329,6 +341,10 @@ def main() -> int:
     if "async eta=2" in by:
         summary["async_eta2_over_sync"] = by["async eta=2"]["samples_per_s"] / sync["samples_per_s"]
         summary["async_eta2_pass_minus_sync"] = by["async eta=2"]["pass_after"] - sync["pass_after"]
+        # with generation entirely hidden behind training, async is trainer-bound at this
+        summary["async_eta2_ceiling_over_sync"] = (
+            sync["step_s"] / by["async eta=2"]["train_s_per_step"]
+        )
     if "async eta=2" in by:
         summary["async_eta2_tokens_over_sync"] = (
             by["async eta=2"]["response_tokens_per_s"] / sync["response_tokens_per_s"]
