@@ -296,6 +296,13 @@ def main() -> int:
             # the trainer's own seconds per step: a schedule that overlaps generation entirely
             # still takes this long, so sync's step_s / this is its ceiling over sync
             "train_s_per_step": sum(r["time/train"] for r in steps) / len(steps),
+            # generated tokens per second of generation time (sync: per step, the whole wave
+            # on 2 threads; async: the engine's running figure on its own thread)
+            "gen_tokens_per_s": (
+                sum(r["gen_tokens_per_s"] for r in steps) / len(steps)
+                if cfg.schedule == "sync"
+                else steps[-1].get("gen_tokens_per_s")
+            ),
             "wall_s": wall,
         }
         rows.append(row)
@@ -345,6 +352,10 @@ def main() -> int:
         summary["async_eta2_ceiling_over_sync"] = (
             sync["step_s"] / by["async eta=2"]["train_s_per_step"]
         )
+        # ... and engine-bound at this: one step's answers at the engine's own rate
+        a2 = by["async eta=2"]
+        gen_s = a2["response_length_mean"] * args.prompts * args.group / a2["gen_tokens_per_s"]
+        summary["async_eta2_engine_ceiling_over_sync"] = sync["step_s"] / gen_s
     if "async eta=2" in by:
         summary["async_eta2_tokens_over_sync"] = (
             by["async eta=2"]["response_tokens_per_s"] / sync["response_tokens_per_s"]
