@@ -193,6 +193,12 @@ def main() -> int:
     ap.add_argument(
         "--train-threads", type=int, default=1, help="threads of the trainer in overlap / async"
     )
+    ap.add_argument(
+        "--urgent-steps",
+        type=int,
+        default=None,
+        help="async.urgent_steps of overlap / async (default: the config's)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="RL seed (prompts, sampling, shuffling)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="", help="comma-separated configuration names")
@@ -247,6 +253,7 @@ def main() -> int:
                 "data.eval_size=200",
                 "logging.progress=false",
                 "logging.tensorboard=false",
+                *([] if args.urgent_steps is None else [f"async.urgent_steps={args.urgent_steps}"]),
                 *overrides,
             ],
         )
@@ -291,6 +298,9 @@ def main() -> int:
             "response_length_mean": sum(r["response_length_mean"] for r in steps) / len(steps),
             "pass_before": out["eval_before"],
             "pass_after": out["eval_after"],
+            # engine steps that decoded only the groups the in-order trainer waited for
+            "engine_urgent_step_frac": out.get("engine", {}).get("urgent_steps", 0)
+            / max(out.get("engine", {}).get("steps", 0), 1),
             "loop_s": loop_s,
             "step_s": loop_s / len(steps),
             # the trainer's own seconds per step: a schedule that overlaps generation entirely

@@ -211,3 +211,36 @@ def test_send_racing_the_workers_exit_names_its_exit_code():
     client._cmd_send, client.process = ClosedPipe(), ExitingProcess()
     with pytest.raises(RolloutWorkerDied, match=r"pid 4242\) died with exit code -9"):
         client.submit_many([])
+
+
+def test_engine_worker_hurries_the_groups_it_is_told(sft_model):
+    """``prioritize`` through the worker process: the urgent group's rows also decode alone
+    (``urgent_steps`` of them per full step), so with equal budgets it finishes first."""
+    from relayrl.cluster.engine_process import EngineProcess, EngineSpec
+    from relayrl.model import load_causal_lm, load_tokenizer
+    from relayrl.rollout import GenerationRequest, SamplingParams
+
+    tok = load_tokenizer(sft_model)
+    spec = EngineSpec(
+        model_path=str(sft_model),
+        dtype="float32",
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        max_slots=16,
+        threads=1,
+        version=0,
+        urgent_steps=3,
+    )
+    with EngineProcess(spec, load_causal_lm(sft_model, torch.float32).state_dict()) as engine:
+        engine.prioritize([1])  # before the requests: it applies to whatever of group 1 runs
+        params = SamplingParams(max_tokens=40, ignore_eos=True, seed=0)
+        engine.submit_many(
+            GenerationRequest([5, 6, 7], params, group_id=int(i >= 6)) for i in range(8)
+        )
+        order: list[int] = []
+        deadline = time.monotonic() + 60
+        while len(order) < 8 and time.monotonic() < deadline:
+            order += [s.group_id for s in engine.poll(timeout=0.5)]
+        assert sorted(order) == [0] * 6 + [1] * 2
+        assert order[:2] == [1, 1]  # 40 tokens in ~40 steps; the others needed ~4x as many
+        assert engine.report().counters["urgent_steps"] > 0

@@ -373,3 +373,50 @@ def test_decode_length_buckets_hand_case() -> None:
     assert runner._decode_buckets(lengths) == [[0, 4], [1, 2], [3]]
     runner.bucket_overhead = 0  # off
     assert runner._decode_buckets(lengths) is None
+
+
+def test_urgent_groups_decode_alone_between_full_steps(models: dict) -> None:
+    """``prioritize``: each full step is followed by ``urgent_steps`` steps of the urgent rows
+    alone, so they advance (urgent_steps + 1)x as fast; the rest still advances every full
+    step, and every request's tokens are the same as without priority (per-request seeds)."""
+    model = models["llama"]
+    prompts = random_prompts([3, 5, 4, 6, 2, 7], seed=11)
+
+    def run(urgent: list[int]) -> tuple[dict[int, list[int]], dict[int, int]]:
+        engine = make_engine(model, max_slots=8, urgent_steps=2)
+        for i, p in enumerate(prompts):  # group 1: requests 4 and 5
+            params = SamplingParams(max_tokens=30, ignore_eos=True, seed=i)
+            engine.submit(GenerationRequest(p, params, group_id=int(i >= 4)))
+        engine.prioritize(urgent)
+        tokens, finished_at = {}, {}
+        steps = 0
+        while engine.has_unfinished():
+            steps += 1
+            for s in engine.step():
+                tokens[s.request_id] = s.response_ids
+                finished_at[s.request_id] = steps
+        return tokens, finished_at
+
+    plain_tokens, plain_at = run([])
+    tokens, at = run([1])
+    assert tokens == plain_tokens  # same samples, only their order in time changed
+    assert max(plain_at.values()) == 30  # one token per step for every row
+    # the urgent pair: a full step + 2 alone per 3 steps -> 30 tokens in 30 steps as before
+    assert at[4] == at[5] == 30
+    # ... while each other row got one token per full step, so they finish last
+    assert min(at[i] for i in range(4)) > 30
+    # without anything urgent running, every step is a full step again
+    assert max(at.values()) <= 30 + 20 + 1
+
+
+def test_urgent_steps_off_and_bad_value(models: dict) -> None:
+    model = models["llama"]
+    engine = make_engine(model, max_slots=4, urgent_steps=0)
+    engine.submit(GenerationRequest([5, 6], SamplingParams(max_tokens=3), group_id=0))
+    engine.submit(GenerationRequest([5, 7], SamplingParams(max_tokens=3), group_id=1))
+    engine.prioritize([1])
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.stats()["urgent_steps"] == 0
+    with pytest.raises(ValueError, match="urgent_steps"):
+        make_engine(model, urgent_steps=-1)

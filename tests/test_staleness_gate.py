@@ -96,10 +96,13 @@ def test_buffer_in_order_waits_for_the_straggler():
     t.start()
     t.join(timeout=0.3)
     assert t.is_alive() and not got  # 1, 2, 3 are ready but the step needs 0 and 1
+    assert buf.waiting_for() == [0]  # what the engine is told to hurry (async.urgent_steps)
     buf.put(_group(0))
     t.join(timeout=5)
     assert got == [[0, 1]]
+    assert buf.waiting_for() == []  # nobody waits
     assert [g.admission_index for g in buf.take(2)] == [2, 3]
+    assert GroupBuffer(in_order=False).waiting_for() == []
 
 
 def test_buffer_finish_order_takes_the_oldest_finished():

@@ -221,6 +221,13 @@ class AsyncConfig(_Strict):
     counts in the loss denominator) or multiplied by ``stale_weight``."""
     stale_weight: float = Field(0.5, ge=0, le=1)
     poll_interval_s: float = Field(0.01, gt=0)
+    urgent_steps: int = Field(4, ge=0)
+    """While the in-order trainer waits for some groups, the engine follows each full step
+    with this many steps that decode only those groups' rows (0: off). On a CPU a forward
+    costs per row, so a few stragglers alone step several times faster than in a full batch
+    (bench/schedules.py, async eta = 2: the trainer's wait per step 0.171 -> 0.128 s with 4;
+    8 gained nothing more; hurrying the next step's groups all the time, not only while the
+    trainer waits, slowed the engine more than it saved)."""
 
 
 class TrainConfig(_Strict):

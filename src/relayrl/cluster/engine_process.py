@@ -63,6 +63,7 @@ class EngineSpec:
     max_slots: int
     threads: int
     version: int
+    urgent_steps: int = 4
 
 
 def _worker_main(spec: EngineSpec, shared: dict[str, Tensor], cmd_conn: Any, out_conn: Any) -> None:
@@ -83,6 +84,7 @@ def _worker_main(spec: EngineSpec, shared: dict[str, Tensor], cmd_conn: Any, out
             pad_token_id=spec.pad_token_id,
             max_slots=spec.max_slots,
             version=spec.version,
+            urgent_steps=spec.urgent_steps,
         )
     except Exception:
         out_conn.send(("fatal", traceback.format_exc()))
@@ -112,6 +114,8 @@ def _worker_main(spec: EngineSpec, shared: dict[str, Tensor], cmd_conn: Any, out
                     _, version, interrupt = msg
                     engine.update_weights(shared, version, interrupt=interrupt)
                     out_conn.send(("updated", version))
+                elif kind == "prioritize":
+                    engine.prioritize(msg[1])
                 elif kind == "stats":
                     if busy_since is not None:  # report the open busy span up to now
                         now = time.perf_counter()
@@ -255,6 +259,10 @@ class EngineProcess:
 
     def submit(self, request: GenerationRequest) -> None:
         self.submit_many([request])
+
+    def prioritize(self, group_ids: Iterable[int]) -> None:
+        """``RolloutEngine.prioritize`` in the worker: these groups' rows are urgent."""
+        self._send(("prioritize", list(group_ids)))
 
     def poll(self, timeout: float = 0.0) -> list[Sample]:
         """Finished samples so far (waits up to ``timeout`` seconds for the first one)."""

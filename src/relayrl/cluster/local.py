@@ -45,6 +45,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
             max_slots=cfg.rollout.max_slots,
             threads=cfg.rollout.threads,
             version=0,
+            urgent_steps=cfg.async_.urgent_steps,
         )
         rollout = EngineProcess(spec, actor_model.state_dict())
     reference = None

@@ -129,6 +129,7 @@ class RoleHost:
                 pad_token_id=tok.pad_token_id,
                 max_slots=cfg.rollout.max_slots,
                 version=spec.version,
+                urgent_steps=cfg.async_.urgent_steps,
             )
             self._cv = threading.Condition()
             self._finished: list[Sample] = []
@@ -229,6 +230,11 @@ class RoleHost:
                 self._updates -= 1
                 self._cv.notify_all()
         return time.perf_counter() - t0
+
+    def rollout_prioritize(self, group_ids: list[int]) -> None:
+        assert self.engine is not None
+        with self._cv:
+            self.engine.prioritize(group_ids)
 
     def rollout_stats(self) -> tuple[dict[str, Any], list[tuple[float, float]]]:
         assert self.engine is not None
@@ -537,6 +543,15 @@ class RayRolloutClient:
 
     def submit(self, request: GenerationRequest) -> None:
         self.submit_many([request])
+
+    def prioritize(self, group_ids: Iterable[int]) -> None:
+        """Every replica makes these groups' rows urgent (``RolloutEngine.prioritize``)."""
+        self._check()
+        ids = list(group_ids)
+        with self._lock:
+            handles = list(self._replicas)
+        for h in handles:
+            h.rollout_prioritize.remote(ids)  # a dead replica is caught by its receiver
 
     def poll(self, timeout: float = 0.0) -> list[Sample]:
         """Finished samples so far (waits up to ``timeout`` seconds for the first one)."""

@@ -39,6 +39,7 @@ class GroupBuffer:
         self.total_put = 0
         self.total_taken = 0
         self._skipped: set[int] = set()  # admission indices that will never arrive
+        self._blocked_on: int | None = None  # n of a take waiting now
 
     def rebase(self, next_index: int) -> None:
         """The admission index of the next group to train (after a resume)."""
@@ -69,6 +70,15 @@ class GroupBuffer:
         front = heapq.nsmallest(n, self._heap)
         return [g.admission_index for g in front] == self._expected(n)
 
+    def waiting_for(self) -> list[int]:
+        """In order: the admission indices a blocked ``take`` still lacks ([] when none waits
+        or in finish order, where any finished group will do)."""
+        with self._cv:
+            if not self.in_order or self._blocked_on is None:
+                return []
+            have = {g.admission_index for g in self._heap}
+            return [i for i in self._expected(self._blocked_on) if i not in have]
+
     def put(self, group: ScoredGroup) -> None:
         with self._cv:
             heapq.heappush(self._heap, group)
@@ -88,10 +98,14 @@ class GroupBuffer:
     ) -> list[ScoredGroup]:
         """Block until ``n`` groups are ready; return the ``n`` oldest. ``check`` may raise."""
         with self._cv:
-            while not self._ready(n):
-                if check is not None:
-                    check()
-                self._cv.wait(timeout=poll_s)
+            self._blocked_on = n
+            try:
+                while not self._ready(n):
+                    if check is not None:
+                        check()
+                    self._cv.wait(timeout=poll_s)
+            finally:
+                self._blocked_on = None
             out = [heapq.heappop(self._heap) for _ in range(n)]
             self.total_taken += n
             self.next_index = out[-1].admission_index + 1

@@ -61,6 +61,7 @@ class RolloutController(threading.Thread):
         self._next_id = gate.n_admitted
         self._start_id = gate.n_admitted
         self._drops_at_version = 0
+        self._urgent: list[int] = []  # the groups the engine was last told the trainer awaits
         # Never flood the engine beyond what keeps its slots busy (this is also what bounds
         # an unbounded eta): at most 2 x slots worth of groups unfinished, and at least B.
         slots = int(getattr(getattr(engine, "spec", None), "max_slots", cfg.rollout.max_slots))
@@ -91,6 +92,7 @@ class RolloutController(threading.Thread):
         try:
             while not self._halt.is_set():
                 self._admit()
+                self._prioritize_awaited()
                 for s in self.engine.poll(timeout=self.cfg.async_.poll_interval_s):
                     self._score(s)
                 if self.reward.service is not None:
@@ -99,6 +101,16 @@ class RolloutController(threading.Thread):
         except BaseException as exc:  # surfaced to the trainer through check()
             self.error = exc
             self.buffer.wake()
+
+    def _prioritize_awaited(self) -> None:
+        """Tell the engine which groups the blocked in-order trainer still waits for (their
+        stragglers then also decode alone: ``async.urgent_steps``), and when it stops waiting."""
+        if not self.cfg.async_.urgent_steps:
+            return
+        awaited = self.buffer.waiting_for()
+        if awaited != self._urgent:
+            self.engine.prioritize(awaited)
+            self._urgent = awaited
 
     def _in_flight(self) -> int:
         """Admitted groups not yet complete (in the engine or being scored)."""

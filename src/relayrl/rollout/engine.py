@@ -23,7 +23,7 @@ import copy
 import itertools
 import random
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -32,7 +32,7 @@ from torch import Tensor
 from relayrl.rollout.kv_cache import SlotKVCache
 from relayrl.rollout.model_runner import ModelRunner
 from relayrl.rollout.sampler import SamplingSettings, sample
-from relayrl.rollout.scheduler import Scheduler, Sequence
+from relayrl.rollout.scheduler import ScheduledGroup, Scheduler, Sequence
 from relayrl.rollout.types import EngineReport, FinishReason, GenerationRequest, Sample
 
 
@@ -66,6 +66,7 @@ class RolloutEngine:
         max_model_len: int | None = None,
         version: int = 0,
         seed: int = 0,
+        urgent_steps: int = 4,
     ) -> None:
         config = getattr(model, "config", None)
         if max_model_len is None:
@@ -78,6 +79,8 @@ class RolloutEngine:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
         if max_slots <= 0:
             raise ValueError(f"max_slots must be > 0, got {max_slots}")
+        if urgent_steps < 0:
+            raise ValueError(f"urgent_steps must be >= 0, got {urgent_steps}")
         _check_supported(config)
         self.model = model.eval()
         self.eos_token_id = eos_token_id
@@ -94,6 +97,9 @@ class RolloutEngine:
         self._ids = itertools.count()
         self._seed_rng = random.Random(seed)
         self._finished: list[Sample] = []  # finished outside step() (aborts), or not yet handed out
+        self.urgent_steps = urgent_steps
+        self._urgent_groups: frozenset[int] = frozenset()
+        self._urgent_left = 0  # urgent-only steps left before the next full step
         self._stats: dict[str, float] = {
             "steps": 0,
             "forwards": 0,
@@ -105,6 +111,7 @@ class RolloutEngine:
             "sequences_interrupted": 0,
             "weight_updates": 0,
             "slot_steps": 0,
+            "urgent_steps": 0,
             "prefill_time_s": 0.0,
             "decode_time_s": 0.0,
             "sample_time_s": 0.0,
@@ -192,12 +199,45 @@ class RolloutEngine:
             return out
         with torch.inference_mode():
             groups = self.scheduler.schedule(self.version)
-            for group in groups:
+            urgent = self._urgent_only(groups)
+            for group in urgent or groups:
                 out.extend(self._run_group(group.weights_version, group.seqs))
         self._stats["steps"] += 1
+        self._stats["urgent_steps"] += bool(urgent)
         if out:
             self._release_old_models()
         return out
+
+    def prioritize(self, group_ids: Iterable[int]) -> None:
+        """Make the requests of these groups urgent (a trainer waits for them); empty ends it.
+
+        While an urgent request is running next to others, every full step is followed by
+        ``urgent_steps`` steps that decode only the urgent rows. A forward here costs about
+        ``overhead + rows x per_row``, so a few stragglers step several times faster alone than
+        inside a full batch, and the rest of the batch still advances every
+        ``urgent_steps + 1`` steps.
+        """
+        self._urgent_groups = frozenset(group_ids)
+        if not self._urgent_groups:
+            self._urgent_left = 0
+
+    def _urgent_only(self, groups: list[ScheduledGroup]) -> list[ScheduledGroup]:
+        """This step's forwards restricted to the urgent rows, or [] for a full step."""
+        if not self._urgent_groups or not self.urgent_steps:
+            return []
+        if self._urgent_left == 0:  # a full step now, then the urgent-only ones
+            self._urgent_left = self.urgent_steps
+            return []
+        self._urgent_left -= 1
+        urgent = [
+            ScheduledGroup(g.weights_version, seqs)
+            for g in groups
+            if (seqs := [s for s in g.seqs if s.request.group_id in self._urgent_groups])
+        ]
+        n_urgent = sum(len(g.seqs) for g in urgent)
+        if n_urgent == 0 or n_urgent == sum(len(g.seqs) for g in groups):
+            return []  # nothing urgent is running, or the step is urgent as a whole
+        return urgent
 
     def _run_group(self, weights_version: int, seqs: list[Sequence]) -> list[Sample]:
         t0 = time.perf_counter()
