@@ -268,6 +268,7 @@ def main() -> int:
         hist = {int(k): v for k, v in out.get("staleness_hist", {}).items()}
         n_tok = max(sum(hist.values()), 1)
         eta = cfg.staleness_eta if cfg.schedule != "sync" else 0
+        engine = out.get("engine", {})  # the async engine's counters (sync: none)
         row = {
             "name": name,
             "schedule": cfg.schedule,
@@ -299,8 +300,8 @@ def main() -> int:
             "pass_before": out["eval_before"],
             "pass_after": out["eval_after"],
             # engine steps that decoded only the groups the in-order trainer waited for
-            "engine_urgent_step_frac": out.get("engine", {}).get("urgent_steps", 0)
-            / max(out.get("engine", {}).get("steps", 0), 1),
+            "engine_urgent_step_frac": engine.get("urgent_steps", 0)
+            / max(engine.get("steps", 0), 1),
             "loop_s": loop_s,
             "step_s": loop_s / len(steps),
             # the trainer's own seconds per step: a schedule that overlaps generation entirely
@@ -366,7 +367,6 @@ def main() -> int:
         a2 = by["async eta=2"]
         gen_s = a2["response_length_mean"] * args.prompts * args.group / a2["gen_tokens_per_s"]
         summary["async_eta2_engine_ceiling_over_sync"] = sync["step_s"] / gen_s
-    if "async eta=2" in by:
         summary["async_eta2_tokens_over_sync"] = (
             by["async eta=2"]["response_tokens_per_s"] / sync["response_tokens_per_s"]
         )

@@ -63,7 +63,7 @@ class EngineSpec:
     max_slots: int
     threads: int
     version: int
-    urgent_steps: int = 4
+    urgent_steps: int  # async.urgent_steps
 
 
 def _worker_main(spec: EngineSpec, shared: dict[str, Tensor], cmd_conn: Any, out_conn: Any) -> None:

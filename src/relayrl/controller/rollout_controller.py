@@ -78,9 +78,11 @@ class RolloutController(threading.Thread):
         self._halt.set()
 
     def rebase(self, next_id: int) -> None:
-        """Admission ids continue at ``next_id`` (a resumed run); call before ``start``."""
+        """Admission ids continue at ``next_id`` (a resumed run), and the buffer's in-order
+        takes with them; call before ``start``."""
         with self._lock:
             self._next_id = self._start_id = next_id
+        self.buffer.rebase(next_id)
 
     def check(self) -> None:
         """Raise in the trainer thread if the controller failed (e.g. the engine died)."""

@@ -120,9 +120,7 @@ class AsyncSchedule:
         neither revisits a trained prompt nor re-trains one.
         """
         self.gate.rebase(step)
-        next_group = int((state or {}).get("next_group", self.gate.n_admitted))
-        self.buffer.rebase(next_group)
-        self.controller.rebase(next_group)
+        self.controller.rebase(int((state or {}).get("next_group", self.gate.n_admitted)))
         self._wall0 = time.perf_counter()
         self.controller.start()
 
