@@ -2,28 +2,52 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from relayrl.config import ArithmeticConfig, RunConfig, SFTConfig, load_config
+from relayrl.config import ArithmeticConfig, DataConfig, RunConfig, SFTConfig, load_config
+from relayrl.controller.prompts import PromptSource
 from relayrl.controller.sft import run_sft
-from relayrl.model import build_tiny_model
+from relayrl.model import build_tiny_model, load_tokenizer
 
 ARITH = dict(min_operand=0, max_operand=99, operators=["+"], num_operands=2)
+TEST_SEED = int(os.environ.get("RELAYRL_TEST_SEED", "0"))
+"""Seed of the SFT fixture and of every RL test run (conftest.py)."""
+SFT_TARGET = 0.35
+"""Validation greedy pass rate at which the fixture's SFT stops (checked every 20 steps)."""
 
 
-def make_sft_model(root: Path, steps: int = 520) -> Path:
-    """Tiny Llama, 520 SFT steps on 2-digit addition: ~38% greedy pass rate, mid-way through
-    learning the carry, where RL improves it fast (measured: +23 points in 25 GRPO steps)."""
-    base = build_tiny_model(root / "base", hidden_size=96)
+def make_sft_model(root: Path, seed: int = 0, target: float = SFT_TARGET) -> Path:
+    """Tiny Llama, SFT on 2-digit addition until the greedy pass rate on a validation stream
+    reaches ``target``: mid-way through learning the carry, where RL improves it fast.
+
+    The fixture stops at a quality, not a step count: after a fixed number of steps the tiny
+    model's pass rate depends on the machine's floating point (measured 12% on one CPU and 38%
+    on another after the same 520 steps), so every RL test downstream would start elsewhere.
+    The validation stream excludes the RL held-out set (``data.eval_size=200``, run seed
+    ``seed``) that the tests' ``eval_before`` / ``eval_after`` are measured on."""
+    base = build_tiny_model(root / "base", hidden_size=96, seed=seed)
+    data = DataConfig(arithmetic=ArithmeticConfig(**ARITH), eval_size=200)
+    held_out = {p.record.prompt for p in PromptSource(data, load_tokenizer(base), seed).eval_set()}
     cfg = SFTConfig(
+        seed=seed,
         model_path=str(base),
         output_dir=str(root / "sft"),
         arithmetic=ArithmeticConfig(**ARITH),
-        steps=steps,
+        steps=3000,
+        eval_every=20,
+        eval_size=200,
+        target_pass_rate=target,
         threads=1,
         progress=False,
     )
-    run_sft(cfg)
+    out = run_sft(cfg, exclude_prompts=held_out)
+    reached = out.get("sft/val_pass_rate", 0.0)
+    if reached < target:
+        raise RuntimeError(
+            f"SFT fixture stopped at {reached:.2f} < target {target} after "
+            f"{int(out['sft/steps'])} steps"
+        )
     return root / "sft"
 
 
@@ -34,6 +58,7 @@ def run_config(model: Path, run_dir: Path, *overrides: str) -> RunConfig:
         [
             f"model.path={model}",
             f"run_dir={run_dir}",
+            f"seed={TEST_SEED}",
             "threads=1",
             "logging.progress=false",
             "logging.tensorboard=false",

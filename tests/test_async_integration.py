@@ -33,7 +33,8 @@ def _metrics(run_dir):
     "schedule,extra",
     [("overlap", []), ("async", ["async.eta=2", "async.interrupt=true"])],
 )
-def test_schedule_raises_held_out_pass_rate(sft_model, tmp_path, schedule, extra):
+@pytest.mark.learning
+def test_schedule_raises_held_out_pass_rate(sft_model, tmp_path, schedule, extra, outcome):
     cfg = run_config(
         sft_model,
         tmp_path / schedule,
@@ -43,6 +44,7 @@ def test_schedule_raises_held_out_pass_rate(sft_model, tmp_path, schedule, extra
         *extra,
     )
     out = _train(cfg)
+    outcome(before=out["eval_before"], after=out["eval_after"])
     assert out["eval_after"] >= out["eval_before"] + 0.15, out
     rows = [r for r in _metrics(tmp_path / schedule) if "reward_mean" in r]
     eta = 1 if schedule == "overlap" else 2

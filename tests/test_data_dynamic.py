@@ -88,7 +88,8 @@ DS = [
 ]
 
 
-def test_grpo_step_with_dynamic_sampling(sft_model: Path, tmp_path: Path) -> None:
+@pytest.mark.learning
+def test_grpo_step_with_dynamic_sampling(sft_model: Path, tmp_path: Path, outcome) -> None:
     cfg = run_config(sft_model, tmp_path / "ds", *DS)
     roles = build_local_roles(cfg, str(sft_model), None)
     source = PromptSource(cfg.data, roles.tokenizer, cfg.seed)
@@ -96,6 +97,7 @@ def test_grpo_step_with_dynamic_sampling(sft_model: Path, tmp_path: Path) -> Non
     stop = [roles.tokenizer.eos_token_id]
     refill = refill_prompts(source, 0, cfg.data.dynamic_sampling.max_rounds)
     exp, stats = rl_step(roles, prompts, cfg, 0, stop, make_kl_controller(cfg), refill)
+    outcome(dropped_frac=stats["dynamic/dropped_frac"], rounds=stats["dynamic/rounds"])
     assert 0.0 < stats["dynamic/dropped_frac"] < 1.0  # ~37% pass rate: some groups are flat
     assert stats["dynamic/filled"] == 1.0 and stats["dynamic/rounds"] >= 2
     assert len(exp) == 8 * 8
@@ -122,7 +124,8 @@ def test_train_logs_dropped_fraction(sft_model: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_grpo_with_dynamic_sampling_learns(sft_model: Path, tmp_path: Path) -> None:
+@pytest.mark.learning
+def test_grpo_with_dynamic_sampling_learns(sft_model: Path, tmp_path: Path, outcome) -> None:
     cfg = run_config(
         sft_model,
         tmp_path / "learn",
@@ -133,6 +136,7 @@ def test_grpo_with_dynamic_sampling_learns(sft_model: Path, tmp_path: Path) -> N
         "data.dynamic_sampling.enabled=true",
     )
     out = train(cfg, lambda a, c: build_local_roles(cfg, a, c))
+    outcome(before=out["eval_before"], after=out["eval_after"])
     assert out["eval_after"] >= out["eval_before"] + 0.1, out
     rows = [json.loads(x) for x in (tmp_path / "learn" / "metrics.jsonl").read_text().splitlines()]
     dropped = [r["dynamic/dropped_frac"] for r in rows if "dynamic/dropped_frac" in r]

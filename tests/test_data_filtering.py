@@ -55,7 +55,8 @@ def test_filter_by_pass_rate() -> None:
         filter_by_pass_rate(records, rates, low=0.9, high=0.1)
 
 
-def test_filter_command_on_tiny_model(sft_model: Path, tmp_path: Path) -> None:
+@pytest.mark.learning
+def test_filter_command_on_tiny_model(sft_model: Path, tmp_path: Path, outcome) -> None:
     task = ArithmeticTask(seed=123, **{k: v for k, v in ARITH.items()})
     records = task.held_out(40)
     src = tmp_path / "prompts.jsonl"
@@ -88,6 +89,7 @@ def test_filter_command_on_tiny_model(sft_model: Path, tmp_path: Path) -> None:
             seed=999,
         )
     mean = sum(again) / len(again)
+    outcome(kept=report.kept, removed=report.too_easy + report.too_hard, mean_again=mean)
     assert 0.2 <= mean <= 0.8, (mean, again)
     # the CLI does the same
     cli_out = tmp_path / "cli.jsonl"

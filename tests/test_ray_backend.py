@@ -65,10 +65,12 @@ def _train(cfg, seen=None):
 SMALL = ["algo.prompts_per_step=32", "algo.group_size=8", "data.eval_size=200"]
 
 
-def test_grpo_sync_all_roles_colocated(sft_model, tmp_path):
+@pytest.mark.learning
+def test_grpo_sync_all_roles_colocated(sft_model, tmp_path, outcome):
     cfg = run_config(sft_model, tmp_path / "sync", "cluster=ray", "train.steps=40", *SMALL)
     seen = []
     out = _train(cfg, seen)
+    outcome(before=out["eval_before"], after=out["eval_after"])
     assert out["eval_after"] >= out["eval_before"] + 0.10, out
     actor, rollout = seen
     # colocated: actor, reference and rollout engine share the pool's single process
@@ -84,7 +86,8 @@ def test_grpo_sync_all_roles_colocated(sft_model, tmp_path):
         assert a["reward_mean"] == pytest.approx(b["reward_mean"], abs=1e-6)
 
 
-def test_async_rollout_and_trainer_on_split_pools(sft_model, tmp_path):
+@pytest.mark.learning
+def test_async_rollout_and_trainer_on_split_pools(sft_model, tmp_path, outcome):
     cfg = run_config(
         sft_model,
         tmp_path / "async",
@@ -97,6 +100,7 @@ def test_async_rollout_and_trainer_on_split_pools(sft_model, tmp_path):
     )
     seen = []
     out = _train(cfg, seen)
+    outcome(before=out["eval_before"], after=out["eval_after"])
     assert out["eval_after"] >= out["eval_before"] + 0.10, out
     actor, rollout = seen
     assert actor["pid"] != rollout["pid"] and rollout["roles"] == ["rollout"]

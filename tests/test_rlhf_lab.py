@@ -11,7 +11,7 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from helpers import run_config
+from helpers import TEST_SEED, run_config
 from relayrl.cli import main
 from relayrl.cluster.local import build_local_roles
 from relayrl.config import load_config
@@ -27,16 +27,25 @@ from relayrl.telemetry import read_metrics
 def lab(tmp_path_factory):
     """The default lab (``relayrl demo rlhf``, seed 0): ~1 minute on one CPU thread."""
     root = tmp_path_factory.mktemp("lab")
-    cfg = load_config(LabConfig, None, [f"run_dir={root}", "progress=false"])
+    cfg = load_config(LabConfig, None, [f"run_dir={root}", "progress=false", f"seed={TEST_SEED}"])
     results = run_lab(cfg, log=lambda *a: None)
     return root, results
 
 
-def test_lab_reproduces_reward_hacking(lab):
+@pytest.mark.learning
+def test_lab_reproduces_reward_hacking(lab, outcome):
     """beta = 0.1: proxy and true score rise. beta = 0: the proxy rises higher while the true
     score falls (reward hacking). Diversity falls in both."""
     _, r = lab
     sft, kl, nokl = r["runs"]["sft"], r["runs"]["ppo_beta0.1"], r["runs"]["ppo_beta0"]
+    keys = ("proxy", "true", "grammatical", "kl", "distinct_responses", "distinct_2")
+    outcome(
+        **{
+            f"{name}/{k}": run[k]
+            for name, run in (("sft", sft), ("kl", kl), ("nokl", nokl))
+            for k in keys
+        }
+    )
     assert all(r["hacking"].values()), r["hacking"]
     # measured on seed 0: sft true -0.40 / proxy -0.18; beta 0.1: +0.96 / +1.15;
     # beta 0: -3.00 / +1.54
@@ -51,18 +60,22 @@ def test_lab_reproduces_reward_hacking(lab):
     assert nokl["distinct_2"] < 0.7 * sft["distinct_2"]
 
 
-def test_reward_model_near_the_noise_ceiling_and_far_above_chance(lab):
+@pytest.mark.learning
+def test_reward_model_near_the_noise_ceiling_and_far_above_chance(lab, outcome):
     _, r = lab
     rm = r["rm"]
+    outcome(**{k: rm[k] for k in ("label_agreement", "noise_ceiling", "truth_accuracy")})
     # measured: agreement 0.725 against a ceiling of 0.753; truth accuracy 0.91
     assert rm["label_agreement"] > rm["noise_ceiling"] - 0.06, rm
     assert rm["truth_accuracy"] > 0.85, rm
     assert rm["pairs"] == 600 and rm["truth_pairs"] > 300
 
 
-def test_blind_spot_probe_is_measured_and_reported(lab):
+@pytest.mark.learning
+def test_blind_spot_probe_is_measured_and_reported(lab, outcome):
     root, r = lab
     probe = r["blind_spot"]
+    outcome(**{k: v for k, v in probe.items() if isinstance(v, int | float)})
     assert probe["true_shuffled_mean"] < -2.5 < probe["true_original_mean"]
     # the reward model barely notices word order: shuffles score close to the originals
     assert probe["rm_shuffled_mean"] > probe["rm_original_mean"] - 0.5
@@ -210,7 +223,8 @@ def test_ppo_with_adaptive_beta_against_the_reward_model(lab, tmp_path):
     assert "critic/vf_loss" in out
 
 
-def test_dpo_with_algo_name_dpo_learns_the_preferences(lab, tmp_path):
+@pytest.mark.learning
+def test_dpo_with_algo_name_dpo_learns_the_preferences(lab, tmp_path, outcome):
     root, _ = lab
     cfg = run_config(
         root / "sft",
@@ -226,6 +240,7 @@ def test_dpo_with_algo_name_dpo_learns_the_preferences(lab, tmp_path):
         "train.steps=40",
     )
     out = train(cfg, lambda a, c: pytest.fail("DPO builds no roles"))
+    outcome(before=out["eval_before"], after=out["eval_after"])
     assert out["eval_before"] == pytest.approx(0.5)  # policy == reference: every h is 0
     assert out["eval_after"] > 0.6, out
     assert out["dpo/chosen_reward"] > out["dpo/rejected_reward"]

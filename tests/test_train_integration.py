@@ -22,10 +22,11 @@ def _train(cfg, resume=False):
     return train(cfg, lambda a, c: build_local_roles(cfg, a, c), resume=resume)
 
 
-def test_grpo_raises_held_out_pass_rate(sft_model, tmp_path):
+@pytest.mark.learning
+def test_grpo_raises_held_out_pass_rate(sft_model, tmp_path, outcome):
     cfg = run_config(sft_model, tmp_path / "grpo", "train.steps=60", "data.eval_size=200")
     out = _train(cfg)
-    # measured: ~0.38 -> ~0.75 at 60 steps; require a clear, significant rise
+    outcome(before=out["eval_before"], after=out["eval_after"])
     assert out["eval_after"] >= out["eval_before"] + 0.15, out
     lines = (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()
     rec = json.loads(lines[1])
@@ -46,7 +47,8 @@ def test_grpo_raises_held_out_pass_rate(sft_model, tmp_path):
         assert key in rec, key
 
 
-def test_ppo_raises_held_out_pass_rate(sft_model, tmp_path):
+@pytest.mark.learning
+def test_ppo_raises_held_out_pass_rate(sft_model, tmp_path, outcome):
     cfg = run_config(
         sft_model,
         tmp_path / "ppo",
@@ -56,6 +58,7 @@ def test_ppo_raises_held_out_pass_rate(sft_model, tmp_path):
         "data.eval_size=200",
     )
     out = _train(cfg)
+    outcome(before=out["eval_before"], after=out["eval_after"])
     assert out["eval_after"] >= out["eval_before"] + 0.15, out
     assert "critic/vf_loss" in out and out["kl_beta"] == pytest.approx(0.01)
     assert (tmp_path / "ppo" / "checkpoints" / "step_000060" / "critic" / "config.json").is_file()

@@ -10,12 +10,16 @@ This module is a leaf: it imports nothing from relayrl, so every layer may read 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 T = TypeVar("T", bound=BaseModel)
+
+Threads = Annotated[int, Field(ge=1)] | Literal["auto"]
+"""A torch thread count, or ``auto``: the CPUs idle when the process starts, within its
+affinity mask (``relayrl.model.threads``)."""
 
 
 class ConfigError(ValueError):
@@ -288,8 +292,10 @@ class RunConfig(_Strict):
 
     seed: int = 0
     run_dir: str = "runs/grpo"
-    threads: int = Field(2, ge=1)
-    """torch intra-op threads of this process (one per process when several share the CPU)."""
+    threads: Threads = "auto"
+    """torch intra-op threads of this process (one per process when several share the CPU);
+    ``auto``: the idle CPUs at start, less ``rollout.threads`` when the engine has its own
+    process."""
     schedule: Literal["sync", "overlap", "async"] = "sync"
     """``sync``: generate then train, one process. ``overlap``: one-step off-policy, engine in
     its own process. ``async``: continuous generation under the staleness gate (``async_``)."""
@@ -326,7 +332,7 @@ class SFTConfig(_Strict):
     """Supervised fine-tuning on prompt/response pairs."""
 
     seed: int = 0
-    threads: int = Field(2, ge=1)
+    threads: Threads = "auto"
     model_path: str = "runs/demo/base"
     output_dir: str = "runs/demo/sft"
     task: Literal["arithmetic", "jsonl"] = "arithmetic"

@@ -8,7 +8,7 @@ import torch
 
 from relayrl.cluster.engine_process import EngineProcess, EngineSpec
 from relayrl.config import RunConfig
-from relayrl.model import load_causal_lm, load_critic, load_tokenizer
+from relayrl.model import load_causal_lm, load_critic, load_tokenizer, set_threads
 from relayrl.reward import build_reward_service
 from relayrl.rlhf.rm_scorer import build_reward_fn, reward_model_scorers
 from relayrl.rollout import RolloutEngine
@@ -22,7 +22,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
 
     The reference is always the initial model (``model.path``), also when resuming.
     """
-    torch.set_num_threads(cfg.threads)
+    set_threads(cfg.threads, reserved=0 if cfg.schedule == "sync" else cfg.rollout.threads)
     dtype = DTYPES[cfg.model.dtype]
     tokenizer = load_tokenizer(cfg.model.path)
     actor_model = load_causal_lm(actor_path, dtype)

@@ -26,7 +26,7 @@ from relayrl.cluster.ray_workers import (
     WorkerGroup,
 )
 from relayrl.config import RunConfig
-from relayrl.model import load_causal_lm, load_critic, load_tokenizer
+from relayrl.model import load_causal_lm, load_critic, load_tokenizer, resolve_threads
 from relayrl.reward import build_reward_service
 from relayrl.rlhf.rm_scorer import build_reward_fn
 from relayrl.rollout import GenerationRequest
@@ -68,7 +68,7 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
     """Place the roles of ``cfg`` on Ray resource pools and return their controller-side
     handles (``roles.close()`` stops the processes and frees the pools)."""
     ensure_ray(cfg.ray)
-    torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(1)  # the driver only tokenises and moves batches
     dtype = DTYPES[cfg.model.dtype]
     tokenizer = load_tokenizer(cfg.model.path)
     by_pool = role_pools(cfg.ray, needed_roles(cfg))
@@ -83,6 +83,12 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
             p.remove()
 
     replicas = cfg.ray.rollout_replicas
+    # ``threads: auto`` splits the idle CPUs among this machine's trainer-side host processes
+    # (rollout-only hosts take ``rollout.threads`` each)
+    rollout_only = [n for n, rs in by_pool.items() if rs == ["rollout"]]
+    trainer_hosts = sum(pools[n].size for n in by_pool if n not in rollout_only)
+    reserved = sum(min(pools[n].size, replicas) for n in rollout_only) * cfg.rollout.threads
+    host_threads = resolve_threads(cfg.threads, reserved=reserved, share=trainer_hosts)
     try:
         for name, roles in by_pool.items():
             pool = pools[name]
@@ -91,7 +97,7 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
                     f"ray.rollout_replicas={replicas} needs {replicas} bundles in pool "
                     f"{name!r}, it has {pool.size}"
                 )
-            threads = cfg.threads if roles != ["rollout"] else cfg.rollout.threads
+            threads = host_threads if roles != ["rollout"] else cfg.rollout.threads
             members = []
             for rank in range(pool.size):
                 here = tuple(r for r in roles if r != "rollout" or rank < replicas)

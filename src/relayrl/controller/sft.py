@@ -22,6 +22,7 @@ from relayrl.model import (
     load_tokenizer,
     pack_batch,
     save_model_atomic,
+    set_threads,
 )
 from relayrl.reward import get_reward_fn
 from relayrl.rollout import RolloutEngine
@@ -48,7 +49,7 @@ def tokenize_pair(tokenizer: Any, rec: SFTRecord) -> tuple[list[int], list[int]]
 
 def run_sft(cfg: SFTConfig, exclude_prompts: set[str] | None = None) -> dict[str, float]:
     """Fine-tune ``model_path`` and save it (HF format, atomically) to ``output_dir``."""
-    torch.set_num_threads(cfg.threads)
+    set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.model_path)
     model = load_causal_lm(cfg.model_path)

@@ -166,7 +166,7 @@ def run_difficulty_filter(
 
     from relayrl.data.prompting import tokenize_prompts
     from relayrl.data.sources import load_prompt_dataset
-    from relayrl.model import load_causal_lm, load_tokenizer
+    from relayrl.model import load_causal_lm, load_tokenizer, set_threads
     from relayrl.reward.service import build_reward_service
     from relayrl.rollout import RolloutEngine
 
@@ -182,7 +182,7 @@ def run_difficulty_filter(
         require_answer=src.require_answer,
         split=src.split,
     )
-    torch.set_num_threads(cfg.threads)
+    set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.model.path)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[

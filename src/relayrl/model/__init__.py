@@ -9,10 +9,12 @@ from relayrl.model.loading import (
     load_tokenizer,
     save_model_atomic,
 )
+from relayrl.model.threads import Threads, resolve_threads, set_threads, usable_cpus
 from relayrl.model.tiny import build_char_tokenizer, build_tiny_model
 
 __all__ = [
     "ModelPathError",
+    "Threads",
     "TokenBatch",
     "build_char_tokenizer",
     "build_tiny_model",
@@ -23,5 +25,8 @@ __all__ = [
     "load_critic",
     "load_tokenizer",
     "pack_batch",
+    "resolve_threads",
     "save_model_atomic",
+    "set_threads",
+    "usable_cpus",
 ]

@@ -32,7 +32,13 @@ from relayrl.controller.checkpoint import (
     load_trainer_state,
     save_checkpoint,
 )
-from relayrl.model import forward_logprobs, load_causal_lm, load_tokenizer, pack_batch
+from relayrl.model import (
+    forward_logprobs,
+    load_causal_lm,
+    load_tokenizer,
+    pack_batch,
+    set_threads,
+)
 from relayrl.rlhf.preferences import PreferencePair, load_preferences, split_pairs
 from relayrl.telemetry import MetricsLogger, StepProgress, print_summary
 from relayrl.workers.optim import make_optimizer
@@ -154,7 +160,7 @@ def train_dpo(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
     beta = cfg.algo.kl_coef
     if beta <= 0:
         raise ValueError("algo.name 'dpo' needs algo.kl_coef > 0 (DPO's beta), e.g. 0.1")
-    torch.set_num_threads(cfg.threads)
+    set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

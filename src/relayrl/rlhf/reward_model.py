@@ -34,7 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
-from relayrl.model import check_model_dir, load_tokenizer, save_model_atomic
+from relayrl.config import Threads
+from relayrl.model import check_model_dir, load_tokenizer, save_model_atomic, set_threads
 from relayrl.rlhf.preferences import PreferencePair, load_preferences, split_pairs
 from relayrl.telemetry import MetricsLogger, StepProgress
 from relayrl.workers.optim import make_optimizer
@@ -62,7 +63,7 @@ class RMConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     seed: int = 0
-    threads: int = Field(2, ge=1)
+    threads: Threads = "auto"
     model_path: str = "runs/demo/sft"
     """Backbone: a causal LM directory (new zero-initialised head) or a reward model."""
     output_dir: str = "runs/rm"
@@ -221,7 +222,7 @@ def train_reward_model(cfg: RMConfig, log: Any = print) -> dict[str, Any]:
     Returns the figures written to ``relayrl_rm.json`` (``eval_accuracy``, ``eval_loss``,
     ``train_pairs``, ``skipped``, ``reward_mean``, ``reward_std``, ...).
     """
-    torch.set_num_threads(cfg.threads)
+    set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     data = load_preferences(cfg.train_path)
     if data.skipped:
