@@ -13,11 +13,25 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+    model_validator,
+)
 
 T = TypeVar("T", bound=BaseModel)
 
-Threads = Annotated[int, Field(ge=1)] | Literal["auto"]
+
+def _thread_count(value: Any) -> int | str:
+    if value == "auto" or (type(value) is int and value >= 1):
+        return value
+    raise ValueError("must be a whole number >= 1 or 'auto'")
+
+
+Threads = Annotated[int | Literal["auto"], PlainValidator(_thread_count)]
 """A torch thread count, or ``auto``: the CPUs idle when the process starts, within its
 affinity mask (``relayrl.model.threads``)."""
 
