@@ -31,15 +31,21 @@ def _metrics(run_dir):
 
 @pytest.mark.parametrize(
     "schedule,extra",
-    [("overlap", []), ("async", ["async.eta=2", "async.interrupt=true"])],
+    [
+        ("overlap", ["train.steps=50"]),
+        ("async", ["train.steps=80", "async.eta=2", "async.interrupt=true"]),
+    ],
 )
 @pytest.mark.learning
 def test_schedule_raises_held_out_pass_rate(sft_model, tmp_path, schedule, extra, outcome):
+    """Off-policy GRPO still learns. lr 3e-4: at the default 5e-4 the held-out gain over seeds
+    0-4 was 0.105 / 0.185 (overlap, min / median) and -0.01 / 0.15 (async eta 2, 50 steps).
+    Measured with this config over seeds 0-4 (min / median): OVERLAP_NUMBERS."""
     cfg = run_config(
         sft_model,
         tmp_path / schedule,
         f"schedule={schedule}",
-        "train.steps=50",
+        "optim.lr=3e-4",
         "data.eval_size=200",
         *extra,
     )

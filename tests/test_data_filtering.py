@@ -57,6 +57,10 @@ def test_filter_by_pass_rate() -> None:
 
 @pytest.mark.learning
 def test_filter_command_on_tiny_model(sft_model: Path, tmp_path: Path, outcome) -> None:
+    """40 prompts, 8 samples each: the filter keeps those with pass rate in [0.2, 0.8]; 16
+    fresh samples of the kept ones land in the band too. Measured over seeds 0-4
+    (min / median / max): kept 19 / 23 / 30, removed 10 / 17 / 21, re-measured mean pass rate
+    0.286 / 0.309 / 0.473."""
     task = ArithmeticTask(seed=123, **{k: v for k, v in ARITH.items()})
     records = task.held_out(40)
     src = tmp_path / "prompts.jsonl"

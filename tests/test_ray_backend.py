@@ -62,7 +62,10 @@ def _train(cfg, seen=None):
     return train(cfg, build)
 
 
-SMALL = ["algo.prompts_per_step=32", "algo.group_size=8", "data.eval_size=200"]
+SMALL = ["algo.prompts_per_step=32", "algo.group_size=8", "data.eval_size=200", "optim.lr=3e-4"]
+"""Half the default batch, 40 steps: at the default lr 5e-4 the held-out gain over seeds 0-4
+was 0.015 / 0.11 (sync, min / median) and 0.015 / 0.035 (async split pools); 3e-4 learns
+steadily from the small batches."""
 
 
 @pytest.mark.learning

@@ -35,7 +35,15 @@ def lab(tmp_path_factory):
 @pytest.mark.learning
 def test_lab_reproduces_reward_hacking(lab, outcome):
     """beta = 0.1: proxy and true score rise. beta = 0: the proxy rises higher while the true
-    score falls (reward hacking). Diversity falls in both."""
+    score falls (reward hacking). Diversity (distinct bigrams) falls in both.
+
+    Measured over lab seeds 0-4 (``RELAYRL_TEST_SEED``; min / median): beta 0.1 true - sft
+    true +0.94 / +1.25, proxy +1.31 / +1.42; beta 0 proxy - beta 0.1 proxy +0.12 / +0.40;
+    beta 0 true -3.00 on every seed (sft true -0.44 at worst), grammatical 0.00; beta 0 KL /
+    beta 0.1 KL 3.9x / 31x; distinct_2 ratio to sft (max / median) 0.54 / 0.48 (beta 0.1) and
+    0.11 / 0.06 (beta 0); distinct strings (max / median) 0.52 / 0.46 of sft (beta 0.1). Distinct
+    strings under beta 0 are not asserted: on seed 4 the collapsed policy's word salad was 256
+    distinct strings of 256 (1.36x sft), while its bigrams fell to 0.11x."""
     _, r = lab
     sft, kl, nokl = r["runs"]["sft"], r["runs"]["ppo_beta0.1"], r["runs"]["ppo_beta0"]
     keys = ("proxy", "true", "grammatical", "kl", "distinct_responses", "distinct_2")
@@ -47,26 +55,24 @@ def test_lab_reproduces_reward_hacking(lab, outcome):
         }
     )
     assert all(r["hacking"].values()), r["hacking"]
-    # measured on seed 0: sft true -0.40 / proxy -0.18; beta 0.1: +0.96 / +1.15;
-    # beta 0: -3.00 / +1.54
-    assert kl["proxy"] > sft["proxy"] + 0.8 and kl["true"] > sft["true"] + 0.8
-    assert nokl["proxy"] > kl["proxy"] + 0.15
+    assert kl["proxy"] > sft["proxy"] + 0.8 and kl["true"] > sft["true"] + 0.6
+    assert nokl["proxy"] > kl["proxy"] + 0.05
     assert nokl["true"] < sft["true"] - 1.5 and nokl["grammatical"] < 0.2
-    assert nokl["kl"] > 5 * kl["kl"]
-    # on this seed both diversity measures fall: distinct strings and distinct bigrams
-    assert kl["distinct_responses"] < 0.6 * sft["distinct_responses"]
-    assert nokl["distinct_responses"] < 0.6 * sft["distinct_responses"]
-    assert kl["distinct_2"] < 0.7 * sft["distinct_2"]
-    assert nokl["distinct_2"] < 0.7 * sft["distinct_2"]
+    assert nokl["kl"] > 2 * kl["kl"]
+    assert kl["distinct_responses"] < 0.75 * sft["distinct_responses"]
+    assert kl["distinct_2"] < 0.75 * sft["distinct_2"]
+    assert nokl["distinct_2"] < 0.3 * sft["distinct_2"]
 
 
 @pytest.mark.learning
 def test_reward_model_near_the_noise_ceiling_and_far_above_chance(lab, outcome):
     _, r = lab
     rm = r["rm"]
+    """Measured over lab seeds 0-4 (min / median): held-out label agreement 0.665 / 0.705
+    against a noise ceiling of 0.752-0.758 (gap max / median 0.087 / 0.052); agreement with the
+    true preference 0.907 / 0.921."""
     outcome(**{k: rm[k] for k in ("label_agreement", "noise_ceiling", "truth_accuracy")})
-    # measured: agreement 0.725 against a ceiling of 0.753; truth accuracy 0.91
-    assert rm["label_agreement"] > rm["noise_ceiling"] - 0.06, rm
+    assert rm["label_agreement"] > rm["noise_ceiling"] - 0.12, rm
     assert rm["truth_accuracy"] > 0.85, rm
     assert rm["pairs"] == 600 and rm["truth_pairs"] > 300
 
@@ -75,11 +81,17 @@ def test_reward_model_near_the_noise_ceiling_and_far_above_chance(lab, outcome):
 def test_blind_spot_probe_is_measured_and_reported(lab, outcome):
     root, r = lab
     probe = r["blind_spot"]
+    """Shuffling a sentence's words costs it ~2.9 in true score; the reward model barely
+    notices. Measured over lab seeds 0-4 (min / median): true drop 2.83 / 2.90; the reward
+    model's drop (normalised units) is 0.34 / 0.14 of it (max / median); its scores of original
+    and shuffle correlate 0.67 / 0.81; shuffles scoring at least their original 0.10 / 0.14."""
     outcome(**{k: v for k, v in probe.items() if isinstance(v, int | float)})
     assert probe["true_shuffled_mean"] < -2.5 < probe["true_original_mean"]
-    # the reward model barely notices word order: shuffles score close to the originals
-    assert probe["rm_shuffled_mean"] > probe["rm_original_mean"] - 0.5
-    assert probe["shuffled_ge_original"] > 0.15
+    true_drop = probe["true_original_mean"] - probe["true_shuffled_mean"]
+    rm_drop = probe["rm_original_mean"] - probe["rm_shuffled_mean"]
+    assert rm_drop < 0.5 * true_drop, probe
+    assert probe["rm_corr_original_shuffled"] > 0.5, probe
+    assert probe["shuffled_ge_original"] > 0.05, probe
     assert "Blind-spot probe" in (root / "report.md").read_text()
 
 
@@ -225,6 +237,8 @@ def test_ppo_with_adaptive_beta_against_the_reward_model(lab, tmp_path):
 
 @pytest.mark.learning
 def test_dpo_with_algo_name_dpo_learns_the_preferences(lab, tmp_path, outcome):
+    """Held-out implicit-reward accuracy after 40 DPO steps, measured over lab seeds 0-4
+    (min / median): 0.600 / 0.683 (0.5 before: policy == reference)."""
     root, _ = lab
     cfg = run_config(
         root / "sft",
@@ -242,7 +256,7 @@ def test_dpo_with_algo_name_dpo_learns_the_preferences(lab, tmp_path, outcome):
     out = train(cfg, lambda a, c: pytest.fail("DPO builds no roles"))
     outcome(before=out["eval_before"], after=out["eval_after"])
     assert out["eval_before"] == pytest.approx(0.5)  # policy == reference: every h is 0
-    assert out["eval_after"] > 0.6, out
+    assert out["eval_after"] > 0.55, out
     assert out["dpo/chosen_reward"] > out["dpo/rejected_reward"]
     ckpt = latest_checkpoint(tmp_path / "dpo")
     assert ckpt is not None and ckpt.name == "step_000040"
