@@ -41,9 +41,10 @@ def test_lab_reproduces_reward_hacking(lab, outcome):
     true +0.94 / +1.25, proxy +1.31 / +1.42; beta 0 proxy - beta 0.1 proxy +0.12 / +0.40;
     beta 0 true -3.00 on every seed (sft true -0.44 at worst), grammatical 0.00; beta 0 KL /
     beta 0.1 KL 3.9x / 31x; distinct_2 ratio to sft (max / median) 0.54 / 0.48 (beta 0.1) and
-    0.11 / 0.06 (beta 0); distinct strings (max / median) 0.52 / 0.46 of sft (beta 0.1). Distinct
-    strings under beta 0 are not asserted: on seed 4 the collapsed policy's word salad was 256
-    distinct strings of 256 (1.36x sft), while its bigrams fell to 0.11x."""
+    0.11 / 0.06 (beta 0). Distinct strings are recorded, not asserted: beta 0.1 kept 0.52 / 0.46
+    of sft's on seeds 0-4 but 134 of 154 (0.87x) with ATEN_CPU_CAPABILITY=avx2 on seed 0 (the
+    figure of the issue's AMD machine), and beta 0's word salad on seed 4 was 256 distinct
+    strings of 256 (1.36x sft) while its bigrams fell to 0.11x."""
     _, r = lab
     sft, kl, nokl = r["runs"]["sft"], r["runs"]["ppo_beta0.1"], r["runs"]["ppo_beta0"]
     keys = ("proxy", "true", "grammatical", "kl", "distinct_responses", "distinct_2")
@@ -59,7 +60,6 @@ def test_lab_reproduces_reward_hacking(lab, outcome):
     assert nokl["proxy"] > kl["proxy"] + 0.05
     assert nokl["true"] < sft["true"] - 1.5 and nokl["grammatical"] < 0.2
     assert nokl["kl"] > 2 * kl["kl"]
-    assert kl["distinct_responses"] < 0.75 * sft["distinct_responses"]
     assert kl["distinct_2"] < 0.75 * sft["distinct_2"]
     assert nokl["distinct_2"] < 0.3 * sft["distinct_2"]
 
