@@ -42,7 +42,8 @@ def test_schedule_raises_held_out_pass_rate(sft_model, tmp_path, schedule, extra
     0-4 was 0.105 / 0.185 (overlap, min / median) and -0.01 / 0.15 (async eta 2, 50 steps).
     Measured with this config over seeds 0-4 (min / median), with a second run of the suite
     beside it: overlap 50 steps 0.125 / 0.245; async 80 steps 0.135 / 0.295 (at 50 steps seed
-    2 gained only 0.025-0.05 over three runs)."""
+    2 gained only 0.025-0.05 over three runs); seed 0 with other CPU kernels under load:
+    overlap 0.125 (avx2) / 0.115 (default), async 0.105 / 0.105."""
     cfg = run_config(
         sft_model,
         tmp_path / schedule,
@@ -53,7 +54,7 @@ def test_schedule_raises_held_out_pass_rate(sft_model, tmp_path, schedule, extra
     )
     out = _train(cfg)
     outcome(before=out["eval_before"], after=out["eval_after"])
-    assert out["eval_after"] >= out["eval_before"] + 0.06, out
+    assert out["eval_after"] >= out["eval_before"] + 0.05, out
     rows = [r for r in _metrics(tmp_path / schedule) if "reward_mean" in r]
     eta = 1 if schedule == "overlap" else 2
     assert max(r["staleness_max"] for r in rows) <= eta
