@@ -97,9 +97,10 @@ def test_async_rollout_and_trainer_on_split_pools(sft_model, tmp_path, outcome):
     """Async eta 2 across two Ray pools learns: the training pass rate (mean of the last 10
     steps minus the first 10, 2,560 samples each) rose over seeds 0-4 by 0.076 / 0.141
     (min / median), and on seed 0 with other CPU kernels under load by 0.121 (avx2) / 0.034
-    (default); a broken algorithm (advantages negated) by -0.113. The held-out greedy pass rate is recorded, not asserted: it rose by
-    0.0 / 0.135 (seed 0 ended on exactly its start, 63 of 200, also when its final checkpoint
-    is evaluated on its own), too noisy a signal for 80 steps of this small batch."""
+    (default); a broken algorithm (advantages negated) by -0.113. The held-out greedy pass
+    rate is recorded, not asserted: it rose by 0.0 / 0.135 (seed 0 ended on exactly its start,
+    63 of 200, also when its final checkpoint is evaluated on its own), too noisy a signal for
+    80 steps of this small batch."""
     cfg = run_config(
         sft_model,
         tmp_path / "async",
