@@ -9,12 +9,11 @@ from relayrl.model.loading import (
     load_tokenizer,
     save_model_atomic,
 )
-from relayrl.model.threads import Threads, resolve_threads, set_threads, usable_cpus
+from relayrl.model.threads import resolve_threads, set_threads
 from relayrl.model.tiny import build_char_tokenizer, build_tiny_model
 
 __all__ = [
     "ModelPathError",
-    "Threads",
     "TokenBatch",
     "build_char_tokenizer",
     "build_tiny_model",
@@ -28,5 +27,4 @@ __all__ = [
     "resolve_threads",
     "save_model_atomic",
     "set_threads",
-    "usable_cpus",
 ]

@@ -13,11 +13,10 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Literal
 
 import torch
 
-Threads = int | Literal["auto"]
+from relayrl.config import Threads
 
 
 def usable_cpus() -> int:
@@ -59,9 +58,9 @@ def resolve_threads(threads: Threads, reserved: int = 0, share: int = 1) -> int:
     ``max(1, (round(min(usable, idle)) - reserved) // share)``, where ``reserved`` CPUs go to
     helper processes this run starts (an engine worker) and ``share`` processes split the rest."""
     if threads != "auto":
-        if int(threads) < 1:
-            raise ValueError(f"threads must be >= 1 or 'auto', got {threads}")
-        return int(threads)
+        if type(threads) is not int or threads < 1:
+            raise ValueError(f"threads must be >= 1 or 'auto' (a whole number), got {threads!r}")
+        return threads
     free = math.floor(min(float(usable_cpus()), idle_cpus()) + 0.5)
     return max(1, (free - reserved) // max(share, 1))
 
