@@ -65,3 +65,18 @@ def run_config(model: Path, run_dir: Path, *overrides: str) -> RunConfig:
             *overrides,
         ],
     )
+
+
+def slow_on_prompt(
+    prompt: str, completion: str, sample: dict, slow: str = "", delay_s: float = 0.0
+):
+    """The arithmetic reward, ``delay_s`` late for the first sample of the one prompt
+    ``slow``: a straggler group that tests force while the reward service's other worker
+    goes on scoring (its workers import this from here)."""
+    import time
+
+    from relayrl.reward.functions import arithmetic
+
+    if sample.get("prompt") == slow and sample.get("sample_index") == 0:
+        time.sleep(delay_s)
+    return arithmetic(prompt, completion, sample)

@@ -114,6 +114,35 @@ def test_buffer_finish_order_takes_the_oldest_finished():
     assert [g.admission_index for g in buf.take(2)] == [1, 2]
 
 
+def test_buffer_finish_order_never_moves_the_admission_id_backwards():
+    """The issue's case: step 1 takes the stragglers' successors [2, 3], step 2 then takes
+    [0, 1]. The id below which everything is trained goes 0 -> 0 -> 4 (it used to go 4 -> 2,
+    so a resume trained 2 and 3 again); the ids trained above it are kept for a checkpoint."""
+    from relayrl.controller.buffer import GroupBuffer
+
+    buf = GroupBuffer(in_order=False)
+    for i in (2, 3):
+        buf.put(_group(i))
+    assert [g.admission_index for g in buf.take(2)] == [2, 3]
+    assert buf.state() == {"next_group": 0, "trained_above": [2, 3]}
+    for i in (0, 1):
+        buf.put(_group(i))
+    assert [g.admission_index for g in buf.take(2)] == [0, 1]
+    assert buf.state() == {"next_group": 4, "trained_above": []}
+
+
+def test_buffer_finish_order_rebase_keeps_the_ids_trained_above():
+    from relayrl.controller.buffer import GroupBuffer
+
+    buf = GroupBuffer(in_order=False)
+    buf.rebase(1, [2, 3, 0])  # 0 is below: already counted
+    assert buf.state() == {"next_group": 1, "trained_above": [2, 3]}
+    buf.put(_group(1))
+    buf.put(_group(4))
+    assert [g.admission_index for g in buf.take(2)] == [1, 4]
+    assert buf.state() == {"next_group": 5, "trained_above": []}
+
+
 def test_buffer_rebase_on_resume():
     from relayrl.controller.buffer import GroupBuffer
 

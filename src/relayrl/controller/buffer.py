@@ -8,6 +8,11 @@ straggler among them (step s trains the groups admitted for step s, so with the 
 every token is at most eta versions old); groups the controller dropped (dynamic sampling:
 ``skip``) are passed over. ``in_order=False``: the ``n`` oldest finished groups
 (no wait for stragglers; a straggler is trained at a later step, staler than eta).
+
+What has been consumed is ``next_index`` (every admission id below it was trained or dropped;
+it never moves backwards) plus ``taken_above``, the ids above it already trained: in finish
+order a take can run ahead of a straggler, and a checkpoint keeps both so that a resumed run
+trains the straggler and nothing twice.
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import Tensor
 
@@ -36,15 +42,18 @@ class GroupBuffer:
         self._cv = threading.Condition()
         self.in_order = in_order
         self.next_index = next_index
+        self.taken_above: set[int] = set()  # ids > next_index already trained (finish order)
         self.total_put = 0
         self.total_taken = 0
         self._skipped: set[int] = set()  # admission indices that will never arrive
         self._blocked_on: int | None = None  # n of a take waiting now
 
-    def rebase(self, next_index: int) -> None:
-        """The admission index of the next group to train (after a resume)."""
+    def rebase(self, next_index: int, taken_above: Iterable[int] = ()) -> None:
+        """After a resume: every id below ``next_index`` and those in ``taken_above`` were
+        trained before the checkpoint."""
         with self._cv:
             self.next_index = next_index
+            self.taken_above = {int(i) for i in taken_above if int(i) > next_index}
             self._skipped.clear()
 
     def skip(self, admission_index: int) -> None:
@@ -108,9 +117,22 @@ class GroupBuffer:
                 self._blocked_on = None
             out = [heapq.heappop(self._heap) for _ in range(n)]
             self.total_taken += n
-            self.next_index = out[-1].admission_index + 1
-            self._skipped = {i for i in self._skipped if i >= self.next_index}
+            self.taken_above.update(g.admission_index for g in out)
+            self._advance()
             return out
+
+    def _advance(self) -> None:
+        """Move ``next_index`` over every id now trained or dropped (never backwards)."""
+        done = self.taken_above | self._skipped
+        while self.next_index in done:
+            self.next_index += 1
+        self.taken_above = {i for i in self.taken_above if i > self.next_index}
+        self._skipped = {i for i in self._skipped if i >= self.next_index}
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps: ``next_group`` and ``trained_above`` (sorted ids)."""
+        with self._cv:
+            return {"next_group": self.next_index, "trained_above": sorted(self.taken_above)}
 
     def wait_time(
         self, n: int, check: Callable[[], None] | None = None

@@ -60,6 +60,8 @@ class RolloutController(threading.Thread):
         # count when dynamic sampling gives dropped groups back to the gate.
         self._next_id = gate.n_admitted
         self._start_id = gate.n_admitted
+        self._trained: set[int] = set()  # ids above _next_id trained before a resume
+        self._passed_over = 0  # ids not admitted because they were trained before
         self._drops_at_version = 0
         self._urgent: list[int] = []  # the groups the engine was last told the trainer awaits
         # Never flood the engine beyond what keeps its slots busy (this is also what bounds
@@ -77,12 +79,15 @@ class RolloutController(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
 
-    def rebase(self, next_id: int) -> None:
-        """Admission ids continue at ``next_id`` (a resumed run), and the buffer's in-order
-        takes with them; call before ``start``."""
+    def rebase(self, next_id: int, trained_above: list[int] | None = None) -> None:
+        """Admission ids continue at ``next_id`` (a resumed run), and the buffer's takes with
+        them, passing over the ids in ``trained_above`` (finish order: trained before the
+        checkpoint while a straggler below them was still in flight); call before ``start``."""
         with self._lock:
             self._next_id = self._start_id = next_id
-        self.buffer.rebase(next_id)
+            self._trained = {i for i in trained_above or () if i >= next_id}
+            self._passed_over = 0
+        self.buffer.rebase(next_id, self._trained)
 
     def check(self) -> None:
         """Raise in the trainer thread if the controller failed (e.g. the engine died)."""
@@ -116,7 +121,7 @@ class RolloutController(threading.Thread):
 
     def _in_flight(self) -> int:
         """Admitted groups not yet complete (in the engine or being scored)."""
-        return self._next_id - self._start_id - self.groups_completed
+        return self._next_id - self._start_id - self._passed_over - self.groups_completed
 
     def _prompts_for_step(self, step: int) -> list[TokenizedPrompt]:
         if step not in self._prompt_cache:
@@ -131,6 +136,11 @@ class RolloutController(threading.Thread):
         with self._lock:
             while self.gate.can_admit() and self._in_flight() < self._capacity:
                 g = self._next_id
+                if g in self._trained:  # trained before the resume: never generated again
+                    self._trained.discard(g)
+                    self._next_id += 1
+                    self._passed_over += 1
+                    continue
                 step, index = divmod(g, b)
                 prompt = self._prompts_for_step(step)[index]
                 batch.extend(group_requests(prompt, self.cfg, step, index, g, self.stop_ids))

@@ -120,7 +120,10 @@ class AsyncSchedule:
         neither revisits a trained prompt nor re-trains one.
         """
         self.gate.rebase(step)
-        self.controller.rebase(int((state or {}).get("next_group", self.gate.n_admitted)))
+        state = state or {}
+        self.controller.rebase(
+            int(state.get("next_group", self.gate.n_admitted)), state.get("trained_above")
+        )
         self._wall0 = time.perf_counter()
         self.controller.start()
 
@@ -184,9 +187,9 @@ class AsyncSchedule:
         return out
 
     def state(self) -> dict[str, Any]:
-        """The admission id after the last group trained (in finish order: a straggler
-        admitted before it and still in flight is not trained after a resume)."""
-        return {"next_group": self.buffer.next_index}
+        """The lowest admission id not yet trained (``next_group``) and the ids above it that
+        were (finish order runs ahead of stragglers; a resume trains those, nothing twice)."""
+        return self.buffer.state()
 
     def close(self) -> dict[str, Any]:
         self.controller.stop()
