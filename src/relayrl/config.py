@@ -114,7 +114,9 @@ class DataConfig(_Strict):
     train_path: str | None = None
     """JSONL prompts (``prompt``, ``answer``, extra fields) when ``task: jsonl``."""
     eval_path: str | None = None
-    """JSONL held-out prompts; for ``task: arithmetic`` a disjoint seeded stream is used."""
+    """Held-out prompts (the first ``eval_size``). Unset: ``task: jsonl`` holds out
+    ``eval_size`` seeded prompts of ``train_path``, never trained on (at most half of it);
+    ``task: arithmetic`` uses a disjoint seeded stream."""
     eval_size: int = Field(200, ge=1)
     max_prompt_tokens: int = Field(128, ge=1)
     source: PromptSourceConfig = Field(default_factory=PromptSourceConfig)
@@ -481,7 +483,7 @@ def _dotted(loc: list[Any]) -> str:
 
 
 def _yaml_line(node: yaml.Node | None, loc: list[Any]) -> int | None:
-    """1-based line of the deepest entry of ``loc`` found in a composed YAML document."""
+    """1-based line of the entry ``loc`` in a composed YAML document (None: not in it)."""
     line = None
     for part in loc:
         key: yaml.Node | None = None
@@ -491,7 +493,7 @@ def _yaml_line(node: yaml.Node | None, loc: list[Any]) -> int | None:
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
             key = node = node.value[part] if part < len(node.value) else None
         if key is None:
-            return line
+            return None
         line = key.start_mark.line + 1
     return line
 
