@@ -289,3 +289,18 @@ def test_shipped_configs_are_valid_and_jsonl_evaluates_on_held_out_data():
             load_config(SFTConfig if path.name.startswith("sft") else RunConfig, path)
     data = load_config(RunConfig, root / "grpo_jsonl.yaml").data
     assert data.eval_path is None  # held out from data.train_path, not the bundled file
+
+
+def test_group_advantages_are_the_estimators_that_take_groups():
+    """The config's list (a leaf: it cannot import relayrl.algos) is the registry's."""
+    import inspect
+
+    from relayrl.algos.advantages import ADVANTAGE_ESTIMATORS
+    from relayrl.config import GROUP_ADVANTAGES
+
+    takes_groups = {
+        name
+        for name, fn in ADVANTAGE_ESTIMATORS.items()
+        if "group_index" in inspect.signature(fn).parameters
+    }
+    assert takes_groups == GROUP_ADVANTAGES
