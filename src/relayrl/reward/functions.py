@@ -91,8 +91,8 @@ def get_reward_fn(spec: str) -> RewardFn:
     """Resolve a registered name (``"arithmetic"``) or an import path (``"pkg.mod:fn"``).
 
     The module is searched on ``sys.path`` and then in the current directory (appended to
-    ``sys.path`` if missing, as ``python -c`` would search it: ``my_rewards:score`` finds
-    ``./my_rewards.py``; spawned reward workers inherit the path). Raises
+    ``sys.path`` when missing, as under the ``relayrl`` console script: ``my_rewards:score``
+    finds ``./my_rewards.py``; spawned reward workers inherit the path). Raises
     ``RewardSpecError`` naming the spec when it cannot be resolved.
     """
     if not isinstance(spec, str) or not spec.strip():
