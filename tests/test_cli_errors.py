@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from relayrl.cli import main
+from relayrl.config import ConfigError
 from relayrl.model import build_tiny_model
 
 
@@ -74,3 +75,29 @@ def test_exit_code_and_no_traceback_from_the_real_command(tmp_path):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "algo.group_size" in proc.stderr
+
+
+def test_a_directory_is_not_a_config_file(capsys, tmp_path):
+    rc, err = _run(capsys, ["train", f"{tmp_path}/"])
+    assert (rc, err) == (2, f"relayrl train: error: {tmp_path}/: is a directory, not a config file")
+
+
+def test_debug_after_the_subcommand_and_between_overrides_shows_the_traceback(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("algo:\n  group_size: zero\n")
+    for argv in (
+        ["train", str(cfg), "--debug"],
+        ["train", str(cfg), "--debug", "train.steps=2"],
+        ["--debug", "train", str(cfg)],
+    ):
+        with pytest.raises(ConfigError, match=r"bad value for 'algo\.group_size' \('zero'\)"):
+            main(argv)
+
+
+def test_debug_after_plan_and_rlhf_subcommands(tmp_path):
+    with pytest.raises(ValueError, match="eta must be an integer >= 0 or 'inf', got 'x'"):
+        main(["simulate", "--eta", "x", "--debug"])
+    cfg = tmp_path / "dpo.yaml"
+    cfg.write_text("seed: 0\n")
+    with pytest.raises(ConfigError, match=r"^command line: bad value for 'algo\.kl_coef' \(-1\)"):
+        main(["dpo", str(cfg), "algo.kl_coef=-1", "--debug"])

@@ -1,6 +1,8 @@
 """Reward functions: built-ins, the registry, import-path specs and score normalisation."""
 
 import ast
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -149,3 +151,22 @@ def test_reward_does_not_import_higher_layers() -> None:
                 assert not (parts[0] == "relayrl" and len(parts) > 1 and parts[1] in higher), (
                     f"{path.name} imports {name}"
                 )
+
+
+def test_a_module_in_the_current_directory_is_found(tmp_path, monkeypatch) -> None:
+    """``reward.fn=my_rewards:score`` with ``my_rewards.py`` in the working directory, no
+    PYTHONPATH; an unknown module says where it was searched."""
+    (tmp_path / "relayrl_cwd_rewards.py").write_text("def score(p, c, s):\n    return 0.5\n")
+    monkeypatch.chdir(tmp_path)
+    cwd = os.getcwd()
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", cwd)])
+    try:
+        assert get_reward_fn("relayrl_cwd_rewards:score")("p", "c", {}) == 0.5
+    finally:
+        sys.modules.pop("relayrl_cwd_rewards", None)
+    with pytest.raises(RewardSpecError) as info:
+        get_reward_fn("relayrl_no_rewards:score")
+    assert str(info.value) == (
+        "reward function 'relayrl_no_rewards:score': cannot import module 'relayrl_no_rewards': "
+        f"no module 'relayrl_no_rewards' on sys.path nor in the current directory ({cwd})"
+    )

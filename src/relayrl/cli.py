@@ -157,12 +157,19 @@ def build_parser() -> argparse.ArgumentParser:
     from relayrl.rlhf.cli import add_subcommands as add_rlhf_subcommands
 
     add_rlhf_subcommands(sub)
+    for command in sub.choices.values():  # listed in every subcommand's --help (see main)
+        command.add_argument("--debug", action="store_true", default=False, help="show tracebacks")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # ``--debug`` anywhere, before or after the subcommand and between its overrides (an
+    # argparse optional between nargs="*" positionals would end them).
+    debug = "--debug" in argv
+    args = parser.parse_args([a for a in argv if a != "--debug"])
+    args.debug = debug
     t0 = time.perf_counter()
     try:
         rc = int(args.fn(args))

@@ -13,14 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PlainValidator,
-    ValidationError,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, model_validator
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -36,12 +29,34 @@ Threads = Annotated[int | Literal["auto"], PlainValidator(_thread_count)]
 affinity mask (``relayrl.model.threads``)."""
 
 
+Seed = Annotated[int, Field(ge=0, lt=2**63)]  # torch takes 64 bits; numpy no negatives
+Fraction = Annotated[float, Field(ge=0, le=1)]
+AdamBeta = Annotated[float, Field(ge=0, lt=1)]
+"""An Adam moment decay: 1 or more never forgets (the moment estimates diverge)."""
+
+GROUP_ADVANTAGES = frozenset({"grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline"})
+"""Advantages relative to the prompt's group: with one sample per prompt every one is 0."""
+
+
 class ConfigError(ValueError):
     """A config file or override is invalid; the message is one line naming the problem."""
 
 
+class KeyProblem(ValueError):
+    """A cross-field check's error: the key (relative to the checking model), its value and
+    the other keys involved, so the message names the key and where it was set."""
+
+    def __init__(self, key: str, value: Any, message: str, related: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.key, self.value, self.message, self.related = key, value, message, related
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+    """Unknown keys are errors; floats must be finite (unbounded options are ``null``)."""
+
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, populate_by_name=True, allow_inf_nan=False
+    )
 
 
 class ModelConfig(_Strict):
@@ -54,9 +69,21 @@ class ModelConfig(_Strict):
 
 class ArithmeticConfig(_Strict):
     min_operand: int = 0
+    """Inclusive operand range; negative operands are allowed (written ``(-3)``)."""
     max_operand: int = 99
     operators: list[str] = Field(default_factory=lambda: ["+"])
-    num_operands: int = 2
+    num_operands: int = Field(2, ge=2)
+
+    @model_validator(mode="after")
+    def _range_not_empty(self) -> ArithmeticConfig:
+        if self.max_operand < self.min_operand:
+            raise KeyProblem(
+                "max_operand",
+                self.max_operand,
+                f"must be >= min_operand ({self.min_operand})",
+                related=("min_operand",),
+            )
+        return self
 
 
 class PromptSourceConfig(_Strict):
@@ -87,7 +114,9 @@ class DataConfig(_Strict):
     train_path: str | None = None
     """JSONL prompts (``prompt``, ``answer``, extra fields) when ``task: jsonl``."""
     eval_path: str | None = None
-    """JSONL held-out prompts; for ``task: arithmetic`` a disjoint seeded stream is used."""
+    """Held-out prompts (the first ``eval_size``). Unset: ``task: jsonl`` holds out
+    ``eval_size`` seeded prompts of ``train_path``, never trained on (at most half of it);
+    ``task: arithmetic`` uses a disjoint seeded stream."""
     eval_size: int = Field(200, ge=1)
     max_prompt_tokens: int = Field(128, ge=1)
     source: PromptSourceConfig = Field(default_factory=PromptSourceConfig)
@@ -99,6 +128,7 @@ class RewardFnConfig(_Strict):
 
     fn: str
     weight: float = 1.0
+    """Any finite number (a negative weight makes the component a penalty)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     name: str | None = None
 
@@ -145,6 +175,7 @@ class AlgoConfig(_Strict):
     advantage: str | None = None
     """Advantage estimator; defaults to ``grpo`` for GRPO and ``gae`` for PPO."""
     group_size: int = Field(8, ge=1)
+    """Samples per prompt; the group-relative advantages (``GROUP_ADVANTAGES``) need >= 2."""
     prompts_per_step: int = Field(64, ge=1)
     epochs: int = Field(1, ge=1)
     mini_batches: int = Field(2, ge=1)
@@ -168,28 +199,61 @@ class AlgoConfig(_Strict):
     policy_loss: Literal["ppo", "decoupled_ppo"] | None = None
     """``ppo`` (clip centred on pi_old) or ``decoupled_ppo`` (AReaL). Default: ``ppo`` for the
     sync schedule, ``decoupled_ppo`` for overlap and async (off-policy correction on)."""
-    clip_eps_low: float = Field(0.2, gt=0)
-    clip_eps_high: float = Field(0.2, gt=0)
-    dual_clip: float | None = None
-    behav_weight_cap: float | None = 5.0
+    clip_eps_low: float = Field(0.2, gt=0, lt=1)
+    """The ratio is clipped below at 1 - clip_eps_low, so it must stay in (0, 1)."""
+    clip_eps_high: float = Field(0.2, gt=0, le=10)
+    """Clip above at 1 + clip_eps_high (DAPO: 0.28); at most 10 (beyond, nothing clips)."""
+    dual_clip: float | None = Field(None, gt=1)
+    """Dual-clip PPO's bound on the loss of negative-advantage tokens (> 1; null: off)."""
+    behav_weight_cap: float | None = Field(5.0, gt=1)
+    """Decoupled PPO: tokens whose behaviour weight exceeds it are left out (> 1: on-policy
+    tokens have weight 1; null: no cap)."""
     kl_coef: float = Field(0.0, ge=0)
     """GRPO: weight of the KL loss term. PPO: beta of the KL penalty in the reward."""
     kl_estimator: Literal["k1", "k2", "k3", "abs"] | None = None
     """Defaults to k3 for GRPO (loss term) and k1 for PPO (reward)."""
-    adaptive_kl_target: float | None = None
-    adaptive_kl_horizon: int = 10000
+    adaptive_kl_target: float | None = Field(None, gt=0)
+    """Adaptive KL (PPO): the KL per sequence that beta is steered towards (null: fixed)."""
+    adaptive_kl_horizon: int = Field(10000, ge=1)
     entropy_coef: float = 0.0
+    """Entropy bonus weight; any finite number (negative penalises entropy)."""
     norm_by_std: bool = True
-    gamma: float = 1.0
-    lam: float = 0.95
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(0.95, ge=0, le=1)
     whiten_advantages: bool = True
-    vf_coef: float = 0.5
-    vf_clip: float = 0.2
+    vf_coef: float = Field(0.5, ge=0)
+    vf_clip: float = Field(0.2, gt=0)
 
     @model_validator(mode="after")
-    def _dual_clip_gt_one(self) -> AlgoConfig:
-        if self.dual_clip is not None and self.dual_clip <= 1.0:
-            raise ValueError("algo.dual_clip must be > 1")
+    def _cross_checks(self) -> AlgoConfig:
+        if self.name == "dpo":
+            return self
+        if self.advantage_name in GROUP_ADVANTAGES and self.group_size < 2:
+            raise KeyProblem(
+                "group_size",
+                self.group_size,
+                f"the {self.advantage_name!r} advantage needs >= 2 samples per prompt: it "
+                "compares each sample with the others of its group, so with one every "
+                "advantage is 0 (one sample per prompt: algo.name=ppo)",
+                related=("name", "advantage"),
+            )
+        rows = self.prompts_per_step * self.group_size
+        if self.mini_batches > rows:
+            raise KeyProblem(
+                "mini_batches",
+                self.mini_batches,
+                f"more mini-batches than the {rows} sequences of a step "
+                "(algo.prompts_per_step * algo.group_size)",
+                related=("prompts_per_step", "group_size"),
+            )
+        if self.adaptive_kl_target is not None and self.kl_coef == 0:
+            raise KeyProblem(
+                "kl_coef",
+                self.kl_coef,
+                "algo.adaptive_kl_target scales the KL coefficient multiplicatively from "
+                "algo.kl_coef, so it must start > 0",
+                related=("adaptive_kl_target",),
+            )
         return self
 
     @property
@@ -204,10 +268,11 @@ class AlgoConfig(_Strict):
 class OptimConfig(_Strict):
     lr: float = Field(5e-4, gt=0)
     critic_lr: float = Field(1e-3, gt=0)
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[AdamBeta, AdamBeta] = (0.9, 0.99)
     warmup_steps: int = Field(10, ge=0)
-    grad_clip: float | None = 1.0
+    grad_clip: float | None = Field(1.0, gt=0)
+    """Gradient-norm clip (> 0; null: no clipping)."""
 
 
 class RolloutConfig(_Strict):
@@ -232,24 +297,22 @@ class AsyncConfig(_Strict):
     """Train the groups in admission order: step s waits for the groups admitted for step s,
     so every trained token is at most eta versions old. false: the oldest finished groups (no
     wait for stragglers; they are trained later and staler than eta)."""
-    max_token_staleness: int | None = None
+    max_token_staleness: int | None = Field(None, ge=0)
     """Consumption-side bound on (trainer version - token version); null: no check."""
     stale_tokens: Literal["drop", "downweight"] = "drop"
     """What happens to a token over ``max_token_staleness``: its advantage is zeroed (it still
     counts in the loss denominator) or multiplied by ``stale_weight``."""
-    stale_weight: float = Field(0.5, ge=0, le=1)
+    stale_weight: Fraction = 0.5
     poll_interval_s: float = Field(0.01, gt=0)
     urgent_steps: int = Field(4, ge=0)
     """While the in-order trainer waits for some groups, the engine follows each full step
-    with this many steps that decode only those groups' rows (0: off). On a CPU a forward
-    costs per row, so a few stragglers alone step several times faster than in a full batch
-    (bench/schedules.py, async eta = 2: the trainer's wait per step 0.171 -> 0.128 s with 4;
-    8 gained nothing more; hurrying the next step's groups all the time, not only while the
-    trainer waits, slowed the engine more than it saved)."""
+    with this many steps that decode only those groups' rows (0: off): a few stragglers alone
+    step faster than a full batch (bench/schedules.py, eta 2: wait 0.171 -> 0.128 s/step)."""
 
 
 class TrainConfig(_Strict):
-    steps: int = Field(400, ge=0)
+    steps: int = Field(400, ge=1)
+    """Training steps (the last one is always checkpointed)."""
     eval_every: int = Field(0, ge=0)
     """Greedy held-out eval every N steps (0: only before and after)."""
     save_every: int = Field(0, ge=0)
@@ -280,7 +343,7 @@ class RayConfig(_Strict):
     address: str | None = None
     """Address of a running cluster (``auto``, ``ray://host:10001``, ``host:6379``);
     null: start a local cluster on demand (or use the one this process already joined)."""
-    num_cpus: int | None = None
+    num_cpus: int | None = Field(None, ge=1)
     """CPUs of a local cluster started on demand (null: all)."""
     pools: dict[str, RayPoolConfig] = Field(default_factory=lambda: {"main": RayPoolConfig()})
     placement: dict[str, str] = Field(default_factory=dict)
@@ -295,16 +358,22 @@ class RayConfig(_Strict):
     def _placement_names_pools(self) -> RayConfig:
         for role, pool in self.placement.items():
             if role not in ("actor", "reference", "critic", "rollout"):
-                raise ValueError(f"ray.placement: unknown role {role!r}")
+                raise KeyProblem(
+                    "placement",
+                    self.placement,
+                    f"unknown role {role!r} (roles: actor, reference, critic, rollout)",
+                )
             if pool not in self.pools:
-                raise ValueError(f"ray.placement.{role}: unknown pool {pool!r}")
+                raise KeyProblem(
+                    f"placement.{role}", pool, f"unknown pool {pool!r} (pools: {list(self.pools)})"
+                )
         return self
 
 
 class RunConfig(_Strict):
     """A whole RL run."""
 
-    seed: int = 0
+    seed: Seed = 0
     run_dir: str = "runs/grpo"
     threads: Threads = "auto"
     """torch intra-op threads of this process (one per process when several share the CPU);
@@ -326,6 +395,19 @@ class RunConfig(_Strict):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
 
+    @model_validator(mode="after")
+    def _cross_checks(self) -> RunConfig:
+        ds = self.data.dynamic_sampling
+        if ds.enabled and self.algo.name != "dpo" and self.algo.group_size < 2:
+            raise KeyProblem(
+                "data.dynamic_sampling.enabled",
+                True,
+                "dynamic sampling drops groups whose outcomes are all equal, so it needs "
+                f"algo.group_size >= 2 (got {self.algo.group_size}: every group would be dropped)",
+                related=("algo.group_size",),
+            )
+        return self
+
     @property
     def policy_loss(self) -> str:
         """Off-policy correction is on whenever data can be stale."""
@@ -345,7 +427,7 @@ class RunConfig(_Strict):
 class SFTConfig(_Strict):
     """Supervised fine-tuning on prompt/response pairs."""
 
-    seed: int = 0
+    seed: Seed = 0
     threads: Threads = "auto"
     model_path: str = "runs/demo/base"
     output_dir: str = "runs/demo/sft"
@@ -354,12 +436,12 @@ class SFTConfig(_Strict):
     train_path: str | None = None
     """JSONL with ``prompt`` and ``response`` when ``task: jsonl``."""
     num_examples: int = Field(20000, ge=1)
-    steps: int = Field(1500, ge=0)
+    steps: int = Field(1500, ge=1)
     batch_size: int = Field(64, ge=1)
     lr: float = Field(3e-3, gt=0)
     lr_schedule: Literal["constant", "linear"] = "constant"
     """``linear``: decay to 0 at the last step."""
-    warmup_steps: int = 20
+    warmup_steps: int = Field(20, ge=0)
     eval_every: int = Field(0, ge=0)
     """Greedy pass rate on a validation set every N steps (0: never): the arithmetic task's
     validation stream, or ``val_path``."""
@@ -368,26 +450,85 @@ class SFTConfig(_Strict):
     val_reward: str = "arithmetic"
     eval_size: int = Field(200, ge=1)
     target_pass_rate: float | None = Field(None, ge=0, le=1)
-    """Stop as soon as the validation pass rate reaches this (a warm start, not a full SFT)."""
-    weight_decay: float = 0.0
-    grad_clip: float | None = 1.0
+    """Stop as soon as the validation pass rate reaches this (a warm start, not a full SFT);
+    needs ``eval_every`` >= 1."""
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float | None = Field(1.0, gt=0)
     progress: bool = True
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> SFTConfig:
+        if self.target_pass_rate is not None and self.eval_every == 0:
+            raise KeyProblem(
+                "target_pass_rate",
+                self.target_pass_rate,
+                "needs eval_every >= 1 (the pass rate is only measured every eval_every steps)",
+                related=("eval_every",),
+            )
+        return self
 
 
 # ---------------------------------------------------------------------------------------------
 # Loading and overrides
 
 
-def _format_error(err: ValidationError, source: str) -> str:
+COMMAND_LINE = "command line"  # where an override's error is said to come from
+
+
+def _dotted(loc: list[Any]) -> str:
+    out = ""  # ['optim', 'betas', 0] -> optim.betas[0]
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<root>"
+
+
+def _yaml_line(node: yaml.Node | None, loc: list[Any]) -> int | None:
+    """1-based line of the entry ``loc`` in a composed YAML document (None: not in it)."""
+    line = None
+    for part in loc:
+        key: yaml.Node | None = None
+        if isinstance(node, yaml.MappingNode):
+            hits = [(k, v) for k, v in node.value if getattr(k, "value", None) == str(part)]
+            key, node = hits[0] if hits else (None, None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            key = node = node.value[part] if part < len(node.value) else None
+        if key is None:
+            return None
+        line = key.start_mark.line + 1
+    return line
+
+
+def _format_error(
+    err: ValidationError, path: str | None, doc: yaml.Node | None, cli_keys: list[str]
+) -> str:
+    """One line: where the key was set (``command line``: by an override, itself or a section
+    above it; else ``file:line``), the key, its value and what is wrong."""
     first = err.errors()[0]
-    key = ".".join(str(p) for p in first["loc"]) or "<root>"
-    kind = first["type"]
-    if kind == "extra_forbidden":
-        return f"{source}: unknown config key '{key}'"
-    if kind == "missing":
-        return f"{source}: missing config key '{key}'"
-    value = first.get("input")
-    return f"{source}: bad value for '{key}' ({value!r}): {first['msg']}"
+    loc, value, msg = list(first["loc"]), first.get("input"), first["msg"]
+    problem = first.get("ctx", {}).get("error")
+    related: list[list[Any]] = []
+    if isinstance(problem, KeyProblem):
+        related = [loc + k.split(".") for k in problem.related]
+        loc, value, msg = loc + problem.key.split("."), problem.value, problem.message
+    elif first["type"] == "value_error":
+        msg = msg.removeprefix("Value error, ")
+
+    def from_cli(at: list[Any]) -> bool:
+        base = ".".join(str(p) for p in at if not isinstance(p, int))
+        return any(
+            base == k or base.startswith(k + ".") or k.startswith(base + ".") for k in cli_keys
+        )
+
+    cli = path is None or from_cli(loc)
+    line = None if cli else _yaml_line(doc, loc)
+    where = COMMAND_LINE if cli or (line is None and any(map(from_cli, related))) else path
+    where = f"{where}:{line}" if line is not None else where
+    key = _dotted(loc)
+    if first["type"] == "extra_forbidden":
+        return f"{where}: unknown config key '{key}'"
+    if first["type"] == "missing":
+        return f"{where}: missing config key '{key}'"
+    return f"{where}: bad value for '{key}' ({value!r}): {msg}"
 
 
 def _parse_scalar(text: str) -> Any:
@@ -415,31 +556,40 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
+def _read_yaml(path: str) -> tuple[dict[str, Any], yaml.Node | None]:
+    """The file's mapping and its composed node tree (for line numbers in errors)."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{path}: is a directory, not a config file")
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    text = p.read_text()
+    try:
+        loaded = yaml.safe_load(text)
+        doc = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else path
+        raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    if loaded is None:
+        return {}, None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of config keys")
+    return loaded, doc
+
+
 def load_config(cls: type[T], path: str | Path | None, overrides: list[str] | None = None) -> T:
-    """Read a YAML file (or nothing: defaults), apply overrides, validate into ``cls``."""
-    raw: dict[str, Any] = {}
-    source = "overrides"
-    if path is not None:
-        p = Path(path)
-        source = str(p)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
-            raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: top level must be a mapping of config keys")
-        raw = loaded
-    raw = apply_overrides(raw, overrides or [])
+    """Read a YAML file (or nothing: defaults), apply overrides, validate into ``cls``; an
+    invalid value is a ``ConfigError`` naming the key and its source (``_format_error``)."""
+    raw, doc = _read_yaml(str(path)) if path is not None else ({}, None)
+    overrides = overrides or []
+    raw = apply_overrides(raw, overrides)
     try:
         return cls.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(_format_error(err, source)) from None
+        cli_keys = [item.split("=", 1)[0].strip() for item in overrides]
+        source = None if path is None else str(path)
+        raise ConfigError(_format_error(err, source, doc, cli_keys)) from None
 
 
 def dump_config(cfg: BaseModel, path: str | Path) -> None:

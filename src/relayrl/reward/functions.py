@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -88,7 +90,10 @@ def exact_match(prompt: str, completion: str, sample: dict) -> float:
 def get_reward_fn(spec: str) -> RewardFn:
     """Resolve a registered name (``"arithmetic"``) or an import path (``"pkg.mod:fn"``).
 
-    Raises ``RewardSpecError`` naming the spec when it cannot be resolved.
+    The module is searched on ``sys.path`` and then in the current directory (appended to
+    ``sys.path`` when missing, as under the ``relayrl`` console script: ``my_rewards:score``
+    finds ``./my_rewards.py``; spawned reward workers inherit the path). Raises
+    ``RewardSpecError`` naming the spec when it cannot be resolved.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise RewardSpecError(f"reward function spec must be a non-empty string, got {spec!r}")
@@ -104,8 +109,20 @@ def get_reward_fn(spec: str) -> RewardFn:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise RewardSpecError(f"reward function {spec!r}: expected 'module:function'")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
     try:
         module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is None or not (module_name + ".").startswith(e.name + "."):
+            raise RewardSpecError(  # the module exists; something it imports does not
+                f"reward function {spec!r}: cannot import module {module_name!r}: {e}"
+            ) from e
+        raise RewardSpecError(
+            f"reward function {spec!r}: cannot import module {module_name!r}: no module "
+            f"{e.name!r} on sys.path nor in the current directory ({cwd})"
+        ) from e
     except Exception as e:
         raise RewardSpecError(
             f"reward function {spec!r}: cannot import module {module_name!r}: {e}"
