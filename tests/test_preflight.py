@@ -140,7 +140,9 @@ def test_model_without_tokenizer_files_names_the_directory(capsys, user):
         "model's tokenizer there with tokenizer.save_pretrained()"
     )
     for command in ("train", "eval"):
-        rc, err = _cli(capsys, command, _empty_config(root), *_train_args(root, notok, "short.jsonl"))
+        rc, err = _cli(
+            capsys, command, _empty_config(root), *_train_args(root, notok, "short.jsonl")
+        )
         assert (rc, err) == (2, f"relayrl {command}: error: {want}")
 
 
