@@ -46,6 +46,11 @@ DEFAULT_INTERVAL_S = 30.0
 INTERVAL_ENV = "RELAYRL_PROGRESS_INTERVAL_S"
 
 
+def _now() -> float:
+    """The clock of elapsed times and intervals (monotonic; a seam for tests)."""
+    return time.monotonic()
+
+
 def progress_interval() -> float:
     """Seconds between plain progress lines: ``$RELAYRL_PROGRESS_INTERVAL_S`` or 30."""
     raw = os.environ.get(INTERVAL_ENV)
@@ -111,7 +116,7 @@ class StepProgress:
         self._progress: Progress | None = None
         self._task: TaskID | None = None
         self._log: IO[str] | None = None
-        self._t0 = time.monotonic()
+        self._t0 = _now()
         self._last_line = -math.inf  # monotonic time of the last plain line
         self._step = 0
         self._written_step = -1  # step of the last plain line
@@ -135,7 +140,7 @@ class StepProgress:
 
     def start(self) -> None:
         """Start rendering and the clock (called by ``__enter__``)."""
-        self._t0 = time.monotonic()
+        self._t0 = _now()
         if self.log_file is not None and self._log is None:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
             self._log = self.log_file.open("a", encoding="utf-8")
@@ -161,13 +166,13 @@ class StepProgress:
             self._progress.update(self._task, completed=step, info=format_fields(fields))
         if not (self._plain or self._log is not None):
             return
-        now = time.monotonic()
+        now = _now()
         if self._written_step < 0 or step >= self.total or now - self._last_line >= self.interval_s:
             self._write_line(now)
 
     def line(self, now: float | None = None) -> str:
         """``sft step 40/1500 (3%) elapsed 0:00:12 eta 0:07:18 loss=1.23``."""
-        elapsed = (time.monotonic() if now is None else now) - self._t0
+        elapsed = (_now() if now is None else now) - self._t0
         step, total = self._step, self.total
         eta = elapsed / step * (total - step) if step > 0 else math.nan
         pct = f" ({100 * step // total}%)" if total > 0 else ""
@@ -179,7 +184,7 @@ class StepProgress:
         return f"{text} {info}" if info else text
 
     def _write_line(self, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
+        now = _now() if now is None else now
         text = self.line(now)
         self.lines.append(text)
         self._last_line = now
