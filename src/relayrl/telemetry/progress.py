@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import os
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -194,7 +193,7 @@ class StepProgress:
             out.write(text + "\n")
             out.flush()
         if self._log is not None:
-            stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             self._log.write(f"{stamp} {text}\n")
             self._log.flush()
 
