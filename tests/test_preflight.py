@@ -234,3 +234,20 @@ def test_sft_checks_the_context_and_the_tokenizer(capsys, user):
     rc, err = _cli(capsys, "sft", _sft_config(root, notok, data))
     assert rc == 2 and err.startswith(f"relayrl sft: error: {notok}: the tokenizer files are")
     assert not (root / "sft_out").exists()
+
+
+def test_sft_validation_prompt_without_room_for_the_answer(capsys, user):
+    """Was scored as a failure without a word (the engine refused the prompt)."""
+    root, gpt2, _, _ = user
+    data = root / "sft_short.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "response": "2"}) + "\n")
+    val = _jsonl(root / "val.jsonl", ["1+1=", LONG])
+    cfg = _sft_config(root, gpt2, data)
+    rc, err = _cli(capsys, "sft", cfg, f"val_path={val}", "eval_every=1", "val_reward=exact_match")
+    assert rc == 2
+    assert err == (
+        f"relayrl sft: error: 1 of 2 validation prompts in {val} are longer than 125 tokens, "
+        "which leaves no room for a 3-token answer in the 128-token context of model_path "
+        f"{gpt2} (n_positions in its config.json) (longest 159)"
+    )
+    assert not (root / "sft_out").exists()
