@@ -66,13 +66,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from relayrl.cluster.local import build_local_roles
     from relayrl.config import RunConfig, load_config
     from relayrl.controller.evaluate import greedy_pass_rate
+    from relayrl.controller.preflight import check_run
     from relayrl.controller.prompts import PromptSource
     from relayrl.model import check_model_dir
 
     cfg = load_config(RunConfig, args.config, args.overrides)
     check_model_dir(cfg.model.path)
+    check_run(cfg, training=False)
     roles = build_local_roles(cfg, cfg.model.path, None)
-    prompts = PromptSource(cfg.data, roles.tokenizer, cfg.seed).eval_set()
+    prompts = PromptSource(cfg.data, roles.tokenizer, cfg.seed, with_train=False).eval_set()
     stop = [roles.tokenizer.eos_token_id]
     out = greedy_pass_rate(roles.rollout, roles.reward, prompts, cfg.rollout.max_tokens, stop)
     print(
@@ -83,11 +85,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_filter(args: argparse.Namespace) -> int:
     from relayrl.config import RunConfig, load_config
+    from relayrl.controller.preflight import check_run
     from relayrl.data import run_difficulty_filter
     from relayrl.model import check_model_dir
 
     cfg = load_config(RunConfig, args.config, args.overrides)
     check_model_dir(cfg.model.path)
+    check_run(cfg, training=False)
     report = run_difficulty_filter(
         cfg, args.input, args.output, n=args.n, low=args.low, high=args.high
     )

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relayrl.config import ArithmeticConfig, DataConfig
-from relayrl.data import ArithmeticTask, PromptRecord, load_prompt_dataset
+from relayrl.data import ArithmeticTask, DataError, PromptRecord, SkipReport, load_prompt_dataset
 from relayrl.data import tokenize_prompts as _tokenize
 
 
@@ -42,6 +42,14 @@ def tokenize_prompts(
 ) -> tuple[list[TokenizedPrompt], int]:
     """Tokenise once (token in, token out), through the tokenizer's chat template when it has
     one (``data.source.chat_template``); prompts over ``max_tokens`` are skipped and counted."""
+    kept, report = tokenize_with_report(records, tokenizer, max_tokens, cfg)
+    return kept, report.skipped
+
+
+def tokenize_with_report(
+    records: Sequence[PromptRecord], tokenizer: Any, max_tokens: int, cfg: DataConfig | None = None
+) -> tuple[list[TokenizedPrompt], SkipReport]:
+    """``tokenize_prompts`` with the whole ``SkipReport`` (why prompts were dropped)."""
     src = cfg.source if cfg is not None else None
     kept, report = _tokenize(
         records,
@@ -50,7 +58,7 @@ def tokenize_prompts(
         use_chat_template=src.chat_template if src is not None else True,
         system_prompt=src.system_prompt if src is not None else None,
     )
-    return [TokenizedPrompt(rec, ids) for rec, ids in kept], report.skipped
+    return [TokenizedPrompt(rec, ids) for rec, ids in kept], report
 
 
 def _load(cfg: DataConfig, path: str) -> list[PromptRecord]:
@@ -66,9 +74,14 @@ def _load(cfg: DataConfig, path: str) -> list[PromptRecord]:
 
 
 class PromptSource:
-    """Training prompts per step, and the fixed held-out eval set."""
+    """Training prompts per step, and the fixed held-out eval set.
 
-    def __init__(self, cfg: DataConfig, tokenizer: Any, seed: int):
+    ``with_train=False`` (``relayrl eval``) reads only the eval set: a command that does not
+    train never opens, or reports errors about, ``data.train_path``. A file whose every
+    prompt is dropped is a ``DataError`` saying why (``SkipReport.why_none``).
+    """
+
+    def __init__(self, cfg: DataConfig, tokenizer: Any, seed: int, with_train: bool = True):
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.seed = seed
@@ -76,16 +89,19 @@ class PromptSource:
         self._train: list[TokenizedPrompt] | None = None
         self._eval: list[TokenizedPrompt] | None = None
         self._held_out: set[str] | None = None
-        if cfg.task == "jsonl":
+        if cfg.task == "jsonl" and with_train:
             if cfg.train_path is None:
                 raise ValueError("data.train_path is required when data.task is 'jsonl'")
-            self._train, self.skipped = tokenize_prompts(
+            self._train, report = tokenize_with_report(
                 _load(cfg, cfg.train_path), tokenizer, cfg.max_prompt_tokens, cfg
             )
+            self.skipped = report.skipped
             if not self._train:
-                raise ValueError(f"{cfg.train_path}: no usable prompts")
+                raise DataError(report.why_none(cfg.train_path))
 
     def for_step(self, step: int, n: int) -> list[TokenizedPrompt]:
+        if self._train is None and self.cfg.task == "jsonl":
+            raise ValueError("this PromptSource was built with_train=False")
         if self._train is None:
             # Held-out problems never appear in training: draw extra and filter them out.
             if self._held_out is None:
@@ -123,4 +139,23 @@ class PromptSource:
             )
         else:
             raise ValueError("data.eval_path is required when data.task is 'jsonl'")
-        return tokenize_prompts(records, self.tokenizer, self.cfg.max_prompt_tokens, self.cfg)[0]
+        kept, report = tokenize_with_report(
+            records, self.tokenizer, self.cfg.max_prompt_tokens, self.cfg
+        )
+        if not kept:
+            raise DataError(report.why_none(self.cfg.eval_path or "the arithmetic eval set"))
+        return kept
+
+    def prompt_lengths(self, sample_steps: int = 1, per_step: int = 64) -> dict[str, list[int]]:
+        """Token counts of the kept prompts, per source (``data.train_path`` and the eval set;
+        for the arithmetic task the first ``sample_steps`` steps' draws): what the context
+        length check in ``relayrl.controller.preflight`` looks at."""
+        out: dict[str, list[int]] = {}
+        if self._train is not None:
+            out[str(self.cfg.train_path)] = [len(p.ids) for p in self._train]
+        elif self.cfg.task == "arithmetic":
+            out["the arithmetic task"] = [
+                len(p.ids) for s in range(sample_steps) for p in self.for_step(s, per_step)
+            ]
+        out[self.cfg.eval_path or "the arithmetic eval set"] = [len(p.ids) for p in self.eval_set()]
+        return out

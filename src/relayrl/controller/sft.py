@@ -14,6 +14,7 @@ import torch
 
 from relayrl.config import SFTConfig
 from relayrl.controller.evaluate import greedy_pass_rate
+from relayrl.controller.preflight import check_sft_lengths, check_sft_val_prompts
 from relayrl.controller.prompts import arithmetic_task, tokenize_prompts
 from relayrl.data import SFTRecord, load_prompts_jsonl, load_sft_jsonl
 from relayrl.model import (
@@ -48,7 +49,12 @@ def tokenize_pair(tokenizer: Any, rec: SFTRecord) -> tuple[list[int], list[int]]
 
 
 def run_sft(cfg: SFTConfig, exclude_prompts: set[str] | None = None) -> dict[str, float]:
-    """Fine-tune ``model_path`` and save it (HF format, atomically) to ``output_dir``."""
+    """Fine-tune ``model_path`` and save it (HF format, atomically) to ``output_dir``.
+
+    Before the first step (one-line errors): the tokenizer files and vocabulary
+    (``load_tokenizer``), and every example and validation prompt against the model's context
+    (``relayrl.controller.preflight``). Progress goes to the console as a bar on a terminal,
+    as plain lines every ``$RELAYRL_PROGRESS_INTERVAL_S`` seconds otherwise."""
     set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.model_path)
@@ -59,6 +65,8 @@ def run_sft(cfg: SFTConfig, exclude_prompts: set[str] | None = None) -> dict[str
     pairs = [tokenize_pair(tokenizer, r) for r in records]
     if not pairs:
         raise ValueError("no SFT examples")
+    source = cfg.train_path if cfg.task == "jsonl" else "the arithmetic task"
+    check_sft_lengths(cfg.model_path, [len(p) + len(r) for p, r in pairs], str(source))
     decay = cfg.steps if cfg.lr_schedule == "linear" else None
     opt, sched = make_optimizer(
         list(model.parameters()), cfg.lr, cfg.weight_decay, (0.9, 0.99), cfg.warmup_steps, decay
@@ -122,6 +130,12 @@ def _validator(
     )  # shares the module: it always sees the current weights
     reward = RewardWorker(get_reward_fn(cfg.val_reward), tokenizer)
     max_tokens = max(len(tokenizer(r.response).input_ids) for r in sft_records(cfg)[:200]) + 2
+    check_sft_val_prompts(
+        cfg.model_path,
+        [len(p.ids) for p in prompts],
+        max_tokens,
+        cfg.val_path or "the arithmetic validation stream",
+    )
 
     def validate() -> float:
         with torch.no_grad():

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.config import RunConfig, dump_config
+from relayrl.controller import preflight
 from relayrl.controller.algorithms import make_kl_controller, rollout_stats
 from relayrl.controller.checkpoint import (
     latest_checkpoint,
@@ -48,6 +49,7 @@ def train(cfg: RunConfig, build_roles: RoleBuilder, resume: bool = False) -> dic
     With ``resume`` the run continues from the newest checkpoint in ``run_dir`` (if any):
     actor and critic weights, optimizer and scheduler state, KL controller and RNG states.
     """
+    preflight.check_run(cfg)  # one-line errors before anything is written
     if cfg.algo.name == "dpo":  # offline: no roles, no rollouts
         from relayrl.rlhf.dpo import train_dpo
 

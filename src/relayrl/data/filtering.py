@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relayrl.data.jsonl import write_jsonl
+from relayrl.data.jsonl import DataError, write_jsonl
 from relayrl.data.records import PromptRecord
 
 __all__ = [
@@ -199,6 +199,17 @@ def run_difficulty_filter(
     prompts, skip = tokenize_prompts(
         records, tokenizer, cfg.data.max_prompt_tokens, src.chat_template, src.system_prompt
     )
+    if not prompts:
+        raise DataError(skip.why_none(str(input_path)))
+    room = engine.max_model_len - cfg.rollout.max_tokens
+    over = [len(ids) for _, ids in prompts if len(ids) > room]
+    if over:  # the engine would cut their answers short without a word
+        raise DataError(
+            f"{len(over)} of {len(prompts)} prompts in {input_path} are longer than {room} "
+            f"tokens, which leaves no room for rollout.max_tokens={cfg.rollout.max_tokens} in "
+            f"the {engine.max_model_len}-token context of model.path {cfg.model.path} "
+            f"(longest {max(over)}): set data.max_prompt_tokens <= {room}"
+        )
     if skip.skipped:
         print(skip.message())
     stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []

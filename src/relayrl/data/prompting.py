@@ -54,6 +54,8 @@ class SkipReport:
     too_long: int = 0
     empty: int = 0
     max_tokens: int = 0
+    longest: int = 0
+    """Token count of the longest prompt skipped for length (0 when none was)."""
     examples: list[str] = field(default_factory=list)
 
     @property
@@ -68,6 +70,22 @@ class SkipReport:
             f"skipped {self.skipped} of {self.total} prompts ({self.too_long} longer than "
             f"{self.max_tokens} tokens, {self.empty} empty)"
         )
+
+    def why_none(self, source: str, key: str = "data.max_prompt_tokens") -> str:
+        """Why no prompt of ``source`` was kept, in one line naming the length ``key``:
+        ``3 of 3 prompts in p.jsonl are longer than data.max_prompt_tokens=16 tokens
+        (longest 40)``."""
+        too_long = (
+            f"{self.too_long} of {self.total} prompts in {source} are longer than "
+            f"{key}={self.max_tokens} tokens (longest {self.longest})"
+        )
+        if self.too_long == self.total:
+            return too_long
+        if self.empty == self.total:
+            return f"{source}: no usable prompts: all {self.total} are empty"
+        if self.too_long:
+            return f"no usable prompts: {too_long}, and {self.empty} are empty"
+        return f"{source}: no usable prompts"
 
 
 def tokenize_prompts(
@@ -99,6 +117,7 @@ def tokenize_prompts(
             continue
         if len(ids) > max_tokens:
             report.too_long += 1
+            report.longest = max(report.longest, len(ids))
             if len(report.examples) < 3:
                 report.examples.append(rec.prompt[:80])
             continue

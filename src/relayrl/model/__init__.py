@@ -2,28 +2,42 @@
 
 from relayrl.model.batching import TokenBatch, forward_logprobs, forward_values, pack_batch
 from relayrl.model.loading import (
+    CONTEXT_KEYS,
+    TOKENIZER_FILES,
     ModelPathError,
     check_model_dir,
+    check_tokenizer_files,
+    check_vocab_fits,
     load_causal_lm,
     load_critic,
     load_tokenizer,
+    model_context_length,
+    model_vocab_size,
+    read_model_config,
     save_model_atomic,
 )
 from relayrl.model.threads import resolve_threads, set_threads
 from relayrl.model.tiny import build_char_tokenizer, build_tiny_model
 
 __all__ = [
+    "CONTEXT_KEYS",
+    "TOKENIZER_FILES",
     "ModelPathError",
     "TokenBatch",
     "build_char_tokenizer",
     "build_tiny_model",
     "check_model_dir",
+    "check_tokenizer_files",
+    "check_vocab_fits",
     "forward_logprobs",
     "forward_values",
     "load_causal_lm",
     "load_critic",
     "load_tokenizer",
+    "model_context_length",
+    "model_vocab_size",
     "pack_batch",
+    "read_model_config",
     "resolve_threads",
     "save_model_atomic",
     "set_threads",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Mapping
@@ -37,10 +38,105 @@ def check_model_dir(path: str | Path) -> Path:
     return p
 
 
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """Load the tokenizer saved next to a model; pad token falls back to eos."""
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "*.tiktoken",
+)
+"""The files a Hugging Face tokenizer is built from (one is enough). Without any of them
+``AutoTokenizer`` silently builds an empty tokenizer of one token from the model class, and
+every prompt then tokenises to nothing."""
+
+CONTEXT_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "n_ctx",
+    "seq_length",
+    "max_sequence_length",
+    "max_seq_len",
+    "seq_len",
+)
+"""``config.json`` keys that give a model's context length, in the order they are tried."""
+
+
+def read_model_config(path: str | Path) -> dict[str, Any]:
+    """``config.json`` of a model directory as a dict (a one-line error when unreadable)."""
     p = check_model_dir(path)
+    try:
+        cfg = json.loads((p / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelPathError(f"{p / 'config.json'}: cannot read the model config: {e}") from e
+    if not isinstance(cfg, dict):
+        raise ModelPathError(f"{p / 'config.json'}: the model config is not a JSON object")
+    return cfg
+
+
+def _config_int(cfg: dict[str, Any], keys: tuple[str, ...]) -> tuple[int, str] | None:
+    """The first positive integer among ``keys``, at the top level or in a nested
+    ``text_config`` (multimodal models), with the key it came from."""
+    for section in (cfg, cfg.get("text_config")):
+        if not isinstance(section, dict):
+            continue
+        for key in keys:
+            value = section.get(key)
+            if type(value) is int and value > 0:
+                return value, key
+    return None
+
+
+def model_context_length(path: str | Path) -> tuple[int, str] | None:
+    """(context length in tokens, the ``config.json`` key it was read from), or None when the
+    config names none of ``CONTEXT_KEYS``."""
+    return _config_int(read_model_config(path), CONTEXT_KEYS)
+
+
+def model_vocab_size(path: str | Path) -> int | None:
+    """Rows of the model's input embedding (``vocab_size`` in ``config.json``), if given."""
+    found = _config_int(read_model_config(path), ("vocab_size", "n_vocab", "padded_vocab_size"))
+    return found[0] if found is not None else None
+
+
+def check_tokenizer_files(path: str | Path) -> Path:
+    """Raise a one-line ``ModelPathError`` when ``path`` holds none of ``TOKENIZER_FILES``."""
+    p = check_model_dir(path)
+    if not any(any(p.glob(name)) for name in TOKENIZER_FILES):
+        raise ModelPathError(
+            f"{p}: the tokenizer files are missing (looked for {', '.join(TOKENIZER_FILES)}); "
+            "save the model's tokenizer there with tokenizer.save_pretrained()"
+        )
+    return p
+
+
+def check_vocab_fits(tokenizer: Any, path: str | Path, what: str = "the model") -> None:
+    """Raise a one-line ``ModelPathError`` when the tokenizer can produce ids that the
+    embedding of the model at ``path`` has no row for (an ``IndexError`` deep in a forward)."""
+    rows = model_vocab_size(path)
+    n = len(tokenizer)
+    if rows is not None and n > rows:
+        raise ModelPathError(
+            f"{path}: the tokenizer has {n} tokens but {what}'s embedding has {rows} rows "
+            f"(vocab_size in config.json): token ids {rows}..{n - 1} would be out of range"
+        )
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """Load the tokenizer saved next to a model; pad token falls back to eos.
+
+    Checked on the way (a one-line ``ModelPathError``): the directory holds tokenizer files,
+    the tokenizer has more than one token, and none of its ids is beyond the model's
+    embedding (``vocab_size`` in the same directory's ``config.json``).
+    """
+    p = check_tokenizer_files(path)
     tok = AutoTokenizer.from_pretrained(p, local_files_only=True)
+    if len(tok) < 2:
+        raise ModelPathError(
+            f"{p}: the tokenizer has {len(tok)} token(s); its files are empty or broken"
+        )
+    check_vocab_fits(tok, p)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -95,8 +191,6 @@ def _value_head(model: PreTrainedModel) -> torch.nn.Linear:
 
 
 def _is_trained_critic(path: Path) -> bool:
-    import json
-
     cfg = json.loads((path / "config.json").read_text())
     return any(a.endswith("ForTokenClassification") for a in cfg.get("architectures") or [])
 

@@ -1,0 +1,163 @@
+"""Checks made before the first step, so that a user error is a one-line message naming the
+key or file, not an ``IndexError`` in a forward pass after minutes of loading.
+
+``check_run`` (``relayrl train | eval | filter``) runs before anything is written to the run
+directory:
+
+- every model directory the run loads (``model.path``, ``model.critic_path`` for PPO,
+  ``reward.model_path``) exists and holds ``config.json`` and tokenizer files;
+- the policy tokenizer loads, has more than one token, and fits the embedding of the actor
+  and of the critic (``vocab_size`` in their ``config.json``);
+- prompt + response fit every model's context (``max_position_embeddings`` / ``n_positions``
+  / ... in its ``config.json``): ``rollout.max_tokens`` must leave room for a prompt, and when
+  ``data.max_prompt_tokens + rollout.max_tokens`` is more than the context, the prompts the
+  run would use are tokenised and none may be longer than ``context - rollout.max_tokens``
+  (a configuration that only could overflow, with prompts that do not, is accepted: small
+  models with the default ``data.max_prompt_tokens`` stay usable).
+
+``check_sft_lengths`` is the SFT command's counterpart (prompt + response + EOS per example).
+
+Errors are ``ConfigError`` (a key's value is wrong), ``ModelPathError`` (a model directory)
+and ``DataError`` (a data file), which the CLI prints as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from relayrl.config import ConfigError, RunConfig
+from relayrl.data import DataError
+from relayrl.model import (
+    check_model_dir,
+    check_tokenizer_files,
+    check_vocab_fits,
+    load_tokenizer,
+    model_context_length,
+)
+
+__all__ = [
+    "Context",
+    "check_context",
+    "check_run",
+    "check_sft_lengths",
+    "check_sft_val_prompts",
+    "model_context",
+]
+
+
+class Context:
+    """The context length of one model, with where it was read from (for messages)."""
+
+    def __init__(self, key: str, path: str | Path, tokens: int, config_key: str) -> None:
+        self.key = key
+        self.path = str(path)
+        self.tokens = tokens
+        self.config_key = config_key
+
+    def describe(self) -> str:
+        """``the 128-token context of model.path m/gpt2 (n_positions in its config.json)``."""
+        return (
+            f"the {self.tokens}-token context of {self.key} {self.path} "
+            f"({self.config_key} in its config.json)"
+        )
+
+
+def model_context(key: str, path: str | Path) -> Context | None:
+    """The context of the model at ``path`` (named by config ``key``); None when its
+    ``config.json`` names no context length (nothing to check against)."""
+    found = model_context_length(path)
+    return None if found is None else Context(key, path, found[0], found[1])
+
+
+def _run_models(cfg: RunConfig, training: bool) -> list[tuple[str, str]]:
+    """(config key, directory) of every model the run loads that reads the policy's ids."""
+    models = [("model.path", cfg.model.path)]
+    if training and cfg.algo.name == "ppo" and cfg.model.critic_path is not None:
+        models.append(("model.critic_path", cfg.model.critic_path))
+    return models
+
+
+def check_run(cfg: RunConfig, training: bool = True) -> None:
+    """All start-up checks of an RL run (see the module docstring); ``training=False`` for
+    ``relayrl eval`` / ``filter``, which load no critic. Raises one-line errors."""
+    models = _run_models(cfg, training)
+    for _, path in models:
+        check_model_dir(path)
+    if cfg.reward.model_path is not None:
+        check_tokenizer_files(cfg.reward.model_path)  # the reward model has its own tokenizer
+    tokenizer = load_tokenizer(cfg.model.path)  # files, size, fits model.path's embedding
+    for key, path in models[1:]:
+        check_vocab_fits(tokenizer, path, key)
+    if cfg.algo.name == "dpo":  # offline: no generation, no rollout.max_tokens
+        return
+    contexts = [c for key, path in models if (c := model_context(key, path)) is not None]
+    if contexts:
+        check_context(cfg, tokenizer, min(contexts, key=lambda c: c.tokens), training)
+
+
+def check_context(cfg: RunConfig, tokenizer: Any, ctx: Context, training: bool = True) -> None:
+    """``rollout.max_tokens`` and the run's prompts against the smallest context ``ctx``
+    (the training prompts only with ``training``; the eval set always)."""
+    max_tokens = cfg.rollout.max_tokens
+    max_prompt = cfg.data.max_prompt_tokens
+    if max_tokens >= ctx.tokens:
+        raise ConfigError(
+            f"rollout.max_tokens={max_tokens} leaves no room for a prompt in {ctx.describe()}: "
+            f"set rollout.max_tokens <= {ctx.tokens - 1} and data.max_prompt_tokens <= "
+            f"{ctx.tokens} - rollout.max_tokens"
+        )
+    room = ctx.tokens - max_tokens
+    if max_prompt <= room:
+        return
+    from relayrl.controller.prompts import PromptSource
+
+    source = PromptSource(cfg.data, tokenizer, cfg.seed, with_train=training)
+    for name, lengths in source.prompt_lengths(per_step=cfg.algo.prompts_per_step).items():
+        over = [n for n in lengths if n > room]
+        if over:
+            raise ConfigError(
+                f"data.max_prompt_tokens={max_prompt} + rollout.max_tokens={max_tokens} exceeds "
+                f"{ctx.describe()}, and {len(over)} of {len(lengths)} prompts in {name} are "
+                f"longer than {room} tokens (longest {max(over)}): set data.max_prompt_tokens "
+                f"<= {room} (context - rollout.max_tokens) to skip them, or lower "
+                "rollout.max_tokens"
+            )
+
+
+def check_sft_lengths(
+    model_path: str | Path,
+    lengths: Sequence[int],
+    source: str,
+    key: str = "model_path",
+) -> None:
+    """Raise a one-line ``DataError`` when an SFT example (prompt + response + EOS tokens,
+    ``lengths``) is longer than the context of the model at ``model_path``."""
+    ctx = model_context(key, model_path)
+    if ctx is None or not lengths:
+        return
+    over = [n for n in lengths if n > ctx.tokens]
+    if over:
+        raise DataError(
+            f"{len(over)} of {len(lengths)} SFT examples in {source} are longer than "
+            f"{ctx.describe()} (longest {max(over)} tokens: prompt + response + EOS)"
+        )
+
+
+def check_sft_val_prompts(
+    model_path: str | Path, lengths: Sequence[int], max_tokens: int, source: str
+) -> None:
+    """Raise a one-line ``DataError`` when a validation prompt leaves fewer than
+    ``max_tokens`` tokens of the context for its greedy answer."""
+    ctx = model_context("model_path", model_path)
+    if ctx is None or not lengths:
+        return
+    room = ctx.tokens - max_tokens
+    over = [n for n in lengths if n > room]
+    if over:
+        raise DataError(
+            f"{len(over)} of {len(lengths)} validation prompts in {source} are longer than "
+            f"{room} tokens, which leaves no room for a {max_tokens}-token answer in "
+            f"{ctx.describe()} (longest {max(over)})"
+        )
