@@ -73,11 +73,35 @@ def _load(cfg: DataConfig, path: str) -> list[PromptRecord]:
     )
 
 
+def hold_out(
+    train: list[TokenizedPrompt], cfg: DataConfig, seed: int
+) -> tuple[list[TokenizedPrompt], list[TokenizedPrompt]]:
+    """``data.eval_size`` distinct prompts of the training file, drawn with the run's seed,
+    as the eval set (in file order); every row with a held-out prompt leaves training
+    (duplicates too), so the evaluation is on prompts never trained on. At most half of
+    the distinct prompts are held out: more is an error naming both keys."""
+    n = cfg.eval_size
+    distinct = list(dict.fromkeys(p.record.prompt for p in train))
+    if len(distinct) < 2 * n:
+        raise ValueError(
+            f"{cfg.train_path}: {len(distinct)} distinct usable prompts; holding out "
+            f"data.eval_size={n} for the evaluation would leave {len(distinct) - n} to train "
+            "on: set data.eval_path or a smaller data.eval_size"
+        )
+    chosen = set(random.Random(f"relayrl.hold_out:{seed}").sample(distinct, n))
+    held: dict[str, TokenizedPrompt] = {}
+    for p in train:
+        if p.record.prompt in chosen:
+            held.setdefault(p.record.prompt, p)
+    return [p for p in train if p.record.prompt not in chosen], list(held.values())
+
+
 class PromptSource:
     """Training prompts per step, and the fixed held-out eval set.
 
     ``with_train=False`` (``relayrl eval``) reads only the eval set: a command that does not
-    train never opens, or reports errors about, ``data.train_path``. A file whose every
+    train never opens, or reports errors about, ``data.train_path``, unless the eval set is
+    held out of it (``task: jsonl`` without ``data.eval_path``: ``hold_out``). A file whose every
     prompt is dropped is a ``DataError`` saying why (``SkipReport.why_none``).
     """
 
@@ -89,7 +113,7 @@ class PromptSource:
         self._train: list[TokenizedPrompt] | None = None
         self._eval: list[TokenizedPrompt] | None = None
         self._held_out: set[str] | None = None
-        if cfg.task == "jsonl" and with_train:
+        if cfg.task == "jsonl" and (with_train or cfg.eval_path is None):
             if cfg.train_path is None:
                 raise ValueError("data.train_path is required when data.task is 'jsonl'")
             self._train, report = tokenize_with_report(
@@ -98,6 +122,8 @@ class PromptSource:
             self.skipped = report.skipped
             if not self._train:
                 raise DataError(report.why_none(cfg.train_path))
+            if cfg.eval_path is None:
+                self._train, self._eval = hold_out(self._train, cfg, seed)
 
     def for_step(self, step: int, n: int) -> list[TokenizedPrompt]:
         if self._train is None and self.cfg.task == "jsonl":
