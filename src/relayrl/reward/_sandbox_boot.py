@@ -142,6 +142,10 @@ def main() -> None:
             for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
                 os.chown(name, uid, uid)
     env["HOME"] = env["TMPDIR"] = work
+    chan = cfg.get("channel_fd")
+    if chan is not None and chan != 3:  # the result channel is descriptor 3 for the program
+        os.dup2(chan, 3, inheritable=True)
+        os.close(chan)
     argv = [python, "-I", "-B", runner, *cfg["runner_args"], work, "--", *cfg["argv"]]
     if cfg["private_tmp"]:
         # We are pid 1 of the pid namespace. The kernel does not deliver signals without a

@@ -139,6 +139,8 @@ class SandboxResult:
     isolation: IsolationMode
     uid: int | None = None
     leftover_killed: int = 0
+    channel: bytes = b""
+    stdout_bytes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -403,6 +405,8 @@ class Sandbox:
         stdin: str | bytes = "",
         files: dict[str, str] | None = None,
         argv: list[str] | None = None,
+        channel: bool = False,
+        capture_bytes: int | None = None,
     ) -> SandboxResult:
         """Run ``code`` as ``main.py`` in a fresh sandbox; never raises for program faults.
 
@@ -411,6 +415,10 @@ class Sandbox:
             stdin: its standard input (through a pipe).
             files: extra files to create in its work directory (relative path -> text).
             argv: its ``sys.argv[1:]``.
+            channel: give the program a pipe on descriptor 3; what it writes there comes
+                back as ``SandboxResult.channel`` (at most ``CHANNEL_BYTES``).
+            capture_bytes: stdout bytes to keep (default ``limits.max_output_bytes``);
+                ``SandboxResult.stdout_bytes`` is how many were written in all.
         """
         mode = self.mode
         limits = self.limits
@@ -432,7 +440,13 @@ class Sandbox:
         proc: subprocess.Popen | None = None
         killed_by_us = False
         leftover = 0
+        chan_r: int | None = None
+        chan_w: int | None = None
+        chan_data: list[bytes] = []
+        reader: threading.Thread | None = None
         try:
+            if channel:
+                chan_r, chan_w = os.pipe()
             os.chmod(hostdir, 0o700 if mode == "namespace" else 0o711)
             exe, prefix = self._interpreter()
             root = os.geteuid() == 0
@@ -455,6 +469,7 @@ class Sandbox:
                 "files": files,
                 "runner": _RUNNER.read_text(encoding="utf-8"),
                 "runner_args": guards,
+                "channel_fd": chan_w,
                 "argv": ["main.py", *(argv or [])],
                 "limits": asdict(limits),
                 "python": exe,
@@ -490,7 +505,15 @@ class Sandbox:
                     start_new_session=True,
                     close_fds=True,
                     preexec_fn=None if guard_parent or _LIBC is None else _pdeathsig,
+                    pass_fds=() if chan_w is None else (chan_w,),
                 )
+            if chan_w is not None and chan_r is not None:
+                os.close(chan_w)
+                chan_w = None
+                reader = threading.Thread(
+                    target=_drain, args=(chan_r, chan_data), daemon=True, name="sandbox-chan"
+                )
+                reader.start()
             self._feed(proc, data)
             remaining = max(0.05, limits.wall_s - (time.monotonic() - t0))
             try:
@@ -507,8 +530,11 @@ class Sandbox:
                 leftover = _sweep(lambda: processes_of_uid(uid))
             else:
                 leftover = _sweep(lambda: processes_of_session(proc.pid))
+            if reader is not None:
+                reader.join(timeout=2.0)
             wall = time.monotonic() - t0
-            stdout, out_size = _read_capped(out_path, limits.max_output_bytes)
+            keep = limits.max_output_bytes if capture_bytes is None else int(capture_bytes)
+            stdout, out_size = _read_capped(out_path, keep)
             stderr, err_size = _read_capped(err_path, limits.max_output_bytes)
             status, reason = _classify(
                 proc.returncode,
@@ -518,7 +544,17 @@ class Sandbox:
                 limits,
             )
             return SandboxResult(
-                status, proc.returncode, stdout, stderr, reason, wall, mode, uid, leftover
+                status,
+                proc.returncode,
+                stdout,
+                stderr,
+                reason,
+                wall,
+                mode,
+                uid,
+                leftover,
+                b"".join(chan_data),
+                out_size,
             )
         except Exception as exc:  # the sandbox itself failed: report, never raise
             if proc is not None and proc.poll() is None:
@@ -537,6 +573,10 @@ class Sandbox:
                 leftover,
             )
         finally:
+            for fd in (chan_w, chan_r if reader is None or not reader.is_alive() else None):
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
             _rmtree(hostdir)
 
     @staticmethod
@@ -555,6 +595,22 @@ class Sandbox:
             write()  # fits in the pipe buffer
         else:
             threading.Thread(target=write, daemon=True, name="sandbox-stdin").start()
+
+
+CHANNEL_BYTES = 16 << 20
+
+
+def _drain(fd: int, out: list[bytes]) -> None:
+    """Read a pipe to its end, keeping the first ``CHANNEL_BYTES``."""
+    kept = 0
+    with contextlib.suppress(OSError):
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            if kept < CHANNEL_BYTES:
+                out.append(chunk[: CHANNEL_BYTES - kept])
+                kept += len(out[-1])
 
 
 def _classify(
