@@ -4,13 +4,15 @@ Each case runs a real program in a real subprocess and asserts the status, the r
 reason, and that the machine is unharmed: no process of the run is left (none of its uid, no
 new descendant of this process), nothing was written outside the sandbox directory, the
 parent's secrets did not leak, this process is alive. Both isolation modes are covered where
-this machine allows them: ``namespace`` (root + unshare) and ``fallback``.
+this machine allows them: ``bwrap`` (bubblewrap), ``namespace`` (root + unshare) and
+``fallback`` (as root: under a fresh uid, with the system interpreter).
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
 import tempfile
 import time
@@ -21,15 +23,26 @@ import pytest
 from relayrl.reward import Sandbox, SandboxLimits, code_tests, detect_isolation
 from relayrl.reward.sandbox import processes_of_uid
 
-NAMESPACE = detect_isolation() == "namespace"
+ROOT = os.geteuid() == 0
+BWRAP = detect_isolation() == "bwrap"
+NAMESPACE = BWRAP or detect_isolation() == "namespace"
 MODES = [
+    pytest.param("bwrap", marks=pytest.mark.skipif(not BWRAP, reason="needs bubblewrap")),
     pytest.param(
         "namespace",
         marks=pytest.mark.skipif(not NAMESPACE, reason="needs root and unshare (namespaces)"),
     ),
     "fallback",
 ]
-ROOT = os.geteuid() == 0
+# the code reward uses the default interpreter, which a fresh uid cannot reach as root here
+CODE_MODES = [
+    *MODES[:2],
+    pytest.param(
+        "fallback",
+        marks=pytest.mark.skipif(ROOT, reason="root fallback needs python= reachable by others"),
+    ),
+]
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
 LIMITS = SandboxLimits(cpu_s=1, wall_s=8, memory_mb=256, file_size_mb=8, max_processes=16)
 
 
@@ -86,13 +99,25 @@ class Unharmed:
 
 @pytest.fixture
 def box(tmp_path: Path, request: pytest.FixtureRequest):
+    made: list[Path] = []
+
     def make(mode: str, **limits) -> tuple[Sandbox, Unharmed]:
+        lim = SandboxLimits(**{**LIMITS.__dict__, **limits})
+        if mode == "fallback" and ROOT:
+            # as root the fallback runs the program under a fresh uid, which must be able
+            # to reach the interpreter and the run directory
+            root = Path(tempfile.mkdtemp(prefix="relayrl-test-boxes-", dir="/tmp"))
+            os.chmod(root, 0o711)
+            made.append(root)
+            box = Sandbox(lim, isolation=mode, tmp_root=str(root), python=SYSTEM_PYTHON)
+            return box, Unharmed(root)
         root = tmp_path / "boxes"
         root.mkdir(exist_ok=True)
-        lim = SandboxLimits(**{**LIMITS.__dict__, **limits})
         return Sandbox(lim, isolation=mode, tmp_root=str(root)), Unharmed(root)
 
-    return make
+    yield make
+    for d in made:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -135,13 +160,6 @@ def test_sleep_past_timeout_is_killed(box, mode: str) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_fork_bomb_is_contained(box, mode: str) -> None:
-    if mode == "fallback" and ROOT:
-        # as root RLIMIT_NPROC does not bind, so the fallback guard refuses to fork at all
-        sb, unharmed = box(mode)
-        r = sb.run("import os\nwhile True:\n    os.fork()")
-        assert r.status == "error" and "os.fork is not allowed" in r.reason, r
-        unharmed.check(r)
-        return
     sb, unharmed = box(mode, wall_s=2, max_processes=16)
     # the resilient kind: every process keeps forking and ignores the failures
     code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
@@ -264,7 +282,8 @@ def test_network_connection_is_refused(box, mode: str) -> None:
         r = sb.run(code)
         assert r.status == "ok", r
         assert r.stdout.startswith("blocked"), r.stdout
-        assert ("unreachable" if mode == "namespace" else "disabled") in r.stdout
+        word = {"bwrap": "refused", "namespace": "unreachable"}.get(mode, "disabled")
+        assert word in r.stdout  # bwrap: its own loopback, where nobody listens
         with pytest.raises(BlockingIOError):
             server.accept()  # nobody connected to the parent's server
         unharmed.check(r)
@@ -294,8 +313,6 @@ def test_killing_its_parent(box, mode: str) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_detached_background_process_does_not_survive(box, mode: str) -> None:
-    if mode == "fallback" and ROOT:
-        pytest.skip("the root fallback refuses fork altogether (see test_fork_bomb)")
     sb, unharmed = box(mode)
     code = (
         "import os, time\n"
@@ -341,7 +358,7 @@ SOLUTION = "```python\ndef add(a, b):\n    return a + b\n```"
 TESTS = {"tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]}
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", CODE_MODES)
 @pytest.mark.parametrize(
     ("program", "status_word"),
     [
@@ -370,7 +387,7 @@ def test_code_reward_scores_hostile_programs_zero(mode: str, program: str, statu
     assert time.monotonic() - t0 < 8
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", CODE_MODES)
 def test_code_reward_passes_correct_solutions(mode: str) -> None:
     out = code_tests("", SOLUTION, TESTS, isolation=mode)
     assert out == {"score": 1.0, "tests_passed": 1.0, "reason": None}
@@ -401,7 +418,7 @@ def _sandbox_processes() -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", CODE_MODES)
 def test_killed_reward_worker_takes_its_sandbox_along(mode: str) -> None:
     """A service timeout kills the worker mid-run: its sandbox dies too, its directory goes."""
     from relayrl.reward import RewardMix, RewardService

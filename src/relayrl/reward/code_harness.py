@@ -194,7 +194,7 @@ def plan_tests(tests: list[str]) -> list[TestPlan]:
 # ---------------------------------------------------------------------------------------------
 # the program that runs in the sandbox (untrusted once the solution has run; it only evaluates)
 
-_PROGRAM = '''\
+_PROGRAM = """\
 import json as _json, math as _math, os as _os
 _out = _os.fdopen(3, "w", encoding="utf-8")
 _probes = {probes!r}
@@ -246,7 +246,7 @@ for _k, _src in enumerate(_probes):
         _line = _json.dumps({{"k": _k, "err": type(_e).__name__}})
     _out.write(_line + "\\n")
     _out.flush()
-'''
+"""
 
 
 def harness_program(plans: list[TestPlan]) -> str:
