@@ -160,6 +160,7 @@ def _run_assert_tests(box: Sandbox, source: str, tests: list[str]) -> tuple[int,
         files={"solution.py": source},
         channel=True,
         capture_bytes=4096,
+        output_limit=False,  # stdout decides nothing: a chatty correct program still passes
     )
     verdicts, reasons = judge(plans, result.channel)
     passed = sum(1 for ok in verdicts[: len(tests)] if ok is True)
