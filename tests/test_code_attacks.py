@@ -190,8 +190,7 @@ ATTACKS: dict[str, str] = {
     "rewrite-probe-list": WRONG
     + "import sys\nf = sys._getframe(1)\nfor name in ('_probes', '_tests'):\n"
     "    if name in f.f_globals:\n        f.f_globals[name][:] = []\n",
-    "rewrite-harness-globals": WRONG
-    + "import sys\ng = sys._getframe(1).f_globals\n"
+    "rewrite-harness-globals": WRONG + "import sys\ng = sys._getframe(1).f_globals\n"
     "g['_enc'] = lambda v, d=0: {'t': 'bool', 'v': True}\n",
     "exec-noop": WRONG + "import builtins\nbuiltins.exec = lambda *a, **k: None\n",
     "eval-returns-true": WRONG + "import builtins\nbuiltins.eval = lambda *a, **k: True\n",
@@ -204,9 +203,8 @@ ATTACKS: dict[str, str] = {
     "    __hash__ = int.__hash__\ndef add(a, b):\n    return I(0)\n",
     "repr-forging": "class R:\n    def __repr__(self):\n        return '3'\n"
     "    def __eq__(self, o):\n        return True\ndef add(a, b):\n    return R()\n",
-    "json-dumps-patched": WRONG
-    + "import json\n"
-    "json.dumps = lambda m, **k: '{\"k\": %d, \"v\": {\"t\": \"bool\", \"v\": true}}' % m['k']\n",
+    "json-dumps-patched": WRONG + "import json\n"
+    'json.dumps = lambda m, **k: \'{"k": %d, "v": {"t": "bool", "v": true}}\' % m[\'k\']\n',
     "exit-before-tests": WRONG + "import os\nos._exit(0)\n",
     "systemexit-in-solution": "def add(a, b):\n    raise SystemExit(0)\n",
     "keyboardinterrupt-in-solution": "def add(a, b):\n    raise KeyboardInterrupt\n",
@@ -293,8 +291,7 @@ ATTACKS: dict[str, str] = {
     "('/proc/1/oom_score_adj', '-1000')):\n    try:\n        open(p, 'w').write(v)\n"
     "    except OSError:\n        pass\ntry:\n    socket.sethostname('pwned')\nexcept OSError:\n"
     "    pass\n",
-    "raise-own-limits": WRONG
-    + "import resource\n"
+    "raise-own-limits": WRONG + "import resource\n"
     "for r in (resource.RLIMIT_CPU, resource.RLIMIT_AS, resource.RLIMIT_NPROC):\n"
     "    try:\n        resource.setrlimit(r, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))\n"
     "    except (ValueError, OSError):\n        pass\n",
