@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import math
@@ -104,7 +105,7 @@ def _worker_main(conn: Connection, mix: RewardMix) -> None:
             return
         job_id, prompt, completion, fields = msg
         result = checked(
-            call_guarded(lambda: mix(prompt, completion, fields), mix.failure_score),
+            call_guarded(functools.partial(mix, prompt, completion, fields), mix.failure_score),
             mix.failure_score,
         )
         try:
