@@ -48,9 +48,14 @@ def _field(sample: Any, key: str) -> Any:
 
 
 @register_reward_fn("math")
-def math_answer(prompt: str, completion: str, sample: dict) -> float:
-    """1.0 if the final answer of ``completion`` equals ``sample['answer']``, else 0.0."""
-    return 1.0 if verify_math(completion, _field(sample, "answer")) else 0.0
+def math_answer(prompt: str, completion: str, sample: dict, unordered: bool | None = None) -> float:
+    """1.0 if the final answer of ``completion`` equals ``sample['answer']``, else 0.0.
+
+    ``unordered`` (default: ``sample['answer_unordered']``, else False): a list answer is
+    right in any order."""
+    if unordered is None:
+        unordered = _field(sample, "answer_unordered") is True
+    return 1.0 if verify_math(completion, _field(sample, "answer"), bool(unordered)) else 0.0
 
 
 @register_reward_fn("regex")
