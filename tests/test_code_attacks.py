@@ -371,7 +371,10 @@ def test_correct_programs_with_heavy_or_odd_output_score_one(program: str) -> No
 
 
 def test_correct_io_program_with_unterminated_output_scores_one() -> None:
-    program = "a, b = map(int, input().split())\nprint(a + b, end='')"
+    program = (
+        "import sys\nsys.stderr.write('debug ' * (4 << 20))\n"
+        "a, b = map(int, input().split())\nprint(a + b, end='')"
+    )
     cases = [{"input": "2 3", "output": "5\n"}, {"input": "1 1\n", "output": "2"}]
     out = code_tests("", f"```python\n{program}\n```", {"test_cases": cases})
     assert out == {"score": 1.0, "tests_passed": 1.0, "reason": None}

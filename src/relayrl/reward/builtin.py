@@ -186,7 +186,7 @@ def _run_io_tests(box: Sandbox, source: str, cases: list[dict]) -> tuple[int, st
         expected = str(case.get("output", ""))
         keep = max(65536, 4 * len(expected.encode("utf-8")) + 4096)
         result: SandboxResult = box.run(
-            source, stdin=str(case.get("input", "")), capture_bytes=keep
+            source, stdin=str(case.get("input", "")), capture_bytes=keep, output_limit=False
         )
         ok = (
             result.ok

@@ -158,7 +158,10 @@ def _plan_one(index: int, source: str, start: int) -> TestPlan:
                 for alias in stmt.names:
                     top = mod or alias.name
                     if top not in SAFE_MODULES or alias.name == "*":
-                        raise UnsupportedTest(f"import of {top!r} (allowed: {SAFE_MODULES})")
+                        raise UnsupportedTest(
+                            f"line {stmt.lineno}: import of {top!r} (only "
+                            f"{', '.join(SAFE_MODULES)} may be imported)"
+                        )
                     module = __import__(top)
                     value = getattr(module, alias.name) if mod else module
                     local = alias.asname or alias.name
@@ -167,8 +170,8 @@ def _plan_one(index: int, source: str, start: int) -> TestPlan:
                 continue
             if not isinstance(stmt, ast.Assert):
                 raise UnsupportedTest(
-                    f"line {stmt.lineno} is a {type(stmt).__name__}, only assert statements "
-                    "are supported"
+                    f"line {stmt.lineno}: {type(stmt).__name__} statement (only assert "
+                    "statements and imports are allowed)"
                 )
             splitter = _Splitter(known, _bound_names(stmt.test), start + len(plan.probes))
             expr = splitter.visit(stmt.test)
