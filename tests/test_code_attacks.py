@@ -378,3 +378,36 @@ def test_correct_io_program_with_unterminated_output_scores_one() -> None:
     cases = [{"input": "2 3", "output": "5\n"}, {"input": "1 1\n", "output": "2"}]
     out = code_tests("", f"```python\n{program}\n```", {"test_cases": cases})
     assert out == {"score": 1.0, "tests_passed": 1.0, "reason": None}
+
+
+def test_kernel_interfaces_are_refused_inside() -> None:
+    """What the attacks above ran into, seen from inside: every call is refused (EPERM),
+    the root holds only system directories, and the seccomp filter is on."""
+    from relayrl.reward import Sandbox
+
+    code = LIBC + (
+        "def rc(name, r):\n    print(name, r, ctypes.get_errno())\n"
+        "rc('unshare_user', libc.unshare(0x10000000))\n"
+        "rc('add_key', libc.syscall(248, b'user', b'k', b'x', 1, -4))\n"
+        "rc('keyctl', libc.syscall(250, 0, -4, 1))\n"
+        "rc('ptrace', libc.ptrace(16, 1, None, None))\n"
+        "rc('mount', libc.mount(b'tmpfs', b'/tmp', b'tmpfs', 0, None))\n"
+        "rc('chroot', libc.chroot(b'/tmp'))\n"
+        "print(sorted(os.listdir('/')), sorted(os.listdir('/etc')))\n"
+        "print('seccomp', open('/proc/self/status').read().split('Seccomp:')[1].split()[0])\n"
+    )
+    r = Sandbox().run(code)
+    assert r.ok, r
+    lines = r.stdout.splitlines()
+    for name in ("unshare_user", "add_key", "keyctl", "ptrace", "mount", "chroot"):
+        assert f"{name} -1 1" in lines, r.stdout  # -1, errno EPERM
+    root = eval(lines[6].split("] [")[0] + "]")  # noqa: S307 (our own print)
+    assert set(root) <= {".relayrl", "bin", "dev", "etc", "lib", "lib32", "lib64", "libx32"} | {
+        "proc",
+        "root",
+        "sbin",
+        "tmp",
+        "usr",
+    }
+    assert "work" not in root and "home" not in root
+    assert lines[7] == "seccomp 2"

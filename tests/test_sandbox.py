@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -436,3 +437,33 @@ def test_killed_reward_worker_takes_its_sandbox_along(mode: str) -> None:
         assert _sandbox_processes() == []
         assert _sandbox_dirs() <= before
         assert not [d for b in cgroup_bases().values() for d in b.glob("relayrl-*-*")]
+
+
+@pytest.mark.skipif(not ROOT, reason="the refusal is for root")
+def test_root_fallback_refuses_what_a_fresh_uid_cannot_reach(tmp_path: Path) -> None:
+    exe = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    r = Sandbox(LIMITS, isolation="fallback", tmp_root=str(tmp_path)).run("print(1)")
+    if any(not os.stat(d).st_mode & 0o001 for d in Path(exe).parents):
+        assert r.status == "sandbox_error"
+        assert r.reason == (
+            "fallback isolation refuses to run as root: the sandbox uid cannot reach the "
+            f"interpreter {exe}; install bubblewrap or pass python="
+        )
+    box = Sandbox(LIMITS, isolation="fallback", tmp_root=str(tmp_path), python=SYSTEM_PYTHON)
+    r = box.run("print(1)")
+    assert r.status == "sandbox_error" and r.reason.startswith(
+        "fallback isolation refuses to run as root: the sandbox uid cannot reach the run "
+        f"directory under {tmp_path}"
+    )
+
+
+def test_weaker_modes_warn_once(box, caplog: pytest.LogCaptureFixture) -> None:
+    from relayrl.reward import sandbox as sandbox_mod
+
+    sandbox_mod._warned.discard("fallback")
+    sb, _ = box("fallback")
+    with caplog.at_level("WARNING", logger="relayrl.reward.sandbox"):
+        sb.run("print(1)")
+        sb.run("print(2)")
+    warned = [r.getMessage() for r in caplog.records if "isolation 'fallback'" in r.getMessage()]
+    assert warned == [sandbox_mod.WEAKER["fallback"]]
