@@ -136,6 +136,21 @@ def _run_cgroups() -> list[Path]:
     return [d for b in sos.cgroup_bases().values() for d in b.glob(f"relayrl-{os.getpid()}-*")]
 
 
+def _mounts() -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return sorted(" ".join(line.split()[3:5]) for line in f)
+
+
+def _before() -> dict:
+    return {
+        "children": _children(),
+        "ipc": _ipc_keys(),
+        "key_users": _key_users(),
+        "hostname": socket.gethostname(),
+        "mounts": _mounts(),
+    }
+
+
 def _check_host(host: Listeners, before: dict) -> None:
     deadline = time.monotonic() + 3.0
     while True:
@@ -154,6 +169,7 @@ def _check_host(host: Listeners, before: dict) -> None:
     assert not list(Path(tempfile.gettempdir()).glob(f"relayrl-sbx-{os.getpid()}-*"))
     assert host.received() == [], "a host listener received a connection or datagram"
     assert socket.gethostname() == before["hostname"]
+    assert _mounts() == before["mounts"], "the host's mount table changed"
 
 
 def _fmt(code: str, host: Listeners) -> str:
@@ -300,12 +316,7 @@ ATTACKS: dict[str, str] = {
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
 def test_attack_scores_zero_and_leaves_nothing(host: Listeners, name: str) -> None:
-    before = {
-        "children": _children(),
-        "ipc": _ipc_keys(),
-        "key_users": _key_users(),
-        "hostname": socket.gethostname(),
-    }
+    before = _before()
     out = _score(_fmt(ATTACKS[name], host), {"tests": TESTS})
     assert out["score"] == 0.0 and out["tests_passed"] == 0.0, out
     _check_host(host, before)
@@ -337,12 +348,7 @@ def test_io_attack_cannot_read_the_answer_on_the_host(host: Listeners, tmp_path:
     repo = Path(__file__).resolve().parents[1] / "examples"
     files = [str(world), str(dataset), *map(str, sorted(repo.glob("*")))]
     try:
-        before = {
-            "children": _children(),
-            "ipc": _ipc_keys(),
-            "key_users": _key_users(),
-            "hostname": socket.gethostname(),
-        }
+        before = _before()
         program = IO_ATTACKS[name].replace("@FILES@", repr(files))
         sample = {"test_cases": [{"input": "", "output": answer}]}
         out = _score(program, sample)

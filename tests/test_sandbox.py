@@ -77,6 +77,12 @@ def _sandbox_dirs() -> set[str]:
     return {p.name for p in Path(tempfile.gettempdir()).glob("relayrl-sbx-*")}
 
 
+def _mounts() -> list[str]:
+    """This process's mount table (mount points and sources): no run may change it."""
+    with open("/proc/self/mountinfo") as f:
+        return sorted(" ".join(line.split()[3:5]) for line in f)
+
+
 class Unharmed:
     """Snapshot before a run; ``check(result)`` asserts nothing of the run is left."""
 
@@ -84,6 +90,7 @@ class Unharmed:
         self.box_root = box_root
         self.before = _descendants()
         self.dirs = _sandbox_dirs()
+        self.mounts = _mounts()
 
     def check(self, result) -> None:
         deadline = time.monotonic() + 2.0
@@ -95,6 +102,7 @@ class Unharmed:
             time.sleep(0.05)
         assert not new, f"processes left behind: {new}"
         assert not left, f"processes of the sandbox uid left: {left}"
+        assert _mounts() == self.mounts, "the host's mount table changed"
         assert list(self.box_root.iterdir()) == [], "sandbox directory not removed"
         assert _sandbox_dirs() <= self.dirs
 

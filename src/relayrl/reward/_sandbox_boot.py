@@ -36,6 +36,7 @@ import sys
 BOOT_FAILED = 197
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+CLONE_NEWNS = 0x00020000
 
 
 def _mount(
@@ -52,12 +53,21 @@ def _mount(
         raise OSError(err, f"mount {target}: {os.strerror(err)}")
 
 
+def _private_mount_namespace(libc: ctypes.CDLL) -> None:
+    """A mount namespace of this process alone, with nothing propagating back: every mount
+    the boot makes happens after this succeeded (a mount must never reach the host)."""
+    if libc.unshare(CLONE_NEWNS) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare(CLONE_NEWNS): {os.strerror(err)}")
+    _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
+
+
 def _setup_namespace(cfg: dict) -> tuple[str, str, str, dict[str, str]]:
     """Private mounts; returns (work dir, system dir, interpreter path, extra env)."""
     if os.getpid() != 1:  # never mount anything in the caller's namespaces
         raise RuntimeError("namespace mode: not pid 1 of a fresh namespace, refusing to mount")
     libc = ctypes.CDLL(None, use_errno=True)
-    _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
+    _private_mount_namespace(libc)
     disk = int(cfg["limits"]["disk_mb"])
     _mount(libc, "tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={disk}m,mode=1777")
     for d in ("/var/tmp", "/dev/shm", "/run/lock"):
@@ -140,9 +150,7 @@ def _boot_bwrap(cfg: dict) -> None:
     stage = cfg.get("stage")
     if stage:  # as root: put the inputs where the sandbox uid can reach them, read-only
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS: these mounts are ours alone
-            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
-        _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
+        _private_mount_namespace(libc)
         fds = {dst: os.open(src, os.O_PATH | os.O_DIRECTORY) for src, dst in stage.items()}
         _mount(libc, "tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=755")
         for dst, fd in fds.items():
