@@ -475,3 +475,31 @@ def test_weaker_modes_warn_once(box, caplog: pytest.LogCaptureFixture) -> None:
         sb.run("print(2)")
     warned = [r.getMessage() for r in caplog.records if "isolation 'fallback'" in r.getMessage()]
     assert warned == [sandbox_mod.WEAKER["fallback"]]
+
+
+def test_boot_never_mounts_in_the_callers_namespace(tmp_path: Path) -> None:
+    """The boot run outside a fresh namespace (the bug that once stacked tmpfs mounts on the
+    host's /tmp) refuses before mounting anything."""
+    import json
+    import subprocess
+
+    from relayrl.reward import sandbox as sandbox_mod
+
+    cfg = {"mode": "namespace", "private_tmp": True, "limits": {"disk_mb": 1}, "env": {}}
+    (tmp_path / "boot.json").write_text(json.dumps(cfg))
+    before = _mounts()
+    boot = Path(sandbox_mod.__file__).with_name("_sandbox_boot.py")
+    # inside a private mount namespace of its own (but not pid 1 of a new pid namespace):
+    # should a regression mount anything, it stays there
+    wrap = ["unshare", "--mount"] if ROOT and shutil.which("unshare") else []
+    r = subprocess.run(
+        [*wrap, sys.executable, "-I", "-S", str(boot), str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == sandbox_mod.BOOT_FAILED
+    assert r.stderr.strip() == (
+        "relayrl-sandbox: boot failed: RuntimeError: namespace mode: not pid 1 of a fresh "
+        "namespace, refusing to mount"
+    )
+    assert _mounts() == before
