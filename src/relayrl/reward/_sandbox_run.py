@@ -107,7 +107,7 @@ class SandboxResult:
 
 
 def _namespace_cmd() -> list[str]:
-    return ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
+    return ["unshare", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--mount-proc"]
 
 
 def _userns_cmd() -> list[str]:

@@ -20,9 +20,9 @@ process, or forced with ``isolation=`` or ``RELAYRL_SANDBOX_ISOLATION``), strong
     are out of sight and everything vanishes with the run. Where this process may create
     cgroups (root, v1 or delegated v2), memory, processes and CPU (one core) are limited over
     the whole sample, not per process, and CPU seconds are summed over all its processes.
-``namespace`` (root with ``unshare``, no bwrap): new net/pid/mount namespaces, a private
-    tmpfs ``/tmp``, a fresh uid per run; the host's world-readable files stay readable, and
-    there is no IPC namespace.
+``namespace`` (root with ``unshare``, no bwrap): new net/pid/IPC/UTS/mount namespaces, a
+    private tmpfs ``/tmp``, a fresh uid per run; the host's world-readable files stay
+    readable, limits are per process and there is no seccomp filter.
 ``userns`` (non-root, user namespaces allowed): a network namespace; the rest as fallback.
 ``fallback``: rlimits, session and private directory, plus a Python audit-hook guard that
     is defence in depth, not a boundary. As root it runs the program under a fresh uid, and
@@ -83,8 +83,8 @@ log = logging.getLogger(__name__)
 
 WEAKER = {
     "namespace": (
-        "sandbox isolation 'namespace' (weaker than bwrap): no IPC namespace, the host's "
-        "world-readable files stay readable, limits are per process; install bubblewrap"
+        "sandbox isolation 'namespace' (weaker than bwrap): the host's world-readable files "
+        "stay readable, limits are per process, no seccomp; install bubblewrap"
     ),
     "userns": (
         "sandbox isolation 'userns': only the network is namespaced; the program can read "
