@@ -90,15 +90,74 @@ TABLE = [
     ("\\boxed{100!}", "100!", True),
     ("\\boxed{10^{10^{10}}}", "1", False),
 ]
+# issue 17: the misses of the hand-graded comparison with math-verify, and neighbours
+TABLE_ISSUE17 = [
+    # mixed numbers: 2 1/2 is 5/2, not 2 * 1/2
+    ("\\boxed{2\\frac{1}{2}}", "\\frac{5}{2}", True),
+    ("\\boxed{2\\frac{1}{2}}", "1", False),
+    ("\\boxed{2 1/2}", "2.5", True),
+    ("\\boxed{-3\\frac{3}{4}}", "-\\frac{15}{4}", True),  # -(3 + 3/4)
+    ("\\boxed{3\\frac{1}{2}x}", "\\frac{3}{2}x", True),  # not a mixed number: 3 * x/2
+    ("\\boxed{2\\frac{3}{2}}", "3", True),  # improper fraction: a product
+    # intervals: bracket types count, half-open ones compare as intervals
+    ("\\boxed{[2,5)}", "[2, 5)", True),
+    ("\\boxed{[2,5)}", "[2,5]", False),
+    ("\\boxed{(2,5)}", "[2,5]", False),
+    ("\\boxed{(2,5]}", "(2,5)", False),
+    ("\\boxed{\\left[ 2, 5 \\right)}", "[2,5)", True),
+    ("\\boxed{(-\\infty, 3]}", "(-\\infty,3]", True),
+    ("\\boxed{[\\frac{1}{2}, 3)}", "[0.5, 3)", True),
+    ("\\boxed{(-\\infty,1)\\cup(2,\\infty)}", "(2,\\infty) \\cup (-\\infty, 1)", True),
+    ("\\boxed{(-\\infty,1]\\cup(2,\\infty)}", "(-\\infty,1)\\cup(2,\\infty)", False),
+    ("\\boxed{(1, 2)}", "1, 2", True),
+    # lists: in order unless the task says otherwise (see test_unordered_lists)
+    ("\\boxed{3, 1, 2}", "1, 2, 3", False),
+    ("\\boxed{x=1, x=2}", "1, 2", True),
+    ("\\boxed{x = 2 \\text{ or } x = 3}", "2, 3", True),
+    # tolerance: a decimal stands for what rounds to it
+    ("\\boxed{1234567.5}", "1234567", False),
+    ("\\boxed{1234567.0}", "1234567", True),
+    ("\\boxed{0.3333333}", "1/3", True),
+    ("\\boxed{3.1416}", "\\pi", False),
+    ("\\boxed{2.50}", "2.5", True),
+    ("\\boxed{0.1667}", "\\frac{1}{6}", False),
+    # scientific notation (a math-verify miss)
+    ("\\boxed{6.02e23}", "6.02\\times10^{23}", True),
+    ("\\boxed{6.02 \\times 10^{23}}", "602000000000000000000000", True),
+    ("\\boxed{6.02e23}", "6.03\\times10^{23}", False),
+    # answers in words
+    ("\\boxed{five}", "5", True),
+    ("The answer is twenty-one.", "21", True),
+    ("\\boxed{one hundred and five}", "105", True),
+    ("\\boxed{one half}", "0.5", True),
+    ("\\boxed{three quarters}", "\\frac34", True),
+    ("\\boxed{minus two}", "-2", True),
+    ("\\boxed{six}", "5", False),
+    # several boxes: the last one is the answer (not a set of them: a math-verify miss)
+    ("\\boxed{1} and \\boxed{2}", "2", True),
+    ("\\boxed{1} and \\boxed{2}", "\\{1, 2\\}", False),
+    ("\\boxed{2} wait, no: \\boxed{1}", "2", False),
+]
 
 
-@pytest.mark.parametrize(("completion", "reference", "expected"), TABLE)
+@pytest.mark.parametrize(("completion", "reference", "expected"), TABLE + TABLE_ISSUE17)
 def test_verdict_table(completion: object, reference: str, expected: bool) -> None:
     assert verify_math(completion, reference) is expected
 
 
+def test_unordered_lists() -> None:
+    assert verify_math("\\boxed{3, 1, 2}", "1, 2, 3", unordered=True)
+    assert verify_math("\\boxed{(3, 1, 2)}", "(1, 2, 3)", unordered=True)
+    assert not verify_math("\\boxed{3, 1, 1}", "1, 2, 3", unordered=True)
+    assert not verify_math("\\boxed{3, 1}", "1, 2, 3", unordered=True)
+    assert not verify_math("\\boxed{[2, 5)}", "(5, 2]", unordered=True)  # intervals keep order
+    assert math_answer("q", "\\boxed{2, 1}", {"answer": "1, 2", "answer_unordered": True}) == 1
+    assert math_answer("q", "\\boxed{2, 1}", {"answer": "1, 2"}) == 0.0
+    assert math_answer("q", "\\boxed{2, 1}", {"answer": "1, 2"}, unordered=True) == 1.0
+
+
 def test_table_is_large_and_mixed() -> None:
-    assert len(TABLE) >= 40
+    assert len(TABLE) >= 40 and len(TABLE_ISSUE17) >= 30
     assert sum(e for _, _, e in TABLE) >= 15 and sum(not e for _, _, e in TABLE) >= 15
 
 
@@ -126,7 +185,12 @@ def test_parse_kinds() -> None:
     assert parse_answer("\\frac{1}{2}").kind == "number"
     assert parse_answer("0.25").approx
     assert parse_answer("2\\sqrt{2}").kind == "expr"
-    assert parse_answer("(1, 2)").kind == "tuple"
+    assert parse_answer("(1, 2, 3)").kind == "tuple"
+    assert parse_answer("(1, 2)").kind == "interval"  # a pair reads as an interval ...
+    assert answers_equal("(1, 2)", "1, 2")  # ... that still equals the bare pair
+    assert parse_answer("[1, 2)").kind == "interval"
+    assert parse_answer("[1, 2) \\cup (3, 4]").kind == "union"
+    assert parse_answer("seventy-two").value == 72
     assert parse_answer("\\{1, 2\\}").kind == "set"
     assert parse_answer("Paris").kind == "text"
     assert parse_answer("50\\%").percent

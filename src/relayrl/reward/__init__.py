@@ -4,7 +4,8 @@
   import paths (``functions``), built-ins (``arithmetic``, ``exact_match``, ``math``,
   ``regex``, ``format``, ``overlong``, ``code``: ``builtin``), the math answer verifier
   (``math_answer``);
-- the code sandbox (``sandbox``);
+- the code sandbox (``sandbox``; bubblewrap where installed) and the harness whose verdict
+  the program under test cannot reach (``code_harness``);
 - weighted mixing, per-domain z-scores and batch logging (``mixing``);
 - the asynchronous reward service with a process pool and batched model scorers
   (``service``).

@@ -1,7 +1,13 @@
 """Sandbox boot: run as ``python -I -S _sandbox_boot.py HOSTDIR`` by ``relayrl.reward.sandbox``.
 
-It is the first process inside the sandbox (pid 1 of a fresh pid namespace in ``namespace``
-mode, where it still runs as root). In order it:
+``bwrap`` mode: it runs on the host (trusted, as the caller), and in order it joins the
+run's cgroups (so that every process of the sample is counted), makes the interpreter's
+prefix reachable for the sandbox uid (as root: a read-only bind in a private mount namespace
+under the run directory), drops to the sandbox uid with no groups, lowers the resource
+limits, puts the seccomp filter in a memfd and ``execve``-s bubblewrap on the runner.
+
+Other modes: it is the first process inside the sandbox (pid 1 of a fresh pid namespace in
+``namespace`` mode, where it still runs as root). In order it:
 
 1. reads ``HOSTDIR/boot.json`` (everything it needs, before any mount hides HOSTDIR);
 2. ``namespace`` mode: mounts a size-limited private tmpfs on ``/tmp`` (the program's work
@@ -30,6 +36,7 @@ import sys
 BOOT_FAILED = 197
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+CLONE_NEWNS = 0x00020000
 
 
 def _mount(
@@ -46,10 +53,21 @@ def _mount(
         raise OSError(err, f"mount {target}: {os.strerror(err)}")
 
 
+def _private_mount_namespace(libc: ctypes.CDLL) -> None:
+    """A mount namespace of this process alone, with nothing propagating back: every mount
+    the boot makes happens after this succeeded (a mount must never reach the host)."""
+    if libc.unshare(CLONE_NEWNS) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare(CLONE_NEWNS): {os.strerror(err)}")
+    _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
+
+
 def _setup_namespace(cfg: dict) -> tuple[str, str, str, dict[str, str]]:
     """Private mounts; returns (work dir, system dir, interpreter path, extra env)."""
+    if os.getpid() != 1:  # never mount anything in the caller's namespaces
+        raise RuntimeError("namespace mode: not pid 1 of a fresh namespace, refusing to mount")
     libc = ctypes.CDLL(None, use_errno=True)
-    _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
+    _private_mount_namespace(libc)
     disk = int(cfg["limits"]["disk_mb"])
     _mount(libc, "tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={disk}m,mode=1777")
     for d in ("/var/tmp", "/dev/shm", "/run/lock"):
@@ -114,10 +132,60 @@ def _write(path: str, text: str, mode: int) -> None:
         f.write(text)
 
 
+def _channel(cfg: dict) -> None:
+    chan = cfg.get("channel_fd")
+    if chan is not None and chan != 3:  # the result channel is descriptor 3 for the program
+        os.dup2(chan, 3, inheritable=True)
+        os.close(chan)
+
+
+def _join_cgroups(cfg: dict) -> None:
+    for procs in cfg.get("cgroup_procs", []):
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+
+
+def _boot_bwrap(cfg: dict) -> None:
+    _join_cgroups(cfg)
+    stage = cfg.get("stage")
+    if stage:  # as root: put the inputs where the sandbox uid can reach them, read-only
+        libc = ctypes.CDLL(None, use_errno=True)
+        _private_mount_namespace(libc)
+        fds = {dst: os.open(src, os.O_PATH | os.O_DIRECTORY) for src, dst in stage.items()}
+        _mount(libc, "tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=755")
+        for dst, fd in fds.items():
+            os.mkdir(dst, 0o755)
+            _mount(libc, f"/proc/self/fd/{fd}", dst, None, MS_BIND | MS_REC)
+            _mount(libc, None, dst, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID)
+            os.close(fd)
+    _channel(cfg)
+    argv = list(cfg["bwrap"])
+    seccomp = bytes.fromhex(cfg.get("seccomp") or "")
+    if seccomp:
+        fd = os.memfd_create("relayrl-seccomp", 0)
+        os.write(fd, seccomp)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.set_inheritable(fd, True)
+        argv += ["--seccomp", str(fd)]
+    argv += ["--", *cfg["command"]]
+    uid = cfg["uid"]
+    if uid is not None:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+    # room for bwrap's own two processes; the cgroup's pids.max holds over the whole sample
+    limits = dict(cfg["limits"], max_processes=int(cfg["limits"]["max_processes"]) + 2)
+    _set_limits(limits, uid is not None)
+    os.execve(argv[0], argv, {"PATH": "/usr/bin:/bin"})
+
+
 def main() -> None:
     hostdir = sys.argv[1]
     with open(os.path.join(hostdir, "boot.json"), encoding="utf-8") as f:
         cfg = json.load(f)
+    if cfg.get("mode") == "bwrap":
+        _boot_bwrap(cfg)
+        return
     env = dict(cfg["env"])
     if cfg["private_tmp"]:
         work, sysdir, python, extra = _setup_namespace(cfg)
@@ -142,6 +210,7 @@ def main() -> None:
             for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
                 os.chown(name, uid, uid)
     env["HOME"] = env["TMPDIR"] = work
+    _channel(cfg)
     argv = [python, "-I", "-B", runner, *cfg["runner_args"], work, "--", *cfg["argv"]]
     if cfg["private_tmp"]:
         # We are pid 1 of the pid namespace. The kernel does not deliver signals without a

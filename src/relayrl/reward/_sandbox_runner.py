@@ -1,4 +1,6 @@
-"""Sandbox runner: ``python -I -B runner.py [--guard-...] WORKDIR -- main.py [args]``.
+"""Sandbox runner: ``python -I -B runner.py [--guard-...] [--copy SRC] WORKDIR -- main.py ...``.
+
+``--copy SRC``: copy the (read-only) inputs into WORKDIR and work there (``bwrap`` mode).
 
 Copied into the sandbox by the boot script and run as the sandboxed user. It optionally
 installs an audit hook (PEP 578; hooks cannot be removed once added) and then executes
@@ -164,9 +166,19 @@ def main() -> None:
     flags = set()
     while args and args[0].startswith("--guard-"):
         flags.add(args.pop(0)[len("--guard-") :])
+    copy_from = None
+    if args and args[0] == "--copy":
+        args.pop(0)
+        copy_from = args.pop(0)
     work = os.path.realpath(args.pop(0))
     if args and args[0] == "--":
         args.pop(0)
+    if copy_from is not None:  # bwrap mode: the inputs are read-only, the work dir is ours
+        import shutil
+
+        shutil.copytree(copy_from, work)
+        os.chmod(work, 0o700)
+        os.chdir(work)
     main_path = os.path.abspath(args[0])
     with open(main_path, "rb") as f:
         source = f.read()

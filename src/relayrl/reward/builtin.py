@@ -24,10 +24,10 @@ configuration, which is the caller's error.
 from __future__ import annotations
 
 import re
-import secrets
 from collections.abc import Sequence
 from typing import Any
 
+from relayrl.reward.code_harness import harness_program, judge, plan_tests
 from relayrl.reward.functions import register_reward_fn
 from relayrl.reward.math_answer import verify_math
 from relayrl.reward.sandbox import Sandbox, SandboxLimits, SandboxResult
@@ -48,9 +48,14 @@ def _field(sample: Any, key: str) -> Any:
 
 
 @register_reward_fn("math")
-def math_answer(prompt: str, completion: str, sample: dict) -> float:
-    """1.0 if the final answer of ``completion`` equals ``sample['answer']``, else 0.0."""
-    return 1.0 if verify_math(completion, _field(sample, "answer")) else 0.0
+def math_answer(prompt: str, completion: str, sample: dict, unordered: bool | None = None) -> float:
+    """1.0 if the final answer of ``completion`` equals ``sample['answer']``, else 0.0.
+
+    ``unordered`` (default: ``sample['answer_unordered']``, else False): a list answer is
+    right in any order."""
+    if unordered is None:
+        unordered = _field(sample, "answer_unordered") is True
+    return 1.0 if verify_math(completion, _field(sample, "answer"), bool(unordered)) else 0.0
 
 
 @register_reward_fn("regex")
@@ -150,48 +155,24 @@ def extract_code(completion: str) -> str:
     return (py or [body for _, body in blocks])[-1].strip("\n")
 
 
-_HARNESS = """\
-import sys
-_nonce = sys.stdin.readline().strip()
-_source = {source!r}
-_tests = {tests!r}
-_g = {{"__name__": "__solution__"}}
-try:
-    exec(compile(_source, "solution.py", "exec"), _g)
-except BaseException as _e:
-    print(_nonce, "LOAD", type(_e).__name__, flush=True)
-    raise SystemExit(1)
-for _i, _t in enumerate(_tests):
-    try:
-        exec(compile(_t, "test_%d.py" % _i, "exec"), _g)
-        print(_nonce, "PASS", _i, flush=True)
-    except BaseException as _e:
-        print(_nonce, "FAIL", _i, type(_e).__name__, flush=True)
-"""
-
-
 def _run_assert_tests(box: Sandbox, source: str, tests: list[str]) -> tuple[int, str | None]:
     """(number of tests passed, reason of the first failure) for assert-style tests, in one
-    sandboxed run. A per-run nonce read from stdin marks the harness's result lines, so the
-    program cannot pass tests by printing (or by exiting early)."""
-    nonce = secrets.token_hex(16)
-    result = box.run(_HARNESS.format(source=source, tests=tests), stdin=nonce + "\n")
-    passed: set[int] = set()
-    first_fail: str | None = None
-    for line in result.stdout.splitlines():
-        parts = line.split()
-        if len(parts) >= 2 and parts[0] == nonce:
-            if parts[1] == "PASS" and len(parts) >= 3 and parts[2].isdigit():
-                passed.add(int(parts[2]))
-            elif parts[1] == "LOAD" and first_fail is None:
-                first_fail = f"solution failed to load: {' '.join(parts[2:])}"
-            elif parts[1] == "FAIL" and first_fail is None:
-                first_fail = f"test {parts[2]} failed: {' '.join(parts[3:])}"
-    if result.status not in ("ok", "error") and result.reason:
+    sandboxed run. The sandbox only evaluates the probes of each test and sends back their
+    values; every comparison is made here (see ``relayrl.reward.code_harness``)."""
+    plans = plan_tests(tests)
+    result = box.run(
+        harness_program(plans),
+        files={"solution.py": source},
+        channel=True,
+        capture_bytes=4096,
+        output_limit=False,  # stdout decides nothing: a chatty correct program still passes
+    )
+    verdicts, reasons = judge(plans, result.channel)
+    passed = sum(1 for ok in verdicts[: len(tests)] if ok is True)
+    first_fail = next((r for r in reasons if r is not None), None)
+    if passed < len(tests) and result.status not in ("ok", "error") and result.reason:
         first_fail = result.reason  # timeout, memory, ... explain more than the tests do
-    elif first_fail is None and len(passed) < len(tests):
-        first_fail = result.reason or "tests did not complete"
-    return len(passed), first_fail
+    return min(passed, len(tests)), first_fail
 
 
 def _normalize_output(text: str) -> str:
@@ -202,9 +183,15 @@ def _run_io_tests(box: Sandbox, source: str, cases: list[dict]) -> tuple[int, st
     passed = 0
     first_fail: str | None = None
     for i, case in enumerate(cases):
-        result: SandboxResult = box.run(source, stdin=str(case.get("input", "")))
-        ok = result.ok and _normalize_output(result.stdout) == _normalize_output(
-            str(case.get("output", ""))
+        expected = str(case.get("output", ""))
+        keep = max(65536, 4 * len(expected.encode("utf-8")) + 4096)
+        result: SandboxResult = box.run(
+            source, stdin=str(case.get("input", "")), capture_bytes=keep, output_limit=False
+        )
+        ok = (
+            result.ok
+            and result.stdout_bytes <= keep  # all of it kept: compared, never cut short
+            and _normalize_output(result.stdout) == _normalize_output(expected)
         )
         if ok:
             passed += 1
@@ -256,7 +243,7 @@ def code_tests(
         n, r = _run_io_tests(box, source, cases)
         passed += n
         reason = reason or r
-    frac = passed / total
+    frac = min(1.0, max(0.0, passed / total))
     return {
         "score": frac if partial_credit else float(passed == total),
         "tests_passed": frac,

@@ -151,6 +151,9 @@ def _as_float(value: Any, what: str) -> float:
         raise TypeError(f"{what} must be a number, got {type(value).__name__}") from e
 
 
+MAX_FN_COMPONENTS = 66  # 64 components, "score" and "reason"
+
+
 def evaluate(
     fn: RewardFn, prompt: str, completion: str, sample: dict
 ) -> tuple[dict[str, float], str | None]:
@@ -160,7 +163,8 @@ def evaluate(
     A number ``x`` becomes ``{"score": x}``. A dict keeps its components (as floats) and
     gains ``"score"`` = the sum of the components when it has none. Any other return type,
     a non-string key, or a non-numeric component raises ``TypeError`` naming the function;
-    a NaN score raises ``ValueError``. Exceptions raised by ``fn`` propagate.
+    a NaN score, a non-finite component or more than ``MAX_FN_COMPONENTS`` entries raise
+    ``ValueError``. Exceptions raised by ``fn`` propagate.
     """
     name = getattr(fn, "__qualname__", None) or getattr(
         getattr(fn, "func", None), "__qualname__", repr(fn)
@@ -168,6 +172,11 @@ def evaluate(
     result = fn(prompt, completion, sample)
     reason: str | None = None
     if isinstance(result, Mapping):
+        if len(result) > MAX_FN_COMPONENTS:
+            raise ValueError(
+                f"reward function {name}: {len(result)} components, at most "
+                f"{MAX_FN_COMPONENTS} allowed"
+            )
         out: dict[str, float] = {}
         for key, value in result.items():
             if not isinstance(key, str):
@@ -183,6 +192,9 @@ def evaluate(
         out = {"score": _as_float(result, f"reward function {name}: return value")}
     if math.isnan(out["score"]):
         raise ValueError(f"reward function {name}: score is NaN")
+    for key, value in out.items():
+        if not math.isfinite(value):
+            raise ValueError(f"reward function {name}: component {key!r} is {value!r}")
     return out, reason
 
 

@@ -37,6 +37,13 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from relayrl.reward.math_forms import (
+    mixed_numbers,
+    number_from_words,
+    split_interval,
+    split_union,
+    strip_variable_prefixes,
+)
 from relayrl.reward.verifiers import strip_special_tokens
 
 __all__ = [
@@ -257,6 +264,7 @@ def _normalize(s: str) -> _Normalized:
         percent = True
         s = s[:-2] if s.endswith("\\%") else s[:-1]
     s = s.strip().rstrip(".").strip()
+    s = strip_variable_prefixes(s)  # "x = 1, x = 2" -> "1, 2"
     # "x = 5", "f(x)=2x+1": the right-hand side of the last '='
     if "=" in s and not re.search(r"[<>!]=|==", s):
         s = s.rsplit("=", 1)[1].strip()
@@ -267,7 +275,7 @@ def _normalize(s: str) -> _Normalized:
     compact = s.replace(" ", "")
     if _THOUSANDS_RE.match(compact):
         s = compact.replace(",", "")
-    return _Normalized(s, percent)
+    return _Normalized(mixed_numbers(s), percent)
 
 
 def normalize_answer(s: str) -> str:
@@ -471,8 +479,10 @@ class _Parser:
                 if abs(int(exp)) > MAX_EXPONENT:
                     raise _ParseError("exponent too large")
                 frac *= Fraction(10) ** int(exp)
-            # a decimal with a fractional part is compared with a tolerance
-            return ("num", frac, "." in mant and frac.denominator != 1)
+            # a decimal with a fractional part is compared with a tolerance: keep how many
+            # decimal places it was written with (0: exact)
+            places = len(mant.partition(".")[2]) if "." in mant else 0
+            return ("num", frac, places if frac.denominator != 1 else 0)
         if kind == "setopen":
             items = [] if self.peek() == ("setclose", "\\}") else [self.sum()]
             while self.peek() == ("op", ","):
@@ -552,12 +562,14 @@ class _Parser:
 class MathValue:
     """A parsed answer: ``kind`` is ``"number"`` (exact ``Fraction``; ``approx`` when
     written with decimals), ``"expr"`` (a sympy expression), ``"tuple"``, ``"set"`` or
-    ``"text"``. ``percent`` is set when the answer ended with ``%``."""
+    ``"text"``, ``"interval"`` (``(left, low, high, right)``) or ``"union"``. ``percent``
+    is set when the answer ended with ``%``."""
 
     kind: str
     value: Any
     approx: bool = False
     percent: bool = False
+    places: int = 0  # decimal places of a literal decimal (its precision); 0: exact/unknown
 
 
 def _rational(node: Node) -> tuple[Fraction, bool]:
@@ -655,12 +667,18 @@ def _sympy(node: Node) -> Any:
     raise _ParseError(f"cannot build {kind}")
 
 
+def _places(node: Node) -> int:
+    if node[0] == "neg":
+        return _places(node[1])
+    return int(node[2]) if node[0] == "num" else 0
+
+
 def _value(node: Node, percent: bool) -> MathValue:
     if node[0] in ("tuple", "set"):
         return MathValue(node[0], tuple(_value(n, False) for n in node[1]), percent=percent)
     try:
         v, approx = _rational(node)
-        return MathValue("number", v, approx, percent)
+        return MathValue("number", v, approx, percent, _places(node))
     except _NotRational:
         return MathValue("expr", _sympy(node), _has_approx(node), percent)
 
@@ -687,10 +705,41 @@ def parse_answer(s: str) -> MathValue:
     if not text or len(text) > MAX_ANSWER_CHARS:
         return MathValue("text", _text_key(text), percent=norm.percent)
     try:
+        special = _special_form(text)
+        if special is not None:
+            return special
         node = _Parser(_tokenize(text)).parse()
         return _value(node, norm.percent)
     except (_ParseError, ValueError, TypeError, ZeroDivisionError, OverflowError, RecursionError):
         return MathValue("text", _text_key(text), percent=norm.percent)
+
+
+def _parse_math(text: str) -> MathValue:
+    return _value(_Parser(_tokenize(text)).parse(), False)
+
+
+def _special_form(text: str) -> MathValue | None:
+    """Unions of intervals, intervals, and numbers in words (see ``math_forms``)."""
+    parts = split_union(text)
+    if parts is not None:
+        return MathValue("union", tuple(_interval(p) for p in parts))
+    if split_interval(text) is not None:
+        try:
+            return _interval(text)
+        except (_ParseError, ValueError, TypeError, ZeroDivisionError, OverflowError):
+            return None
+    words = number_from_words(text)
+    if words is not None:
+        return MathValue("number", words)
+    return None
+
+
+def _interval(text: str) -> MathValue:
+    got = split_interval(text)
+    if got is None:
+        raise _ParseError(f"not an interval: {text!r}")
+    left, lo, hi, right = got
+    return MathValue("interval", (left, _parse_math(lo), _parse_math(hi), right))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -719,12 +768,22 @@ def _numeric(expr: Any, subs: dict | None = None) -> complex | None:
         return None
 
 
+def _half_unit(a: MathValue, b: MathValue) -> float | None:
+    """Half a unit in the last written place of the coarser literal decimal: a decimal
+    stands for the numbers that round to it (1234567.5 is not 1234567)."""
+    places = [v.places for v in (a, b) if v.places > 0]
+    return 0.5 * 10.0 ** -min(places) if places else None
+
+
 def _scalars_equal(a: MathValue, b: MathValue) -> bool:
     rel = REL_TOL_DECIMAL if (a.approx or b.approx) else REL_TOL_EXACT
     if a.kind == "number" and b.kind == "number":
         if a.value == b.value:
             return True
         if not (a.approx or b.approx):
+            return False
+        half = _half_unit(a, b)
+        if half is not None and abs(a.value - b.value) > Fraction(half) * (1 + 1e-9):
             return False
         return _close(float(a.value), float(b.value), rel)
     import sympy
@@ -755,23 +814,43 @@ def _scalars_equal(a: MathValue, b: MathValue) -> bool:
     return False
 
 
-def _equal(a: MathValue, b: MathValue) -> bool:
+def _as_pair(v: MathValue) -> MathValue:
+    """An open interval ``(a, b)`` doubles as the point / pair ``a, b``."""
+    if v.kind == "interval" and v.value[0] == "(" and v.value[3] == ")":
+        return MathValue("tuple", (v.value[1], v.value[2]))
+    return v
+
+
+def _same_items(xs: tuple, ys: tuple, unordered: bool) -> bool:
+    left = list(ys)
+    for x in xs:
+        for j, y in enumerate(left):
+            if _equal(x, y, unordered):
+                del left[j]
+                break
+        else:
+            return False
+    return True
+
+
+def _equal(a: MathValue, b: MathValue, unordered: bool = False) -> bool:
     if a.kind == "text" or b.kind == "text":
         return a.kind == b.kind == "text" and a.value != "" and a.value == b.value
-    if a.kind in ("tuple", "set") or b.kind in ("tuple", "set"):
+    if a.kind == b.kind == "interval":
+        (la, loa, hia, ra), (lb, lob, hib, rb) = a.value, b.value
+        return la == lb and ra == rb and _equal(loa, lob) and _equal(hia, hib)
+    if a.kind == b.kind == "union":
+        return len(a.value) == len(b.value) and _same_items(a.value, b.value, False)
+    if "interval" in (a.kind, b.kind):
+        a, b = _as_pair(a), _as_pair(b)
+        if "interval" in (a.kind, b.kind):
+            return False
+    if a.kind in ("tuple", "set", "union") or b.kind in ("tuple", "set", "union"):
         if a.kind != b.kind or len(a.value) != len(b.value):
             return False
-        if a.kind == "tuple":
+        if a.kind == "tuple" and not unordered:
             return all(_equal(x, y) for x, y in zip(a.value, b.value, strict=True))
-        left = list(b.value)
-        for x in a.value:
-            for j, y in enumerate(left):
-                if _equal(x, y):
-                    del left[j]
-                    break
-            else:
-                return False
-        return True
+        return _same_items(a.value, b.value, unordered)
     return _scalars_equal(a, b)
 
 
@@ -783,19 +862,24 @@ def _candidates(v: MathValue) -> list[MathValue]:
     return [v, MathValue(v.kind, scaled, v.approx, False)]
 
 
-def answers_equal(predicted: str, reference: str) -> bool:
-    """True when two answer strings denote the same mathematical object. Never raises."""
+def answers_equal(predicted: str, reference: str, unordered: bool = False) -> bool:
+    """True when two answer strings denote the same mathematical object. Never raises.
+
+    ``unordered``: lists (``1, 2, 3``, ``(1, 2, 3)``) compare as multisets (the task says the
+    order does not matter)."""
     try:
         a, b = parse_answer(predicted), parse_answer(reference)
-        return any(_equal(x, y) for x in _candidates(a) for y in _candidates(b))
+        return any(_equal(x, y, unordered) for x in _candidates(a) for y in _candidates(b))
     except Exception:
         return False
 
 
-def verify_math(completion: Any, reference: Any) -> bool:
+def verify_math(completion: Any, reference: Any, unordered: bool = False) -> bool:
     """True when the final answer of ``completion`` equals ``reference``. Never raises.
 
     ``reference`` may be a string or a number (a ``\\boxed{}`` inside it is unwrapped).
+    The final answer is the *last* ``\\boxed{}`` when there are several. ``unordered``: see
+    ``answers_equal``.
     """
     try:
         if reference is None or isinstance(reference, bool):
@@ -809,6 +893,6 @@ def verify_math(completion: Any, reference: Any) -> bool:
         answer = extract_final_answer(completion)
         if answer is None:
             return False
-        return answers_equal(answer, reference)
+        return answers_equal(answer, reference, unordered)
     except Exception:
         return False

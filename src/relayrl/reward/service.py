@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import itertools
+import logging
 import math
 import multiprocessing as mp
 import os
@@ -49,8 +51,11 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol, runtime_checkable
 
+from relayrl.reward._guards import MAX_COMPONENTS, call_guarded, checked
 from relayrl.reward.mixing import RewardMix, ScoreResult
 from relayrl.reward.sandbox import remove_orphaned_dirs
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ModelScorer",
@@ -99,7 +104,10 @@ def _worker_main(conn: Connection, mix: RewardMix) -> None:
         if msg is None:
             return
         job_id, prompt, completion, fields = msg
-        result = mix(prompt, completion, fields)
+        result = checked(
+            call_guarded(functools.partial(mix, prompt, completion, fields), mix.failure_score),
+            mix.failure_score,
+        )
         try:
             conn.send(("done", job_id, result))
         except Exception as e:  # e.g. an unpicklable component value
@@ -142,6 +150,7 @@ class _Worker:
     job: _Job | None = None
     started: float = 0.0
     busy_s: float = 0.0
+    calls: int = 0
 
 
 class _Pool:
@@ -155,8 +164,12 @@ class _Pool:
         timeout_s: float | None,
         ctx: Any,
         on_done: Callable[[_Job, ScoreResult], None],
+        max_calls: int | None = None,
+        max_rss_mb: float | None = None,
     ) -> None:
         self.mix = mix
+        self.max_calls, self.max_rss_mb = max_calls, max_rss_mb
+        self.recycled = 0
         self.timeout_s = timeout_s
         self.ctx = ctx
         self.on_done = on_done
@@ -289,9 +302,32 @@ class _Pool:
             job, w.job = w.job, None
             if job is not None and job.id == msg[1]:
                 w.busy_s += time.monotonic() - w.started
+                w.calls += 1
                 self.on_done(job, msg[2])
+                self._maybe_recycle(i, w)
         elif kind == "init_error":
             self._break(f"reward worker failed to start: {msg[1]}")
+
+    def _maybe_recycle(self, i: int, w: _Worker) -> None:
+        """Replace an idle worker after ``max_calls`` calls or above ``max_rss_mb`` resident
+        memory (a leaking reward function must not grow a worker without bound)."""
+        rss = _rss_mb(w.process.pid) if self.max_rss_mb is not None else 0.0
+        by_calls = self.max_calls is not None and w.calls >= self.max_calls
+        by_rss = self.max_rss_mb is not None and rss > self.max_rss_mb
+        if not (by_calls or by_rss) or self.closed:
+            return
+        why = f"{w.calls} calls" if by_calls else f"{rss:.0f} MB resident > {self.max_rss_mb:g} MB"
+        log.info("reward worker %d recycled after %s", w.process.pid, why)
+        with contextlib.suppress(Exception):
+            w.conn.send(None)
+        w.process.join(timeout=2)
+        if w.process.is_alive():
+            w.process.kill()
+            w.process.join(timeout=5)
+        with contextlib.suppress(Exception):
+            w.conn.close()
+        self.recycled += 1
+        self.workers[i] = self._spawn()
 
     def _died(self, i: int, w: _Worker) -> None:
         w.process.join(timeout=5)
@@ -352,6 +388,16 @@ class _Pool:
             left.extend(self.pending)
             self.pending.clear()
         return left
+
+
+def _rss_mb(pid: int) -> float:
+    """Resident memory of a process in MB (0 when unknown)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
 
 
 class _ModelLane:
@@ -464,6 +510,11 @@ class RewardService:
         failure_score: the score of a failed sample / component.
         mp_context: ``forkserver`` / ``spawn`` (default: forkserver on Linux).
         record_on_sample: write ``sample.metadata["reward"]``.
+        worker_max_calls: replace a worker after this many calls (None: never).
+        worker_max_rss_mb: replace a worker whose resident memory exceeds this after a call
+            (None: never). Both are logged and counted in ``reward_service/worker_recycled``.
+        max_components: most components a sample may have; more, or a non-finite total or
+            component, makes the sample a recorded failure.
     """
 
     def __init__(
@@ -481,7 +532,17 @@ class RewardService:
         failure_score: float = 0.0,
         mp_context: str | None = None,
         record_on_sample: bool = True,
+        worker_max_calls: int | None = 5000,
+        worker_max_rss_mb: float | None = 1024.0,
+        max_components: int = MAX_COMPONENTS,
     ) -> None:
+        if worker_max_calls is not None and worker_max_calls < 1:
+            raise ValueError(f"worker_max_calls must be >= 1 or None, got {worker_max_calls}")
+        if worker_max_rss_mb is not None and worker_max_rss_mb <= 0:
+            raise ValueError(f"worker_max_rss_mb must be > 0 or None, got {worker_max_rss_mb}")
+        if max_components < 1:
+            raise ValueError(f"max_components must be >= 1, got {max_components}")
+        self.max_components = int(max_components)
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if timeout_s is not None and timeout_s <= 0:
@@ -531,7 +592,15 @@ class RewardService:
                 with contextlib.suppress(Exception):
                     ctx.set_forkserver_preload(["relayrl.reward.service"])
             try:
-                self._pool = _Pool(self.mix, num_workers, timeout_s, ctx, self._fn_done)
+                self._pool = _Pool(
+                    self.mix,
+                    num_workers,
+                    timeout_s,
+                    ctx,
+                    self._fn_done,
+                    worker_max_calls,
+                    worker_max_rss_mb,
+                )
             except (TypeError, AttributeError, pickle.PicklingError) as e:
                 raise ValueError(
                     "reward functions must be picklable (module-level, or given as "
@@ -638,13 +707,20 @@ class RewardService:
             if self._pool is not None:
                 self._pool.submit(job)
             else:
-                self._fn_done(job, self.mix(prompt, completion, fields))
+                self._fn_done(job, self._inline(prompt, completion, fields))
         for name, scorer, weight in self._scorers:
             if name in self._lanes:
                 self._lanes[name].queue.put(job)
             else:
                 _inline_lane(name, scorer, weight, [job], self._model_done)
         return job.future
+
+    def _inline(self, prompt: str, completion: str, fields: dict[str, Any]) -> ScoreResult:
+        """The mix in this thread: reward code's SystemExit / KeyboardInterrupt become a
+        failure; only a SIGINT the trainer received meanwhile propagates."""
+        mix = self.mix
+        assert mix is not None
+        return call_guarded(lambda: mix(prompt, completion, fields), self.failure_score)
 
     # ------------------------------------------------------------------ completion
     def _fn_done(self, job: _Job, result: ScoreResult) -> None:
@@ -700,6 +776,7 @@ class RewardService:
         )
 
     def _finish(self, job: _Job, result: ScoreResult) -> None:
+        result = checked(result, self.failure_score, self.max_components)
         if self._pool is not None or self._lanes:
             result.latency_s = time.monotonic() - job.t_submit
         if self.record_on_sample and job.sample is not None:
@@ -765,7 +842,7 @@ class RewardService:
             self._counts["submitted"] += len(jobs)
         if self.mix is not None:
             for j in live:
-                self._fn_done(j, self.mix(j.prompt, j.completion, j.fields))
+                self._fn_done(j, self._inline(j.prompt, j.completion, j.fields))
         for name, scorer, weight in self._scorers:
             _inline_lane(name, scorer, weight, live, self._model_done)
         self._drop_polled(samples)
@@ -797,6 +874,7 @@ class RewardService:
             elapsed = max(time.monotonic() - self._t_start, 1e-9)
             out["reward_service/timeouts"] = float(self._pool.timeouts)
             out["reward_service/worker_restarts"] = float(self._pool.restarts)
+            out["reward_service/worker_recycled"] = float(self._pool.recycled)
             out["reward_service/worker_busy_frac"] = self._pool.busy_seconds() / (
                 elapsed * self.num_workers
             )
@@ -895,4 +973,7 @@ def build_reward_service(
         model_scorers=model_scorers,
         model_batch_size=getattr(reward_cfg, "model_batch_size", 64),
         failure_score=svc.failure_score,
+        worker_max_calls=getattr(svc, "worker_max_calls", 5000),
+        worker_max_rss_mb=getattr(svc, "worker_max_rss_mb", 1024.0),
+        max_components=getattr(svc, "max_components", MAX_COMPONENTS),
     )
