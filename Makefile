@@ -9,6 +9,11 @@ LOCK_VENV := .lock-venv
 .PHONY: demo test lint venv lock
 
 $(STAMP): pyproject.toml requirements.lock
+	# the code reward's sandbox runs programs under bubblewrap (Debian package) when it is there
+	command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { apt-get install -y -q bubblewrap >/dev/null || \
+	    { apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null; }; }; } || \
+	  echo "warning: bubblewrap is not installed: the code reward falls back to weaker isolation"
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q pip==$(PIP_VERSION)
 	# every package at the locked version, nothing resolved: the lock holds the transitive set

@@ -148,6 +148,12 @@ class RewardServiceConfig(_Strict):
     normalize: Literal["none", "domain_zscore"] = "none"
     """``domain_zscore``: z-score the mixed score within each batch, per domain."""
     domain_key: str = "domain"
+    worker_max_calls: int | None = Field(5000, ge=1)
+    """Replace a reward worker after this many calls (null: never)."""
+    worker_max_rss_mb: float | None = Field(1024.0, gt=0)
+    """Replace a reward worker whose resident memory exceeds this after a call (null: never)."""
+    max_components: int = Field(64, ge=1)
+    """Most components a sample's reward may have; more is a recorded failure."""
 
 
 class RewardConfig(_Strict):

@@ -973,7 +973,7 @@ def build_reward_service(
         model_scorers=model_scorers,
         model_batch_size=getattr(reward_cfg, "model_batch_size", 64),
         failure_score=svc.failure_score,
-        worker_max_calls=getattr(svc, "worker_max_calls", 5000),
-        worker_max_rss_mb=getattr(svc, "worker_max_rss_mb", 1024.0),
-        max_components=getattr(svc, "max_components", MAX_COMPONENTS),
+        worker_max_calls=svc.worker_max_calls,
+        worker_max_rss_mb=svc.worker_max_rss_mb,
+        max_components=svc.max_components,
     )
