@@ -10,6 +10,12 @@ acknowledgement before it overwrites the shared tensors.
 A background thread in the client drains the worker's results into queues, so generation
 never stalls on a full pipe while the trainer is busy. If the worker dies, every client call
 raises :class:`RolloutWorkerDied` naming its pid and exit code.
+
+The worker lives and dies with its client: it ignores SIGINT from its first instruction (Ctrl-C
+reaches the whole process group; the trainer stops it through ``close``), and it exits quietly,
+without a traceback, as soon as its parent is gone (its pipes close or its parent pid changes).
+The shared tensors are file-descriptor backed (torch's default on Linux): nothing stays in
+``/dev/shm`` once both processes have ended.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import itertools
 import os
 import queue
+import signal
 import threading
 import time
 import traceback
@@ -67,6 +74,18 @@ class EngineSpec:
 
 
 def _worker_main(spec: EngineSpec, shared: dict[str, Tensor], cmd_conn: Any, out_conn: Any) -> None:
+    """The worker: ignore Ctrl-C, serve the client, return quietly once the client is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent was ignoring it at the spawn too
+    parent = os.getppid()
+    try:
+        _serve(spec, shared, cmd_conn, out_conn, parent)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the parent closed its ends of the pipes (or died): nothing left to serve
+
+
+def _serve(
+    spec: EngineSpec, shared: dict[str, Tensor], cmd_conn: Any, out_conn: Any, parent: int
+) -> None:
     """The worker's loop: take commands, step the engine while it has work, ship samples."""
     os.environ["OMP_NUM_THREADS"] = str(spec.threads)
     torch.set_num_threads(spec.threads)
@@ -96,6 +115,8 @@ def _worker_main(spec: EngineSpec, shared: dict[str, Tensor], cmd_conn: Any, out
         has_work = engine.has_unfinished()
         if not cmd_conn.poll(0 if has_work else 0.5):
             if not has_work:
+                if os.getppid() != parent:  # orphaned (the parent was killed)
+                    return
                 continue
         else:
             while cmd_conn.poll(0):
@@ -137,6 +158,20 @@ def _worker_main(spec: EngineSpec, shared: dict[str, Tensor], cmd_conn: Any, out
             busy_since = None
 
 
+def _start_ignoring_sigint(process: Any) -> None:
+    """Start ``process`` with SIGINT ignored, so a Ctrl-C while the child is still importing
+    torch (before its first instruction) does not print its traceback. An ignored signal stays
+    ignored across exec, and Python then installs no KeyboardInterrupt handler of its own."""
+    if threading.current_thread() is not threading.main_thread():
+        process.start()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        process.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class EngineProcess:
     """Client of an engine worker process; same rollout interface as ``RolloutEngine``."""
 
@@ -156,7 +191,7 @@ class EngineProcess:
             daemon=True,
             name="relayrl-rollout",
         )
-        self.process.start()
+        _start_ignoring_sigint(self.process)
         self._out_send.close()
         self._cmd_recv.close()
         self._samples: queue.Queue[Sample] = queue.Queue()
@@ -170,7 +205,14 @@ class EngineProcess:
         self._tickets = itertools.count()
         self._dead: str | None = None
         self._stopping = False
-        first = self._recv_first(start_timeout)
+        try:
+            first = self._recv_first(start_timeout)
+        except BaseException:  # Ctrl-C during start-up, or a failed start: leave no worker
+            self._stopping = True
+            if self.process.is_alive():
+                self.process.kill()
+            self.process.join(timeout=5)
+            raise
         self.pid = first
         self._receiver = threading.Thread(target=self._receive_loop, daemon=True)
         self._receiver.start()
