@@ -12,14 +12,17 @@ never stalls on a full pipe while the trainer is busy. If the worker dies, every
 raises :class:`RolloutWorkerDied` naming its pid and exit code.
 
 The worker lives and dies with its client: it ignores SIGINT from its first instruction (Ctrl-C
-reaches the whole process group; the trainer stops it through ``close``), and it exits quietly,
-without a traceback, as soon as its parent is gone (its pipes close or its parent pid changes).
+reaches the whole process group; the trainer stops it through ``close``), outlives a SIGTERM by
+``TERM_GRACE_S`` (the trainer, signalled with it, still needs it to finish its step), and exits
+quietly, without a traceback, as soon as its parent is gone (its pipes close or its parent pid
+changes).
 The shared tensors are file-descriptor backed (torch's default on Linux): nothing stays in
 ``/dev/shm`` once both processes have ended.
 """
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import queue
@@ -27,7 +30,8 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Iterable, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,18 +77,40 @@ class EngineSpec:
     urgent_steps: int  # async.urgent_steps
 
 
+TERM_GRACE_S = 15.0
+"""After a SIGTERM the worker goes on serving this long, then exits. A SIGTERM sent to the
+whole process group (slurm, systemd, ``timeout``) reaches the trainer too, which finishes its
+step, checkpoints it and stops the worker; the worker must not die under it meanwhile."""
+
+
 def _worker_main(spec: EngineSpec, shared: dict[str, Tensor], cmd_conn: Any, out_conn: Any) -> None:
     """The worker: ignore Ctrl-C, serve the client, return quietly once the client is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent was ignoring it at the spawn too
     parent = os.getppid()
+    term_deadline: list[float] = []
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if not term_deadline:
+            term_deadline.append(time.monotonic() + TERM_GRACE_S)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+    def must_exit() -> bool:
+        """The parent is gone (we were re-parented), or the SIGTERM grace is over."""
+        return os.getppid() != parent or bool(term_deadline and time.monotonic() > term_deadline[0])
+
     try:
-        _serve(spec, shared, cmd_conn, out_conn, parent)
+        _serve(spec, shared, cmd_conn, out_conn, must_exit)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent closed its ends of the pipes (or died): nothing left to serve
 
 
 def _serve(
-    spec: EngineSpec, shared: dict[str, Tensor], cmd_conn: Any, out_conn: Any, parent: int
+    spec: EngineSpec,
+    shared: dict[str, Tensor],
+    cmd_conn: Any,
+    out_conn: Any,
+    must_exit: Callable[[], bool],
 ) -> None:
     """The worker's loop: take commands, step the engine while it has work, ship samples."""
     os.environ["OMP_NUM_THREADS"] = str(spec.threads)
@@ -112,11 +138,11 @@ def _serve(
     busy_since: float | None = None
     spans: list[tuple[float, float]] = []
     while True:
+        if must_exit():
+            return
         has_work = engine.has_unfinished()
         if not cmd_conn.poll(0 if has_work else 0.5):
             if not has_work:
-                if os.getppid() != parent:  # orphaned (the parent was killed)
-                    return
                 continue
         else:
             while cmd_conn.poll(0):
@@ -156,6 +182,12 @@ def _serve(
         elif busy_since is not None:
             spans.append((busy_since, time.perf_counter()))
             busy_since = None
+
+
+def _close_at_exit(ref: weakref.ref[EngineProcess]) -> None:
+    client = ref()
+    if client is not None:
+        client.close()
 
 
 def _start_ignoring_sigint(process: Any) -> None:
@@ -216,6 +248,9 @@ class EngineProcess:
         self.pid = first
         self._receiver = threading.Thread(target=self._receive_loop, daemon=True)
         self._receiver.start()
+        # before multiprocessing's own exit hook (atexit runs last-registered first), which
+        # would wait for a worker that is still in its SIGTERM grace
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     # ----------------------------------------------------------------- plumbing
     def _recv_first(self, timeout: float) -> int:
