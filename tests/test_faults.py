@@ -73,6 +73,32 @@ def test_checkpoint_write_on_a_full_disk_is_one_line(tiny, tmp_path, capsys, mon
     AutoModelForCausalLM.from_pretrained(run / "checkpoints/step_000001/actor")
 
 
+def test_a_full_disk_under_the_metrics_file_is_one_line(tiny, tmp_path, capsys, monkeypatch):
+    from relayrl.telemetry.metrics import MetricsLogger
+
+    run = tmp_path / "run"
+    config = write_config(tmp_path / "run.yaml", tiny, run)
+    real_log = MetricsLogger.log
+
+    def log(self, step, metrics):
+        if step == 2:
+
+            class FullDisk:
+                def write(self, text):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+            self._file = FullDisk()
+        return real_log(self, step, metrics)
+
+    monkeypatch.setattr(MetricsLogger, "log", log)
+    rc = main(train_argv(config, "train.steps=3", "train.save_every=1"))
+    assert rc == 1
+    assert capsys.readouterr().err.strip() == (
+        f"relayrl train: error: could not write {run}/metrics.jsonl (No space left on device); "
+        f"the newest intact checkpoint is {run}/checkpoints/step_000001"
+    )
+
+
 def _update_sending(monkeypatch, signals_at_call: int, count: int) -> None:
     """Make the actor's ``signals_at_call``-th update send SIGINT to this process ``count``
     times before it changes any weight (as a Ctrl-C in the middle of the update would)."""

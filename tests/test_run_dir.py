@@ -8,6 +8,7 @@ import errno
 import io
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -193,10 +194,24 @@ def test_dpo_in_a_directory_that_holds_a_run_is_refused(tiny, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("seed: 7\n")
+    (run / "metrics.jsonl").write_text('{"step": 0, "dpo_eval/accuracy": 0.5}\n')
+    before = file_hashes(run)
     cfg = run_config(tiny, run, "algo.name=dpo", "algo.kl_coef=0.1")
-    with pytest.raises(RunDirError, match=r"already holds a run \(config\.yaml\)"):
+    with pytest.raises(RunDirError, match=r"already holds a run \(config\.yaml, metrics\.jsonl\)"):
         train(cfg, lambda a, c: pytest.fail("DPO builds no roles"))
-    assert (run / "config.yaml").read_text() == "seed: 7\n"
+    assert file_hashes(run) == {**before, ".lock": file_hashes(run)[".lock"]}
+
+
+def test_the_config_of_a_start_that_logged_nothing_is_kept_not_refused(tiny, tmp_path, capsys):
+    """A start that failed before its first record (e.g. a wrong data path) left config.yaml
+    only: the next start goes ahead, and keeps that config as config.prev-1.yaml."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("seed: 7\n")
+    config = write_config(tmp_path / "run.yaml", tiny, run)
+    assert main(train_argv(config, "train.steps=1")) == 0
+    assert (run / "config.prev-1.yaml").read_text() == "seed: 7\n"
+    assert [r["step"] for r in _records(run)] == [0, 1, 1]
 
 
 def test_metrics_rewrite_on_resume_only_when_needed_and_atomic(tmp_path, monkeypatch):
@@ -213,7 +228,7 @@ def test_metrics_rewrite_on_resume_only_when_needed_and_atomic(tmp_path, monkeyp
     def full_disk(src, dst):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(os, "replace", full_disk)
+    monkeypatch.setattr(Path, "replace", full_disk)
     with pytest.raises(OSError, match="No space left on device"):
         MetricsLogger(tmp_path, tensorboard=False, resume_step=1)
     assert path.read_text() == text

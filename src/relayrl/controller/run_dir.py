@@ -6,13 +6,14 @@
 1. ``run_dir/.lock`` is locked with ``fcntl.flock`` (exclusive, non-blocking) for the life of
    the run. Another process on the same directory, started or resumed, refuses in one line
    naming the holder's pid. (``flock`` is per machine on some network filesystems.)
-2. A start without ``resume`` where a run already is (a checkpoint, ``metrics.jsonl``,
-   ``config.yaml`` or ``timeline.json``) refuses, naming the choices: ``--resume``, another
-   ``run_dir=...``, or ``--overwrite``, which moves the old run's files into
-   ``<run_dir>.prev-N`` beside it (never deletes them).
+2. A start without ``resume`` where a run already is (a checkpoint, or a ``metrics.jsonl``
+   with records) refuses, naming the choices: ``--resume``, another ``run_dir=...``, or
+   ``--overwrite``, which moves the old run's files into ``<run_dir>.prev-N`` beside it (never
+   deletes them). The ``config.yaml`` of a start that failed before it logged anything (a bad
+   data path, say) is no run: the next start goes ahead and keeps it as ``config.prev-N.yaml``.
 3. ``resume`` with ``train.steps`` at or below the newest checkpoint's step refuses: there is
-   nothing to train. ``resume`` where files are but no checkpoint (a job that died before its
-   first save) moves those files aside and starts at step 0, so a restarted job loses nothing.
+   nothing to train. ``resume`` where a run is but no checkpoint (a job that died before its
+   first save) moves its files aside and starts at step 0, so a restarted job loses nothing.
 4. Only then are the leftovers of interrupted checkpoint writes removed (the lock rules out a
    writer) and the holder's pid written into the lock file.
 
@@ -48,7 +49,7 @@ __all__ = ["LOCK_FILE", "RUN_FILES", "RunDir", "claim_run_dir", "record_config"]
 
 LOCK_FILE = ".lock"
 RUN_FILES = ("config.yaml", "metrics.jsonl", "timeline.json")
-"""Files whose presence means the directory holds a run (besides its checkpoints)."""
+"""The files of a run (besides its checkpoints), named in the refusal and moved aside."""
 
 
 @dataclass
@@ -116,6 +117,13 @@ def _contents(path: Path) -> list[str]:
     return found
 
 
+def _holds_run(path: Path) -> bool:
+    """A checkpoint, or logged records: what a new start must not touch."""
+    metrics = path / "metrics.jsonl"
+    has_records = metrics.is_file() and metrics.stat().st_size > 0
+    return has_records or any(p.is_dir() for p in checkpoint_root(path).glob("step_*"))
+
+
 def _aside(path: Path) -> Path:
     """A free ``<run_dir>.prev-N`` beside ``path`` (created, so two claims never share it)."""
     base = path.resolve()
@@ -169,7 +177,7 @@ def claim_run_dir(
                     f"train.steps={steps} asks for no more; set train.steps above {done} to "
                     "train further"
                 )
-        elif found and not overwrite:
+        elif _holds_run(path) and not overwrite:
             dest = _aside_name(path)
             raise RunDirError(
                 f"run directory {path} already holds a run ({', '.join(found)}); continue it "
@@ -177,10 +185,10 @@ def claim_run_dir(
                 f"it to {dest}"
             )
         try:
-            if found and run.checkpoint is None:  # --overwrite, or --resume with no checkpoint
+            if found and (overwrite or (resume and not run.checkpoint and _holds_run(path))):
                 run.moved_to = _move_aside(path)
             run.removed = remove_partial_writes(path)
-            for tmp in [*path.glob(".config.yaml.*.tmp"), *path.glob(".metrics.jsonl.*.tmp")]:
+            for tmp in [*path.glob(".config.yaml.*.tmp"), *path.glob(".metrics.jsonl.tmp")]:
                 tmp.unlink()
                 run.removed.append(tmp)
             os.ftruncate(fd, 0)

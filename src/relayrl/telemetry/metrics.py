@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import operator
-import os
 from pathlib import Path
 from typing import IO, Any
 
@@ -52,16 +51,14 @@ def _parse_lines(path: Path) -> list[dict[str, Any]]:
 
 
 def _replace_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` by ``text`` in one step: a temporary file beside it (named for this
-    process), flushed to disk, then ``os.replace``. A crash or a full disk leaves the old file
-    whole and no temporary file behind."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Replace ``path`` by ``text`` in one step: a temporary file beside it, then a rename. A
+    crash or a full disk leaves the old file whole and no temporary file behind (one process
+    writes a run directory at a time: the trainer holds its lock)."""
+    tmp = path.with_name(f".{path.name}.tmp")
     try:
         with tmp.open("w", encoding="utf-8") as f:
             f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        tmp.replace(path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -144,8 +141,11 @@ class MetricsLogger:
             values[key] = _to_float(key, value)
         record: dict[str, Any] = {"step": step, **values}
         line = json.dumps({"step": step, **{k: _json_value(v) for k, v in values.items()}})
-        self._file.write(line + "\n")
-        self._file.flush()
+        try:
+            self._file.write(line + "\n")
+            self._file.flush()
+        except OSError as exc:  # a full disk: say which file (a write error names none)
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
         self.history.append(record)
         if self._writer is not None:
             for key, value in values.items():
