@@ -104,3 +104,9 @@ def alive(pids: set[int], wait: float = 10.0) -> set[int]:
 
 def shm_entries() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def varied_reward(prompt: str, completion: str, sample: dict) -> float:
+    """A reward that differs between the answers of a group even for an untrained model (the
+    arithmetic verifier scores them all 0: no advantage, no weight change)."""
+    return float(sum(map(ord, completion)) % 5)
