@@ -212,7 +212,8 @@ def _aside_name(path: Path) -> Path:
 
 def record_config(run_dir: str | Path, cfg: BaseModel) -> Path:
     """Write ``cfg`` to ``run_dir/config.yaml`` atomically; a different earlier config is kept
-    as ``config.prev-N.yaml`` (a resume with other settings keeps the history)."""
+    as ``config.prev-N.yaml`` (a resume with other settings keeps the history). A failed write
+    (a full disk) is a :class:`RunDirError`: nothing has run yet."""
     path = Path(run_dir) / "config.yaml"
     tmp = path.with_name(f".config.yaml.{os.getpid()}.tmp")
     try:
@@ -226,6 +227,9 @@ def record_config(run_dir: str | Path, cfg: BaseModel) -> Path:
                 n += 1
             os.rename(path, path.with_name(f"config.prev-{n}.yaml"))
         os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise _not_writable(path.parent, exc) from exc
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
