@@ -101,3 +101,20 @@ def test_debug_after_plan_and_rlhf_subcommands(tmp_path):
     cfg.write_text("seed: 0\n")
     with pytest.raises(ConfigError, match=r"^command line: bad value for 'algo\.kl_coef' \(-1\)"):
         main(["dpo", str(cfg), "algo.kl_coef=-1", "--debug"])
+
+
+def test_overrides_after_a_flag_are_overrides(capsys, tmp_path):
+    """``relayrl train cfg.yaml --resume train.steps=8``: argparse ends the positional
+    overrides at the flag; the ones after it are overrides all the same (they used to be
+    'unrecognized arguments')."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("algo:\n  name: grpo\n")
+    rc, err = _run(capsys, ["train", str(cfg), "--resume", "algo.group_size=1"])
+    assert rc == 2
+    assert err.startswith(
+        "relayrl train: error: command line: bad value for 'algo.group_size' (1): "
+    )
+    with pytest.raises(SystemExit) as exc:
+        main(["train", str(cfg), "--resume", "--bogus"])
+    assert exc.value.code == 2
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err

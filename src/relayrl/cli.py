@@ -2,13 +2,22 @@
 
 Bad input (an unknown config key, a wrong type, a missing path, a malformed data line) is a
 one-line error on stderr and exit code 2; ``--debug`` shows the traceback instead.
+
+Exit codes: 0 done; 2 bad input or a run directory that cannot be used as asked (another run
+is in it or holds its lock, nothing is left to ``--resume``, it cannot be written), refused
+before anything is written; 1 a fault during the run (a checkpoint write failing on a full
+disk or an I/O error, a dead worker), with the newest intact checkpoint named; 130 stopped by
+SIGINT (Ctrl-C), 143 stopped by SIGTERM: the same clean path for both, and ``relayrl train``
+first checkpoints the last completed step (``train.save_on_signal``, on by default).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +40,12 @@ def _worker_errors() -> tuple[type[BaseException], ...]:
     return (RolloutWorkerDied,)
 
 
+def _fault_errors() -> tuple[type[BaseException], ...]:
+    from relayrl.controller.faults import RunFault
+
+    return (RunFault,)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from relayrl.cluster.local import build_local_roles
     from relayrl.config import RunConfig, load_config
@@ -44,7 +59,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         from relayrl.cluster.ray_roles import build_ray_roles
 
         build = build_ray_roles
-    result = train(cfg, lambda a, c: build(cfg, a, c), resume=args.resume)
+    result = train(cfg, lambda a, c: build(cfg, a, c), resume=args.resume, overwrite=args.overwrite)
     before, after = _pct(result.get("eval_before")), _pct(result["eval_after"])
     print(f"eval pass rate: before {before}  after {after}")
     return 0
@@ -124,6 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("config", help="YAML run config")
     t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. algo.kl_coef=0.05")
     t.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    t.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="move a run already in run_dir aside (to <run_dir>.prev-N) and start afresh",
+    )
     t.set_defaults(fn=cmd_train)
 
     s = sub.add_parser("sft", help="supervised fine-tuning from a YAML config")
@@ -167,12 +187,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; SIGTERM stops it as Ctrl-C does (``RunInterrupted``) while it runs."""
+    from relayrl.controller.faults import raise_interrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        return _main(argv)  # signals reach the main thread only
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        return _main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     # ``--debug`` anywhere, before or after the subcommand and between its overrides (an
     # argparse optional between nargs="*" positionals would end them).
     debug = "--debug" in argv
-    args = parser.parse_args([a for a in argv if a != "--debug"])
+    args, extra = parser.parse_known_args([a for a in argv if a != "--debug"])
+    # key=value overrides after a flag (``train cfg.yaml --resume train.steps=8``): argparse
+    # ends the overrides at the flag; they are overrides all the same
+    if (
+        extra
+        and hasattr(args, "overrides")
+        and all("=" in a and not a.startswith("-") for a in extra)
+    ):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.debug = debug
     t0 = time.perf_counter()
     try:
@@ -186,9 +229,20 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    except KeyboardInterrupt:
-        print("interrupted; checkpoints already written are intact", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (faults.RunInterrupted)
+        signum = getattr(exc, "signum", signal.SIGINT)
+        name = signal.Signals(signum).name
+        msg = (
+            getattr(exc, "message", "")
+            or f"stopped by {name}; checkpoints already written are intact"
+        )
+        print(f"relayrl {args.command}: {msg}", file=sys.stderr)
+        return 128 + signum
+    except _fault_errors() as exc:
+        if args.debug:
+            raise
+        print(f"relayrl {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except _usage_errors() as exc:
         if args.debug:
             raise

@@ -324,11 +324,18 @@ class TrainConfig(_Strict):
     save_every: int = Field(0, ge=0)
     """Checkpoint every N steps (0: only at the end)."""
     keep_checkpoints: int = Field(2, ge=1)
+    save_on_signal: bool = True
+    """On SIGINT / SIGTERM, checkpoint the last completed step before stopping (a signal during
+    a step's weight update waits for the end of that step; a second one stops at once)."""
 
 
 class LoggingConfig(_Strict):
     tensorboard: bool = True
     progress: bool = True
+    progress_interval_s: float | None = Field(None, gt=0)
+    """Seconds between plain progress lines when the output is not a terminal (CI, nohup, a
+    cluster job; null: ``$RELAYRL_PROGRESS_INTERVAL_S``, default 30). The same lines always go
+    to ``run_dir/progress.log``."""
 
 
 class RayPoolConfig(_Strict):

@@ -60,7 +60,8 @@ def run_demo(run_dir: Path, overrides: list[str] | None = None) -> dict[str, flo
     )
     t_sft = time.perf_counter()
     print("GRPO ...")
-    out = train(rl_cfg, lambda a, c: build_local_roles(rl_cfg, a, c))
+    # a demo is re-run as a whole: an earlier demo's GRPO run is moved aside, never deleted
+    out = train(rl_cfg, lambda a, c: build_local_roles(rl_cfg, a, c), overwrite=True)
     t_rl = time.perf_counter()
     before, after = out["eval_before"], out["eval_after"]
     print(

@@ -10,17 +10,28 @@ acknowledgement before it overwrites the shared tensors.
 A background thread in the client drains the worker's results into queues, so generation
 never stalls on a full pipe while the trainer is busy. If the worker dies, every client call
 raises :class:`RolloutWorkerDied` naming its pid and exit code.
+
+The worker lives and dies with its client: it ignores SIGINT from its first instruction (Ctrl-C
+reaches the whole process group; the trainer stops it through ``close``), outlives a SIGTERM by
+``TERM_GRACE_S`` (the trainer, signalled with it, still needs it to finish its step), and exits
+quietly, without a traceback, as soon as its parent is gone (its pipes close or its parent pid
+changes).
+The shared tensors are file-descriptor backed (torch's default on Linux): nothing stays in
+``/dev/shm`` once both processes have ended.
 """
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import queue
+import signal
 import threading
 import time
 import traceback
-from collections.abc import Iterable, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +77,41 @@ class EngineSpec:
     urgent_steps: int  # async.urgent_steps
 
 
+TERM_GRACE_S = 15.0
+"""After a SIGTERM the worker goes on serving this long, then exits. A SIGTERM sent to the
+whole process group (slurm, systemd, ``timeout``) reaches the trainer too, which finishes its
+step, checkpoints it and stops the worker; the worker must not die under it meanwhile."""
+
+
 def _worker_main(spec: EngineSpec, shared: dict[str, Tensor], cmd_conn: Any, out_conn: Any) -> None:
+    """The worker: ignore Ctrl-C, serve the client, return quietly once the client is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent was ignoring it at the spawn too
+    parent = os.getppid()
+    term_deadline: list[float] = []
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if not term_deadline:
+            term_deadline.append(time.monotonic() + TERM_GRACE_S)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+    def must_exit() -> bool:
+        """The parent is gone (we were re-parented), or the SIGTERM grace is over."""
+        return os.getppid() != parent or bool(term_deadline and time.monotonic() > term_deadline[0])
+
+    try:
+        _serve(spec, shared, cmd_conn, out_conn, must_exit)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the parent closed its ends of the pipes (or died): nothing left to serve
+
+
+def _serve(
+    spec: EngineSpec,
+    shared: dict[str, Tensor],
+    cmd_conn: Any,
+    out_conn: Any,
+    must_exit: Callable[[], bool],
+) -> None:
     """The worker's loop: take commands, step the engine while it has work, ship samples."""
     os.environ["OMP_NUM_THREADS"] = str(spec.threads)
     torch.set_num_threads(spec.threads)
@@ -93,6 +138,8 @@ def _worker_main(spec: EngineSpec, shared: dict[str, Tensor], cmd_conn: Any, out
     busy_since: float | None = None
     spans: list[tuple[float, float]] = []
     while True:
+        if must_exit():
+            return
         has_work = engine.has_unfinished()
         if not cmd_conn.poll(0 if has_work else 0.5):
             if not has_work:
@@ -137,6 +184,26 @@ def _worker_main(spec: EngineSpec, shared: dict[str, Tensor], cmd_conn: Any, out
             busy_since = None
 
 
+def _close_at_exit(ref: weakref.ref[EngineProcess]) -> None:
+    client = ref()
+    if client is not None:
+        client.close()
+
+
+def _start_ignoring_sigint(process: Any) -> None:
+    """Start ``process`` with SIGINT ignored, so a Ctrl-C while the child is still importing
+    torch (before its first instruction) does not print its traceback. An ignored signal stays
+    ignored across exec, and Python then installs no KeyboardInterrupt handler of its own."""
+    if threading.current_thread() is not threading.main_thread():
+        process.start()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        process.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class EngineProcess:
     """Client of an engine worker process; same rollout interface as ``RolloutEngine``."""
 
@@ -156,7 +223,7 @@ class EngineProcess:
             daemon=True,
             name="relayrl-rollout",
         )
-        self.process.start()
+        _start_ignoring_sigint(self.process)
         self._out_send.close()
         self._cmd_recv.close()
         self._samples: queue.Queue[Sample] = queue.Queue()
@@ -170,10 +237,20 @@ class EngineProcess:
         self._tickets = itertools.count()
         self._dead: str | None = None
         self._stopping = False
-        first = self._recv_first(start_timeout)
+        try:
+            first = self._recv_first(start_timeout)
+        except BaseException:  # Ctrl-C during start-up, or a failed start: leave no worker
+            self._stopping = True
+            if self.process.is_alive():
+                self.process.kill()
+            self.process.join(timeout=5)
+            raise
         self.pid = first
         self._receiver = threading.Thread(target=self._receive_loop, daemon=True)
         self._receiver.start()
+        # before multiprocessing's own exit hook (atexit runs last-registered first), which
+        # would wait for a worker that is still in its SIGTERM grace
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     # ----------------------------------------------------------------- plumbing
     def _recv_first(self, timeout: float) -> int:

@@ -5,6 +5,10 @@ so ``AutoModelForCausalLM.from_pretrained(.../actor)`` loads as is) and ``traine
 (optimizer, scheduler, shuffling generators, KL controller, step, RNG states).
 A checkpoint is written into a temporary directory and renamed into place in one step, and
 ``latest`` is replaced atomically afterwards: an interrupted save never damages what is there.
+A save that fails removes its temporary directory; one that fails with an ``OSError`` (disk
+full, read-only, I/O error) raises :class:`CheckpointWriteError` naming the step and the newest
+intact checkpoint. Temporary folders left by a killed process are removed when the next run
+claims the directory (:func:`remove_partial_writes`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from relayrl.controller.faults import CheckpointWriteError
 
 STATE_FILE = "trainer_state.pt"
 
@@ -53,28 +59,76 @@ def save_checkpoint(
     tokenizer: Any,
     trainer_state: dict[str, Any],
     keep: int = 2,
+    rng: dict[str, Any] | None = None,
 ) -> Path:
-    """Write ``models`` (name -> HF model) and ``trainer_state`` for ``step`` atomically."""
+    """Write ``models`` (name -> HF model) and ``trainer_state`` for ``step`` atomically.
+
+    ``rng``: the RNG states to store (default: the current ones); the trainer passes those of
+    the step boundary, which a checkpoint written on a signal was taken after.
+    Raises :class:`CheckpointWriteError` on an ``OSError``; on any failure (an interrupt too)
+    the temporary directory is removed and the checkpoints already there are untouched.
+    """
     root = checkpoint_root(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}_{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    for name, model in models.items():
-        model.save_pretrained(tmp / name)
-        tokenizer.save_pretrained(tmp / name)
-    torch.save({**trainer_state, "step": step, "rng": rng_state()}, tmp / STATE_FILE)
-    _fsync_dir(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
     latest_tmp = root / f".latest_{os.getpid()}"
-    latest_tmp.write_text(final.name + "\n")
-    os.replace(latest_tmp, root / "latest")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        for name, model in models.items():
+            model.save_pretrained(tmp / name)
+            tokenizer.save_pretrained(tmp / name)
+        state = {**trainer_state, "step": step, "rng": rng if rng is not None else rng_state()}
+        torch.save(state, tmp / STATE_FILE)
+        _fsync_dir(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        latest_tmp.write_text(final.name + "\n")
+        os.replace(latest_tmp, root / "latest")
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        latest_tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            reason = exc.strerror or str(exc)
+            raise CheckpointWriteError(
+                f"checkpoint {final.name} could not be written ({reason}); {newest_intact(run_dir)}"
+            ) from exc
+        raise
     _prune(root, keep)
     return final
+
+
+def newest_intact(run_dir: str | Path) -> str:
+    """``the newest intact checkpoint is <path>`` or ``no checkpoint was written``: the end of
+    every fault message."""
+    ckpt = latest_checkpoint(run_dir)
+    return f"the newest intact checkpoint is {ckpt}" if ckpt else "no checkpoint was written"
+
+
+def remove_partial_writes(run_dir: str | Path) -> list[Path]:
+    """Remove what interrupted saves left in ``checkpoints/`` (``.tmp_step_*`` folders and
+    ``.latest_*`` markers); return their paths. Only for the holder of the run lock: then no
+    other process can be writing them."""
+    root = checkpoint_root(run_dir)
+    if not root.is_dir():
+        return []
+    removed = []
+    for p in sorted([*root.glob(".tmp_step_*"), *root.glob(".latest_*")]):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+        removed.append(p)
+    return removed
+
+
+def checkpoint_step(ckpt: Path) -> int | None:
+    """The step of a ``step_000010`` checkpoint directory (from its name), or None."""
+    head, _, digits = ckpt.name.partition("_")
+    return int(digits) if head == "step" and digits.isdigit() else None
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

@@ -1,28 +1,44 @@
-"""The synchronous RL run: steps of an algorithm, held-out evals, metrics and checkpoints.
+"""The RL run: steps of an algorithm, held-out evals, metrics and checkpoints.
 
 The controller never builds models itself: ``build_roles(actor_path, critic_path)`` comes from
 the cluster layer (``local`` today, ``ray`` later), so the same program runs on both.
+
+The run directory is claimed before anything is written into it
+(:func:`relayrl.controller.run_dir.claim_run_dir`: a lock for the life of the run; a start
+where a run already is, or a resume with nothing left to train, is refused in one line).
+A fault ends in one line (:class:`relayrl.controller.faults.RunFault`: what failed, the newest
+intact checkpoint); cleaning up after it never replaces it with a second error. SIGINT and
+SIGTERM stop the run through :class:`relayrl.controller.faults.RunInterrupted`; with
+``train.save_on_signal`` the last *completed* step is checkpointed first (a signal during a
+step's weight update is held until the step is logged, see ``StepGuard``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relayrl.config import RunConfig, dump_config
+from relayrl.config import RunConfig
 from relayrl.controller import preflight
 from relayrl.controller.algorithms import make_kl_controller, rollout_stats
 from relayrl.controller.checkpoint import (
-    latest_checkpoint,
     load_trainer_state,
+    newest_intact,
+    rng_state,
     save_checkpoint,
     seed_everything,
     set_rng_state,
 )
 from relayrl.controller.evaluate import greedy_pass_rate
+from relayrl.controller.faults import RunFault, RunInterrupted, StepGuard, signal_name
 from relayrl.controller.prompts import PromptSource
+from relayrl.controller.run_dir import claim_run_dir, record_config
 from relayrl.controller.schedules import make_schedule
 from relayrl.rlhf.monitors import RunMonitor
 from relayrl.telemetry import MetricsLogger, StepProgress, print_summary
@@ -42,33 +58,69 @@ SUMMARY_KEYS = [
     "train_tokens_per_s",
 ]
 
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG}
+"""OSErrors that mean the run directory cannot take more writes: a fault, not bad input."""
 
-def train(cfg: RunConfig, build_roles: RoleBuilder, resume: bool = False) -> dict[str, Any]:
+
+def train(
+    cfg: RunConfig, build_roles: RoleBuilder, resume: bool = False, overwrite: bool = False
+) -> dict[str, Any]:
     """Run ``cfg.train.steps`` steps of ``cfg.algo.name``; return the final metrics.
 
     With ``resume`` the run continues from the newest checkpoint in ``run_dir`` (if any):
     actor and critic weights, optimizer and scheduler state, KL controller and RNG states.
+    With ``overwrite`` an earlier run in ``run_dir`` is moved to ``<run_dir>.prev-N`` first;
+    without either, a ``run_dir`` that holds a run is refused (``RunDirError``).
     """
     preflight.check_run(cfg)  # one-line errors before anything is written
-    if cfg.algo.name == "dpo":  # offline: no roles, no rollouts
-        from relayrl.rlhf.dpo import train_dpo
+    with claim_run_dir(
+        cfg.run_dir, resume=resume, overwrite=overwrite, steps=cfg.train.steps
+    ) as run:
+        if run.moved_to is not None:
+            why = "no checkpoint to resume from: starting at step 0; " if resume else ""
+            print(f"{why}the earlier run in {run.path} was moved to {run.moved_to}")
+        if run.removed:
+            names = ", ".join(p.name for p in run.removed)
+            print(f"removed what interrupted writes left in {run.path}: {names}")
+        record_config(run.path, cfg)
+        if cfg.algo.name == "dpo":  # offline: no roles, no rollouts
+            from relayrl.rlhf.dpo import train_dpo
 
-        return train_dpo(cfg, resume=resume)
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, run_dir / "config.yaml")
-
-    ckpt = latest_checkpoint(run_dir) if resume else None
-    actor_path = str(ckpt / "actor") if ckpt else cfg.model.path
-    critic_path = (
-        str(ckpt / "critic") if ckpt and (ckpt / "critic").is_dir() else cfg.model.critic_path
-    )
-    seed_everything(cfg.seed)  # a resumed run restores the checkpoint's RNG state below
-    roles = build_roles(actor_path, critic_path)
-    try:
-        return _run(cfg, roles, ckpt, run_dir)
-    finally:
+            return train_dpo(cfg, resume=resume)
+        ckpt = run.checkpoint
+        actor_path = str(ckpt / "actor") if ckpt else cfg.model.path
+        critic_path = (
+            str(ckpt / "critic") if ckpt and (ckpt / "critic").is_dir() else cfg.model.critic_path
+        )
+        seed_everything(cfg.seed)  # a resumed run restores the checkpoint's RNG state below
+        roles = build_roles(actor_path, critic_path)
+        try:
+            result = _run(cfg, roles, ckpt, run.path)
+        except OSError as exc:
+            with contextlib.suppress(Exception):
+                roles.close()
+            if exc.errno not in WRITE_ERRNOS:
+                raise
+            what = f"could not write {exc.filename}" if exc.filename else "a write failed"
+            raise RunFault(f"{what} ({exc.strerror}); {newest_intact(run.path)}") from exc
+        except BaseException:
+            with contextlib.suppress(Exception):  # must not replace the first error
+                roles.close()
+            raise
         roles.close()
+        return result
+
+
+@dataclass
+class _Boundary:
+    """The state after the last completed step: what a checkpoint of it holds besides the
+    weights (which do not change until the next step's update)."""
+
+    step: int
+    rng: dict[str, Any]
+    schedule: dict[str, Any]
+    kl_coef: float
+    saved: Path | None  # the checkpoint of this step, once written
 
 
 def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict[str, Any]:
@@ -104,54 +156,134 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
     logger = MetricsLogger(
         run_dir, tensorboard=cfg.logging.tensorboard, resume_step=start if start > 0 else -1
     )
-    first_eval = evaluate() if start == 0 else {}
-    if first_eval:
-        logger.log(0, first_eval)
-    final: dict[str, Any] = {"eval_before": first_eval.get("eval/pass_rate")}
+    final: dict[str, Any] = {}
     stats: dict[str, float] = {}
     monitor = RunMonitor.from_config(cfg, tok)  # KL, distinct-n, proxy vs gold
     timeline = Timeline()
     schedule = make_schedule(roles, cfg, source, stop_ids, timeline)
-    schedule.start(start, schedule_state)
+    guard = StepGuard(hold=cfg.train.save_on_signal)
+    for role in (roles.actor, roles.critic):  # their updates are the part a signal waits for
+        if role is not None:
+            role.update = guard.wrap(role.update)  # type: ignore[method-assign]
+    guard.install()
+    boundary = _Boundary(start, rng_state(), {}, kl_ctl.value, ckpt)
+    saving = False
     try:
-        with StepProgress(
-            cfg.train.steps - start,
-            f"{cfg.algo.name} ({cfg.schedule})",
-            enabled=cfg.logging.progress,
-        ) as bar:
-            for step in range(start, cfg.train.steps):
-                t0 = time.perf_counter()
-                exp, stats = schedule.step(step, kl_ctl)
-                stats.update(rollout_stats(exp))
-                stats.update(_rates(exp, stats, cfg))
-                stats.update(monitor(exp))
-                stats["time/step"] = time.perf_counter() - t0
-                stats["kl"] = stats.get("actor/kl", stats.get("kl_in_reward", 0.0))
-                stats["entropy"] = stats.get("actor/entropy", 0.0)
-                stats["clipfrac"] = stats.get("actor/clipfrac", 0.0)
-                done = step + 1
-                if (
-                    cfg.train.eval_every
-                    and done % cfg.train.eval_every == 0
-                    and done < cfg.train.steps
-                ):
-                    stats.update(evaluate())
-                logger.log(done, stats)
-                bar.update(done - start, reward=stats["reward_mean"], pass_rate=stats["pass_rate"])
-                if (cfg.train.save_every and done % cfg.train.save_every == 0) or (
-                    done == cfg.train.steps
-                ):
-                    _save(cfg, roles, done, kl_ctl.value, schedule.state())
-    finally:
-        final.update(schedule.close())
-        timeline.write(run_dir / "timeline.json")
-    last_eval = evaluate()
-    logger.log(cfg.train.steps, last_eval)
+        try:
+            first_eval = evaluate() if start == 0 else {}
+            if first_eval:
+                logger.log(0, first_eval)
+            final["eval_before"] = first_eval.get("eval/pass_rate")
+            schedule.start(start, schedule_state)
+            with StepProgress(
+                cfg.train.steps - start,
+                f"{cfg.algo.name} ({cfg.schedule})",
+                enabled=cfg.logging.progress,
+                interval_s=cfg.logging.progress_interval_s,
+                log_file=run_dir / "progress.log",
+            ) as bar:
+                for step in range(start, cfg.train.steps):
+                    t0 = time.perf_counter()
+                    exp, stats = schedule.step(step, kl_ctl)
+                    stats.update(rollout_stats(exp))
+                    stats.update(_rates(exp, stats, cfg))
+                    stats.update(monitor(exp))
+                    stats["time/step"] = time.perf_counter() - t0
+                    stats["kl"] = stats.get("actor/kl", stats.get("kl_in_reward", 0.0))
+                    stats["entropy"] = stats.get("actor/entropy", 0.0)
+                    stats["clipfrac"] = stats.get("actor/clipfrac", 0.0)
+                    done = step + 1
+                    if (
+                        cfg.train.eval_every
+                        and done % cfg.train.eval_every == 0
+                        and done < cfg.train.steps
+                    ):
+                        stats.update(evaluate())
+                    logger.log(done, stats)
+                    bar.update(
+                        done - start, reward=stats["reward_mean"], pass_rate=stats["pass_rate"]
+                    )
+                    boundary = _Boundary(done, rng_state(), schedule.state(), kl_ctl.value, None)
+                    guard.end_step()  # a signal held during the step's update stops it here
+                    if (cfg.train.save_every and done % cfg.train.save_every == 0) or (
+                        done == cfg.train.steps
+                    ):
+                        saving = True
+                        boundary.saved = _save(cfg, roles, boundary)
+                        saving = False
+            last_eval = evaluate()
+            logger.log(cfg.train.steps, last_eval)
+        except KeyboardInterrupt as exc:
+            raise _stopped(exc, cfg, roles, boundary, guard, saving, run_dir) from exc
+        except Exception as exc:
+            if guard.pending is None:
+                raise
+            # a signal was held and the step then failed (e.g. the engine worker, signalled
+            # too, died): the step is abandoned, its weights are not saved
+            name, step_no = signal_name(guard.pending), boundary.step + 1
+            msg = f"stopped by {name} during step {step_no} ({exc}); {newest_intact(run_dir)}"
+            raise RunInterrupted(guard.pending, msg) from exc
+        finally:
+            guard.restore()
+    except BaseException:
+        _close_quietly(schedule, timeline, logger, run_dir)
+        raise
+    final.update(schedule.close())
+    timeline.write(run_dir / "timeline.json")
     logger.close()
     print_summary(logger.history, SUMMARY_KEYS, f"{cfg.algo.name} on {cfg.model.path}")
     final.update(stats)
     final["eval_after"] = last_eval["eval/pass_rate"]
     return final
+
+
+def _close_quietly(schedule: Any, timeline: Timeline, logger: MetricsLogger, run_dir: Path) -> None:
+    """Clean up after a failed or stopped run: a second failure here (the disk that failed the
+    checkpoint also fails the timeline) must not replace the first error."""
+    with contextlib.suppress(Exception):
+        schedule.close()
+    with contextlib.suppress(Exception):
+        timeline.write(run_dir / "timeline.json")
+    with contextlib.suppress(Exception):
+        logger.close()
+
+
+def _stopped(
+    exc: KeyboardInterrupt,
+    cfg: RunConfig,
+    roles: Roles,
+    b: _Boundary,
+    guard: StepGuard,
+    saving: bool,
+    run_dir: Path,
+) -> RunInterrupted:
+    """Checkpoint the last completed step when allowed; the one line that says what happened."""
+    signum = getattr(exc, "signum", signal.SIGINT)
+    name = signal_name(signum)
+    if saving:
+        what = f"stopped by {name} while writing checkpoint step_{b.step:06d}"
+    elif not guard.clean:
+        what = f"stopped by {name} during step {b.step + 1} (a second signal abandoned it)"
+    elif b.step == 0:
+        what = f"stopped by {name} during step 1"
+    elif b.saved is not None and b.saved.name == f"step_{b.step:06d}":
+        what = f"stopped by {name} after step {b.step}"
+    elif not cfg.train.save_on_signal:
+        what = f"stopped by {name} after step {b.step} (train.save_on_signal is off)"
+    else:
+        what = f"stopped by {name} after step {b.step}"
+        try:
+            b.saved = _save(cfg, roles, b)
+            return RunInterrupted(
+                signum, f"{what}; checkpoint {b.saved} written; continue with --resume"
+            )
+        except RunFault as fault:
+            return RunInterrupted(signum, f"{what}; {fault}")
+        except KeyboardInterrupt:
+            what += f" (a second signal stopped the write of checkpoint step_{b.step:06d})"
+    newest = newest_intact(run_dir)
+    tail = "; continue with --resume" if newest.startswith("the newest") else ""
+    return RunInterrupted(signum, f"{what}; {newest}{tail}")
 
 
 def _rates(exp: Any, stats: dict[str, float], cfg: RunConfig) -> dict[str, float]:
@@ -163,18 +295,16 @@ def _rates(exp: Any, stats: dict[str, float], cfg: RunConfig) -> dict[str, float
     return out
 
 
-def _save(
-    cfg: RunConfig, roles: Roles, step: int, kl_coef: float, schedule: dict[str, Any]
-) -> Path:
+def _save(cfg: RunConfig, roles: Roles, b: _Boundary) -> Path:
     models: dict[str, Any] = {"actor": roles.actor.model}
     state: dict[str, Any] = {
         "actor": roles.actor.train_state(),
-        "kl_coef": kl_coef,
-        "schedule": schedule,
+        "kl_coef": b.kl_coef,
+        "schedule": b.schedule,
     }
     if roles.critic is not None:
         models["critic"] = roles.critic.model
         state["critic"] = roles.critic.train_state()
     return save_checkpoint(
-        cfg.run_dir, step, models, roles.tokenizer, state, cfg.train.keep_checkpoints
+        cfg.run_dir, b.step, models, roles.tokenizer, state, cfg.train.keep_checkpoints, b.rng
     )

@@ -31,12 +31,17 @@ def cmd_rm(args: argparse.Namespace) -> int:
 def cmd_dpo(args: argparse.Namespace) -> int:
     """Offline DPO from a run config (``algo.name`` is set to ``dpo``)."""
     from relayrl.config import RunConfig, load_config
+    from relayrl.controller.trainer import train
     from relayrl.model import check_model_dir
-    from relayrl.rlhf.dpo import train_dpo
 
     cfg = load_config(RunConfig, args.config, ["algo.name=dpo", *args.overrides])
     check_model_dir(cfg.model.path)
-    out = train_dpo(cfg, resume=args.resume)
+
+    def no_roles(actor: str, critic: str | None) -> Any:
+        raise AssertionError("offline DPO builds no rollout roles")
+
+    # through the trainer: the run directory is claimed (lock, refusal, --overwrite) as for RL
+    out = train(cfg, no_roles, resume=args.resume, overwrite=args.overwrite)
     before, after = out.get("eval_before"), out.get("eval_after")
     if before is not None and after is not None:
         print(
@@ -65,4 +70,7 @@ def add_subcommands(sub: Any) -> None:
     d.add_argument("config", help="YAML run config (data.train_path: preference pairs)")
     d.add_argument("overrides", nargs="*", help="key=value overrides, e.g. algo.kl_coef=0.1")
     d.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    d.add_argument(
+        "--overwrite", action="store_true", help="move an earlier run in run_dir aside first"
+    )
     d.set_defaults(fn=cmd_dpo)

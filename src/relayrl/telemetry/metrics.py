@@ -50,6 +50,20 @@ def _parse_lines(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def _replace_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` by ``text`` in one step: a temporary file beside it, then a rename. A
+    crash or a full disk leaves the old file whole and no temporary file behind (one process
+    writes a run directory at a time: the trainer holds its lock)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Read ``metrics.jsonl`` (or a run directory holding one) into a list of dicts.
 
@@ -70,6 +84,8 @@ class MetricsLogger:
         resume_step: when resuming from a checkpoint taken at this step, existing records
             with a larger step (logged after the checkpoint by the interrupted run) are
             dropped so the file holds each step once. ``None`` keeps existing records.
+            The file is then replaced atomically, and only if that changes it; one process
+            writes a run directory at a time (the trainer holds its lock).
 
     Values are stored as floats; NaN and +-inf are written as JSON ``null``. ``history``
     holds the records of the file (existing ones first), values as logged.
@@ -87,12 +103,9 @@ class MetricsLogger:
             if resume_step is not None:
                 self.history = [r for r in self.history if r.get("step", 0) <= resume_step]
             # Rewrite so a torn last line or dropped steps never precede new records.
-            tmp = self.path.with_suffix(".jsonl.tmp")
-            tmp.write_text(
-                "".join(json.dumps(self._encode(r)) + "\n" for r in self.history),
-                encoding="utf-8",
-            )
-            tmp.replace(self.path)
+            text = "".join(json.dumps(self._encode(r)) + "\n" for r in self.history)
+            if text.encode("utf-8") != self.path.read_bytes():
+                _replace_atomically(self.path, text)
         self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
         self._writer: Any = None
         if tensorboard:
@@ -128,8 +141,11 @@ class MetricsLogger:
             values[key] = _to_float(key, value)
         record: dict[str, Any] = {"step": step, **values}
         line = json.dumps({"step": step, **{k: _json_value(v) for k, v in values.items()}})
-        self._file.write(line + "\n")
-        self._file.flush()
+        try:
+            self._file.write(line + "\n")
+            self._file.flush()
+        except OSError as exc:  # a full disk: say which file (a write error names none)
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
         self.history.append(record)
         if self._writer is not None:
             for key, value in values.items():

@@ -1,0 +1,236 @@
+"""A run directory belongs to one run: the lock, the refusals, the config it keeps.
+
+:func:`claim_run_dir` is the first thing a run does, before it writes anything into
+``run_dir``:
+
+1. ``run_dir/.lock`` is locked with ``fcntl.flock`` (exclusive, non-blocking) for the life of
+   the run. Another process on the same directory, started or resumed, refuses in one line
+   naming the holder's pid. (``flock`` is per machine on some network filesystems.)
+2. A start without ``resume`` where a run already is (a checkpoint, or a ``metrics.jsonl``
+   with records) refuses, naming the choices: ``--resume``, another ``run_dir=...``, or
+   ``--overwrite``, which moves the old run's files into ``<run_dir>.prev-N`` beside it (never
+   deletes them). The ``config.yaml`` of a start that failed before it logged anything (a bad
+   data path, say) is no run: the next start goes ahead and keeps it as ``config.prev-N.yaml``.
+3. ``resume`` with ``train.steps`` at or below the newest checkpoint's step refuses: there is
+   nothing to train. ``resume`` where a run is but no checkpoint (a job that died before its
+   first save) moves its files aside and starts at step 0, so a restarted job loses nothing.
+4. Only then are the leftovers of interrupted checkpoint writes removed (the lock rules out a
+   writer) and the holder's pid written into the lock file.
+
+A refused start leaves every file byte-identical: the lock file is opened without truncation
+(created empty when missing) and written only once the checks have passed.
+
+:func:`record_config` then writes ``config.yaml`` atomically. On a resume whose config differs
+from the one in the directory, the earlier one is kept as ``config.prev-N.yaml``:
+``config.yaml`` is always the config of the newest continuation, and the history stays.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from pydantic import BaseModel
+
+from relayrl.config import dump_config
+from relayrl.controller.checkpoint import (
+    checkpoint_root,
+    checkpoint_step,
+    latest_checkpoint,
+    remove_partial_writes,
+)
+from relayrl.controller.faults import RunDirError
+
+__all__ = ["LOCK_FILE", "RUN_FILES", "RunDir", "claim_run_dir", "record_config"]
+
+LOCK_FILE = ".lock"
+RUN_FILES = ("config.yaml", "metrics.jsonl", "timeline.json")
+"""The files of a run (besides its checkpoints), named in the refusal and moved aside."""
+
+
+@dataclass
+class RunDir:
+    """A claimed run directory: locked until :meth:`release` (or the end of a ``with``)."""
+
+    path: Path
+    checkpoint: Path | None = None
+    """The checkpoint to resume from (``resume`` only)."""
+    moved_to: Path | None = None
+    """Where an earlier run's files were moved (``--overwrite``, or a resume without one)."""
+    removed: list[Path] = field(default_factory=list)
+    """Leftovers of interrupted checkpoint writes, removed at the claim."""
+    _fd: int | None = None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+def _not_writable(path: Path, exc: OSError) -> RunDirError:
+    return RunDirError(f"run directory {path} cannot be written ({exc.strerror or exc})")
+
+
+def _lock(path: Path) -> int:
+    """The locked descriptor of ``path/.lock``; RunDirError when another process holds it."""
+    lock = path / LOCK_FILE
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise _not_writable(path, exc) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise _not_writable(path, exc) from exc
+        try:
+            holder = lock.read_text().strip() or "unknown"
+        except OSError:
+            holder = "unknown"
+        raise RunDirError(
+            f"run directory {path} is in use by another relayrl run (pid {holder}); wait for it "
+            "to end, or choose another run_dir=..."
+        ) from None
+    return fd
+
+
+def _contents(path: Path) -> list[str]:
+    """What of a run is in ``path``: its files and checkpoints, for the refusal message."""
+    found = [name for name in RUN_FILES if (path / name).exists()]
+    steps = sorted(p.name for p in checkpoint_root(path).glob("step_*") if p.is_dir())
+    if steps:
+        found.insert(0, f"checkpoints up to {steps[-1]}")
+    return found
+
+
+def _holds_run(path: Path) -> bool:
+    """A checkpoint, or logged records: what a new start must not touch."""
+    metrics = path / "metrics.jsonl"
+    has_records = metrics.is_file() and metrics.stat().st_size > 0
+    return has_records or any(p.is_dir() for p in checkpoint_root(path).glob("step_*"))
+
+
+def _aside(path: Path) -> Path:
+    """A free ``<run_dir>.prev-N`` beside ``path`` (created, so two claims never share it)."""
+    base = path.resolve()
+    n = 1
+    while True:
+        dest = base.with_name(f"{base.name}.prev-{n}")
+        try:
+            dest.mkdir()
+            return dest
+        except FileExistsError:
+            n += 1
+
+
+def _move_aside(path: Path) -> Path:
+    """Move every entry of ``path`` but the lock into a new ``<run_dir>.prev-N``; the lock
+    stays held the whole time, so no other run sees the directory half-moved."""
+    dest = _aside(path)
+    for entry in sorted(path.iterdir()):
+        if entry.name != LOCK_FILE:
+            os.rename(entry, dest / entry.name)
+    return dest
+
+
+def claim_run_dir(
+    run_dir: str | Path, *, resume: bool = False, overwrite: bool = False, steps: int | None = None
+) -> RunDir:
+    """Lock ``run_dir`` for this process and check it may be used as asked (module docstring).
+
+    Args:
+        resume: continue from the newest checkpoint (``--resume``).
+        overwrite: move an existing run aside first (``--overwrite``); not with ``resume``.
+        steps: ``train.steps``; with ``resume`` it must exceed the checkpoint's step.
+
+    Raises :class:`RunDirError` (one line, nothing written) when it may not.
+    """
+    path = Path(run_dir)
+    if resume and overwrite:
+        raise RunDirError(
+            "--resume continues the run in run_dir and --overwrite moves it aside: pass one"
+        )
+    fd = _lock(path)
+    run = RunDir(path, _fd=fd)
+    try:
+        found = _contents(path)
+        if resume:
+            run.checkpoint = latest_checkpoint(path)
+            done = checkpoint_step(run.checkpoint) if run.checkpoint else None
+            if done is not None and steps is not None and steps <= done:
+                raise RunDirError(
+                    f"--resume: the newest checkpoint {run.checkpoint} is at step {done} and "
+                    f"train.steps={steps} asks for no more; set train.steps above {done} to "
+                    "train further"
+                )
+        elif _holds_run(path) and not overwrite:
+            dest = _aside_name(path)
+            raise RunDirError(
+                f"run directory {path} already holds a run ({', '.join(found)}); continue it "
+                f"with --resume, start elsewhere with run_dir=..., or pass --overwrite to move "
+                f"it to {dest}"
+            )
+        try:
+            if found and (overwrite or (resume and not run.checkpoint and _holds_run(path))):
+                run.moved_to = _move_aside(path)
+            run.removed = remove_partial_writes(path)
+            for tmp in [*path.glob(".config.yaml.*.tmp"), *path.glob(".metrics.jsonl.tmp")]:
+                tmp.unlink()
+                run.removed.append(tmp)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:
+            raise _not_writable(path, exc) from exc
+    except BaseException:
+        run.release()
+        raise
+    return run
+
+
+def _aside_name(path: Path) -> Path:
+    """The ``.prev-N`` name :func:`_move_aside` would pick now (for the refusal message)."""
+    base = path.resolve()
+    n = 1
+    while base.with_name(f"{base.name}.prev-{n}").exists():
+        n += 1
+    return base.with_name(f"{base.name}.prev-{n}")
+
+
+def record_config(run_dir: str | Path, cfg: BaseModel) -> Path:
+    """Write ``cfg`` to ``run_dir/config.yaml`` atomically; a different earlier config is kept
+    as ``config.prev-N.yaml`` (a resume with other settings keeps the history). A failed write
+    (a full disk) is a :class:`RunDirError`: nothing has run yet."""
+    path = Path(run_dir) / "config.yaml"
+    tmp = path.with_name(f".config.yaml.{os.getpid()}.tmp")
+    try:
+        dump_config(cfg, tmp)
+        if path.exists():
+            if path.read_bytes() == tmp.read_bytes():
+                tmp.unlink()
+                return path
+            n = 1
+            while path.with_name(f"config.prev-{n}.yaml").exists():
+                n += 1
+            os.rename(path, path.with_name(f"config.prev-{n}.yaml"))
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise _not_writable(path.parent, exc) from exc
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
