@@ -199,6 +199,23 @@ class VllmEngine:
         if state_dict is not None:
             self.load_weights(state_dict)
 
+    @classmethod
+    def from_spec(cls, spec: Any, state_dict: Mapping[str, Tensor]) -> VllmEngine:
+        """Build from an engine worker's ``EngineSpec`` (:mod:`relayrl.cluster.engine_process`);
+        the initial weights come from the worker's shared-memory ``state_dict``."""
+        return cls(
+            spec.model_path,
+            eos_token_id=spec.eos_token_id,
+            pad_token_id=spec.pad_token_id,
+            max_slots=spec.max_slots,
+            version=spec.version,
+            interrupt_mode=spec.vllm_interrupt,
+            kv_cache_gib=spec.vllm_kv_cache_gib,
+            dtype=spec.dtype,
+            state_dict=state_dict,
+            urgent_steps=spec.urgent_steps,
+        )
+
     # ------------------------------------------------------------------ requests
     def submit(self, request: GenerationRequest) -> int:
         """Queue a request; returns its id. Raises InvalidRequestError on bad input."""
