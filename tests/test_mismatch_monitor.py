@@ -55,3 +55,28 @@ def test_bad_settings() -> None:
         MismatchMonitor(threshold=0)
     with pytest.raises(ValueError, match="mismatch jump_factor must be > 1, got 1"):
         MismatchMonitor(jump_factor=1)
+
+
+class _Batch(dict):
+    """The three tensors and ``response_mask`` an Experience offers the monitor."""
+
+    response_mask = torch.tensor([[1, 1, 0]])
+
+
+def test_observe_experience_prefers_the_steps_recompute() -> None:
+    exp = _Batch(
+        behaviour_logprobs=torch.tensor([[-1.0, -2.0, 0.0]]), versions=torch.tensor([[4, 4, 0]])
+    )
+    calls = []
+
+    def forward(batch):
+        calls.append(batch)
+        return torch.tensor([[-1.5, -2.0, 0.0]])
+
+    mon = MismatchMonitor(threshold=0.1)
+    out = mon.observe_experience(exp, forward, trainer_version=4)
+    assert len(calls) == 1 and out["mismatch/max_abs"] == pytest.approx(0.5)
+    exp["old_logprobs"] = torch.tensor([[-1.0, -2.25, 0.0]])
+    out = mon.observe_experience(exp, forward, trainer_version=4)
+    assert len(calls) == 1 and out["mismatch/max_abs"] == pytest.approx(0.25)
+    assert mon.observe_experience(exp, forward, trainer_version=5)["mismatch/tokens"] == 0

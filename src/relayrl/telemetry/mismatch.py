@@ -28,6 +28,8 @@ from __future__ import annotations
 import logging
 import statistics
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -128,3 +130,20 @@ class MismatchMonitor:
                 log.warning(msg)
         self._recent.append(mean)
         return out
+
+    def observe_experience(
+        self,
+        exp: Any,
+        compute_logprobs: Callable[[Any], Tensor],
+        trainer_version: int | None = None,
+        step: int | None = None,
+    ) -> dict[str, float]:
+        """``observe`` on a training batch (a ``relayrl.workers.Experience``): its
+        ``behaviour_logprobs``, ``response_mask`` and ``versions`` against its ``old_logprobs``
+        when the step recomputed them (the pre-update actor's), else ``compute_logprobs(exp)``
+        (one extra forward: the default single-update sync step has no recompute)."""
+        trainer = exp["old_logprobs"] if "old_logprobs" in exp else compute_logprobs(exp)
+        versions = exp["versions"] if "versions" in exp else None
+        return self.observe(
+            exp["behaviour_logprobs"], trainer, exp.response_mask, versions, trainer_version, step
+        )
