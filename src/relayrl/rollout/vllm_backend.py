@@ -26,7 +26,8 @@ Contracts kept, and how:
   done, and requests submitted meanwhile wait for it. In-flight samples stay single-version.
 - Prefix caching is off: a cached block from old weights must never serve a new request.
 - Weight sync: in memory, ``collective_rpc("reload_weights", weights_iterator=HF names)``; no
-  disk round trip. GPU transfer engines (NCCL / CUDA IPC): see :mod:`vllm_gpu_sync`.
+  disk round trip. GPU transfer engines (NCCL / CUDA IPC), behind the same call: see
+  :mod:`relayrl.rollout.vllm_gpu_sync` (GPU-only, not run here).
 
 Bad input raises :class:`~relayrl.rollout.InvalidRequestError` with the built-in engine's
 messages (the same validation code runs). ``prioritize`` is accepted and ignored (vLLM's
@@ -116,6 +117,7 @@ class VllmEngine:
         kv_cache_gib: vLLM's KV cache size (``kv_cache_memory_bytes``).
         dtype: model dtype (``"float32"`` keeps behaviour logprobs exact).
         state_dict: initial weights to load in memory after start-up (e.g. the trainer's).
+        engine_kwargs: more vLLM ``EngineArgs`` (e.g. ``weight_transfer_config`` on a GPU).
     """
 
     def __init__(
@@ -133,6 +135,7 @@ class VllmEngine:
         dtype: str = "float32",
         state_dict: Mapping[str, Tensor] | None = None,
         urgent_steps: int = 0,
+        engine_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -195,7 +198,10 @@ class VllmEngine:
             ),
             0.0,
         )
-        self.llm = _start_llm(str(model_path), max_slots, max_model_len, kv_cache_gib, dtype, seed)
+        self.weight_sync: Any = None  # GPU transfer engine (vllm_gpu_sync.GpuWeightSync)
+        self.llm = _start_llm(
+            str(model_path), max_slots, max_model_len, kv_cache_gib, dtype, seed, engine_kwargs
+        )
         if state_dict is not None:
             self.load_weights(state_dict)
 
@@ -423,13 +429,18 @@ class VllmEngine:
             self._add_to_vllm(self._live[rid])
 
     def load_weights(self, state_dict: Mapping[str, Tensor]) -> float:
-        """Copy HF-named weights into vLLM's model in memory; returns the seconds it took."""
+        """Copy HF-named weights into vLLM's model in memory; returns the seconds it took.
+        With a ``weight_sync`` set (GPU: :mod:`relayrl.rollout.vllm_gpu_sync`) it pushes the
+        trainer's parameters through vLLM's NCCL / CUDA-IPC transfer engine instead."""
         t0 = time.perf_counter()
-        weights = [(k, v.detach()) for k, v in state_dict.items()]
-        self.llm.collective_rpc(
-            "reload_weights",
-            kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True},
-        )
+        if self.weight_sync is not None:
+            self.weight_sync.push()
+        else:
+            weights = [(k, v.detach()) for k, v in state_dict.items()]
+            self.llm.collective_rpc(
+                "reload_weights",
+                kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True},
+            )
         dt = time.perf_counter() - t0
         self._stats["weight_update_time_s"] += dt
         return dt
@@ -499,7 +510,13 @@ class VllmEngine:
 
 
 def _start_llm(
-    model_path: str, max_slots: int, max_model_len: int, kv_gib: float, dtype: str, seed: int
+    model_path: str,
+    max_slots: int,
+    max_model_len: int,
+    kv_gib: float,
+    dtype: str,
+    seed: int,
+    engine_kwargs: Mapping[str, Any] | None,
 ) -> Any:
     """An in-process vLLM ``LLMEngine`` set up for exact behaviour logprobs."""
     vllm_environment()
@@ -519,6 +536,7 @@ def _start_llm(
         generation_config="vllm",
         seed=seed,
         disable_log_stats=True,
+        **dict(engine_kwargs or {}),
     )
     set_threads, n_threads = torch.set_num_threads, torch.get_num_threads()
     try:
