@@ -40,6 +40,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
             interrupt_mode=cfg.rollout.vllm_interrupt,
             kv_cache_gib=cfg.rollout.vllm_kv_cache_gib,
             dtype=cfg.model.dtype,
+            seed=cfg.seed,  # vLLM re-seeds this process's global RNGs with it at start-up
         )
     elif cfg.schedule == "sync":
         engine_model = copy.deepcopy(actor_model).eval().requires_grad_(False)

@@ -36,7 +36,9 @@ scheduler cannot re-prioritise a running request).
 Start-up settings (set before vLLM is imported, only where the caller has not set them; see
 :func:`vllm_environment`): in-process engine, no OpenMP thread binding (relayrl's thread
 settings apply), queues on 127.0.0.1, a private cache dir, no usage stats. vLLM's CPU worker
-replaces ``torch.set_num_threads`` by a no-op; the original is put back after start-up.
+replaces ``torch.set_num_threads`` by a no-op; the original is put back after start-up. In
+process, vLLM re-seeds the global RNGs (torch, random, numpy) with ``seed`` at start-up: pass
+the run's seed (the local cluster does) so a run stays reproducible from its config.
 """
 
 from __future__ import annotations
