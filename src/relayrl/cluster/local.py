@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 
@@ -27,8 +28,21 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
     tokenizer = load_tokenizer(cfg.model.path)
     actor_model = load_causal_lm(actor_path, dtype)
     actor = ActorWorker.from_config(actor_model, cfg)
-    rollout: RolloutEngine | EngineProcess
-    if cfg.schedule == "sync":
+    rollout: Any  # RolloutEngine | VllmEngine | EngineProcess: the rollout interface
+    if cfg.schedule == "sync" and cfg.rollout.backend == "vllm":  # in this process
+        from relayrl.rollout.vllm_backend import VllmEngine
+
+        rollout = VllmEngine(
+            actor_path,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            max_slots=cfg.rollout.max_slots,
+            interrupt_mode=cfg.rollout.vllm_interrupt,
+            kv_cache_gib=cfg.rollout.vllm_kv_cache_gib,
+            dtype=cfg.model.dtype,
+            seed=cfg.seed,  # vLLM re-seeds this process's global RNGs with it at start-up
+        )
+    elif cfg.schedule == "sync":
         engine_model = copy.deepcopy(actor_model).eval().requires_grad_(False)
         rollout = RolloutEngine(
             engine_model,
@@ -46,6 +60,9 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
             threads=cfg.rollout.threads,
             version=0,
             urgent_steps=cfg.async_.urgent_steps,
+            backend=cfg.rollout.backend,
+            vllm_interrupt=cfg.rollout.vllm_interrupt,
+            vllm_kv_cache_gib=cfg.rollout.vllm_kv_cache_gib,
         )
         rollout = EngineProcess(spec, actor_model.state_dict())
     reference = None
