@@ -113,8 +113,27 @@ class RoleHost:
                 cfg.optim,
                 cfg.seed,
             )
-        self.engine: RolloutEngine | None = None
-        if "rollout" in spec.roles:
+        self.engine: Any = None  # RolloutEngine | VllmEngine: the rollout interface
+        if "rollout" in spec.roles and cfg.rollout.backend == "vllm":
+            from relayrl.rollout.vllm_backend import VllmEngine
+
+            tok = load_tokenizer(cfg.model.path)
+            source = self.roles["actor"].model if "actor" in self.roles else None
+            self.engine = VllmEngine(
+                spec.actor_path,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+                max_slots=cfg.rollout.max_slots,
+                version=spec.version,
+                interrupt_mode=cfg.rollout.vllm_interrupt,
+                kv_cache_gib=cfg.rollout.vllm_kv_cache_gib,
+                dtype=cfg.model.dtype,
+                seed=cfg.seed,
+                state_dict=source.state_dict()
+                if source is not None
+                else (dict(weights) if weights is not None else None),
+            )
+        elif "rollout" in spec.roles:
             if "actor" in self.roles:  # colocated: a copy of the actor's weights
                 model = copy.deepcopy(self.roles["actor"].model)
             else:
@@ -131,6 +150,7 @@ class RoleHost:
                 version=spec.version,
                 urgent_steps=cfg.async_.urgent_steps,
             )
+        if self.engine is not None:
             self._cv = threading.Condition()
             self._finished: list[Sample] = []
             self._spans: list[tuple[float, float]] = []
