@@ -233,6 +233,13 @@ class AlgoConfig(_Strict):
     @model_validator(mode="after")
     def _cross_checks(self) -> AlgoConfig:
         if self.name == "dpo":
+            if self.kl_coef <= 0:
+                raise KeyProblem(
+                    "kl_coef",
+                    self.kl_coef,
+                    "algo.name 'dpo' needs algo.kl_coef > 0 (DPO's beta), e.g. 0.1",
+                    related=("name",),
+                )
             return self
         if self.advantage_name in GROUP_ADVANTAGES and self.group_size < 2:
             raise KeyProblem(
