@@ -37,6 +37,7 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
+from relayrl.algos import LossNorm
 from relayrl.config import FsdpConfig, RunConfig
 from relayrl.model.device import Precision, set_compute_dtype
 from relayrl.workers.actor import ReferenceWorker
@@ -75,25 +76,35 @@ def shard_model(model: torch.nn.Module, fsdp: FsdpConfig, precision: Precision) 
 
 
 class CollectivePadder:
-    """Counts a model's forwards and pads every rank to the same count with dummy passes."""
+    """Pads every rank to the same number of forwards (FSDP collectives) with dummy passes.
+
+    ``plan(n)`` is called before a phase with this rank's number of forwards (an all-reduce MAX
+    that every rank reaches before any forward); after the real forwards ``pad`` runs the
+    missing ones on one token, so every rank issues the same collectives in the same order.
+    """
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
         self.count = 0
+        self.target = 0
         model.register_forward_pre_hook(self._hook)
 
     def _hook(self, module: torch.nn.Module, args: Any) -> None:
         self.count += 1
 
-    def reset(self) -> None:
-        self.count = 0
+    def plan(self, forwards: int) -> int:
+        """Agree on the phase's number of forwards (the busiest rank's); resets the count."""
+        n = torch.tensor([forwards], dtype=torch.long)
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        self.count, self.target = 0, int(n)
+        return self.target
 
     def pad(self, backward: bool) -> int:
-        """Run dummy passes until this rank has done as many forwards as the busiest rank;
-        with ``backward`` each is followed by a zero-weighted backward. Returns how many."""
-        n = torch.tensor([self.count], dtype=torch.long)
-        dist.all_reduce(n, op=dist.ReduceOp.MAX)
-        missing = int(n) - self.count
+        """Run the dummy passes missing to the planned count; with ``backward`` each is
+        followed by a zero-weighted backward. Returns how many ran."""
+        missing = self.target - self.count
+        if missing < 0:
+            raise RuntimeError(f"{self.count} forwards ran, {self.target} were planned")
         dev = _first_device(self.model)
         ids = torch.zeros((1, 1), dtype=torch.long, device=dev)
         for _ in range(missing):
@@ -101,7 +112,7 @@ class CollectivePadder:
                 out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids))
                 if backward:
                     (out.logits.float().sum() * 0.0).backward()
-        self.count = 0
+        self.count = self.target = 0
         return missing
 
 
@@ -109,6 +120,10 @@ def _first_device(model: torch.nn.Module) -> torch.device:
     for p in model.parameters():
         return p.to_local().device if hasattr(p, "to_local") else p.device
     return torch.device("cpu")
+
+
+def _count_micro(exp: Experience, size: int, tokens: int | None) -> int:
+    return sum(1 for _ in exp.micro_batches(size, tokens)) if len(exp) else 0
 
 
 def _to_float(norm: Tensor) -> float:
@@ -173,14 +188,18 @@ class FsdpActorWorker(DataParallelActorWorker):
         return self._padder
 
     def compute_logprobs(self, exp: Experience) -> Tensor:
-        self.padder.reset()
+        self.padder.plan(_count_micro(exp, self.micro_batch_size, self.micro_batch_tokens))
         out = super().compute_logprobs(exp)
         self.padder.pad(backward=False)
         return out
 
-    def update(self, exp: Experience) -> dict[str, float]:
-        self.padder.reset()
-        return super().update(exp)
+    def _loss_norm(self, mini: Experience) -> LossNorm:
+        """The global normaliser, and the mini-batch's forward count agreed over ranks."""
+        trained = self._rows_with_gradient(mini)
+        a = self.algo
+        n = _count_micro(trained, a.micro_batch_size, a.micro_batch_tokens) if len(trained) else 0
+        self.padder.plan(n)
+        return super()._loss_norm(mini)
 
     def _reduce_gradients(self) -> None:
         self.padder.pad(backward=True)  # FSDP reduce-scattered in each backward
@@ -214,7 +233,7 @@ class FsdpReferenceWorker(ReferenceWorker):
     def compute_logprobs(self, exp: Experience) -> Tensor:
         padder = getattr(self, "_padder", None) or CollectivePadder(self.model)
         self._padder = padder
-        padder.reset()
+        padder.plan(_count_micro(exp, self.micro_batch_size, self.micro_batch_tokens))
         out = super().compute_logprobs(exp)
         padder.pad(backward=False)
         return out
@@ -237,14 +256,16 @@ class FsdpCriticWorker(DataParallelCriticWorker):
         return self._padder
 
     def compute_values(self, exp: Experience) -> Tensor:
-        self.padder.reset()
+        a = self.algo
+        self.padder.plan(_count_micro(exp, a.micro_batch_size, a.micro_batch_tokens))
         out = super().compute_values(exp)
         self.padder.pad(backward=False)
         return out
 
-    def update(self, exp: Experience) -> dict[str, float]:
-        self.padder.reset()
-        return super().update(exp)
+    def _loss_norm(self, mini: Experience) -> LossNorm:
+        a = self.algo
+        self.padder.plan(_count_micro(mini, a.micro_batch_size, a.micro_batch_tokens))
+        return super()._loss_norm(mini)
 
     def _reduce_gradients(self) -> None:
         self.padder.pad(backward=True)
