@@ -108,3 +108,29 @@ def test_bf16_grpo_raises_held_out_pass_rate(sft_model, tmp_path, outcome):
     out = train(cfg, lambda a, c: build_local_roles(cfg, a, c))
     outcome(before=out["eval_before"], after=out["eval_after"])
     assert out["eval_after"] >= out["eval_before"] + 0.05, out
+
+
+def test_gradient_checkpointing_recomputes_and_changes_nothing(tiny):
+    exp = random_experience(tiny)
+    plain = build_actor(scale_config(tiny), str(tiny))
+    ckpt = build_actor(scale_config(tiny, "model.gradient_checkpointing=true"), str(tiny))
+    assert ckpt.model.is_gradient_checkpointing and not plain.model.is_gradient_checkpointing
+
+    def saved_bytes(actor: ActorWorker) -> tuple[dict, int]:
+        total = [0]
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            total[0] += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = actor.update(exp)
+        return out, total[0]
+
+    (a, plain_bytes), (b, ckpt_bytes) = saved_bytes(plain), saved_bytes(ckpt)
+    assert ckpt_bytes < plain_bytes / 2  # activations kept for the backward: the layers' are not
+    assert a["actor/grad_norm"] == pytest.approx(b["actor/grad_norm"], rel=1e-6)
+    for (n, x), (_, y) in zip(
+        plain.model.state_dict().items(), ckpt.model.state_dict().items(), strict=True
+    ):
+        torch.testing.assert_close(x, y, atol=1e-6, rtol=0, msg=n)
