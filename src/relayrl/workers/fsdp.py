@@ -71,6 +71,7 @@ def shard_model(model: torch.nn.Module, fsdp: FsdpConfig, precision: Precision) 
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no PREMUL_SUM)
     set_compute_dtype(model, None)  # the policy casts; no autocast on top
     return model
 
