@@ -13,6 +13,7 @@ from scale_helpers import random_experience, scale_config
 
 ACTOR = ("model.dtype=float64", "algo.epochs=2", "algo.micro_batch_size=1", "optim.grad_clip=0.5")
 CRITIC = (*ACTOR, "algo.name=ppo")
+BF16 = ("model.dtype=bfloat16", "algo.micro_batch_size=1", "optim.grad_clip=0.5")
 
 
 def critic_experience(model_dir: Path) -> Experience:
@@ -31,16 +32,19 @@ def shard(exp: Experience, rank: int, world: int) -> Experience:
     return exp.select(list(range(cut[rank], cut[rank + 1])))
 
 
-def train_actor(model_dir: Path, rank: int, world: int, steps: int = 1) -> tuple[object, list]:
+def train_actor(
+    model_dir: Path, rank: int, world: int, steps: int = 1, opts: tuple[str, ...] = ACTOR
+) -> tuple[object, list]:
+    """``steps`` updates of this rank's shard; world 0: a plain actor on the whole batch."""
     from relayrl.workers.build import build_actor
 
-    cfg = scale_config(model_dir, *ACTOR, *(["model.fsdp.enabled=true"] if world else []))
+    cfg = scale_config(model_dir, *opts, *(["model.fsdp.enabled=true"] if world else []))
     actor = build_actor(cfg, str(model_dir), rank, max(world, 1))
     stats = []
     for step in range(steps):
         exp = shard(random_experience(model_dir, seed=step, dtype=torch.float64), rank, world or 1)
         exp["old_logprobs"] = actor.compute_logprobs(exp)
-        stats.append(actor.update(exp))
+        stats.append({**actor.update(exp), "old_logprobs": exp["old_logprobs"]})
     return actor, stats
 
 
@@ -74,6 +78,7 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, out_dir: str) ->
         (sum(t.numel() * t.element_size() for t in b.values()), len(b))
         for b in iter_full_state_buckets(actor.model, bound)
     ]
+    _, bf16 = train_actor(d, rank, world, opts=BF16)
     # exact resume from a sharded checkpoint
     ckpt = out / "sharded"
     save_sharded(ckpt, {"actor": actor})
@@ -92,6 +97,7 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, out_dir: str) ->
             {
                 "actor": weights,
                 "stats": stats,
+                "bf16": bf16,
                 "critic": cweights,
                 "critic_stats": {k: v for k, v in cstats.items() if k != "values"},
                 "values": cstats["values"],

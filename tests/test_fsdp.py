@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from fsdp_ranks import rank_main, train_actor, train_critic
+from fsdp_ranks import BF16, rank_main, train_actor, train_critic
 from relayrl.model import build_tiny_model
 
 TOL = 1e-9
@@ -41,6 +41,16 @@ def test_actor_two_ranks_equal_one_process(two_ranks):
     assert _max_diff(got["actor"], actor.state_dict()) < TOL
     for k in ("actor/grad_norm", "actor/optimizer_steps"):  # loss: rank 0's part only
         assert got["stats"][0][k] == pytest.approx(stats[0][k], abs=TOL), k
+
+
+def test_bf16_two_ranks_match_one_process_within_tolerance(two_ranks):
+    """bf16 compute (FSDP2: bf16 parameter casts, fp32 reduce; 1 process: autocast) on fp32
+    master weights: trainer logprobs within 0.02, the global gradient norm within 2%."""
+    model, got = two_ranks
+    _, stats = train_actor(model, 0, 0, opts=BF16)
+    ranks, one = got["bf16"][0], stats[0]
+    assert float((ranks["old_logprobs"] - one["old_logprobs"][:5]).abs().max()) < 0.02
+    assert ranks["actor/grad_norm"] == pytest.approx(one["actor/grad_norm"], rel=0.02)
 
 
 def test_critic_two_ranks_equal_one_process(two_ranks):
