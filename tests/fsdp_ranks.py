@@ -58,6 +58,16 @@ def train_critic(model_dir: Path, rank: int, world: int) -> tuple[object, dict]:
     return critic, {"values": values, **critic.update(exp)}
 
 
+def reference_logprobs(model_dir: Path, rank: int, world: int) -> torch.Tensor:
+    """log pi_ref of this rank's shard (world 0: a plain reference on the whole batch)."""
+    from relayrl.workers.build import build_reference
+
+    cfg = scale_config(model_dir, *ACTOR, *(["model.fsdp.enabled=true"] if world else []))
+    ref = build_reference(cfg, None, rank, max(world, 1))
+    exp = shard(random_experience(model_dir, seed=3, dtype=torch.float64), rank, world or 1)
+    return ref.compute_logprobs(exp)
+
+
 def rank_main(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> None:
     """Actor and critic steps on this rank's shard; rank 0 saves the full results; then a
     sharded checkpoint after step 1, step 2 trained on, and a fresh actor resumed from it."""
@@ -79,6 +89,7 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, out_dir: str) ->
         for b in iter_full_state_buckets(actor.model, bound)
     ]
     _, bf16 = train_actor(d, rank, world, opts=BF16)
+    ref_logprobs = reference_logprobs(d, rank, world)
     # exact resume from a sharded checkpoint
     ckpt = out / "sharded"
     save_sharded(ckpt, {"actor": actor})
@@ -98,6 +109,7 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, out_dir: str) ->
                 "actor": weights,
                 "stats": stats,
                 "bf16": bf16,
+                "reference": ref_logprobs,
                 "critic": cweights,
                 "critic_stats": {k: v for k, v in cstats.items() if k != "values"},
                 "values": cstats["values"],

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from fsdp_ranks import BF16, rank_main, train_actor, train_critic
+from fsdp_ranks import BF16, rank_main, reference_logprobs, train_actor, train_critic
 from relayrl.model import build_tiny_model
 
 TOL = 1e-9
@@ -58,6 +58,12 @@ def test_critic_two_ranks_equal_one_process(two_ranks):
     critic, stats = train_critic(model, 0, 0)
     assert _max_diff(got["critic"], critic.model.state_dict()) < TOL
     assert float((got["values"] - stats["values"][:5]).abs().max()) < TOL  # rank 0's rows
+
+
+def test_sharded_reference_equals_one_process(two_ranks):
+    model, got = two_ranks
+    one = reference_logprobs(model, 0, 0)
+    assert float((got["reference"] - one[:5]).abs().max()) < TOL
 
 
 def test_full_weights_gathered_in_bounded_buckets(two_ranks):

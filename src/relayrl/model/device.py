@@ -71,8 +71,15 @@ def precision_for(model_cfg: ModelConfig, trainable: bool) -> Precision:
     return Precision(compute, compute)
 
 
+_DEVICE_ATTR = "_relayrl_device"
+
+
 def model_device(model: torch.nn.Module) -> torch.device:
-    """The device of the model's first parameter (the CPU for a model without any)."""
+    """Where the model computes: the device ``apply_precision`` put it on (FSDP2 with CPU
+    offload keeps its shards on the CPU but computes there), else its first parameter's."""
+    dev = getattr(model, _DEVICE_ATTR, None)
+    if dev is not None:
+        return dev
     for p in model.parameters():
         return p.device
     return torch.device("cpu")
@@ -107,6 +114,7 @@ def apply_precision(
 ) -> torch.nn.Module:
     """Move ``model`` to ``device`` in ``precision.param_dtype``; autocast when mixed."""
     model = model.to(device=device, dtype=precision.param_dtype)
+    setattr(model, _DEVICE_ATTR, device)
     return set_compute_dtype(model, precision.compute_dtype if precision.mixed else None, device)
 
 

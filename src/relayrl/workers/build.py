@@ -105,11 +105,11 @@ def build_actor(cfg: RunConfig, path: str, rank: int = 0, world: int = 1) -> Act
 
 
 def build_reference(
-    cfg: RunConfig, actor: ActorWorker, rank: int = 0, world: int = 1
+    cfg: RunConfig, actor: ActorWorker | None, rank: int = 0, world: int = 1
 ) -> ReferenceWorker:
     """The frozen reference: the actor with adapters disabled under LoRA, else ``model.path``
     in the compute dtype (bf16 weights under bf16: a frozen role needs no master copy)."""
-    if is_lora(actor.model):
+    if actor is not None and is_lora(actor.model):
         return AdapterDisabledReference(actor, cfg)
     precision = precision_for(cfg.model, trainable=False)
     model = apply_precision(

@@ -39,7 +39,7 @@ from torch.distributed.fsdp import (
 
 from relayrl.algos import LossNorm
 from relayrl.config import FsdpConfig, RunConfig
-from relayrl.model.device import Precision, set_compute_dtype
+from relayrl.model.device import Precision, model_device, set_compute_dtype
 from relayrl.workers.actor import ReferenceWorker
 from relayrl.workers.data_parallel import DataParallelActorWorker, DataParallelCriticWorker
 from relayrl.workers.experience import Experience
@@ -106,7 +106,7 @@ class CollectivePadder:
         missing = self.target - self.count
         if missing < 0:
             raise RuntimeError(f"{self.count} forwards ran, {self.target} were planned")
-        dev = _first_device(self.model)
+        dev = model_device(self.model)
         ids = torch.zeros((1, 1), dtype=torch.long, device=dev)
         for _ in range(missing):
             with torch.set_grad_enabled(backward):
@@ -115,12 +115,6 @@ class CollectivePadder:
                     (out.logits.float().sum() * 0.0).backward()
         self.count = self.target = 0
         return missing
-
-
-def _first_device(model: torch.nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.to_local().device if hasattr(p, "to_local") else p.device
-    return torch.device("cpu")
 
 
 def _count_micro(exp: Experience, size: int, tokens: int | None) -> int:
