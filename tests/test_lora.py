@@ -115,7 +115,8 @@ def test_lora_grpo_run_steps_with_shared_reference(tiny, tmp_path):
 @pytest.mark.learning
 def test_lora_grpo_raises_held_out_pass_rate(sft_model, tmp_path, outcome):
     """LoRA r=16 on every projection, lr 1e-3 (adapters need a larger lr than full fine-tuning),
-    60 steps: held-out rise of at least 0.05. Not measured over seeds (slow set)."""
+    60 steps: held-out rise of at least 0.05. Seed 0: 0.315 -> 0.61 (fp32 full fine-tuning in the
+    same run: 0.315 -> 0.47); not measured over other seeds (slow set)."""
     cfg = run_config(
         sft_model,
         tmp_path / "lora",

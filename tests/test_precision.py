@@ -101,7 +101,8 @@ def test_bf16_grpo_run_steps(tiny, tmp_path):
 @pytest.mark.learning
 def test_bf16_grpo_raises_held_out_pass_rate(sft_model, tmp_path, outcome):
     """bf16 mixed precision (fp32 master weights), as the fp32 GRPO learning test: 60 steps,
-    held-out rise of at least 0.05. Not measured over seeds (slow set)."""
+    held-out rise of at least 0.05. Seed 0: 0.31 -> 0.53 (the fp32 test in the same run:
+    0.315 -> 0.47); not measured over other seeds (slow set)."""
     cfg = run_config(
         sft_model, tmp_path / "bf16", "model.dtype=bfloat16", "train.steps=60", "data.eval_size=200"
     )
