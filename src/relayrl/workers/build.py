@@ -36,7 +36,7 @@ def _distributed(cfg: RunConfig, world: int) -> bool:
     if cfg.model.fsdp.enabled and not (dist.is_available() and dist.is_initialized()):
         raise ValueError(
             "model.fsdp.enabled: no torch.distributed process group is initialised "
-            "(run with cluster: ray and data-parallel ranks, or under torchrun)"
+            "(call torch.distributed.init_process_group on every rank before building the roles)"
         )
     return world > 1 or cfg.model.fsdp.enabled
 
