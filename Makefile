@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PIP_VERSION := 26.3
 LOCK_VENV := .lock-venv
 
-.PHONY: demo test lint venv lock
+.PHONY: demo test lint venv lock gpu-check
 
 $(STAMP): pyproject.toml requirements.lock
 	# the code reward's sandbox runs programs under bubblewrap (Debian package) when it is there
@@ -29,6 +29,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+# A few GRPO steps of a ~50M Llama with bf16 + FSDP2 + the own engine (tools/gpu_check.py): on a
+# CUDA machine 1 rank (and 2 with two GPUs); `make gpu-check DEVICE=cpu` runs it on the CPU.
+DEVICE ?= auto
+gpu-check: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) tools/gpu_check.py --device $(DEVICE)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any
-
-import torch
 
 from relayrl.cluster.engine_process import EngineProcess, EngineSpec
 from relayrl.config import RunConfig
-from relayrl.model import load_causal_lm, load_critic, load_tokenizer, set_threads
+from relayrl.model import load_tokenizer, set_threads
+from relayrl.model.lora import is_lora
 from relayrl.reward import build_reward_service
 from relayrl.rlhf.rm_scorer import build_reward_fn, reward_model_scorers
 from relayrl.rollout import RolloutEngine
-from relayrl.workers import ActorWorker, CriticWorker, ReferenceWorker, RewardWorker, Roles
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+from relayrl.workers import RewardWorker, Roles
+from relayrl.workers.build import build_actor, build_critic, build_reference, engine_model
 
 
 def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) -> Roles:
@@ -24,16 +21,15 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
     The reference is always the initial model (``model.path``), also when resuming.
     """
     set_threads(cfg.threads, reserved=0 if cfg.schedule == "sync" else cfg.rollout.threads)
-    dtype = DTYPES[cfg.model.dtype]
     tokenizer = load_tokenizer(cfg.model.path)
-    actor_model = load_causal_lm(actor_path, dtype)
-    actor = ActorWorker.from_config(actor_model, cfg)
+    actor = build_actor(cfg, actor_path)  # device, precision, checkpointing, LoRA: model.*
     rollout: Any  # RolloutEngine | VllmEngine | EngineProcess: the rollout interface
     if cfg.schedule == "sync" and cfg.rollout.backend == "vllm":  # in this process
         from relayrl.rollout.vllm_backend import VllmEngine
 
+        lora = is_lora(actor.model)
         rollout = VllmEngine(
-            actor_path,
+            cfg.model.path if lora else actor_path,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
             max_slots=cfg.rollout.max_slots,
@@ -41,18 +37,18 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
             kv_cache_gib=cfg.rollout.vllm_kv_cache_gib,
             dtype=cfg.model.dtype,
             seed=cfg.seed,  # vLLM re-seeds this process's global RNGs with it at start-up
+            state_dict=actor.state_dict() if lora else None,  # LoRA: merged weights
         )
     elif cfg.schedule == "sync":
-        engine_model = copy.deepcopy(actor_model).eval().requires_grad_(False)
         rollout = RolloutEngine(
-            engine_model,
+            engine_model(cfg, actor, actor_path),
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
             max_slots=cfg.rollout.max_slots,
         )
     else:  # overlap / async: the engine in its own process, weights through shared memory
         spec = EngineSpec(
-            model_path=actor_path,
+            model_path=cfg.model.path if is_lora(actor.model) else actor_path,
             dtype=cfg.model.dtype,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
@@ -64,15 +60,13 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
             vllm_interrupt=cfg.rollout.vllm_interrupt,
             vllm_kv_cache_gib=cfg.rollout.vllm_kv_cache_gib,
         )
-        rollout = EngineProcess(spec, actor_model.state_dict())
+        rollout = EngineProcess(spec, actor.state_dict())
     reference = None
     if cfg.algo.kl_coef > 0 or cfg.algo.name == "ppo":
-        reference = ReferenceWorker.from_config(load_causal_lm(cfg.model.path, dtype), cfg)
+        reference = build_reference(cfg, actor)  # LoRA: the actor with adapters disabled
     critic = None
     if cfg.algo.name == "ppo":
-        critic = CriticWorker(
-            load_critic(critic_path or cfg.model.path, dtype), cfg.algo, cfg.optim, cfg.seed
-        )
+        critic = build_critic(cfg, critic_path or cfg.model.path)
     rm = reward_model_scorers(cfg.reward)  # the reward model (reward.model_path), if any
     reward = RewardWorker(
         build_reward_fn(cfg.reward, rm),  # rule fn and/or RM

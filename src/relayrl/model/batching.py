@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from relayrl.algos import entropy_from_logits, logprobs_from_logits
+from relayrl.model.device import compute_context, model_device
 
 
 @dataclass
@@ -72,6 +73,21 @@ def _response_hidden_slice(batch: TokenBatch) -> slice:
     return slice(p - 1, p - 1 + r)
 
 
+def upcast_logits(logits: Tensor) -> Tensor:
+    """Logits in fp32 at least (bf16 / fp16 upcast; float64 stays float64): logprobs, entropies
+    and losses are never computed in the parameter dtype."""
+    return logits if logits.dtype == torch.float64 else logits.float()
+
+
+def _model_inputs(model: torch.nn.Module, batch: TokenBatch) -> dict[str, Tensor]:
+    dev = model_device(model)
+    return {
+        "input_ids": batch.input_ids.to(dev),
+        "attention_mask": batch.attention_mask.to(dev),
+        "position_ids": batch.position_ids.to(dev),
+    }
+
+
 def forward_logprobs(
     model: torch.nn.Module,
     batch: TokenBatch,
@@ -80,27 +96,25 @@ def forward_logprobs(
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log pi(y_t | x, y_<t) of the response tokens (fp32), and optionally entropy.
 
-    With temperature != 1 the logits are divided by it first, matching the sampler.
+    With temperature != 1 the logits are divided by it first, matching the sampler. The forward
+    runs on the model's device in its compute dtype (``relayrl.model.device``); the results are
+    fp32 (float64 for a float64 model) on the batch's device, where the losses are computed.
     """
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        use_cache=False,
-    )
-    logits = out.logits[:, _response_hidden_slice(batch)].float()
+    with compute_context(model):
+        out = model(**_model_inputs(model, batch), use_cache=False)
+    logits = upcast_logits(out.logits[:, _response_hidden_slice(batch)])
     if temperature != 1.0:
         logits = logits / temperature
-    logp = logprobs_from_logits(logits, batch.response_ids)
-    ent = entropy_from_logits(logits) if with_entropy else None
+    home = batch.response_ids.device
+    logp = logprobs_from_logits(logits, batch.response_ids.to(logits.device)).to(home)
+    ent = entropy_from_logits(logits).to(home) if with_entropy else None
     return logp, ent
 
 
 def forward_values(critic: torch.nn.Module, batch: TokenBatch) -> Tensor:
-    """V(s_t) for each response token t: the critic's output at the state before token t."""
-    out = critic(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-    )
-    return out.logits[:, _response_hidden_slice(batch), 0].float()
+    """V(s_t) for each response token t: the critic's output at the state before token t
+    (fp32 at least, on the batch's device)."""
+    with compute_context(critic):
+        out = critic(**_model_inputs(critic, batch))
+    values = upcast_logits(out.logits[:, _response_hidden_slice(batch), 0])
+    return values.to(batch.response_ids.device)

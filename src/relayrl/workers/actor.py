@@ -11,6 +11,7 @@ from torch import Tensor
 from relayrl.algos import POLICY_LOSSES, LossNorm, aggregate_loss, kl_penalty
 from relayrl.config import AlgoConfig, OptimConfig, RunConfig
 from relayrl.model import forward_logprobs
+from relayrl.model.lora import is_lora
 from relayrl.workers.experience import Experience
 from relayrl.workers.optim import TrainState, make_optimizer
 
@@ -63,8 +64,14 @@ class ActorWorker(TrainState, ReferenceWorker):
         seed: int = 0,
         policy_loss: str = "ppo",
     ):
+        # a LoRA model trains its adapters only: keep peft's choice of trainable parameters
+        adapters = {n for n, p in model.named_parameters() if p.requires_grad}
         super().__init__(model, algo.micro_batch_size, temperature, algo.micro_batch_tokens)
-        self.model.requires_grad_(True)
+        if is_lora(model):
+            for n, p in self.model.named_parameters():
+                p.requires_grad_(n in adapters)
+        else:
+            self.model.requires_grad_(True)
         self.algo = algo
         self.policy_loss = policy_loss
         self.grad_clip = optim.grad_clip

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from relayrl.algos import LossNorm, clipped_value_loss
-from relayrl.config import AlgoConfig, OptimConfig
+from relayrl.config import AlgoConfig, OptimConfig, RunConfig
 from relayrl.model import forward_values
 from relayrl.workers.experience import Experience
 from relayrl.workers.optim import TrainState, make_optimizer
@@ -27,6 +27,11 @@ class CriticWorker(TrainState):
             optim.warmup_steps,
         )
         self.generator = torch.Generator().manual_seed(seed + 1)
+
+    @classmethod
+    def from_config(cls, model: torch.nn.Module, cfg: RunConfig) -> CriticWorker:
+        """The critic of a run: algorithm, optimizer and seed from ``cfg``."""
+        return cls(model, cfg.algo, cfg.optim, cfg.seed)
 
     @torch.no_grad()
     def compute_values(self, exp: Experience) -> Tensor:

@@ -7,6 +7,9 @@ Gradients are all-reduced (SUM) with ``torch.distributed`` (gloo on CPU; NCCL on
 clipping, so every rank clips the same global norm and takes the same optimizer step.
 Every rank must run the same number of optimizer steps (each shard needs at least
 ``algo.mini_batches`` sequences).
+
+With ``model.fsdp.enabled`` ``from_config`` returns the FSDP2 workers of
+``relayrl.workers.fsdp`` instead (sharded state, reduce-scatter instead of the all-reduce).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch.distributed as dist
 
 from relayrl.algos import LossNorm
 from relayrl.algos.masked import as_bool_mask
+from relayrl.config import RunConfig
 from relayrl.workers.actor import ActorWorker
 from relayrl.workers.critic import CriticWorker
 from relayrl.workers.experience import Experience
@@ -50,6 +54,15 @@ def all_reduce_gradients(model: torch.nn.Module) -> None:
 class DataParallelActorWorker(ActorWorker):
     """``ActorWorker`` on one rank of an initialised default process group."""
 
+    @classmethod
+    def from_config(cls, model: torch.nn.Module, cfg: RunConfig) -> ActorWorker:
+        """The data-parallel actor of a run; FSDP2-sharded with ``model.fsdp.enabled``."""
+        if cfg.model.fsdp.enabled and cls is DataParallelActorWorker:
+            from relayrl.workers.fsdp import FsdpActorWorker
+
+            return FsdpActorWorker.from_config(model, cfg)
+        return super().from_config(model, cfg)
+
     def _loss_norm(self, mini: Experience) -> LossNorm:
         return global_loss_norm(mini, self.algo.loss_agg, self.max_response_tokens)
 
@@ -59,6 +72,15 @@ class DataParallelActorWorker(ActorWorker):
 
 class DataParallelCriticWorker(CriticWorker):
     """``CriticWorker`` on one rank of an initialised default process group."""
+
+    @classmethod
+    def from_config(cls, model: torch.nn.Module, cfg: RunConfig) -> CriticWorker:
+        """The data-parallel critic of a run; FSDP2-sharded with ``model.fsdp.enabled``."""
+        if cfg.model.fsdp.enabled and cls is DataParallelCriticWorker:
+            from relayrl.workers.fsdp import FsdpCriticWorker
+
+            return FsdpCriticWorker.from_config(model, cfg)
+        return super().from_config(model, cfg)
 
     def _loss_norm(self, mini: Experience) -> LossNorm:
         return global_loss_norm(mini, self.algo.loss_agg)

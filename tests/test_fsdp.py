@@ -1,0 +1,80 @@
+"""FSDP2 over gloo on the CPU: 2 ranks on uneven shards give the weights, statistics and
+values of 1 process on the whole batch (float64, 1e-9) for actor and critic; the full weights
+are gathered in bounded buckets; a sharded checkpoint resumes exactly."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from fsdp_ranks import BF16, rank_main, reference_logprobs, train_actor, train_critic
+from relayrl.model import build_tiny_model
+
+TOL = 1e-9
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fsdp")
+    model = build_tiny_model(root / "m", hidden_size=16)
+    mp.spawn(rank_main, args=(2, _free_port(), str(model), str(root)), nprocs=2, join=True)
+    return model, torch.load(root / "rank0.pt", weights_only=False)
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+def test_actor_two_ranks_equal_one_process(two_ranks):
+    model, got = two_ranks
+    actor, stats = train_actor(model, 0, 0)  # world 0: plain ActorWorker, the whole batch
+    assert _max_diff(got["actor"], actor.state_dict()) < TOL
+    for k in ("actor/grad_norm", "actor/optimizer_steps"):  # loss: rank 0's part only
+        assert got["stats"][0][k] == pytest.approx(stats[0][k], abs=TOL), k
+
+
+def test_bf16_two_ranks_match_one_process_within_tolerance(two_ranks):
+    """bf16 compute (FSDP2: bf16 parameter casts, fp32 reduce; 1 process: autocast) on fp32
+    master weights: trainer logprobs within 0.02, the global gradient norm within 2%."""
+    model, got = two_ranks
+    _, stats = train_actor(model, 0, 0, opts=BF16)
+    ranks, one = got["bf16"][0], stats[0]
+    assert float((ranks["old_logprobs"] - one["old_logprobs"][:5]).abs().max()) < 0.02
+    assert ranks["actor/grad_norm"] == pytest.approx(one["actor/grad_norm"], rel=0.02)
+
+
+def test_critic_two_ranks_equal_one_process(two_ranks):
+    model, got = two_ranks
+    critic, stats = train_critic(model, 0, 0)
+    assert _max_diff(got["critic"], critic.model.state_dict()) < TOL
+    assert float((got["values"] - stats["values"][:5]).abs().max()) < TOL  # rank 0's rows
+
+
+def test_sharded_reference_equals_one_process(two_ranks):
+    model, got = two_ranks
+    one = reference_logprobs(model, 0, 0)
+    assert float((got["reference"] - one[:5]).abs().max()) < TOL
+
+
+def test_full_weights_gathered_in_bounded_buckets(two_ranks):
+    _, got = two_ranks
+    sizes = got["buckets"]
+    assert len(sizes) > 1
+    assert all(nbytes <= 4096 or count == 1 for nbytes, count in sizes), sizes
+
+
+def test_sharded_checkpoint_resumes_exactly(two_ranks):
+    _, got = two_ranks
+    assert got["straight"].keys() == got["resumed"].keys()
+    for k, v in got["straight"].items():
+        assert torch.equal(v, got["resumed"][k]), k
