@@ -18,6 +18,7 @@ from relayrl.algos import (
     FixedKLController,
     apply_kl_to_rewards,
     compute_advantages,
+    rollout_correction,
 )
 from relayrl.config import RunConfig
 from relayrl.controller.prompts import TokenizedPrompt
@@ -162,11 +163,64 @@ def make_experience(
     return exp
 
 
+def trainer_logprobs(roles: Roles, exp: Experience, cfg: RunConfig, compute: bool) -> Tensor | None:
+    """The trainer's logprobs of the batch at the start of the step (pi_old / pi_prox).
+
+    Reused from ``exp["old_logprobs"]`` when the actor computed them (not for naive PPO off
+    the sync schedule, whose pi_old is the engine's). Otherwise, with ``compute``, one actor
+    forward; they also become ``old_logprobs`` when the step had none (identical values to the
+    update's own detached logprobs), else None.
+    """
+    naive = cfg.policy_loss == "ppo" and cfg.schedule != "sync"
+    if "old_logprobs" in exp and not naive:
+        return exp["old_logprobs"]
+    if not compute:
+        return None
+    logprobs = roles.actor.compute_logprobs(exp)
+    if "old_logprobs" not in exp:
+        exp["old_logprobs"] = logprobs
+    return logprobs
+
+
+def correct_rollout(roles: Roles, exp: Experience, cfg: RunConfig) -> dict[str, float]:
+    """Train / inference mismatch: monitor it, and weight the policy loss when configured.
+
+    rho = pi_trainer / pi_engine of every sampled token (``relayrl.algos.rollout_correction``).
+    With ``algo.rollout_correction`` enabled its weights go to ``exp["rollout_weights"]``,
+    which the actor multiplies into the policy loss (of any ``algo.policy_loss``). Whenever
+    the trainer's logprobs exist anyway the ``rollout_corr/*`` mismatch stats are logged,
+    correction or not (mode ``none`` reports them without weighting anything).
+    """
+    rc = cfg.algo.rollout_correction
+    trainer = trainer_logprobs(roles, exp, cfg, compute=rc.enabled)
+    if trainer is None:
+        return {}
+    weights, stats = rollout_correction(
+        trainer,
+        exp["behaviour_logprobs"],
+        exp.response_mask,
+        mode=rc.mode,
+        level=rc.level,
+        cap=rc.cap,
+        lower=rc.lower,
+        upper=rc.upper,
+        batch_normalize=rc.batch_normalize,
+        reject_kl=rc.reject_kl,
+        kl_estimator=rc.kl_estimator,
+        kl_agg=rc.kl_agg,
+        mismatch_threshold=rc.mismatch_threshold,
+    )
+    if rc.enabled:
+        exp["rollout_weights"] = weights.to(torch.float32)
+    return stats
+
+
 def update_roles(
     roles: Roles, exp: Experience, cfg: RunConfig, kl_ctl: KLController
 ) -> dict[str, float]:
-    """One training step on ``exp``: critic first (PPO), then the actor; adapt beta."""
-    stats: dict[str, float] = {}
+    """One training step on ``exp``: rollout correction, critic first (PPO), then the actor;
+    adapt beta."""
+    stats: dict[str, float] = correct_rollout(roles, exp, cfg)
     if roles.critic is not None and "returns" in exp:
         stats.update(roles.critic.update(exp))
     stats.update(roles.actor.update(exp))

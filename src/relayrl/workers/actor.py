@@ -144,6 +144,8 @@ class ActorWorker(TrainState, ReferenceWorker):
         logp, ent = forward_logprobs(self.model, micro.batch, self.temperature, with_entropy=True)
         # one update per step: pi_old = pi_theta before the update = these logprobs, detached
         old = micro["old_logprobs"] if "old_logprobs" in micro else logp.detach() * mask
+        # rollout correction (controller): constant per-token weights on the policy loss
+        weights = micro["rollout_weights"] if "rollout_weights" in micro else None
         common: dict[str, Any] = dict(
             advantages=micro["advantages"],
             response_mask=mask,
@@ -151,17 +153,28 @@ class ActorWorker(TrainState, ReferenceWorker):
             eps_low=a.clip_eps_low,
             eps_high=a.clip_eps_high,
             dual_clip=a.dual_clip,
+            token_weights=weights,
         )
+        loss_fn = POLICY_LOSSES[self.policy_loss]
         if self.policy_loss == "decoupled_ppo":
-            loss, stats = POLICY_LOSSES["decoupled_ppo"](
+            # With a rollout correction its weight (the same ratio pi_prox / pi_behav) replaces
+            # the behaviour weight; what the behaviour-weight mode masks stays masked.
+            loss, stats = loss_fn(
                 logp,
                 prox_logprobs=old,
                 behav_logprobs=micro["behaviour_logprobs"],
                 behav_weight_cap=a.behav_weight_cap,
+                behav_weight_mode=a.behav_weight_mode,
+                behav_weight_lower=a.behav_weight_lower,
+                apply_behav_weight=weights is None,
                 **common,
             )
+        elif self.policy_loss == "sapo":
+            loss, stats = loss_fn(
+                logp, old_logprobs=old, tau_pos=a.sapo_tau_pos, tau_neg=a.sapo_tau_neg, **common
+            )
         else:
-            loss, stats = POLICY_LOSSES["ppo"](logp, old_logprobs=old, **common)
+            loss, stats = loss_fn(logp, old_logprobs=old, **common)
         stats = {
             f"pg_{k}" if not k.startswith(("clip", "approx")) else k: v for k, v in stats.items()
         }
