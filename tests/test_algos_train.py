@@ -87,8 +87,14 @@ def test_each_new_loss_runs_by_name_with_rollout_correction(tiny, tmp_path, loss
             ("algo.policy_loss=gspo", "algo.rollout_correction.mode=mis"),
             marks=pytest.mark.slow,  # ~16 s; the async case covers the off-policy path
         ),
-        ("async", ("algo.behav_weight_mode=sequence-truncate", "algo.loss_agg=token-sum",
-                   "algo.rollout_correction.mode=icepop")),  # fmt: skip
+        (
+            "async",
+            (
+                "algo.behav_weight_mode=sequence-truncate",
+                "algo.loss_agg=token-sum",
+                "algo.rollout_correction.mode=icepop",
+            ),
+        ),  # fmt: skip
     ],
 )
 def test_off_policy_schedules_take_the_new_options(tiny, tmp_path, schedule, overrides):
