@@ -245,6 +245,15 @@ class AlgoConfig(_Strict):
     adaptive_kl_target: float | None = Field(None, gt=0)
     """Adaptive KL (PPO): the KL per sequence that beta is steered towards (null: fixed)."""
     adaptive_kl_horizon: int = Field(10000, ge=1)
+    adaptive_kl_metric: Literal["token-mean", "seq-mean"] = "token-mean"
+    """The KL fed to the adaptive controller: mean over the step's tokens (relayrl) or mean of
+    per-sequence means (veRL)."""
+    singleton_advantage: Literal["zero", "score"] = "zero"
+    """A group of one (grpo, drgrpo, reinforce_plus_plus_baseline): advantage 0, or its raw
+    score as veRL (group mean 0, std 1)."""
+    rfpp_baseline_target: Literal["return", "score"] = "return"
+    """REINFORCE++-baseline: return-to-go minus group mean (relayrl) or score minus group mean
+    (veRL); equal with gamma = 1 and an outcome reward only."""
     entropy_coef: float = 0.0
     """Entropy bonus weight; any finite number (negative penalises entropy)."""
     norm_by_std: bool = True

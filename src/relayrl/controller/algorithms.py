@@ -225,12 +225,22 @@ def update_roles(
         stats.update(roles.critic.update(exp))
     stats.update(roles.actor.update(exp))
     if "kl" in exp:
-        mask = exp.response_mask
-        mean_kl = float((exp["kl"] * mask).sum() / mask.sum().clamp(min=1))
+        mean_kl = kl_for_controller(exp["kl"], exp.response_mask, cfg.algo.adaptive_kl_metric)
         kl_ctl.update(mean_kl, len(exp))
         stats["kl_in_reward"] = mean_kl
         stats["kl_beta"] = float(kl_ctl.value)
     return stats
+
+
+def kl_for_controller(kl: Tensor, response_mask: Tensor, metric: str) -> float:
+    """The step's KL for the adaptive controller: the mean over all valid tokens
+    (``token-mean``, relayrl) or the mean over sequences of each one's token mean
+    (``seq-mean``, veRL's ``mean(masked_mean(kl, mask, axis=-1))``; an empty row counts 0)."""
+    mask = response_mask.to(kl.dtype)
+    if metric == "seq-mean":
+        per_seq = (kl * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        return float(per_seq.mean()) if len(per_seq) else 0.0
+    return float((kl * mask).sum() / mask.sum().clamp(min=1))
 
 
 def rl_step(
@@ -332,13 +342,21 @@ def dynamic_rollout(
     return samples, torch.tensor(values, dtype=torch.float32), stats
 
 
-def _estimator_kwargs(cfg: RunConfig) -> dict[str, float | bool]:
+def _estimator_kwargs(cfg: RunConfig) -> dict[str, Any]:
     a = cfg.algo
     name = a.advantage_name
     if name == "gae":
         return {"gamma": a.gamma, "lam": a.lam, "whiten": a.whiten_advantages}
     if name == "grpo":
-        return {"norm_by_std": a.norm_by_std}
+        return {"norm_by_std": a.norm_by_std, "singleton": a.singleton_advantage}
+    if name == "drgrpo":
+        return {"singleton": a.singleton_advantage}
+    if name == "reinforce_plus_plus_baseline":
+        return {
+            "gamma": a.gamma,
+            "target": a.rfpp_baseline_target,
+            "singleton": a.singleton_advantage,
+        }
     if name.startswith("reinforce"):
         return {"gamma": a.gamma}
     return {}
