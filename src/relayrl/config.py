@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, model_validator
 
-from relayrl.config_algo import RolloutCorrectionConfig
+from relayrl.config_algo import DistillConfig, RolloutCorrectionConfig
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -238,6 +238,7 @@ class AlgoConfig(_Strict):
     sapo_tau_neg: float = Field(1.05, gt=0, le=100)
     """SAPO gate temperature for A <= 0."""
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
+    distill: DistillConfig = Field(default_factory=DistillConfig)
     kl_coef: float = Field(0.0, ge=0)
     """GRPO: weight of the KL loss term. PPO: beta of the KL penalty in the reward."""
     kl_estimator: Literal["k1", "k2", "k3", "abs"] | None = None

@@ -52,3 +52,29 @@ class RolloutCorrectionConfig(BaseModel):
     def enabled(self) -> bool:
         """Whether weights are applied (the stats are logged whenever this is true)."""
         return self.mode != "none" or self.reject_kl is not None
+
+
+class DistillConfig(BaseModel):
+    """On-policy distillation (Agarwal et al. 2024, GKD, arXiv:2306.13649; Thinking Machines
+    2025): a teacher scores the student's own samples token by token.
+
+    With d_t = log pi_student(y_t) - log pi_teacher(y_t), a per-token estimate of the reverse
+    KL(student || teacher) on the student's samples:
+    - ``mode: reward``: the advantage of token t gets -coef * d_t (discount 0: each token is
+      pushed towards the teacher on its own), added to the task advantage, or alone with
+      ``task_reward: false``;
+    - ``mode: loss``: the loss gets coef * agg(0.5 d_t^2) (k2, whose on-policy gradient is
+      E[d_t grad log pi_student], the reverse-KL gradient).
+    The teacher must share the student's tokenizer; it runs in the controller process.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, populate_by_name=True, allow_inf_nan=False
+    )
+
+    teacher_path: str | None = None
+    """Local Hugging Face teacher directory (null: no distillation)."""
+    mode: Literal["reward", "loss"] = "reward"
+    coef: float = Field(1.0, gt=0, le=100)
+    task_reward: bool = True
+    """false: the distillation signal alone (the task advantages are dropped)."""

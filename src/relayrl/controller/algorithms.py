@@ -25,6 +25,7 @@ from relayrl.controller.prompts import TokenizedPrompt
 from relayrl.data import dynamic_sample
 from relayrl.rollout import GenerationRequest, Sample, SamplingParams
 from relayrl.workers import Experience, Roles
+from relayrl.workers.teacher import load_teacher
 
 KLController = FixedKLController | AdaptiveKLController
 
@@ -120,7 +121,28 @@ def grpo_experience(
         group_index=exp["group_index"],
         **_estimator_kwargs(cfg),
     )
+    if cfg.algo.distill.teacher_path is not None:
+        distill_from_teacher(roles, exp, cfg)
     return exp
+
+
+def distill_from_teacher(roles: Roles, exp: Experience, cfg: RunConfig) -> None:
+    """On-policy distillation (``algo.distill``): the teacher scores the student's samples.
+
+    d_t = log pi_student(y_t) - log pi_teacher(y_t), the student's logprob being the engine's
+    (the distribution the token was sampled from). ``mode: reward``: A_t <- A_t - coef * d_t
+    (or -coef * d_t alone without ``task_reward``); ``mode: loss``: the actor adds
+    coef * agg(0.5 d_t^2) on ``exp["teacher_logprobs"]``. The teacher is loaded on first use.
+    """
+    d = cfg.algo.distill
+    if roles.teacher is None:
+        roles.teacher = load_teacher(cfg)
+    mask = exp.response_mask
+    exp["teacher_logprobs"] = teacher = roles.teacher.compute_logprobs(exp)
+    if d.mode == "reward":
+        reverse_kl = (exp["behaviour_logprobs"] - teacher) * mask
+        task = exp["advantages"] if d.task_reward else torch.zeros_like(teacher)
+        exp["advantages"] = task - d.coef * reverse_kl
 
 
 def ppo_experience(
@@ -221,6 +243,10 @@ def update_roles(
     """One training step on ``exp``: rollout correction, critic first (PPO), then the actor;
     adapt beta."""
     stats: dict[str, float] = correct_rollout(roles, exp, cfg)
+    if "teacher_logprobs" in exp:
+        mask = exp.response_mask
+        gap = (exp["behaviour_logprobs"] - exp["teacher_logprobs"]) * mask
+        stats["distill/reverse_kl"] = float(gap.sum() / mask.sum().clamp(min=1))
     if roles.critic is not None and "returns" in exp:
         stats.update(roles.critic.update(exp))
     stats.update(roles.actor.update(exp))

@@ -183,6 +183,11 @@ class ActorWorker(TrainState, ReferenceWorker):
             kl_loss = aggregate_loss(kl, mask, norm)
             loss = loss + a.kl_coef * kl_loss
             stats["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
+        distill = a.distill
+        if distill.mode == "loss" and "teacher_logprobs" in micro:
+            # k2 = 0.5 (log pi - log pi_teacher)^2: its on-policy gradient is the reverse KL's
+            d2 = kl_penalty(logp, micro["teacher_logprobs"], "k2", mask)
+            loss = loss + distill.coef * aggregate_loss(d2, mask, norm)
         assert ent is not None
         ent_mean = float((ent.detach() * mask).sum() / mask.sum().clamp(min=1))
         if a.entropy_coef != 0:
@@ -202,7 +207,8 @@ class ActorWorker(TrainState, ReferenceWorker):
         """
         a = self.algo
         loss_kl = a.name == "grpo" and a.kl_coef > 0
-        if not a.skip_zero_advantage or loss_kl or a.entropy_coef != 0:
+        loss_distill = a.distill.teacher_path is not None and a.distill.mode == "loss"
+        if not a.skip_zero_advantage or loss_kl or loss_distill or a.entropy_coef != 0:
             return mini
         keep = ((mini["advantages"] * mini.response_mask) != 0).any(dim=1)
         if bool(keep.all()):
