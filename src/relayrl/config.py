@@ -239,6 +239,7 @@ class AlgoConfig(_Strict):
     """SAPO gate temperature for A <= 0."""
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
     distill: DistillConfig = Field(default_factory=DistillConfig)
+    """On-policy distillation from ``distill.teacher_path`` (GRPO-style runs)."""
     kl_coef: float = Field(0.0, ge=0)
     """GRPO: weight of the KL loss term. PPO: beta of the KL penalty in the reward."""
     kl_estimator: Literal["k1", "k2", "k3", "abs"] | None = None
