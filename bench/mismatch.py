@@ -18,6 +18,7 @@ stats, fraction of tokens the correction touched) and a summary line; ``--figure
 
     .venv/bin/python bench/mismatch.py --steps 60 --figures docs/figures
     .venv/bin/python bench/mismatch.py --quick      # 3 configurations, 20 steps
+    .venv/bin/python bench/mismatch.py --only 1,2,3 --trainer-temperature 0.4
 """
 
 from __future__ import annotations
@@ -139,11 +140,13 @@ def main() -> None:
     p.add_argument("--trainer-temperature", type=float, default=0.7)
     p.add_argument("--model", type=Path, help="SFT model dir (default: build the warm start)")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--only", help="comma-separated indices into CONFIGS (default: all)")
     p.add_argument("--figures", type=Path)
     args = p.parse_args()
     if args.quick:
         args.steps = min(args.steps, 20)
-    configs = [CONFIGS[i] for i in QUICK] if args.quick else CONFIGS
+    chosen = [int(i) for i in args.only.split(",")] if args.only else range(len(CONFIGS))
+    configs = [CONFIGS[i] for i in (QUICK if args.quick else chosen)]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model = args.model or sft_model(root / "model", args.seed)

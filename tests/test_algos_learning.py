@@ -1,22 +1,88 @@
-"""Each 2025 policy loss trains the tiny model: GRPO with it raises the held-out pass rate
-(60 steps from the SFT fixture, the settings of ``test_train_integration``). GSPO runs in the
-default suite; the others are ``slow`` (about a minute each on 2 cores)."""
+"""Each 2025 policy loss trains the tiny model, and on-policy distillation moves a weak
+student towards its teacher (60 GRPO steps from the SFT fixture, the settings of
+``test_train_integration``). GSPO runs in the default suite; the others are ``slow`` (one to
+three minutes each on 2 busy cores). Measured held-out pass rates (seed 0, from 0.315):
+ppo 0.47, gspo 0.43, gspo_token 0.43, sapo 0.425, gmpo 0.465, cispo 0.27 at lr 5e-4 and 0.48
+at lr 2.5e-4 (see below)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from helpers import run_config
+from helpers import ARITH, run_config
 from relayrl.cluster.local import build_local_roles
+from relayrl.config import ArithmeticConfig, DataConfig, SFTConfig
+from relayrl.controller.prompts import PromptSource
+from relayrl.controller.sft import run_sft
 from relayrl.controller.trainer import train
-
-GAINS = {
-    "gspo": "GSPO_DOC",
-}
+from relayrl.model import build_tiny_model, load_tokenizer
 
 
-def _gain(sft_model, tmp_path, outcome, *overrides: str) -> dict:
-    cfg = run_config(sft_model, tmp_path, "train.steps=60", "data.eval_size=200", *overrides)
-    out = train(cfg, lambda a, c: build_local_roles(cfg, a, c))
+def _run(model: Path, run_dir: Path, *overrides: str) -> dict:
+    cfg = run_config(model, run_dir, "train.steps=60", "data.eval_size=200", *overrides)
+    return train(cfg, lambda a, c: build_local_roles(cfg, a, c))
+
+
+@pytest.mark.learning
+def test_gspo_raises_held_out_pass_rate(sft_model, tmp_path, outcome):
+    """GSPO (sequence-level clip) instead of PPO-clip in GRPO: 0.315 -> 0.43 (seed 0)."""
+    out = _run(sft_model, tmp_path / "gspo", "algo.policy_loss=gspo")
     outcome(before=out["eval_before"], after=out["eval_after"])
-    return out
+    assert out["eval_after"] >= out["eval_before"] + 0.05, out
+
+
+@pytest.mark.slow
+@pytest.mark.learning
+@pytest.mark.parametrize(
+    "loss, overrides",
+    [
+        ("gspo_token", ()),
+        ("sapo", ()),
+        ("gmpo", ()),
+        ("cispo", ("optim.lr=2.5e-4",)),
+    ],
+)
+def test_new_loss_raises_held_out_pass_rate(sft_model, tmp_path, outcome, loss, overrides):
+    """Seed 0: gspo_token 0.43, sapo 0.425, gmpo 0.465 from 0.315. CISPO at the default
+    lr 5e-4 fell to 0.27: it keeps the gradient of tokens PPO's clip would stop (its weight is
+    bounded, not zeroed), which at this learning rate over two mini-batches overshoots;
+    at lr 2.5e-4 it reaches 0.48."""
+    out = _run(sft_model, tmp_path / loss, f"algo.policy_loss={loss}", *overrides)
+    outcome(before=out["eval_before"], after=out["eval_after"])
+    assert out["eval_after"] >= out["eval_before"] + 0.05, out
+
+
+def _weak_student(root: Path) -> Path:
+    """A smaller tiny model (hidden 48) SFT'd only to 12% validation pass rate."""
+    base = build_tiny_model(root / "base", hidden_size=48, seed=0)
+    data = DataConfig(arithmetic=ArithmeticConfig(**ARITH), eval_size=200)
+    held = {p.record.prompt for p in PromptSource(data, load_tokenizer(base), 0).eval_set()}
+    cfg = SFTConfig(
+        seed=0, model_path=str(base), output_dir=str(root / "sft"),
+        arithmetic=ArithmeticConfig(**ARITH), steps=3000, eval_every=20, eval_size=200,
+        target_pass_rate=0.12, threads=1, progress=False,
+    )  # fmt: skip
+    run_sft(cfg, exclude_prompts=held)
+    return root / "sft"
+
+
+@pytest.mark.slow
+@pytest.mark.learning
+def test_on_policy_distillation_moves_the_student_towards_the_teacher(sft_model, tmp_path, outcome):
+    """Teacher: the SFT fixture after 60 GRPO steps (held-out 0.47); student: a hidden-48 model
+    at 0.09. Seed 0, 60 steps: distillation alone (reverse KL as the only advantage) 0.09 ->
+    0.135; with the task reward 0.155 (loss mode, coef 0.5: 0.135); GRPO alone stays at 0.09."""
+    teacher_run = _run(sft_model, tmp_path / "teacher", "algo.policy_loss=ppo")
+    teacher = tmp_path / "teacher" / "checkpoints" / "step_000060" / "actor"
+    student = _weak_student(tmp_path / "student")
+    out = _run(
+        student,
+        tmp_path / "distill",
+        f"algo.distill.teacher_path={teacher}",
+        "algo.distill.task_reward=false",
+    )
+    outcome(before=out["eval_before"], after=out["eval_after"], teacher=teacher_run["eval_after"])
+    assert out["eval_after"] >= out["eval_before"] + 0.02, out
+    assert out["eval_after"] < teacher_run["eval_after"]
