@@ -17,8 +17,9 @@ class RolloutCorrectionConfig(BaseModel):
 
     rho = pi_trainer / pi_engine per token, the trainer's logprobs taken at the start of the
     step under the weights the engine sampled with. The weight multiplies the policy loss of
-    any ``algo.policy_loss``; with ``decoupled_ppo`` it replaces the behaviour weight (the
-    same ratio) while the behaviour-weight cap still masks. Stats: ``rollout_corr/*``.
+    any ``algo.policy_loss``; with ``decoupled_ppo`` a mode other than ``none`` replaces the
+    behaviour weight (the same ratio) while the behaviour-weight cap still masks (``none``
+    with ``reject_kl`` keeps the behaviour weight). Stats: ``rollout_corr/*``.
     """
 
     model_config = ConfigDict(

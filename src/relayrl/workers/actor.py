@@ -157,8 +157,10 @@ class ActorWorker(TrainState, ReferenceWorker):
         )
         loss_fn = POLICY_LOSSES[self.policy_loss]
         if self.policy_loss == "decoupled_ppo":
-            # With a rollout correction its weight (the same ratio pi_prox / pi_behav) replaces
-            # the behaviour weight; what the behaviour-weight mode masks stays masked.
+            # A rollout-correction weight (the same ratio pi_prox / pi_behav) replaces the
+            # behaviour weight; what the behaviour-weight mode masks stays masked. Mode none
+            # (reject_kl only) keeps the behaviour weight and only adds the rejections.
+            replaced = weights is not None and a.rollout_correction.mode != "none"
             loss, stats = loss_fn(
                 logp,
                 prox_logprobs=old,
@@ -166,7 +168,7 @@ class ActorWorker(TrainState, ReferenceWorker):
                 behav_weight_cap=a.behav_weight_cap,
                 behav_weight_mode=a.behav_weight_mode,
                 behav_weight_lower=a.behav_weight_lower,
-                apply_behav_weight=weights is None,
+                apply_behav_weight=not replaced,
                 **common,
             )
         elif self.policy_loss == "sapo":
