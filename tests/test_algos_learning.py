@@ -1,9 +1,14 @@
 """Each 2025 policy loss trains the tiny model, and on-policy distillation moves a weak
 student towards its teacher (60 GRPO steps from the SFT fixture, the settings of
 ``test_train_integration``). GSPO runs in the default suite; the others are ``slow`` (one to
-three minutes each on 2 busy cores). Measured held-out pass rates (seed 0, from 0.315):
-ppo 0.47, gspo 0.43, gspo_token 0.43, sapo 0.425, gmpo 0.465, cispo 0.27 at lr 5e-4 and 0.48
-at lr 2.5e-4 (see below)."""
+three minutes each on 2 busy cores).
+
+Held-out greedy pass rate after 60 steps, seeds 0 / 1 / 2 (RELAYRL_TEST_SEED; from 0.315 /
+0.41 / 0.37): ppo 0.47 / 0.75 / 0.545; gspo 0.43 / 0.69 / 0.49; gspo_token 0.43 / 0.675 /
+0.505; sapo 0.425 / 0.715 / 0.44; gmpo 0.465 / 0.715 / 0.525; cispo at the default lr 5e-4
+0.27 / 0.62 / 0.465, at lr 2.5e-4 0.48 / 0.75 / 0.495. Gains min / median: gspo 0.115 /
+0.12, gspo_token 0.115 / 0.135, sapo 0.07 / 0.11, gmpo 0.15 / 0.155, cispo (lr 2.5e-4)
+0.125 / 0.165; each test asserts about half its worst run's gain."""
 
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ def _run(model: Path, run_dir: Path, *overrides: str) -> dict:
 
 @pytest.mark.learning
 def test_gspo_raises_held_out_pass_rate(sft_model, tmp_path, outcome):
-    """GSPO (sequence-level clip) instead of PPO-clip in GRPO: 0.315 -> 0.43 (seed 0)."""
+    """GSPO (sequence-level clip) instead of PPO-clip in GRPO: gain min 0.115 over seeds 0-2."""
     out = _run(sft_model, tmp_path / "gspo", "algo.policy_loss=gspo")
     outcome(before=out["eval_before"], after=out["eval_after"])
     assert out["eval_after"] >= out["eval_before"] + 0.05, out
@@ -36,22 +41,22 @@ def test_gspo_raises_held_out_pass_rate(sft_model, tmp_path, outcome):
 @pytest.mark.slow
 @pytest.mark.learning
 @pytest.mark.parametrize(
-    "loss, overrides",
+    "loss, overrides, margin",
     [
-        ("gspo_token", ()),
-        ("sapo", ()),
-        ("gmpo", ()),
-        ("cispo", ("optim.lr=2.5e-4",)),
+        ("gspo_token", (), 0.05),
+        ("sapo", (), 0.03),
+        ("gmpo", (), 0.05),
+        ("cispo", ("optim.lr=2.5e-4",), 0.05),
     ],
 )
-def test_new_loss_raises_held_out_pass_rate(sft_model, tmp_path, outcome, loss, overrides):
-    """Seed 0: gspo_token 0.43, sapo 0.425, gmpo 0.465 from 0.315. CISPO at the default
-    lr 5e-4 fell to 0.27: it keeps the gradient of tokens PPO's clip would stop (its weight is
-    bounded, not zeroed), which at this learning rate over two mini-batches overshoots;
-    at lr 2.5e-4 it reaches 0.48."""
+def test_new_loss_raises_held_out_pass_rate(sft_model, tmp_path, outcome, loss, overrides, margin):
+    """See the module docstring for the measured gains. CISPO runs at lr 2.5e-4: at 5e-4 seed
+    0 fell from 0.315 to 0.27. CISPO keeps the gradient of the tokens that PPO's clip would
+    stop (their weight is bounded, not zeroed), and at that learning rate, over two
+    mini-batches, that overshoots."""
     out = _run(sft_model, tmp_path / loss, f"algo.policy_loss={loss}", *overrides)
     outcome(before=out["eval_before"], after=out["eval_after"])
-    assert out["eval_after"] >= out["eval_before"] + 0.05, out
+    assert out["eval_after"] >= out["eval_before"] + margin, out
 
 
 def _weak_student(root: Path) -> Path:
