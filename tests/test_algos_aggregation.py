@@ -70,6 +70,7 @@ def test_aggregate_loss_hand_case_every_mode() -> None:
     #  seq-mean-token-sum         = 15 / 3                 = 5
     #  seq-mean-token-mean        = (4/2 + 11/2 + 0) / 3   = 2.5   (empty row contributes 0)
     #  seq-mean-token-sum-norm(4) = 15 / (3 * 4)           = 1.25
+    #  token-sum                  = 15                     (no normaliser)
     loss = torch.arange(1.0, 10.0, dtype=D).reshape(3, 3)
     mask = torch.tensor([[1, 0, 1], [0, 1, 1], [0, 0, 0]], dtype=D)
     expected = {
@@ -77,6 +78,7 @@ def test_aggregate_loss_hand_case_every_mode() -> None:
         "seq-mean-token-sum": 5.0,
         "seq-mean-token-mean": 2.5,
         "seq-mean-token-sum-norm": 1.25,
+        "token-sum": 15.0,
     }
     assert set(expected) == set(AGGREGATION_MODES)
     for mode, value in expected.items():
@@ -85,6 +87,11 @@ def test_aggregate_loss_hand_case_every_mode() -> None:
     # a step-global count larger than this micro-batch's is what divides: 15 / 6 = 2.5
     norm = LossNorm("seq-mean-token-sum", global_tokens=10.0, global_seqs=6.0)
     assert aggregate_loss(loss, mask, norm).item() == pytest.approx(2.5)
+    # veRL's seq-mean denominator counts only non-empty rows: 15 / 2, (4/2 + 11/2) / 2
+    for mode, value in (("seq-mean-token-sum", 7.5), ("seq-mean-token-mean", 3.75)):
+        norm = LossNorm.for_batch(mask, mode, count_empty_rows=False)
+        assert norm.global_seqs == 2.0
+        assert aggregate_loss(loss, mask, norm).item() == pytest.approx(value), mode
 
 
 def test_aggregate_loss_empty_mask_is_zero_not_nan() -> None:

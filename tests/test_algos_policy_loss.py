@@ -25,7 +25,11 @@ def _leaf(rows: list[list[float]]) -> torch.Tensor:
 
 
 def test_registry() -> None:
-    assert POLICY_LOSSES == {"ppo": ppo_clip_loss, "decoupled_ppo": decoupled_ppo_loss}
+    assert POLICY_LOSSES["ppo"] is ppo_clip_loss
+    assert POLICY_LOSSES["decoupled_ppo"] is decoupled_ppo_loss
+    assert set(POLICY_LOSSES) == {
+        "ppo", "decoupled_ppo", "gspo", "gspo_token", "cispo", "sapo", "gmpo"
+    }  # fmt: skip
 
 
 def test_ppo_clip_hand_case() -> None:

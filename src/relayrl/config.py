@@ -4,7 +4,8 @@ Every key maps one-to-one to a constructor argument or a loop setting. Unknown k
 typed values are rejected with a one-line error naming the key (see ``ConfigError``). Any key
 can be overridden from the command line as ``section.key=value``.
 
-This module is a leaf: it imports nothing from relayrl, so every layer may read it.
+This module is a leaf: it imports nothing from relayrl but its own leaf ``config_algo``, so
+every layer may read it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, model_validator
+
+from relayrl.config_algo import DistillConfig, RolloutCorrectionConfig
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -246,11 +249,21 @@ class AlgoConfig(_Strict):
     loss normaliser still counts them. Only when the loss has no other per-token term
     (GRPO KL loss with ``kl_coef > 0`` or ``entropy_coef != 0`` turn it off by themselves)."""
     loss_agg: Literal[
-        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+        "token-mean",
+        "seq-mean-token-sum",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum-norm",
+        "token-sum",
     ] = "token-mean"
-    policy_loss: Literal["ppo", "decoupled_ppo"] | None = None
-    """``ppo`` (clip centred on pi_old) or ``decoupled_ppo`` (AReaL). Default: ``ppo`` for the
-    sync schedule, ``decoupled_ppo`` for overlap and async (off-policy correction on)."""
+    """GSPO / GMPO / SAPO as in their papers (and veRL, which forces it): seq-mean-token-mean."""
+    policy_loss: (
+        Literal["ppo", "decoupled_ppo", "gspo", "gspo_token", "cispo", "sapo", "gmpo"] | None
+    ) = None
+    """``ppo`` (clip centred on pi_old), ``decoupled_ppo`` (AReaL) or a 2025 loss
+    (``relayrl.algos.registry``). Default: ``ppo`` for the sync schedule, ``decoupled_ppo`` for
+    overlap and async (off-policy correction on). The 2025 losses are centred on the
+    recomputed pi_old in every schedule; off the sync schedule their correction for stale or
+    mismatched tokens is ``algo.rollout_correction``."""
     clip_eps_low: float = Field(0.2, gt=0, lt=1)
     """The ratio is clipped below at 1 - clip_eps_low, so it must stay in (0, 1)."""
     clip_eps_high: float = Field(0.2, gt=0, le=10)
@@ -260,6 +273,25 @@ class AlgoConfig(_Strict):
     behav_weight_cap: float | None = Field(5.0, gt=1)
     """Decoupled PPO: tokens whose behaviour weight exceeds it are left out (> 1: on-policy
     tokens have weight 1; null: no cap)."""
+    behav_weight_mode: Literal[
+        "token-mask",
+        "token-truncate",
+        "token-clamp",
+        "sequence-mask",
+        "sequence-truncate",
+        "sequence-clamp",
+    ] = "token-mask"
+    """What the cap does (AReaL's modes): zero the weight above it (mask), min(w, cap)
+    (truncate), clamp(w, lower, cap) (clamp); sequence-*: w = geometric mean per sequence."""
+    behav_weight_lower: float | None = Field(None, gt=0, lt=1)
+    """Lower end of the clamp modes (null: 1 / behav_weight_cap)."""
+    sapo_tau_pos: float = Field(1.0, gt=0, le=100)
+    """SAPO gate temperature for A > 0 (veRL's default)."""
+    sapo_tau_neg: float = Field(1.05, gt=0, le=100)
+    """SAPO gate temperature for A <= 0."""
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
+    distill: DistillConfig = Field(default_factory=DistillConfig)
+    """On-policy distillation from ``distill.teacher_path`` (GRPO-style runs)."""
     kl_coef: float = Field(0.0, ge=0)
     """GRPO: weight of the KL loss term. PPO: beta of the KL penalty in the reward."""
     kl_estimator: Literal["k1", "k2", "k3", "abs"] | None = None
@@ -267,6 +299,15 @@ class AlgoConfig(_Strict):
     adaptive_kl_target: float | None = Field(None, gt=0)
     """Adaptive KL (PPO): the KL per sequence that beta is steered towards (null: fixed)."""
     adaptive_kl_horizon: int = Field(10000, ge=1)
+    adaptive_kl_metric: Literal["token-mean", "seq-mean"] = "token-mean"
+    """The KL fed to the adaptive controller: mean over the step's tokens (relayrl) or mean of
+    per-sequence means (veRL)."""
+    singleton_advantage: Literal["zero", "score"] = "zero"
+    """A group of one (grpo, drgrpo, reinforce_plus_plus_baseline): advantage 0, or its raw
+    score as veRL (group mean 0, std 1)."""
+    rfpp_baseline_target: Literal["return", "score"] = "return"
+    """REINFORCE++-baseline: return-to-go minus group mean (relayrl) or score minus group mean
+    (veRL); equal with gamma = 1 and an outcome reward only."""
     entropy_coef: float = 0.0
     """Entropy bonus weight; any finite number (negative penalises entropy)."""
     norm_by_std: bool = True
@@ -304,6 +345,18 @@ class AlgoConfig(_Strict):
                 f"more mini-batches than the {rows} sequences of a step "
                 "(algo.prompts_per_step * algo.group_size)",
                 related=("prompts_per_step", "group_size"),
+            )
+        if self.dual_clip is not None and self.policy_loss in ("cispo", "sapo", "gmpo"):
+            raise KeyProblem(
+                "dual_clip",
+                self.dual_clip,
+                f"dual clip is not defined for policy_loss {self.policy_loss!r}",
+                related=("policy_loss",),
+            )
+        rc = self.rollout_correction  # (lower < 1 < upper by their ranges)
+        if rc.mode == "icepop" and rc.level != "token":
+            raise KeyProblem(
+                "rollout_correction.level", rc.level, "icepop masks tokens: use level token"
             )
         if self.adaptive_kl_target is not None and self.kl_coef == 0:
             raise KeyProblem(

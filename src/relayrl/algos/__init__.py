@@ -18,6 +18,7 @@ from relayrl.algos.advantages import (
 )
 from relayrl.algos.aggregation import AGGREGATION_MODES, LossNorm, aggregate_loss
 from relayrl.algos.entropy import entropy_from_logits, logprobs_from_logits
+from relayrl.algos.gated_losses import cispo_loss, sapo_loss
 from relayrl.algos.kl import (
     KL_CONTROLLERS,
     KL_ESTIMATORS,
@@ -33,12 +34,22 @@ from relayrl.algos.masked import (
     masked_var,
     masked_whiten,
 )
-from relayrl.algos.policy_loss import POLICY_LOSSES, decoupled_ppo_loss, ppo_clip_loss
+from relayrl.algos.policy_loss import (
+    BEHAV_WEIGHT_MODES,
+    behaviour_weights,
+    decoupled_ppo_loss,
+    ppo_clip_loss,
+)
+from relayrl.algos.registry import POLICY_LOSSES
+from relayrl.algos.rollout_correction import CORRECTION_MODES, mismatch_stats, rollout_correction
+from relayrl.algos.sequence_losses import gmpo_loss, gspo_loss, gspo_token_loss
 from relayrl.algos.value_loss import clipped_value_loss
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATION_MODES",
+    "BEHAV_WEIGHT_MODES",
+    "CORRECTION_MODES",
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
@@ -48,6 +59,8 @@ __all__ = [
     "aggregate_loss",
     "apply_kl_to_rewards",
     "as_bool_mask",
+    "behaviour_weights",
+    "cispo_loss",
     "clipped_value_loss",
     "compute_advantages",
     "compute_drgrpo",
@@ -59,11 +72,17 @@ __all__ = [
     "decoupled_ppo_loss",
     "discounted_returns",
     "entropy_from_logits",
+    "gmpo_loss",
+    "gspo_loss",
+    "gspo_token_loss",
     "kl_penalty",
     "logprobs_from_logits",
     "masked_mean",
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "mismatch_stats",
     "ppo_clip_loss",
+    "rollout_correction",
+    "sapo_loss",
 ]

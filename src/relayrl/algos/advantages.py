@@ -133,14 +133,17 @@ def compute_grpo(
     group_index: GroupIndex,
     norm_by_std: bool = True,
     eps: float = 1e-6,
+    singleton: str = "zero",
 ) -> tuple[Tensor, Tensor]:
     """GRPO outcome advantage (DeepSeekMath, Shao et al. 2024, arXiv:2402.03300).
 
     A_i = (r_i - mean_g r) / (std_g r + eps) with r_i the sequence score and std the unbiased
     group std; ``norm_by_std=False`` gives Dr.GRPO's r_i - mean_g r (Liu et al. 2025).
     A_i is broadcast to every valid token of sequence i; returns == advantages.
-    A singleton group gets A = 0 (the std of one sample is undefined: we define the
-    advantage as 0, not NaN); a group of equal rewards gets exactly 0.
+    A singleton group gets A = 0 (``singleton="zero"``: the std of one sample is undefined,
+    we define the advantage as 0, not NaN); ``singleton="score"`` is veRL's convention (mean
+    0 and std 1 for a group of one): A = r_i / (1 + eps) (r_i without std normalisation).
+    A group of equal rewards gets exactly 0.
     """
     _check_bt("token_rewards", token_rewards, response_mask)
     mask = as_bool_mask(response_mask)
@@ -157,19 +160,33 @@ def compute_grpo(
         seq_adv = torch.where(positive, centred / (std + eps), 0.0)
     else:
         seq_adv = centred
-    seq_adv = torch.where(multi, seq_adv, torch.zeros_like(seq_adv))
+    seq_adv = torch.where(multi, seq_adv, _singleton_advantage(scores, singleton, norm_by_std, eps))
     advantages = zero_masked(seq_adv[:, None].expand_as(mask), mask)
     return advantages, advantages.clone()
 
 
+SINGLETON_CONVENTIONS = ("zero", "score")
+
+
+def _singleton_advantage(scores: Tensor, singleton: str, norm_by_std: bool, eps: float) -> Tensor:
+    """What a group of one gets: 0 (relayrl) or its raw score (veRL: mean 0, std 1)."""
+    if singleton == "zero":
+        return torch.zeros_like(scores)
+    if singleton == "score":
+        return scores / (1.0 + eps) if norm_by_std else scores
+    raise ValueError(f"unknown singleton convention {singleton!r}; known: ['zero', 'score']")
+
+
 def compute_drgrpo(
-    token_rewards: Tensor, response_mask: Tensor, group_index: GroupIndex
+    token_rewards: Tensor, response_mask: Tensor, group_index: GroupIndex, singleton: str = "zero"
 ) -> tuple[Tensor, Tensor]:
     """Dr.GRPO advantage (Liu et al. 2025, arXiv:2503.20783): A_i = r_i - mean_g r, no std.
 
     Same conventions as :func:`compute_grpo` (singleton or equal-reward group -> 0).
     """
-    return compute_grpo(token_rewards, response_mask, group_index, norm_by_std=False)
+    return compute_grpo(
+        token_rewards, response_mask, group_index, norm_by_std=False, singleton=singleton
+    )
 
 
 def compute_rloo(
@@ -201,13 +218,22 @@ def compute_reinforce_plus_plus(
 
 
 def compute_reinforce_plus_plus_baseline(
-    token_rewards: Tensor, response_mask: Tensor, group_index: GroupIndex, gamma: float = 1.0
+    token_rewards: Tensor,
+    response_mask: Tensor,
+    group_index: GroupIndex,
+    gamma: float = 1.0,
+    target: str = "return",
+    singleton: str = "zero",
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++-baseline (Hu 2025, arXiv:2501.03262): A_t = whiten(G_t - mean_g s) over the
     batch, s_i = G at sequence i's first valid token (= its score when gamma = 1).
 
-    Before whitening, a singleton group or a group of equal scores has 0 advantage (with
-    gamma = 1); whitening then shifts and scales it with the rest of the batch.
+    ``target="return"`` (relayrl) subtracts the group mean from the return-to-go G_t;
+    ``target="score"`` (veRL) from the sequence score s_i on every token: the two agree when
+    gamma = 1 and the only reward is the score on the last token, and differ with gamma < 1 or
+    per-token rewards. Before whitening, a group of equal scores has 0 advantage (gamma = 1); a
+    singleton group has 0 (``singleton="zero"``) or, as veRL (group mean 0), its own target
+    (``singleton="score"``). Whitening then shifts and scales with the rest of the batch.
     Returns (A, A), as veRL does.
     """
     mask = as_bool_mask(response_mask)
@@ -221,9 +247,21 @@ def compute_reinforce_plus_plus_baseline(
     else:
         start = returns.new_zeros(batch)
     scores = torch.where(has_tokens, start, torch.zeros_like(start))
-    centred, _ = _group_centre(scores, _group_inverse(group_index, batch, scores.device))
+    centred, counts = _group_centre(scores, _group_inverse(group_index, batch, scores.device))
     baseline = scores - centred  # the group mean, exactly equal to s_i for equal scores
-    advantages = masked_whiten(zero_masked(returns - baseline[:, None], mask), mask)
+    if singleton == "score":
+        baseline = torch.where(counts >= 2, baseline, torch.zeros_like(baseline))
+    elif singleton != "zero":
+        raise ValueError(f"unknown singleton convention {singleton!r}; known: ['zero', 'score']")
+    if target == "return":
+        raw = returns - baseline[:, None]
+    elif target == "score":
+        raw = (scores - baseline)[:, None].expand_as(returns)
+    else:
+        raise ValueError(
+            f"unknown REINFORCE++-baseline target {target!r}; known: ['return', 'score']"
+        )
+    advantages = masked_whiten(zero_masked(raw, mask), mask)
     return advantages, advantages.clone()
 
 

@@ -22,6 +22,7 @@ AGGREGATION_MODES: tuple[str, ...] = (
     "seq-mean-token-sum",
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
+    "token-sum",
 )
 
 
@@ -54,10 +55,14 @@ class LossNorm:
 
     @staticmethod
     def for_batch(
-        response_mask: Tensor | Sequence[Tensor], mode: str, norm_constant: float = 1.0
+        response_mask: Tensor | Sequence[Tensor],
+        mode: str,
+        norm_constant: float = 1.0,
+        count_empty_rows: bool = True,
     ) -> LossNorm:
         """Counts from the mask of a full step (a [B, T] tensor, or the list of its
-        micro-batch masks, which may differ in T): tokens = unmasked entries, seqs = rows."""
+        micro-batch masks, which may differ in T): tokens = unmasked entries, seqs = rows
+        (``count_empty_rows=False``: only rows with at least one token, as veRL counts)."""
         masks = [response_mask] if isinstance(response_mask, Tensor) else list(response_mask)
         tokens = 0
         seqs = 0
@@ -65,7 +70,7 @@ class LossNorm:
             if mask.dim() != 2:
                 raise ValueError(f"response_mask must be [B, T], got shape {tuple(mask.shape)}")
             tokens += int(as_bool_mask(mask).sum().item())
-            seqs += mask.shape[0]
+            seqs += mask.shape[0] if count_empty_rows else int(as_bool_mask(mask).any(-1).sum())
         return LossNorm(mode, float(tokens), float(seqs), float(norm_constant))
 
 
@@ -85,6 +90,16 @@ def aggregate_loss(loss_mat: Tensor, response_mask: Tensor, norm: LossNorm) -> T
       (GRPO as in DeepSeekMath, Shao et al. 2024; a sequence with n_i = 0 contributes 0)
     - ``seq-mean-token-sum-norm``: sum(l*m) / (global_seqs * norm_constant)
       (Dr.GRPO, Liu et al. 2025)
+    - ``token-sum``:               sum(l*m)                            (no normaliser)
+
+    ``token-sum`` is the plain sum over the step's tokens (the "sum" reduction of e.g. Tinker's
+    and ScaleRL's losses): the gradient then grows with the number of tokens in a step, so
+    the learning rate absorbs the batch size. veRL has no such mode.
+
+    Empty rows: relayrl's ``global_seqs`` counts every row of the step, empty ones included
+    (an empty row adds 0 to the numerator); veRL's ``seq-mean-*`` modes divide by the rows
+    with at least one token. ``LossNorm.for_batch(..., count_empty_rows=False)`` gives
+    veRL's denominator.
     """
     if loss_mat.shape != response_mask.shape or loss_mat.dim() != 2:
         raise ValueError(
@@ -103,4 +118,6 @@ def aggregate_loss(loss_mat: Tensor, response_mask: Tensor, norm: LossNorm) -> T
         return _safe_div(total, norm.global_seqs)
     if norm.mode == "seq-mean-token-sum-norm":
         return _safe_div(total, norm.global_seqs * norm.norm_constant)
+    if norm.mode == "token-sum":
+        return total
     raise AssertionError(f"unhandled mode {norm.mode!r}")  # LossNorm validated it

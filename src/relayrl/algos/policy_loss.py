@@ -4,11 +4,19 @@ Only ``logprobs`` carries gradient: anchor logprobs (old / proximal / behaviour)
 advantages are treated as constants and detached. Masked inputs are replaced before any
 arithmetic, so garbage in a masked slot never reaches the loss or a gradient.
 Stats are python floats, masked means over the given micro-batch; 0.0 for an empty mask.
+
+Every loss takes ``token_weights`` (constant, [B, T], e.g. the rollout correction of
+:mod:`relayrl.algos.rollout_correction`): the per-token loss is multiplied by it before
+aggregation, a weight-0 token stays in the normaliser.
+
+Stat names: ``clipfrac_upper`` / ``clipfrac_lower`` are the fractions of tokens whose
+*ratio* clip is active above (A > 0) / below (A < 0); ``dual_clipfrac`` is the dual-clip
+fraction. veRL's ``pg_clipfrac_lower`` is the dual-clip fraction, not the lower ratio clip:
+relayrl never emits a ``pg_clipfrac*`` key, so a dashboard built for veRL finds nothing
+rather than a number with another meaning.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -37,21 +45,31 @@ def _check_clip(eps_low: float, eps_high: float, dual_clip: float | None) -> Non
         raise ValueError(f"dual_clip must be > 1 (it bounds -A * ratio for A < 0), got {dual_clip}")
 
 
-def _clipped_surrogate(
-    logprobs: Tensor,
-    anchor_logprobs: Tensor,
-    advantages: Tensor,
+def weighted(pg: Tensor, token_weights: Tensor | None, mask: Tensor) -> Tensor:
+    """``pg * token_weights`` (constant weights; masked slots dropped before the product)."""
+    if token_weights is None:
+        return pg
+    if token_weights.shape != mask.shape:
+        raise ValueError(
+            f"token_weights {tuple(token_weights.shape)} != response_mask {tuple(mask.shape)}"
+        )
+    return pg * zero_masked(token_weights.detach().to(pg.dtype), mask)
+
+
+def clip_objective(
+    ratio: Tensor,
+    adv: Tensor,
     mask: Tensor,
     eps_low: float,
     eps_high: float,
     dual_clip: float | None,
+    log_ratio: Tensor,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Per-token PPO-clip loss around ``anchor_logprobs`` and its tensor stats."""
-    logp = zero_masked(logprobs, mask)
-    anchor = zero_masked(anchor_logprobs.detach(), mask)
-    adv = zero_masked(advantages.detach(), mask)
-    log_ratio = logp - anchor
-    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    """max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)) (+ dual clip) per token, and stats.
+
+    ``ratio`` may be a token ratio (PPO) or a sequence ratio broadcast to its tokens (GSPO);
+    ``log_ratio`` is the token log-ratio logp - anchor the ``approx_kl`` stat is taken of.
+    """
     loss_unclipped = -adv * ratio
     loss_clipped = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     pg = torch.maximum(loss_unclipped, loss_clipped)
@@ -67,10 +85,38 @@ def _clipped_surrogate(
             "clipfrac_lower": masked_mean(clipped_lower.to(ratio.dtype), mask),
             "clipfrac": masked_mean((clipped_upper | clipped_lower).to(ratio.dtype), mask),
             "dual_clipfrac": masked_mean(dual_active.to(ratio.dtype), mask),
-            "approx_kl": masked_mean(-log_ratio, mask),
-            "ratio_mean": masked_mean(ratio, mask),
+            "approx_kl": masked_mean(-log_ratio.detach(), mask),
+            "ratio_mean": masked_mean(ratio.detach(), mask),
         }
     return pg, stats
+
+
+def _clipped_surrogate(
+    logprobs: Tensor,
+    anchor_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Per-token PPO-clip loss around ``anchor_logprobs`` and its tensor stats."""
+    logp = zero_masked(logprobs, mask)
+    anchor = zero_masked(anchor_logprobs.detach(), mask)
+    adv = zero_masked(advantages.detach(), mask)
+    log_ratio = logp - anchor
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    return clip_objective(ratio, adv, mask, eps_low, eps_high, dual_clip, log_ratio)
+
+
+def no_behaviour_weight_stats(like: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """behav_weight_mean / max = 1, capped_frac = 0 (0 everywhere for an empty mask)."""
+    any_token = mask.any().to(like.dtype)
+    return {
+        "behav_weight_mean": any_token,
+        "behav_weight_max": any_token,
+        "capped_frac": torch.zeros_like(any_token),
+    }
 
 
 def ppo_clip_loss(
@@ -82,6 +128,7 @@ def ppo_clip_loss(
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     dual_clip: float | None = None,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347), aggregated by ``norm``.
 
@@ -99,12 +146,63 @@ def ppo_clip_loss(
     pg, stats = _clipped_surrogate(
         logprobs, old_logprobs, advantages, mask, eps_low, eps_high, dual_clip
     )
-    loss = aggregate_loss(pg, mask, norm)
-    any_token = mask.any().to(pg.dtype)
-    stats["behav_weight_mean"] = any_token
-    stats["behav_weight_max"] = any_token
-    stats["capped_frac"] = torch.zeros_like(any_token)
+    loss = aggregate_loss(weighted(pg, token_weights, mask), mask, norm)
+    stats.update(no_behaviour_weight_stats(pg, mask))
     return loss, stats_to_floats(stats)
+
+
+BEHAV_WEIGHT_MODES: tuple[str, ...] = (
+    "token-mask",
+    "token-truncate",
+    "token-clamp",
+    "sequence-mask",
+    "sequence-truncate",
+    "sequence-clamp",
+)
+
+
+def behaviour_weights(
+    prox_logprobs: Tensor,
+    behav_logprobs: Tensor,
+    response_mask: Tensor,
+    mode: str = "token-mask",
+    cap: float | None = 5.0,
+    lower: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """AReaL's behaviour importance weight w = pi_prox / pi_behav and what the cap does to it.
+
+    Level: ``token-*``: w_t = exp(prox_t - behav_t); ``sequence-*``: the geometric mean over
+    the sequence's tokens, w_i = exp(mean_t(prox_t - behav_t)), on each of its tokens (as
+    AReaL's ``sequence_*`` modes). Action at the cap c:
+    - ``mask`` (AReaL ``token_mask``, relayrl's default): w > c -> 0 (the token's loss is 0);
+    - ``truncate`` (``token_truncate``): min(w, c);
+    - ``clamp``: clamp(w, lower, c), lower defaulting to 1 / c (both sides bounded).
+    ``cap=None`` leaves w alone (and clamp then only applies ``lower`` when given).
+    Returns (factor, raw w, affected): factor is 0 in masked slots, affected marks the valid
+    tokens whose factor differs from w (the ``capped_frac`` stat).
+    """
+    if mode not in BEHAV_WEIGHT_MODES:
+        raise ValueError(f"unknown behav_weight_mode {mode!r}; known: {list(BEHAV_WEIGHT_MODES)}")
+    if cap is not None and cap <= 0:
+        raise ValueError(f"behav_weight_cap must be > 0 or None, got {cap}")
+    if lower is not None and (lower <= 0 or (cap is not None and lower >= cap)):
+        raise ValueError(f"behav_weight_lower must be in (0, cap), got {lower} (cap {cap})")
+    mask = as_bool_mask(response_mask)
+    log_w = zero_masked(prox_logprobs.detach(), mask) - zero_masked(behav_logprobs.detach(), mask)
+    if mode.startswith("sequence"):
+        n = mask.sum(-1, keepdim=True).clamp(min=1).to(log_w.dtype)
+        log_w = (log_w.sum(-1, keepdim=True) / n).expand_as(log_w)
+    w = torch.exp(log_w)
+    action = mode.split("-", 1)[1]
+    if action == "mask":
+        kept = mask if cap is None else mask & (w <= cap)
+        factor = zero_masked(w, kept)  # where(): a capped w may be inf, and inf * 0 = NaN
+    else:
+        low = lower if lower is not None else (1.0 / cap if cap is not None else None)
+        low = low if action == "clamp" else None
+        factor = zero_masked(w.clamp(min=low, max=cap), mask)
+    affected = mask & (factor != w)
+    return factor, zero_masked(w, mask), affected
 
 
 def decoupled_ppo_loss(
@@ -119,16 +217,22 @@ def decoupled_ppo_loss(
     dual_clip: float | None = None,
     behav_weight_cap: float | None = 5.0,
     apply_behav_weight: bool = True,
+    token_weights: Tensor | None = None,
+    behav_weight_mode: str = "token-mask",
+    behav_weight_lower: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Decoupled PPO objective of AReaL (Fu et al. 2025, arXiv:2505.24298; Hilton et al. 2022).
 
     w = exp(prox - behav) (constant); ratio = exp(logp - prox), clipped around prox as in
-    :func:`ppo_clip_loss`; token loss = w * pg. A token with w > ``behav_weight_cap`` gets
-    loss 0 but stays in the mask, so it still counts in the normaliser (as in AReaL).
-    ``apply_behav_weight=False`` keeps the cap but drops the factor w.
+    :func:`ppo_clip_loss`; token loss = f(w) * pg, f from ``behav_weight_mode`` (see
+    :func:`behaviour_weights`; default ``token-mask``: a token with w > ``behav_weight_cap``
+    gets loss 0 but stays in the mask, so it still counts in the normaliser, as in AReaL).
+    ``apply_behav_weight=False`` keeps what the cap masks but drops the factor w (the
+    rollout correction then supplies the weight: see ``relayrl.controller.algorithms``).
     With prox == behav this is exactly :func:`ppo_clip_loss` with old = prox.
     Stats as PPO (approx_kl = mean(prox - logp)) plus behav_weight_mean / behav_weight_max
-    over valid tokens and capped_frac = fraction of valid tokens with w > cap.
+    (of the raw w) over valid tokens and capped_frac = fraction of valid tokens whose weight
+    the mode changed (w > cap for the mask / truncate modes, w outside [lower, cap] for clamp).
     """
     mask = as_bool_mask(response_mask)
     _check_inputs(
@@ -139,28 +243,18 @@ def decoupled_ppo_loss(
         advantages=advantages,
     )
     _check_clip(eps_low, eps_high, dual_clip)
-    if behav_weight_cap is not None and behav_weight_cap <= 0:
-        raise ValueError(f"behav_weight_cap must be > 0 or None, got {behav_weight_cap}")
+    factor, w, affected = behaviour_weights(
+        prox_logprobs, behav_logprobs, mask, behav_weight_mode, behav_weight_cap,
+        behav_weight_lower,
+    )  # fmt: skip
     pg, stats = _clipped_surrogate(
         logprobs, prox_logprobs, advantages, mask, eps_low, eps_high, dual_clip
     )
-    prox = zero_masked(prox_logprobs.detach(), mask)
-    behav = zero_masked(behav_logprobs.detach(), mask)
-    behav_weight = torch.exp(prox - behav)
-    kept = mask if behav_weight_cap is None else mask & (behav_weight <= behav_weight_cap)
-    factor = behav_weight if apply_behav_weight else torch.ones_like(behav_weight)
-    # where(), not a product with the mask: a capped w may be inf, and inf * 0 = NaN.
-    factor = zero_masked(factor, kept)
-    loss = aggregate_loss(pg * factor, mask, norm)
+    if not apply_behav_weight:
+        factor = (factor != 0).to(factor.dtype)
+    loss = aggregate_loss(weighted(pg * factor, token_weights, mask), mask, norm)
     with torch.no_grad():
-        stats["behav_weight_mean"] = masked_mean(behav_weight, mask)
-        max_w = zero_masked(behav_weight, mask).amax() if mask.numel() else pg.new_zeros(())
-        stats["behav_weight_max"] = max_w  # w > 0, so the zeros in masked slots never win
-        stats["capped_frac"] = masked_mean((mask & ~kept).to(pg.dtype), mask)
+        stats["behav_weight_mean"] = masked_mean(w, mask)
+        stats["behav_weight_max"] = w.amax() if mask.numel() else pg.new_zeros(())
+        stats["capped_frac"] = masked_mean(affected.to(pg.dtype), mask)
     return loss, stats_to_floats(stats)
-
-
-POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, float]]]] = {
-    "ppo": ppo_clip_loss,
-    "decoupled_ppo": decoupled_ppo_loss,
-}

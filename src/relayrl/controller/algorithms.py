@@ -18,12 +18,14 @@ from relayrl.algos import (
     FixedKLController,
     apply_kl_to_rewards,
     compute_advantages,
+    rollout_correction,
 )
 from relayrl.config import RunConfig
 from relayrl.controller.prompts import TokenizedPrompt
 from relayrl.data import dynamic_sample
 from relayrl.rollout import GenerationRequest, Sample, SamplingParams
 from relayrl.workers import Experience, Roles
+from relayrl.workers.teacher import load_teacher
 
 KLController = FixedKLController | AdaptiveKLController
 
@@ -119,7 +121,28 @@ def grpo_experience(
         group_index=exp["group_index"],
         **_estimator_kwargs(cfg),
     )
+    if cfg.algo.distill.teacher_path is not None:
+        distill_from_teacher(roles, exp, cfg)
     return exp
+
+
+def distill_from_teacher(roles: Roles, exp: Experience, cfg: RunConfig) -> None:
+    """On-policy distillation (``algo.distill``): the teacher scores the student's samples.
+
+    d_t = log pi_student(y_t) - log pi_teacher(y_t), the student's logprob being the engine's
+    (the distribution the token was sampled from). ``mode: reward``: A_t <- A_t - coef * d_t
+    (or -coef * d_t alone without ``task_reward``); ``mode: loss``: the actor adds
+    coef * agg(0.5 d_t^2) on ``exp["teacher_logprobs"]``. The teacher is loaded on first use.
+    """
+    d = cfg.algo.distill
+    if roles.teacher is None:
+        roles.teacher = load_teacher(cfg)
+    mask = exp.response_mask
+    exp["teacher_logprobs"] = teacher = roles.teacher.compute_logprobs(exp)
+    if d.mode == "reward":
+        reverse_kl = (exp["behaviour_logprobs"] - teacher) * mask
+        task = exp["advantages"] if d.task_reward else torch.zeros_like(teacher)
+        exp["advantages"] = task - d.coef * reverse_kl
 
 
 def ppo_experience(
@@ -162,21 +185,88 @@ def make_experience(
     return exp
 
 
+def trainer_logprobs(roles: Roles, exp: Experience, cfg: RunConfig, compute: bool) -> Tensor | None:
+    """The trainer's logprobs of the batch at the start of the step (pi_old / pi_prox).
+
+    Reused from ``exp["old_logprobs"]`` when the actor computed them (not for naive PPO off
+    the sync schedule, whose pi_old is the engine's). Otherwise, with ``compute``, one actor
+    forward; they also become ``old_logprobs`` when the step had none (identical values to the
+    update's own detached logprobs), else None.
+    """
+    naive = cfg.policy_loss == "ppo" and cfg.schedule != "sync"
+    if "old_logprobs" in exp and not naive:
+        return exp["old_logprobs"]
+    if not compute:
+        return None
+    logprobs = roles.actor.compute_logprobs(exp)
+    if "old_logprobs" not in exp:
+        exp["old_logprobs"] = logprobs
+    return logprobs
+
+
+def correct_rollout(roles: Roles, exp: Experience, cfg: RunConfig) -> dict[str, float]:
+    """Train / inference mismatch: monitor it, and weight the policy loss when configured.
+
+    rho = pi_trainer / pi_engine of every sampled token (``relayrl.algos.rollout_correction``).
+    With ``algo.rollout_correction`` enabled its weights go to ``exp["rollout_weights"]``,
+    which the actor multiplies into the policy loss (of any ``algo.policy_loss``). Whenever
+    the trainer's logprobs exist anyway the ``rollout_corr/*`` mismatch stats are logged,
+    correction or not (mode ``none`` reports them without weighting anything).
+    """
+    rc = cfg.algo.rollout_correction
+    trainer = trainer_logprobs(roles, exp, cfg, compute=rc.enabled)
+    if trainer is None:
+        return {}
+    weights, stats = rollout_correction(
+        trainer,
+        exp["behaviour_logprobs"],
+        exp.response_mask,
+        mode=rc.mode,
+        level=rc.level,
+        cap=rc.cap,
+        lower=rc.lower,
+        upper=rc.upper,
+        batch_normalize=rc.batch_normalize,
+        reject_kl=rc.reject_kl,
+        kl_estimator=rc.kl_estimator,
+        kl_agg=rc.kl_agg,
+        mismatch_threshold=rc.mismatch_threshold,
+    )
+    if rc.enabled:
+        exp["rollout_weights"] = weights.to(torch.float32)
+    return stats
+
+
 def update_roles(
     roles: Roles, exp: Experience, cfg: RunConfig, kl_ctl: KLController
 ) -> dict[str, float]:
-    """One training step on ``exp``: critic first (PPO), then the actor; adapt beta."""
-    stats: dict[str, float] = {}
+    """One training step on ``exp``: rollout correction, critic first (PPO), then the actor;
+    adapt beta."""
+    stats: dict[str, float] = correct_rollout(roles, exp, cfg)
+    if "teacher_logprobs" in exp:
+        mask = exp.response_mask
+        gap = (exp["behaviour_logprobs"] - exp["teacher_logprobs"]) * mask
+        stats["distill/reverse_kl"] = float(gap.sum() / mask.sum().clamp(min=1))
     if roles.critic is not None and "returns" in exp:
         stats.update(roles.critic.update(exp))
     stats.update(roles.actor.update(exp))
     if "kl" in exp:
-        mask = exp.response_mask
-        mean_kl = float((exp["kl"] * mask).sum() / mask.sum().clamp(min=1))
+        mean_kl = kl_for_controller(exp["kl"], exp.response_mask, cfg.algo.adaptive_kl_metric)
         kl_ctl.update(mean_kl, len(exp))
         stats["kl_in_reward"] = mean_kl
         stats["kl_beta"] = float(kl_ctl.value)
     return stats
+
+
+def kl_for_controller(kl: Tensor, response_mask: Tensor, metric: str) -> float:
+    """The step's KL for the adaptive controller: the mean over all valid tokens
+    (``token-mean``, relayrl) or the mean over sequences of each one's token mean
+    (``seq-mean``, veRL's ``mean(masked_mean(kl, mask, axis=-1))``; an empty row counts 0)."""
+    mask = response_mask.to(kl.dtype)
+    if metric == "seq-mean":
+        per_seq = (kl * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        return float(per_seq.mean()) if len(per_seq) else 0.0
+    return float((kl * mask).sum() / mask.sum().clamp(min=1))
 
 
 def rl_step(
@@ -278,13 +368,21 @@ def dynamic_rollout(
     return samples, torch.tensor(values, dtype=torch.float32), stats
 
 
-def _estimator_kwargs(cfg: RunConfig) -> dict[str, float | bool]:
+def _estimator_kwargs(cfg: RunConfig) -> dict[str, Any]:
     a = cfg.algo
     name = a.advantage_name
     if name == "gae":
         return {"gamma": a.gamma, "lam": a.lam, "whiten": a.whiten_advantages}
     if name == "grpo":
-        return {"norm_by_std": a.norm_by_std}
+        return {"norm_by_std": a.norm_by_std, "singleton": a.singleton_advantage}
+    if name == "drgrpo":
+        return {"singleton": a.singleton_advantage}
+    if name == "reinforce_plus_plus_baseline":
+        return {
+            "gamma": a.gamma,
+            "target": a.rfpp_baseline_target,
+            "singleton": a.singleton_advantage,
+        }
     if name.startswith("reinforce"):
         return {"gamma": a.gamma}
     return {}

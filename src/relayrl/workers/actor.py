@@ -151,6 +151,8 @@ class ActorWorker(TrainState, ReferenceWorker):
         logp, ent = forward_logprobs(self.model, micro.batch, self.temperature, with_entropy=True)
         # one update per step: pi_old = pi_theta before the update = these logprobs, detached
         old = micro["old_logprobs"] if "old_logprobs" in micro else logp.detach() * mask
+        # rollout correction (controller): constant per-token weights on the policy loss
+        weights = micro["rollout_weights"] if "rollout_weights" in micro else None
         common: dict[str, Any] = dict(
             advantages=micro["advantages"],
             response_mask=mask,
@@ -158,17 +160,30 @@ class ActorWorker(TrainState, ReferenceWorker):
             eps_low=a.clip_eps_low,
             eps_high=a.clip_eps_high,
             dual_clip=a.dual_clip,
+            token_weights=weights,
         )
+        loss_fn = POLICY_LOSSES[self.policy_loss]
         if self.policy_loss == "decoupled_ppo":
-            loss, stats = POLICY_LOSSES["decoupled_ppo"](
+            # A rollout-correction weight (the same ratio pi_prox / pi_behav) replaces the
+            # behaviour weight; what the behaviour-weight mode masks stays masked. Mode none
+            # (reject_kl only) keeps the behaviour weight and only adds the rejections.
+            replaced = weights is not None and a.rollout_correction.mode != "none"
+            loss, stats = loss_fn(
                 logp,
                 prox_logprobs=old,
                 behav_logprobs=micro["behaviour_logprobs"],
                 behav_weight_cap=a.behav_weight_cap,
+                behav_weight_mode=a.behav_weight_mode,
+                behav_weight_lower=a.behav_weight_lower,
+                apply_behav_weight=not replaced,
                 **common,
             )
+        elif self.policy_loss == "sapo":
+            loss, stats = loss_fn(
+                logp, old_logprobs=old, tau_pos=a.sapo_tau_pos, tau_neg=a.sapo_tau_neg, **common
+            )
         else:
-            loss, stats = POLICY_LOSSES["ppo"](logp, old_logprobs=old, **common)
+            loss, stats = loss_fn(logp, old_logprobs=old, **common)
         stats = {
             f"pg_{k}" if not k.startswith(("clip", "approx")) else k: v for k, v in stats.items()
         }
@@ -177,6 +192,11 @@ class ActorWorker(TrainState, ReferenceWorker):
             kl_loss = aggregate_loss(kl, mask, norm)
             loss = loss + a.kl_coef * kl_loss
             stats["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
+        distill = a.distill
+        if distill.mode == "loss" and "teacher_logprobs" in micro:
+            # k2 = 0.5 (log pi - log pi_teacher)^2: its on-policy gradient is the reverse KL's
+            d2 = kl_penalty(logp, micro["teacher_logprobs"], "k2", mask)
+            loss = loss + distill.coef * aggregate_loss(d2, mask, norm)
         assert ent is not None
         ent_mean = float((ent.detach() * mask).sum() / mask.sum().clamp(min=1))
         if a.entropy_coef != 0:
@@ -196,7 +216,8 @@ class ActorWorker(TrainState, ReferenceWorker):
         """
         a = self.algo
         loss_kl = a.name == "grpo" and a.kl_coef > 0
-        if not a.skip_zero_advantage or loss_kl or a.entropy_coef != 0:
+        loss_distill = a.distill.teacher_path is not None and a.distill.mode == "loss"
+        if not a.skip_zero_advantage or loss_kl or loss_distill or a.entropy_coef != 0:
             return mini
         keep = ((mini["advantages"] * mini.response_mask) != 0).any(dim=1)
         if bool(keep.all()):

@@ -19,6 +19,8 @@ class Roles:
     tokenizer: Any
     reference: ReferenceWorker | None = None
     critic: CriticWorker | None = None
+    teacher: ReferenceWorker | None = None
+    """On-policy distillation's teacher (``algo.distill``; loaded by the controller)."""
 
     def close(self) -> None:
         """Stop worker processes (an engine worker, when the rollout runs in one)."""
