@@ -24,6 +24,7 @@ from relayrl.config import RunConfig
 from relayrl.controller.prompts import TokenizedPrompt
 from relayrl.data import dynamic_sample
 from relayrl.rollout import GenerationRequest, Sample, SamplingParams
+from relayrl.telemetry.mismatch import MismatchMonitor
 from relayrl.workers import Experience, Roles
 from relayrl.workers.teacher import load_teacher
 
@@ -238,11 +239,31 @@ def correct_rollout(roles: Roles, exp: Experience, cfg: RunConfig) -> dict[str, 
 
 
 def update_roles(
-    roles: Roles, exp: Experience, cfg: RunConfig, kl_ctl: KLController
+    roles: Roles,
+    exp: Experience,
+    cfg: RunConfig,
+    kl_ctl: KLController,
+    mismatch: MismatchMonitor | None = None,
+    version: int | None = None,
 ) -> dict[str, float]:
     """One training step on ``exp``: rollout correction, critic first (PPO), then the actor;
-    adapt beta."""
+    adapt beta. With ``mismatch`` the train/inference mismatch of the tokens generated under
+    the trainer's weights (``version``) is logged (``mismatch/*``, a warning when it jumps)
+    whenever the step has the trainer's logprobs (decoupled PPO, several mini-batches or
+    epochs, ``recompute_old_logprobs: always``, a rollout correction)."""
     stats: dict[str, float] = correct_rollout(roles, exp, cfg)
+    naive = cfg.policy_loss == "ppo" and cfg.schedule != "sync"  # pi_old is the engine's
+    if mismatch is not None and "old_logprobs" in exp and not naive:
+        stats.update(
+            mismatch.observe(
+                exp["behaviour_logprobs"],
+                exp["old_logprobs"],
+                exp.response_mask,
+                exp["versions"] if "versions" in exp else None,
+                version,
+                step=version,
+            )
+        )
     if "teacher_logprobs" in exp:
         mask = exp.response_mask
         gap = (exp["behaviour_logprobs"] - exp["teacher_logprobs"]) * mask
@@ -277,6 +298,7 @@ def rl_step(
     stop_ids: list[int],
     kl_ctl: KLController,
     refill: Callable[[int, int], Sequence[TokenizedPrompt]] | None = None,
+    mismatch: MismatchMonitor | None = None,
 ) -> tuple[Experience, dict[str, float]]:
     """One synchronous step: generate G answers per prompt, score, build the batch, train.
 
@@ -291,7 +313,7 @@ def rl_step(
         samples, scores, stats = rollout_and_score(roles, requests, timer)
     t0 = time.perf_counter()
     exp = make_experience(roles, samples, scores, cfg, kl_ctl)
-    stats.update(update_roles(roles, exp, cfg, kl_ctl))
+    stats.update(update_roles(roles, exp, cfg, kl_ctl, mismatch, step))
     timer["time/train"] = time.perf_counter() - t0
     stats.update(timer)
     return exp, stats

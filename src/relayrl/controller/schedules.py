@@ -29,6 +29,7 @@ from relayrl.controller.buffer import GroupBuffer
 from relayrl.controller.prompts import PromptSource
 from relayrl.controller.rollout_controller import RolloutController
 from relayrl.controller.staleness import StalenessGate
+from relayrl.telemetry.mismatch import MismatchMonitor
 from relayrl.telemetry.timeline import Timeline
 from relayrl.workers import Experience, Roles
 
@@ -45,6 +46,7 @@ class SyncSchedule:
         self.roles, self.cfg, self.source, self.stop_ids = roles, cfg, source, stop_ids
         self.timeline = timeline
         self._engine_counts = (0, 0)
+        self.mismatch = MismatchMonitor()  # engine vs trainer logprobs, per step
 
     def start(self, step: int, state: dict[str, Any] | None = None) -> None:
         self._engine_counts = self._slot_counts()
@@ -62,7 +64,9 @@ class SyncSchedule:
         prompts = self.source.for_step(step, self.cfg.algo.prompts_per_step)
         t0 = time.perf_counter()
         refill = refill_prompts(self.source, step, self.cfg.data.dynamic_sampling.max_rounds)
-        exp, stats = rl_step(self.roles, prompts, self.cfg, step, self.stop_ids, kl_ctl, refill)
+        exp, stats = rl_step(
+            self.roles, prompts, self.cfg, step, self.stop_ids, kl_ctl, refill, self.mismatch
+        )
         t1 = t0 + stats["time/generate"]
         self.timeline.add("rollout", "generate", t0, t1)
         self.timeline.add("reward", "score", t1, t1 + stats["time/score"])
@@ -107,6 +111,7 @@ class AsyncSchedule:
             roles.rollout, source, roles.reward, cfg, self.gate, self.buffer, stop_ids, timeline
         )
         self.staleness_hist: Counter[int] = Counter()
+        self.mismatch = MismatchMonitor()  # engine vs trainer logprobs of fresh tokens
         self._wall0 = 0.0
         self._idle = 0.0
         self._engine_busy = 0.0
@@ -138,7 +143,7 @@ class AsyncSchedule:
         with self.timeline.span("trainer", "train"):
             exp = make_experience(self.roles, samples, scores, cfg, kl_ctl)
             stats = self._bound_staleness(exp, step)
-            stats.update(update_roles(self.roles, exp, cfg, kl_ctl))
+            stats.update(update_roles(self.roles, exp, cfg, kl_ctl, self.mismatch, step))
         stats["time/train"] = time.perf_counter() - t0
         with self.timeline.span("trainer", "weight_sync"):
             t1 = time.perf_counter()
