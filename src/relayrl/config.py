@@ -41,6 +41,18 @@ GROUP_ADVANTAGES = frozenset({"grpo", "drgrpo", "rloo", "reinforce_plus_plus_bas
 """Advantages relative to the prompt's group: with one sample per prompt every one is 0."""
 
 
+BehavWeightMode = Literal[
+    "token-mask",
+    "token-truncate",
+    "token-clamp",
+    "sequence-mask",
+    "sequence-truncate",
+    "sequence-clamp",
+]
+"""Decoupled PPO's behaviour-weight modes (AReaL): mask / truncate / clamp, per token or per
+sequence (geometric mean); ``relayrl.algos.policy_loss.behaviour_weights`` implements them."""
+
+
 class ConfigError(ValueError):
     """A config file or override is invalid; the message is one line naming the problem."""
 
@@ -273,14 +285,7 @@ class AlgoConfig(_Strict):
     behav_weight_cap: float | None = Field(5.0, gt=1)
     """Decoupled PPO: tokens whose behaviour weight exceeds it are left out (> 1: on-policy
     tokens have weight 1; null: no cap)."""
-    behav_weight_mode: Literal[
-        "token-mask",
-        "token-truncate",
-        "token-clamp",
-        "sequence-mask",
-        "sequence-truncate",
-        "sequence-clamp",
-    ] = "token-mask"
+    behav_weight_mode: BehavWeightMode = "token-mask"
     """What the cap does (AReaL's modes): zero the weight above it (mask), min(w, cap)
     (truncate), clamp(w, lower, cap) (clamp); sequence-*: w = geometric mean per sequence."""
     behav_weight_lower: float | None = Field(None, gt=0, lt=1)

@@ -12,11 +12,11 @@ import torch
 from torch import Tensor
 
 from relayrl.algos.aggregation import LossNorm, aggregate_loss
-from relayrl.algos.masked import as_bool_mask, masked_mean, stats_to_floats, zero_masked
+from relayrl.algos.masked import masked_mean, stats_to_floats
 from relayrl.algos.policy_loss import (
     LOG_RATIO_LIMIT,
     _check_clip,
-    _check_inputs,
+    masked_log_ratio,
     no_behaviour_weight_stats,
     weighted,
 )
@@ -25,13 +25,10 @@ from relayrl.algos.policy_loss import (
 def _token_ratio(
     logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    mask = as_bool_mask(response_mask)
-    _check_inputs(mask, logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
-    logp = zero_masked(logprobs, mask)
-    log_ratio = (logp - zero_masked(old_logprobs.detach(), mask)).clamp(
-        -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT
-    )
-    return mask, logp, log_ratio, torch.exp(log_ratio), zero_masked(advantages.detach(), mask)
+    """``masked_log_ratio`` with the log-ratio clamped and its exp, the token ratio r_t."""
+    mask, logp, log_ratio, adv = masked_log_ratio(logprobs, old_logprobs, advantages, response_mask)
+    log_ratio = log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    return mask, logp, log_ratio, torch.exp(log_ratio), adv
 
 
 def _no_dual_clip(name: str, dual_clip: float | None) -> None:

@@ -18,11 +18,14 @@ rather than a number with another meaning.
 
 from __future__ import annotations
 
+from typing import get_args
+
 import torch
 from torch import Tensor
 
 from relayrl.algos.aggregation import LossNorm, aggregate_loss
 from relayrl.algos.masked import as_bool_mask, masked_mean, stats_to_floats, zero_masked
+from relayrl.config import BehavWeightMode
 
 # exp() of a log-ratio beyond +-20 is a broken sample, not a policy update: clamp it so the
 # loss stays finite. Such a token is far outside any clip range, so only the unclipped
@@ -109,6 +112,18 @@ def _clipped_surrogate(
     return clip_objective(ratio, adv, mask, eps_low, eps_high, dual_clip, log_ratio)
 
 
+def masked_log_ratio(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(mask, logp, log_ratio, advantages) with masked positions zeroed: log_ratio =
+    logp - sg(old) (unclamped), advantages detached; the inputs' shapes are checked."""
+    mask = as_bool_mask(response_mask)
+    _check_inputs(mask, logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
+    logp = zero_masked(logprobs, mask)
+    log_ratio = logp - zero_masked(old_logprobs.detach(), mask)
+    return mask, logp, log_ratio, zero_masked(advantages.detach(), mask)
+
+
 def no_behaviour_weight_stats(like: Tensor, mask: Tensor) -> dict[str, Tensor]:
     """behav_weight_mean / max = 1, capped_frac = 0 (0 everywhere for an empty mask)."""
     any_token = mask.any().to(like.dtype)
@@ -151,14 +166,8 @@ def ppo_clip_loss(
     return loss, stats_to_floats(stats)
 
 
-BEHAV_WEIGHT_MODES: tuple[str, ...] = (
-    "token-mask",
-    "token-truncate",
-    "token-clamp",
-    "sequence-mask",
-    "sequence-truncate",
-    "sequence-clamp",
-)
+BEHAV_WEIGHT_MODES: tuple[str, ...] = get_args(BehavWeightMode)
+"""AReaL's behaviour-weight modes, as ``algo.behav_weight_mode`` lists them."""
 
 
 def behaviour_weights(

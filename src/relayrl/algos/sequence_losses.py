@@ -15,31 +15,20 @@ import torch
 from torch import Tensor
 
 from relayrl.algos.aggregation import LossNorm, aggregate_loss
-from relayrl.algos.masked import as_bool_mask, masked_mean, stats_to_floats, zero_masked
+from relayrl.algos.masked import masked_mean, stats_to_floats
 from relayrl.algos.policy_loss import (
     LOG_RATIO_LIMIT,
     _check_clip,
-    _check_inputs,
     clip_objective,
+    masked_log_ratio,
     no_behaviour_weight_stats,
     weighted,
 )
 
 
-def _prepare(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    mask = as_bool_mask(response_mask)
-    _check_inputs(mask, logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
-    logp = zero_masked(logprobs, mask)
-    log_ratio = logp - zero_masked(old_logprobs.detach(), mask)
-    return mask, logp, log_ratio, zero_masked(advantages.detach(), mask)
-
-
-def _seq_mean(x: Tensor, mask: Tensor) -> Tensor:
+def _row_mean(x: Tensor, mask: Tensor) -> Tensor:
     """mean_t x over each row's valid tokens, [B, 1] (0 for an empty row)."""
-    n = mask.sum(-1, keepdim=True).clamp(min=1).to(x.dtype)
-    return zero_masked(x, mask).sum(-1, keepdim=True) / n
+    return masked_mean(x, mask, dim=-1).unsqueeze(-1)
 
 
 def gspo_loss(
@@ -64,9 +53,9 @@ def gspo_loss(
     Stats as :func:`~relayrl.algos.policy_loss.ppo_clip_loss`, counted per token of a clipped
     sequence; ratio_mean is the mean of s_i over tokens.
     """
-    mask, _, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, response_mask)
+    mask, _, log_ratio, adv = masked_log_ratio(logprobs, old_logprobs, advantages, response_mask)
     _check_clip(eps_low, eps_high, dual_clip)
-    seq_log_ratio = _seq_mean(log_ratio, mask).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    seq_log_ratio = _row_mean(log_ratio, mask).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     ratio = torch.exp(seq_log_ratio).expand_as(log_ratio)
     pg, stats = clip_objective(ratio, adv, mask, eps_low, eps_high, dual_clip, log_ratio)
     loss = aggregate_loss(weighted(pg, token_weights, mask), mask, norm)
@@ -93,9 +82,9 @@ def gspo_token_loss(
     advantage per sequence and ``seq-mean-token-mean`` its value and gradient equal
     :func:`gspo_loss`'s.
     """
-    mask, logp, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, response_mask)
+    mask, logp, log_ratio, adv = masked_log_ratio(logprobs, old_logprobs, advantages, response_mask)
     _check_clip(eps_low, eps_high, dual_clip)
-    seq_log_ratio = _seq_mean(log_ratio, mask).detach()
+    seq_log_ratio = _row_mean(log_ratio, mask).detach()
     log_s = (seq_log_ratio + logp - logp.detach()).clamp(max=LOG_RATIO_LIMIT)
     ratio = torch.exp(log_s)
     pg, stats = clip_objective(ratio, adv, mask, eps_low, eps_high, dual_clip, log_ratio)
@@ -129,18 +118,18 @@ def gmpo_loss(
     """
     if dual_clip is not None:
         raise ValueError("dual_clip is not defined for the gmpo loss (set algo.dual_clip: null)")
-    mask, _, log_ratio, adv = _prepare(logprobs, old_logprobs, advantages, response_mask)
+    mask, _, log_ratio, adv = masked_log_ratio(logprobs, old_logprobs, advantages, response_mask)
     _check_clip(eps_low, eps_high, None)
     sgn = torch.sign(adv)
     clamped = log_ratio.clamp(-eps_low, eps_high)
     chosen = sgn * torch.minimum(sgn * log_ratio, sgn * clamped)
-    seq_ratio = torch.exp(_seq_mean(chosen, mask).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
-    seq_adv = _seq_mean(adv, mask)
+    seq_ratio = torch.exp(_row_mean(chosen, mask).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    seq_adv = _row_mean(adv, mask)
     seq_loss = -seq_adv * seq_ratio
     if token_weights is not None:
         weights = weighted(torch.ones_like(log_ratio), token_weights, mask).detach()
         log_w = torch.where(mask, torch.log(weights), torch.zeros_like(weights))
-        seq_loss = seq_loss * torch.exp(_seq_mean(log_w, mask))
+        seq_loss = seq_loss * torch.exp(_row_mean(log_w, mask))
     pg = seq_loss.expand_as(log_ratio)
     loss = aggregate_loss(pg, mask, norm)
     with torch.no_grad():

@@ -23,7 +23,7 @@ import copy
 import itertools
 import random
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -317,17 +317,7 @@ class RolloutEngine:
                 self.scheduler.add(seq)
                 self._stats["requests_submitted"] += 1
             order.append(rid)
-        pending = set(order) - set(results)
-        others: list[Sample] = []
-        while pending:
-            for s in self.step():
-                if s.request_id in pending:
-                    results[s.request_id] = s
-                    pending.discard(s.request_id)
-                else:
-                    others.append(s)
-        self._finished.extend(others)
-        return [results[rid] for rid in order]
+        return run_until_done(self.step, order, results, self._finished)
 
     # ------------------------------------------------------------------ weights
     def update_weights(
@@ -422,6 +412,28 @@ class RolloutEngine:
             metadata=req.metadata,
             num_interrupts=seq.num_interrupts,
         )
+
+
+def run_until_done(
+    step: Callable[[], list[Sample]],
+    order: list[int],
+    results: dict[int, Sample],
+    finished: list[Sample],
+) -> list[Sample]:
+    """Step an engine until every request id in ``order`` has a sample (``results`` holds
+    those already known, e.g. rejected requests); samples of other requests that finish
+    meanwhile go to ``finished`` (the engine's next ``step``). Returns them in ``order``."""
+    pending = set(order) - set(results)
+    others: list[Sample] = []
+    while pending:
+        for s in step():
+            if s.request_id in pending:
+                results[s.request_id] = s
+                pending.discard(s.request_id)
+            else:
+                others.append(s)
+    finished.extend(others)
+    return [results[rid] for rid in order]
 
 
 def _error_sample(request_id: int, request: GenerationRequest, error: str) -> Sample:

@@ -55,7 +55,12 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from relayrl.rollout.engine import InvalidRequestError, RolloutEngine, _error_sample
+from relayrl.rollout.engine import (
+    InvalidRequestError,
+    RolloutEngine,
+    _error_sample,
+    run_until_done,
+)
 from relayrl.rollout.sampler import _splitmix64
 from relayrl.rollout.scheduler import Sequence
 from relayrl.rollout.types import EngineReport, FinishReason, GenerationRequest, Sample
@@ -372,17 +377,7 @@ class VllmEngine:
             except InvalidRequestError as e:
                 results[rid] = _error_sample(rid, req, str(e))
             order.append(rid)
-        pending = set(order) - set(results)
-        others: list[Sample] = []
-        while pending:
-            for s in self.step():
-                if s.request_id in pending:
-                    results[s.request_id] = s
-                    pending.discard(s.request_id)
-                else:
-                    others.append(s)
-        self._finished.extend(others)
-        return [results[rid] for rid in order]
+        return run_until_done(self.step, order, results, self._finished)
 
     # ------------------------------------------------------------------ weights
     def update_weights(
