@@ -73,8 +73,13 @@ def _descendants() -> set[int]:
     return out
 
 
-def _sandbox_dirs() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("relayrl-sbx-*")}
+def _sandbox_dirs(pid: int | None = None) -> set[str]:
+    """Sandbox run dirs in the temp dir: those made by process ``pid`` (a sandbox run names
+    its dir after the process that made it), or all when None. Another relayrl on the
+    machine (a second test suite) makes its own: a check of this process's runs must not
+    count them."""
+    pattern = "relayrl-sbx-*" if pid is None else f"relayrl-sbx-{pid}-*"
+    return {p.name for p in Path(tempfile.gettempdir()).glob(pattern)}
 
 
 def _mounts() -> list[str]:
@@ -89,7 +94,7 @@ class Unharmed:
     def __init__(self, box_root: Path):
         self.box_root = box_root
         self.before = _descendants()
-        self.dirs = _sandbox_dirs()
+        self.dirs = _sandbox_dirs(os.getpid())
         self.mounts = _mounts()
 
     def check(self, result) -> None:
@@ -104,7 +109,7 @@ class Unharmed:
         assert not left, f"processes of the sandbox uid left: {left}"
         assert _mounts() == self.mounts, "the host's mount table changed"
         assert list(self.box_root.iterdir()) == [], "sandbox directory not removed"
-        assert _sandbox_dirs() <= self.dirs
+        assert _sandbox_dirs(os.getpid()) <= self.dirs
 
 
 @pytest.fixture
