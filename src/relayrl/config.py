@@ -4,236 +4,42 @@ Every key maps one-to-one to a constructor argument or a loop setting. Unknown k
 typed values are rejected with a one-line error naming the key (see ``ConfigError``). Any key
 can be overridden from the command line as ``section.key=value``.
 
-This module is a leaf: it imports nothing from relayrl but its own leaf ``config_algo``, so
-every layer may read it.
+This module is a leaf: it imports nothing from relayrl but its own leaves (``config_base``,
+``config_sections``, ``config_io``, ``config_algo``), so every layer may read it.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from relayrl.config_algo import DistillConfig, RolloutCorrectionConfig
-
-T = TypeVar("T", bound=BaseModel)
-
-
-def _thread_count(value: Any) -> int | str:
-    if value == "auto" or (type(value) is int and value >= 1):
-        return value
-    raise ValueError("must be a whole number >= 1 or 'auto'")
-
-
-Threads = Annotated[int | Literal["auto"], PlainValidator(_thread_count)]
-"""A torch thread count, or ``auto``: the CPUs idle when the process starts, within its
-affinity mask (``relayrl.model.threads``)."""
-
-
-Seed = Annotated[int, Field(ge=0, lt=2**63)]  # torch takes 64 bits; numpy no negatives
-Fraction = Annotated[float, Field(ge=0, le=1)]
-AdamBeta = Annotated[float, Field(ge=0, lt=1)]
-"""An Adam moment decay: 1 or more never forgets (the moment estimates diverge)."""
-
-GROUP_ADVANTAGES = frozenset({"grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline"})
-"""Advantages relative to the prompt's group: with one sample per prompt every one is 0."""
-
-
-BehavWeightMode = Literal[
-    "token-mask",
-    "token-truncate",
-    "token-clamp",
-    "sequence-mask",
-    "sequence-truncate",
-    "sequence-clamp",
-]
-"""Decoupled PPO's behaviour-weight modes (AReaL): mask / truncate / clamp, per token or per
-sequence (geometric mean); ``relayrl.algos.policy_loss.behaviour_weights`` implements them."""
-
-
-class ConfigError(ValueError):
-    """A config file or override is invalid; the message is one line naming the problem."""
-
-
-class KeyProblem(ValueError):
-    """A cross-field check's error: the key (relative to the checking model), its value and
-    the other keys involved, so the message names the key and where it was set."""
-
-    def __init__(self, key: str, value: Any, message: str, related: tuple[str, ...] = ()):
-        super().__init__(message)
-        self.key, self.value, self.message, self.related = key, value, message, related
-
-
-class _Strict(BaseModel):
-    """Unknown keys are errors; floats must be finite (unbounded options are ``null``)."""
-
-    model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, populate_by_name=True, allow_inf_nan=False
-    )
-
-
-class LoraConfig(_Strict):
-    """LoRA adapters through ``peft`` (``relayrl.model.lora``): only the adapters train."""
-
-    r: int = Field(8, ge=1)
-    """Rank of each adapter pair (A: r x in, B: out x r)."""
-    alpha: float = Field(16.0, gt=0)
-    """Scale: the update is ``alpha / r * B @ A``."""
-    dropout: Fraction = 0.0
-    """Dropout on the adapter input (0 keeps the training forward equal to the rollout's)."""
-    target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1
-    )
-    """Module names (suffixes) that get adapters, as ``peft.LoraConfig.target_modules``."""
-
-
-class FsdpConfig(_Strict):
-    """FSDP2 (``torch.distributed.fsdp.fully_shard``) over the data-parallel ranks."""
-
-    enabled: bool = False
-    """Shard parameters, gradients and optimizer state of actor, critic and reference over the
-    ranks of the role's pool (gloo on CPU, NCCL on CUDA); off: every rank holds a replica."""
-    reshard_after_forward: bool = True
-    """Free the gathered parameters of a layer after its forward (ZeRO-3); off: keep them
-    until the backward (ZeRO-2, one all-gather less per layer)."""
-    cpu_offload: bool = False
-    """Keep the sharded parameters, gradients and optimizer state in CPU memory."""
-    sync_bucket_mb: float = Field(256.0, gt=0)
-    """Weight sync: gather full tensors into buckets of at most this size (bounded memory)."""
-
-
-class ModelConfig(_Strict):
-    path: str = "runs/demo/sft"
-    """Local Hugging Face model directory (config.json + weights + tokenizer)."""
-    critic_path: str | None = None
-    """Critic initialisation (PPO); defaults to ``path`` (backbone of the actor + zero head)."""
-    dtype: Literal["float32", "bfloat16", "float64"] = "float32"
-    """Compute dtype of the forwards. ``bfloat16`` with ``mixed_precision`` trains fp32 master
-    weights (fp32 optimizer state) under bf16 autocast; logprobs, losses and advantages are
-    fp32 (float64 with ``float64``) whatever this is."""
-    mixed_precision: bool = True
-    """With ``dtype: bfloat16``: fp32 master weights and optimizer state of trainable roles
-    (off: parameters and Adam moments in bf16, the old pure-bf16 behaviour)."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """Where the roles' models run: ``auto`` = CUDA when available, else the CPU; data-parallel
-    rank r of a node uses local CUDA device ``r % device_count``."""
-    gradient_checkpointing: bool = False
-    """Recompute each decoder layer's activations in the backward (HF gradient checkpointing,
-    non-reentrant): less activation memory for about one more forward of compute."""
-    lora: LoraConfig | None = None
-    """LoRA adapters on the actor (null: full fine-tuning); the reference is then the actor
-    with its adapters disabled (no second copy of the weights)."""
-    fsdp: FsdpConfig = Field(default_factory=FsdpConfig)
-
-
-class ArithmeticConfig(_Strict):
-    min_operand: int = 0
-    """Inclusive operand range; negative operands are allowed (written ``(-3)``)."""
-    max_operand: int = 99
-    operators: list[str] = Field(default_factory=lambda: ["+"])
-    num_operands: int = Field(2, ge=2)
-
-    @model_validator(mode="after")
-    def _range_not_empty(self) -> ArithmeticConfig:
-        if self.max_operand < self.min_operand:
-            raise KeyProblem(
-                "max_operand",
-                self.max_operand,
-                f"must be >= min_operand ({self.min_operand})",
-                related=("min_operand",),
-            )
-        return self
-
-
-class PromptSourceConfig(_Strict):
-    """How dataset rows become prompts (``relayrl.data.sources`` / ``relayrl.data.prompting``)."""
-
-    prompt_key: str = "prompt"
-    answer_key: str = "answer"
-    require_answer: bool = False
-    """A row without ``answer_key`` is an error naming the row (verifiable rewards need it)."""
-    split: str | None = None
-    """Split of a saved ``DatasetDict`` (default ``train``)."""
-    chat_template: bool = True
-    """Apply the tokenizer's chat template when it has one."""
-    system_prompt: str | None = None
-
-
-class DynamicSamplingConfig(_Strict):
-    """DAPO dynamic sampling: drop groups whose raw outcomes are all equal, refill."""
-
-    enabled: bool = False
-    max_rounds: int = Field(4, ge=1)
-    """Generation rounds per step at most (round 0 is the normal batch)."""
-
-
-class DataConfig(_Strict):
-    task: Literal["arithmetic", "jsonl"] = "arithmetic"
-    arithmetic: ArithmeticConfig = Field(default_factory=ArithmeticConfig)
-    train_path: str | None = None
-    """JSONL prompts (``prompt``, ``answer``, extra fields) when ``task: jsonl``."""
-    eval_path: str | None = None
-    """Held-out prompts (the first ``eval_size``). Unset: ``task: jsonl`` holds out
-    ``eval_size`` seeded prompts of ``train_path``, never trained on (at most half of it);
-    ``task: arithmetic`` uses a disjoint seeded stream."""
-    eval_size: int = Field(200, ge=1)
-    max_prompt_tokens: int = Field(128, ge=1)
-    source: PromptSourceConfig = Field(default_factory=PromptSourceConfig)
-    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
-
-
-class RewardFnConfig(_Strict):
-    """One weighted reward function of a mixture."""
-
-    fn: str
-    weight: float = 1.0
-    """Any finite number (a negative weight makes the component a penalty)."""
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-    name: str | None = None
-
-
-class RewardServiceConfig(_Strict):
-    """The reward service (``relayrl.reward.service``): mixture, workers, timeouts."""
-
-    functions: list[RewardFnConfig] = Field(default_factory=list)
-    """Weighted mixture of reward functions; when set it replaces ``reward.fn``."""
-    outcome: str | None = None
-    """Component that is the verifiable outcome (pass rate, dynamic sampling); default first."""
-    num_workers: int = Field(0, ge=0)
-    """Worker processes for rule-based rewards (0: score inline, without timeouts)."""
-    timeout_s: float = Field(30.0, gt=0)
-    max_pending: int | None = Field(None, ge=1)
-    failure_score: float = 0.0
-    normalize: Literal["none", "domain_zscore"] = "none"
-    """``domain_zscore``: z-score the mixed score within each batch, per domain."""
-    domain_key: str = "domain"
-    worker_max_calls: int | None = Field(5000, ge=1)
-    """Replace a reward worker after this many calls (null: never)."""
-    worker_max_rss_mb: float | None = Field(1024.0, gt=0)
-    """Replace a reward worker whose resident memory exceeds this after a call (null: never)."""
-    max_components: int = Field(64, ge=1)
-    """Most components a sample's reward may have; more is a recorded failure."""
-
-
-class RewardConfig(_Strict):
-    fn: str = "arithmetic"
-    """A registered reward function name or an import path ``module:function``; ``none``
-    with ``model_path`` set scores with the reward model alone."""
-    model_path: str | None = None
-    """A reward model (``relayrl rm`` output); score = fn score + model_weight * RM score."""
-    model_weight: float = 1.0
-    model_batch_size: int = Field(64, ge=1)
-    model_normalize: bool = True
-    """Use the RM score normalised to mean 0, std 1 on its training completions."""
-    service: RewardServiceConfig = Field(default_factory=RewardServiceConfig)
-
-
-class MonitorConfig(_Strict):
-    gold_fn: str | None = None
-    """A gold / held-out scorer (reward function spec) evaluated on every step's samples to
-    log proxy-vs-gold divergence (``monitor/*``); KL and distinct-n are logged regardless."""
+from relayrl.config_base import (  # noqa: F401  (re-exported: every layer reads config)
+    GROUP_ADVANTAGES,
+    AdamBeta,
+    BehavWeightMode,
+    ConfigError,
+    Fraction,
+    KeyProblem,
+    Seed,
+    Threads,
+    _Strict,
+)
+from relayrl.config_io import COMMAND_LINE, apply_overrides, dump_config, load_config  # noqa: F401
+from relayrl.config_sections import (  # noqa: F401
+    ArithmeticConfig,
+    DataConfig,
+    DynamicSamplingConfig,
+    FsdpConfig,
+    LoraConfig,
+    ModelConfig,
+    MonitorConfig,
+    PromptSourceConfig,
+    RewardConfig,
+    RewardFnConfig,
+    RewardServiceConfig,
+)
 
 
 class AlgoConfig(_Strict):
@@ -601,130 +407,3 @@ class SFTConfig(_Strict):
 
 # ---------------------------------------------------------------------------------------------
 # Loading and overrides
-
-
-COMMAND_LINE = "command line"  # where an override's error is said to come from
-
-
-def _dotted(loc: list[Any]) -> str:
-    out = ""  # ['optim', 'betas', 0] -> optim.betas[0]
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "<root>"
-
-
-def _yaml_line(node: yaml.Node | None, loc: list[Any]) -> int | None:
-    """1-based line of the entry ``loc`` in a composed YAML document (None: not in it)."""
-    line = None
-    for part in loc:
-        key: yaml.Node | None = None
-        if isinstance(node, yaml.MappingNode):
-            hits = [(k, v) for k, v in node.value if getattr(k, "value", None) == str(part)]
-            key, node = hits[0] if hits else (None, None)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
-            key = node = node.value[part] if part < len(node.value) else None
-        if key is None:
-            return None
-        line = key.start_mark.line + 1
-    return line
-
-
-def _format_error(
-    err: ValidationError, path: str | None, doc: yaml.Node | None, cli_keys: list[str]
-) -> str:
-    """One line: where the key was set (``command line``: by an override, itself or a section
-    above it; else ``file:line``), the key, its value and what is wrong."""
-    first = err.errors()[0]
-    loc, value, msg = list(first["loc"]), first.get("input"), first["msg"]
-    problem = first.get("ctx", {}).get("error")
-    related: list[list[Any]] = []
-    if isinstance(problem, KeyProblem):
-        related = [loc + k.split(".") for k in problem.related]
-        loc, value, msg = loc + problem.key.split("."), problem.value, problem.message
-    elif first["type"] == "value_error":
-        msg = msg.removeprefix("Value error, ")
-
-    def from_cli(at: list[Any]) -> bool:
-        base = ".".join(str(p) for p in at if not isinstance(p, int))
-        return any(
-            base == k or base.startswith(k + ".") or k.startswith(base + ".") for k in cli_keys
-        )
-
-    cli = path is None or from_cli(loc)
-    line = None if cli else _yaml_line(doc, loc)
-    where = COMMAND_LINE if cli or (line is None and any(map(from_cli, related))) else path
-    where = f"{where}:{line}" if line is not None else where
-    key = _dotted(loc)
-    if first["type"] == "extra_forbidden":
-        return f"{where}: unknown config key '{key}'"
-    if first["type"] == "missing":
-        return f"{where}: missing config key '{key}'"
-    return f"{where}: bad value for '{key}' ({value!r}): {msg}"
-
-
-def _parse_scalar(text: str) -> Any:
-    """Parse an override value as YAML (so 0.05 is a float, true a bool, [a,b] a list)."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides to a raw config dict (in place, returned)."""
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override '{item}' is not of the form key=value")
-        key, value = item.split("=", 1)
-        parts = key.strip().split(".")
-        node = raw
-        for part in parts[:-1]:
-            nxt = node.setdefault(part, {})
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"override '{key}': '{part}' is not a section")
-            node = nxt
-        node[parts[-1]] = _parse_scalar(value)
-    return raw
-
-
-def _read_yaml(path: str) -> tuple[dict[str, Any], yaml.Node | None]:
-    """The file's mapping and its composed node tree (for line numbers in errors)."""
-    p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"{path}: is a directory, not a config file")
-    if not p.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    text = p.read_text()
-    try:
-        loaded = yaml.safe_load(text)
-        doc = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else path
-        raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
-    if loaded is None:
-        return {}, None
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of config keys")
-    return loaded, doc
-
-
-def load_config(cls: type[T], path: str | Path | None, overrides: list[str] | None = None) -> T:
-    """Read a YAML file (or nothing: defaults), apply overrides, validate into ``cls``; an
-    invalid value is a ``ConfigError`` naming the key and its source (``_format_error``)."""
-    raw, doc = _read_yaml(str(path)) if path is not None else ({}, None)
-    overrides = overrides or []
-    raw = apply_overrides(raw, overrides)
-    try:
-        return cls.model_validate(raw)
-    except ValidationError as err:
-        cli_keys = [item.split("=", 1)[0].strip() for item in overrides]
-        source = None if path is None else str(path)
-        raise ConfigError(_format_error(err, source, doc, cli_keys)) from None
-
-
-def dump_config(cfg: BaseModel, path: str | Path) -> None:
-    """Write a config back as YAML (the run directory keeps the exact config it ran with)."""
-    Path(path).write_text(
-        yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True), sort_keys=False)
-    )
