@@ -1,7 +1,7 @@
 """The reward-hacking lab (``relayrl demo rlhf``): InstructGPT's recipe against a known truth.
 
 Steps, each a real relayrl component on a tiny word-level model of the city language
-(:mod:`relayrl.rlhf.city_lang`):
+(:mod:`relayrl.data.city_lang`):
 
 1. build a tiny Llama with a word-level tokenizer; SFT it on grammatical sentences;
 2. sample two completions per prompt from the SFT policy and label each pair with
@@ -49,16 +49,16 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from relayrl.config import RunConfig, SFTConfig, load_config
+from relayrl.controller.rm_training import RMConfig, train_reward_model
+from relayrl.data import city_lang as cl
 from relayrl.data import write_jsonl
+from relayrl.data.preferences import PreferencePair, write_preferences
+from relayrl.labs.report import clean_zero
 from relayrl.model import forward_logprobs, load_causal_lm, load_tokenizer, pack_batch
-from relayrl.rlhf import city_lang as cl
-from relayrl.rlhf.monitors import distinct_n, distinct_responses
-from relayrl.rlhf.preferences import PreferencePair, write_preferences
-from relayrl.rlhf.report import clean_zero
-from relayrl.rlhf.reward_model import RMConfig, train_reward_model
-from relayrl.rlhf.rm_scorer import RewardModelScorer
+from relayrl.reward.rm_scorer import RewardModelScorer
 from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
 from relayrl.telemetry import read_metrics
+from relayrl.telemetry.monitors import distinct_n, distinct_responses
 
 __all__ = [
     "GOLD_FN",
@@ -76,7 +76,7 @@ __all__ = [
     "sample_completions",
 ]
 
-GOLD_FN = "relayrl.rlhf.city_lang:true_score_reward"
+GOLD_FN = "relayrl.data.city_lang:true_score_reward"
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 
 
@@ -484,10 +484,10 @@ def run_lab(cfg: LabConfig, log: Any = print) -> dict[str, Any]:
     """Run the whole lab under ``cfg.run_dir``; return (and write) ``results.json``."""
     from relayrl.cluster.local import build_local_roles
     from relayrl.controller.checkpoint import latest_checkpoint
+    from relayrl.controller.dpo import train_dpo
     from relayrl.controller.sft import run_sft
     from relayrl.controller.trainer import train
-    from relayrl.rlhf.dpo import train_dpo
-    from relayrl.rlhf.report import write_report
+    from relayrl.labs.report import write_report
 
     torch.set_num_threads(cfg.threads)
     t_start = time.perf_counter()

@@ -1,0 +1,14 @@
+"""Labs (DESIGN.md's top floor, beside ``demo``): experiments built from the layers below.
+
+- ``lab``    -- ``relayrl demo rlhf``: the city-language reward-hacking lab,
+  SFT -> pairs -> RM -> PPO(beta) -> DPO -> report
+- ``report`` -- the lab's ``report.md``, ``results.json`` and PNG plots
+- ``cli``    -- the ``relayrl rm`` / ``relayrl dpo`` subcommands and the ``demo rlhf`` entry
+
+The parts the lab is made of live in their layers: the city language and preference pairs in
+``relayrl.data`` (``city_lang``, ``preferences``), the Bradley-Terry and DPO losses in
+``relayrl.algos.preference_loss``, reward-model loading and scoring in ``relayrl.reward``
+(``reward_model``, ``rm_scorer``), reward-model training and DPO in ``relayrl.controller``
+(``rm_training``, ``dpo``), the run monitors in ``relayrl.telemetry.monitors``. Nothing below
+imports this package.
+"""
