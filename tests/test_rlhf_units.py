@@ -18,6 +18,7 @@ from relayrl.controller.trainer import run_monitor
 from relayrl.data import DataError
 from relayrl.data import city_lang as cl
 from relayrl.data.preferences import load_preferences, split_pairs
+from relayrl.reward import get_reward_fn
 from relayrl.reward.rm_scorer import MixedReward
 from relayrl.rollout.types import Sample
 from relayrl.telemetry.monitors import (
@@ -76,6 +77,13 @@ def test_language_samples_are_grammatical_with_mean_zero():
     assert all(cl.judge(p, c).grammatical for p, c in pairs)
     assert abs(sum(scores) / len(scores)) < 0.1  # symmetric good / bad
     assert {len(c.split()) for _, c in pairs} == {2, 4, 6}  # 1, 2, 3 attributes
+
+
+def test_reward_specs_of_the_old_rlhf_package_still_resolve():
+    """Configs of runs made before the move name ``relayrl.rlhf.city_lang``: same functions."""
+    assert get_reward_fn("relayrl.rlhf.city_lang:true_score_reward") is cl.true_score_reward
+    assert get_reward_fn("relayrl.rlhf.city_lang:grammatical_reward") is cl.grammatical_reward
+    assert get_reward_fn("relayrl.data.city_lang:grammatical_reward") is cl.grammatical_reward
 
 
 def test_bradley_terry_probability_and_noise_ceiling():
