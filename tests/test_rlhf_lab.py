@@ -18,7 +18,7 @@ from relayrl.config import load_config
 from relayrl.controller.checkpoint import latest_checkpoint
 from relayrl.controller.trainer import train
 from relayrl.labs.lab import GOLD_FN, LabConfig, run_lab
-from relayrl.reward.reward_model import encode
+from relayrl.model.reward_model import encode
 from relayrl.reward.rm_scorer import RewardModelScorer
 from relayrl.telemetry import read_metrics
 

@@ -1,6 +1,6 @@
 """Reward-model training (``relayrl rm``): Bradley-Terry on preference pairs.
 
-The reward model (``relayrl.reward.reward_model``) is an LM backbone plus a scalar head read
+The reward model (``relayrl.model.reward_model``) is an LM backbone plus a scalar head read
 at the last non-pad token, saved in Hugging Face format.
 
 Loss (Bradley-Terry, as in InstructGPT, Ouyang et al. 2022; ``algos.preference_loss``):
@@ -30,7 +30,7 @@ from relayrl.algos.preference_loss import bradley_terry_loss
 from relayrl.config import Threads
 from relayrl.data.preferences import PreferencePair, load_preferences, split_pairs
 from relayrl.model import load_tokenizer, save_model_atomic, set_threads
-from relayrl.reward.reward_model import (
+from relayrl.model.reward_model import (
     DTYPES,
     RM_STATS_FILE,
     encode,

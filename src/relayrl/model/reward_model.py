@@ -1,4 +1,4 @@
-"""A trained reward model as a scorer's backbone: load it, encode inputs, score texts.
+"""The scalar reward head: load a reward model, encode its inputs, score texts (raw r(x, y)).
 
 The reward model is an LM backbone plus a scalar head read at the last non-pad token:
 Hugging Face ``AutoModelForSequenceClassification`` with ``num_labels=1``, so the saved
@@ -6,9 +6,10 @@ directory loads as is with ``from_pretrained``. Its input is ``prompt`` and ``co
 tokenised separately and concatenated (the policy's token-in layout), right-padded.
 
 Next to the weights, ``relayrl_rm.json`` (``RM_STATS_FILE``) records the held-out figures and
-the mean and std of the reward over the training completions; ``RewardModelScorer`` uses them
-to normalise scores to mean 0, std 1 on the data the model was trained on (InstructGPT
-normalises its RM so that reference completions score 0 on average). Training is
+the mean and std of the reward over the training completions; the scorer
+(``relayrl.reward.rm_scorer.RewardModelScorer``) uses them to normalise scores to mean 0, std 1
+on the data the model was trained on (InstructGPT normalises its RM so that reference
+completions score 0 on average). Training is
 ``relayrl.controller.rm_training`` (``relayrl rm``).
 """
 
@@ -25,7 +26,7 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
-from relayrl.model import check_model_dir
+from relayrl.model.loading import check_model_dir
 
 __all__ = [
     "DTYPES",
