@@ -10,10 +10,10 @@ a batch. One mechanism, three settings:
   have all finished (``in_order``) or the oldest ``B`` finished ones (finish order);
   ``interrupt`` re-prefills in-flight sequences under new weights.
 
-Multi-turn episodes: the batch schedules run turns in lock-step (``lockstep_turns``: a
-batch's turn ``j + 1`` starts once every episode of the batch has finished turn ``j`` and the
-slowest environment call of the batch has returned: the batch waits); ``async`` lets each
-episode wait alone while its slot serves others.
+Multi-turn episodes: the batch schedules run turns in lock-step by default
+(``SimConfig.turn_barrier``: a batch's turn ``j + 1`` starts once every episode of the batch
+has finished turn ``j`` and the slowest environment call of the batch has returned: the batch
+waits); ``async`` lets each episode wait alone while its slot serves others.
 """
 
 from __future__ import annotations
@@ -47,10 +47,6 @@ class SchedulePolicy:
         if schedule == "overlap":
             return cls("overlap", 1, True, False, False, True)
         return cls("async", eta, False, False, interrupt, in_order)
-
-    @property
-    def lockstep_turns(self) -> bool:
-        return self.barrier
 
     def may_admit(
         self, n: int, gen_version: int, batch: int, cap: int, complete: Callable[[int], bool]

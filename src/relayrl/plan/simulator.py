@@ -88,6 +88,10 @@ class SimConfig:
         obs_tokens: observation tokens the environment appends per wait.
         resume_prefill: ``"context"`` (KV evicted while waiting: prefill everything so far)
             or ``"observation"`` (prefix cache hit: prefill only the observation).
+        turn_barrier: ``sync``/``overlap`` run a batch's turns in lock-step (the batch waits
+            for its slowest environment call); False: each episode goes on when its own
+            environment returns (an agent loop per episode; the step still waits for the
+            whole batch). ``async`` episodes are always independent.
     """
 
     time_model: TimeModel
@@ -111,6 +115,7 @@ class SimConfig:
     env_latency: LatencyDist | None = None
     obs_tokens: int = 0
     resume_prefill: str = "context"
+    turn_barrier: bool = True
 
     def validate(self) -> None:
         if self.schedule not in ("sync", "overlap", "async"):
@@ -166,6 +171,7 @@ def simulate(cfg: SimConfig) -> SimResult:
     cfg.validate()
     tm = cfg.time_model
     pol = SchedulePolicy.of(cfg.schedule, cfg.eta, cfg.interrupt, cfg.in_order)
+    lockstep = pol.barrier and cfg.turn_barrier
     B = cfg.batch_size
     rng = np.random.default_rng(cfg.seed)
     turn_rng = np.random.default_rng([cfg.seed, 1])
@@ -276,7 +282,7 @@ def simulate(cfg: SimConfig) -> SimResult:
             deltas.append((rep.clock, -1))
             b = batch_index(seq.id, B)
             if not seq.last_turn():
-                if pol.lockstep_turns:
+                if lockstep:
                     turn_wait.setdefault(b, []).append(seq)
                     turn_ended(seq, rep.clock)
                 else:
@@ -288,7 +294,7 @@ def simulate(cfg: SimConfig) -> SimResult:
             finished_in_batch[b] = finished_in_batch.get(b, 0) + 1
             batch_last[b] = max(batch_last.get(b, 0.0), rep.clock)
             heapq.heappush(buffer, (seq.id, seq))
-            if pol.lockstep_turns:
+            if lockstep:
                 turn_ended(seq, rep.clock)
 
     def may_admit(n: int) -> bool:
@@ -459,8 +465,6 @@ def simulate(cfg: SimConfig) -> SimResult:
             "weight_sync_s": sync_total,
             "other_s": max(0.0, makespan - win_s - train_busy - sync_total),
         }
-        if multi_turn:
-            breakdown["env_wait_s"] = batch_env_wait
     else:
         breakdown = {
             "generate_busy_s": gen_busy,
@@ -470,9 +474,12 @@ def simulate(cfg: SimConfig) -> SimResult:
             "weight_sync_s": sync_total,
             "reprefill_s": reprefill,
         }
-        if multi_turn:
-            breakdown["env_wait_s"] = batch_env_wait if pol.barrier else trained_env_wait / need
     if multi_turn:
+        # env_wait_s: run time the lock-stepped batches spent blocked on environments;
+        # episode_env_wait_s: mean total wait of one trained episode (any schedule).
+        if lockstep:
+            breakdown["env_wait_s"] = batch_env_wait
+        breakdown["episode_env_wait_s"] = trained_env_wait / need
         breakdown["resume_prefill_s"] = sum(r.resume_prefill_s for r in reps) / max(1, n_rep)
     total_tok = sum(stale_hist.values())
     mean_st = sum(s * c for s, c in stale_hist.items()) / total_tok if total_tok else 0.0
