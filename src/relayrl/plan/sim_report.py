@@ -16,7 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SimResult", "Occupancy", "sparkline", "speedup", "steady_rate"]
+__all__ = [
+    "Occupancy",
+    "SimResult",
+    "sparkline",
+    "speedup",
+    "steady_rate",
+    "steady_warnings",
+]
 
 
 @dataclass
@@ -31,6 +38,8 @@ class SimResult:
     tokens_per_s: float
     steady_samples_per_s: float
     step_end_times: list[float]
+    step_tokens: list[int]
+    admitted_mean_tokens: float
     breakdown: dict[str, float]
     slots: int
     reference_slots: int
@@ -44,6 +53,7 @@ class SimResult:
     decode_steps: int
     events: list[dict[str, Any]] = field(default_factory=list)
     samples_log: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def staleness_quantile(self, q: float) -> int:
         """Token-weighted ``q``-quantile of staleness."""
@@ -134,14 +144,60 @@ class Occupancy:
         return out
 
 
-def steady_rate(step_end: list[float], batch: int) -> float:
-    """Samples/s over the second half of the steps: ``(n - h) * B / (t_n - t_h)`` with
-    ``h = n // 2``; the whole run ``n * B / t_n`` when there is no second half."""
+STEADY_MIN_STEPS = 8
+"""Fewer training steps than this are flagged: half of them is too few to measure."""
+STEADY_LENGTH_TOLERANCE = 0.10
+"""Flag a run whose trained answers are this much shorter (or longer) on average than the
+answers it admitted: the long tail was still in flight at the end (finish order defers it)."""
+
+
+def steady_rate(
+    step_end: list[float], step_tokens: list[int], admitted_mean: float, batch: int
+) -> float:
+    """Steady-state samples/s. Warm-up rule: the first ``h = n // 2`` steps are excluded;
+    over the rest, response tokens trained per second at the mean length of every admitted
+    answer: ``sum(tokens[h:]) / (t_n - t_h) / mean_admitted`` (``t_0 = 0``).
+
+    Counting tokens rather than samples keeps a short run that trains the short answers
+    first (finish order) and leaves the long tail in flight from counting as faster; in
+    order, where every step trains what it admitted, it equals ``(n - h) * B / (t_n - t_h)``
+    up to the sampling noise of the mean.
+    """
     n = len(step_end)
-    half = n // 2
-    if half >= 1 and n - half >= 1 and step_end[-1] > step_end[half - 1]:
-        return (n - half) * batch / (step_end[-1] - step_end[half - 1])
-    return n * batch / step_end[-1] if step_end and step_end[-1] > 0 else 0.0
+    if n == 0:
+        return 0.0
+    h = n // 2
+    t0 = step_end[h - 1] if h >= 1 else 0.0
+    dt = step_end[-1] - t0
+    if dt <= 0:
+        return 0.0
+    if admitted_mean > 0:
+        return sum(step_tokens[h:]) / dt / admitted_mean
+    return (n - h) * batch / dt
+
+
+def steady_warnings(
+    n_steps: int, step_tokens: list[int], admitted_mean: float, batch: int
+) -> list[str]:
+    """Why the steady-state figure of this run should not be trusted (empty: no reason):
+    fewer than :data:`STEADY_MIN_STEPS` steps, or trained answers whose mean length is off
+    the admitted answers' by more than :data:`STEADY_LENGTH_TOLERANCE`."""
+    out = []
+    if n_steps < STEADY_MIN_STEPS:
+        out.append(
+            f"run too short for a steady state: {n_steps} steps, of which the last "
+            f"{n_steps - n_steps // 2} are measured; use at least {STEADY_MIN_STEPS}"
+        )
+    if step_tokens and admitted_mean > 0:
+        mean = sum(step_tokens) / (len(step_tokens) * batch)
+        dev = mean / admitted_mean - 1
+        if abs(dev) > STEADY_LENGTH_TOLERANCE:
+            out.append(
+                f"run too short for a steady state: it trained answers {abs(dev):.0%} "
+                f"{'shorter' if dev < 0 else 'longer'} than the ones it admitted ({mean:.0f} vs "
+                f"{admitted_mean:.0f} tokens: the long tail was still in flight); use more steps"
+            )
+    return out
 
 
 def speedup(a: SimResult, b: SimResult, steady: bool = True) -> float:

@@ -28,9 +28,11 @@ trained sequence is prompt + all turns + all observations; staleness counts mode
 Staleness of a token = trainer version when it is trained - version that generated it.
 
 Outputs (:class:`~relayrl.plan.sim_report.SimResult`): throughput (samples/s, response
-tokens/s, and a steady-state figure over the second half of the steps), a time breakdown,
-generation utilisation over time, the share of generation time with fewer than 10% of the
-reference slots running, the slot utilisation and the per-token staleness histogram.
+tokens/s, and a steady-state figure: the warm-up rule is in
+:func:`~relayrl.plan.sim_report.steady_rate`, the warnings for too short a run in
+``SimResult.warnings``), a time breakdown, generation utilisation over time, the share of
+generation time with fewer than 10% of the reference slots running, the slot utilisation and
+the per-token staleness histogram.
 """
 
 from __future__ import annotations
@@ -46,7 +48,14 @@ from relayrl.plan.envlatency import LatencyDist
 from relayrl.plan.lengths import LengthDist
 from relayrl.plan.sim_policy import Schedule, SchedulePolicy
 from relayrl.plan.sim_replica import Replica, Seq
-from relayrl.plan.sim_report import Occupancy, SimResult, sparkline, speedup, steady_rate
+from relayrl.plan.sim_report import (
+    Occupancy,
+    SimResult,
+    sparkline,
+    speedup,
+    steady_rate,
+    steady_warnings,
+)
 from relayrl.plan.staleness import batch_index
 from relayrl.plan.timemodel import TimeModel
 
@@ -92,6 +101,8 @@ class SimConfig:
             for its slowest environment call); False: each episode goes on when its own
             environment returns (an agent loop per episode; the step still waits for the
             whole batch). ``async`` episodes are always independent.
+        check_memory: refuse (:class:`~relayrl.plan.timemodel.DoesNotFit`) a trainer whose
+            state does not fit its devices, when the time model knows the memory (roofline).
     """
 
     time_model: TimeModel
@@ -116,6 +127,7 @@ class SimConfig:
     obs_tokens: int = 0
     resume_prefill: str = "context"
     turn_barrier: bool = True
+    check_memory: bool = True
 
     def validate(self) -> None:
         if self.schedule not in ("sync", "overlap", "async"):
@@ -126,6 +138,8 @@ class SimConfig:
             raise ValueError("prompt_len must be >= 0")
         if self.eta is not None and self.eta < 0:
             raise ValueError("eta must be >= 0 or None")
+        if self.slots_per_replica is not None and self.slots_per_replica < 1:
+            raise ValueError(f"slots_per_replica must be >= 1, got {self.slots_per_replica}")
         if isinstance(self.turns, int) and self.turns < 1:
             raise ValueError(f"turns must be >= 1, got {self.turns}")
         if self.obs_tokens < 0:
@@ -179,6 +193,9 @@ def simulate(cfg: SimConfig) -> SimResult:
 
     gen_devices = cfg.gen_devices()
     train_devices = cfg.resolved_train_devices()
+    check = getattr(tm, "check_trainer_fits", None)
+    if cfg.check_memory and check is not None:
+        check(train_devices)
     tp = cfg.gen_devices_per_replica
     n_rep = gen_devices // tp
     slots = cfg.slots_per_replica or tm.max_concurrency(tp, cfg.max_context())
@@ -245,6 +262,8 @@ def simulate(cfg: SimConfig) -> SimResult:
     interrupted = 0
     trained_tokens = 0
     trained_env_wait = 0.0
+    admitted_tokens: list[int] = []  # model tokens of every admitted episode, in order
+    step_tokens: list[int] = []  # model tokens trained per step
     spans: list[dict[str, Any]] = []
     samples_log: list[dict[str, Any]] = []
 
@@ -326,7 +345,9 @@ def simulate(cfg: SimConfig) -> SimResult:
                 elif may_admit(admitted + 1):
                     admitted += 1
                     ts = max(t, r.clock)
-                    new.setdefault(r.id, []).append(new_episode(admitted, ts))
+                    ep = new_episode(admitted, ts)
+                    admitted_tokens.append(ep.generated)
+                    new.setdefault(r.id, []).append(ep)
                     batch_first.setdefault(batch_index(admitted, B), ts)
                 else:
                     continue
@@ -355,6 +376,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         batch = [heapq.heappop(buffer)[1] for _ in range(B)]
         t = max(t, max(s.finished_at for s in batch))
         toks = sum(s.total_tokens for s in batch)
+        step_tokens.append(sum(s.generated for s in batch))
         dur = tm.train_time(toks, train_devices)
         for s in batch:
             if len({v for v, c in s.segments if c > 0}) > 1:
@@ -481,6 +503,7 @@ def simulate(cfg: SimConfig) -> SimResult:
             breakdown["env_wait_s"] = batch_env_wait
         breakdown["episode_env_wait_s"] = trained_env_wait / need
         breakdown["resume_prefill_s"] = sum(r.resume_prefill_s for r in reps) / max(1, n_rep)
+    admitted_mean = float(np.mean(admitted_tokens)) if admitted_tokens else 0.0
     total_tok = sum(stale_hist.values())
     mean_st = sum(s * c for s, c in stale_hist.items()) / total_tok if total_tok else 0.0
     conf = {
@@ -505,8 +528,10 @@ def simulate(cfg: SimConfig) -> SimResult:
         response_tokens=trained_tokens,
         samples_per_s=need / makespan if makespan > 0 else math.inf,
         tokens_per_s=trained_tokens / makespan if makespan > 0 else math.inf,
-        steady_samples_per_s=steady_rate(step_end, B),
+        steady_samples_per_s=steady_rate(step_end, step_tokens, admitted_mean, B),
         step_end_times=step_end,
+        step_tokens=step_tokens,
+        admitted_mean_tokens=admitted_mean,
         breakdown=breakdown,
         slots=total_slots,
         reference_slots=ref,
@@ -520,4 +545,5 @@ def simulate(cfg: SimConfig) -> SimResult:
         decode_steps=max((r.decode_steps for r in reps), default=0),
         events=spans,
         samples_log=samples_log,
+        warnings=steady_warnings(cfg.n_steps, step_tokens, admitted_mean, B),
     )
