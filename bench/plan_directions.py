@@ -94,8 +94,7 @@ def directions(
             speedup(run(tail, train_devices=4, eta=2, interrupt=False, **kw), sync), 3
         )
         m["split"] = {
-            str(k): round(speedup(run(tail, train_devices=k, eta=4, **kw), sync), 3)
-            for k in splits
+            str(k): round(speedup(run(tail, train_devices=k, eta=4, **kw), sync), 3) for k in splits
         }
         m["sigma"] = {
             str(s): round(
