@@ -13,7 +13,7 @@ from relayrl.plan.lengths import LognormalLengths
 from relayrl.plan.models import get_model
 from relayrl.plan.placement import RLHFWorkload, evaluate_placement
 from relayrl.plan.sim_report import steady_rate
-from relayrl.plan.simulator import SimConfig, simulate, speedup
+from relayrl.plan.simulator import SimConfig, simulate
 from relayrl.plan.timemodel import RooflineTimeModel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,23 +90,20 @@ def test_steady_rate_formula_counts_tokens_at_the_admitted_mean():
 def test_short_finish_order_runs_are_not_inflated():
     tm = RooflineTimeModel(get_model("qwen2.5-1.5b"), get_hardware("h100"))
     L = LognormalLengths(2000, 0.8, 16384)
-    kw = dict(n_devices=16, batch_size=512, prompt_len=256, seed=0)
+    kw = dict(n_devices=16, batch_size=512, prompt_len=256, seed=0, train_devices=4)
 
-    def gain(n):
-        s = simulate(SimConfig(tm, L, schedule="sync", n_steps=n, **kw))
-        a = simulate(
-            SimConfig(
-                tm, L, schedule="async", train_devices=4, eta=None, in_order=False, n_steps=n, **kw
-            )
-        )
-        return speedup(a, s), a
+    def steady(n):
+        cfg = SimConfig(tm, L, schedule="async", eta=None, in_order=False, n_steps=n, **kw)
+        r = simulate(cfg)
+        return r.steady_samples_per_s, r
 
-    g8, a8 = gain(8)
-    g24, a24 = gain(24)
-    # before: 4.11x at 8 steps vs 3.31x at 24 (second-half samples/s)
-    assert abs(g8 - g24) / g24 < 0.06
+    s8, a8 = steady(8)
+    s24, a24 = steady(24)
+    # before: 62.5 samples/s at 8 steps vs 52.0 at 24 (second-half samples/s; sync's steady
+    # state is 15.2-15.7 at both); now 56.8 vs 55.9
+    assert abs(s8 - s24) / s24 < 0.06
     assert any("too short" in w for w in a8.warnings)  # 8 steps trained the short answers
-    assert not a24.warnings or all("too short" not in w for w in a24.warnings)
+    assert all("too short" not in w for w in a24.warnings)
 
 
 # -- bad input ----------------------------------------------------------------------------------

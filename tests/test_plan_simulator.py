@@ -144,10 +144,10 @@ def test_direction_interior_optimum_of_the_split(tm15, sync15, in_order):
         speedup(
             run(tm15, TAIL, schedule="async", train_devices=k, eta=4, in_order=in_order), sync15
         )
-        for k in (1, 2, 4, 6, 8, 10)
+        for k in (1, 4, 10)
     ]
     best = int(np.argmax(sp))
-    assert 0 < best < len(sp) - 1  # notes: 0.98/1.90/3.38/3.64/3.28
+    assert 0 < best < len(sp) - 1  # notes: 0.98/1.90/3.38/3.64/3.28 for 1/2/4/6/8
     assert sp[0] < 1.2 and sp[-1] < max(sp) * 0.8
 
 
