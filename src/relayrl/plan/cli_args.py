@@ -11,7 +11,16 @@ from typing import Any
 
 __all__ = ["register"]
 
-_FMT = argparse.ArgumentDefaultsHelpFormatter
+
+class _FMT(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: X)`` unless the help already says its default, or there is none
+    (``None``, a flag's ``False``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False):
+            return text
+        return super()._get_help_string(action)
 
 
 def _common_model(p: argparse.ArgumentParser) -> None:
