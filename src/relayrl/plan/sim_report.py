@@ -13,6 +13,7 @@ generation, first admission to last finish) and all slots for ``async`` (one win
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,7 +114,10 @@ class Occupancy:
         """``(integral of running dt, time below 10% of the reference, time with any running)``
         over ``[lo, hi]``."""
         area = low = busy = 0.0
-        for i in range(len(self.levels)):
+        # the first level that ends after lo, up to the last that starts before hi
+        first = max(0, bisect.bisect_right(self.times, lo) - 1)
+        last = min(len(self.levels), bisect.bisect_left(self.times, hi))
+        for i in range(first, last):
             a, b = max(self.times[i], lo), min(self.times[i + 1], hi)
             if b <= a:
                 continue
