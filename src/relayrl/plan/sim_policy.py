@@ -60,6 +60,22 @@ class SchedulePolicy:
                 return False
         return True
 
+    def admission_limit(
+        self, gen_version: int, batch: int, cap: int, complete: Callable[[int], bool]
+    ) -> int:
+        """Largest ``n`` with :meth:`may_admit` true (``may_admit`` is monotone in ``n``):
+        ``min(cap, (i + eta + 1) * B)``, and with a barrier at most up to the end of the first
+        batch not yet complete."""
+        limit = cap
+        if self.eta is not None:
+            limit = min(limit, (gen_version + self.eta + 1) * batch)
+        if self.barrier:
+            b = 0
+            while complete(b):
+                b += 1
+            limit = min(limit, (b + 1) * batch)
+        return limit
+
     def may_train(
         self, step: int, finished: int, batch: int, complete: Callable[[int], bool]
     ) -> bool:

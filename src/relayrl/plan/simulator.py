@@ -332,18 +332,21 @@ def simulate(cfg: SimConfig) -> SimResult:
         try_train(t)  # what was just collected may complete a batch
         new: dict[int, list[Seq]] = {}
         back: dict[int, list[Seq]] = {}
-        order = sorted((r for r in reps if r.free() > 0), key=lambda r: (-r.free(), r.id))
-        while order and (resume or may_admit(admitted + 1)):
+        free = {r.id: r.free() for r in reps}
+        order = sorted((r for r in reps if free[r.id] > 0), key=lambda r: (-free[r.id], r.id))
+        budget = pol.admission_limit(gen_version, B, cap, batch_complete) - admitted
+        while order and (resume or budget > 0):
             progressed = False
             for r in order:
-                if r.free() - len(new.get(r.id, [])) - len(back.get(r.id, [])) <= 0:
+                if free[r.id] <= 0:
                     continue
                 if resume:  # returning episodes first: they hold a place in a batch
                     seq = resume.pop(0)
                     seq.version = gen_version
                     back.setdefault(r.id, []).append(seq)
-                elif may_admit(admitted + 1):
+                elif budget > 0:
                     admitted += 1
+                    budget -= 1
                     ts = max(t, r.clock)
                     ep = new_episode(admitted, ts)
                     admitted_tokens.append(ep.generated)
@@ -351,6 +354,7 @@ def simulate(cfg: SimConfig) -> SimResult:
                     batch_first.setdefault(batch_index(admitted, B), ts)
                 else:
                     continue
+                free[r.id] -= 1
                 progressed = True
             if not progressed:
                 break
