@@ -117,6 +117,10 @@ def test_short_finish_order_runs_are_not_inflated():
         (["reshard", "--train", "64-64-64", "--gen", "1-2"], "GPUs"),
         (["simulate", "--slots", "0"], "--slots"),
         (["placement", "--top", "0"], "--top"),
+        # found while fixing the above: a crash and a negative time taken as given
+        (["simulate", "--tp", "0", "--steps", "1"], "gen_devices_per_replica"),
+        (["simulate", "--sync-bandwidth", "0", "--schedule", "async"], "sync_bandwidth"),
+        (["simulate", "--weight-sync-s", "-1", "--steps", "1"], "weight_sync_s"),
     ],
 )
 def test_bad_input_is_refused(argv, msg, capsys):

@@ -138,6 +138,14 @@ class SimConfig:
             raise ValueError("prompt_len must be >= 0")
         if self.eta is not None and self.eta < 0:
             raise ValueError("eta must be >= 0 or None")
+        if self.gen_devices_per_replica < 1:
+            raise ValueError(
+                f"gen_devices_per_replica must be >= 1, got {self.gen_devices_per_replica}"
+            )
+        if not self.sync_bandwidth > 0:
+            raise ValueError(f"sync_bandwidth must be > 0 bytes/s, got {self.sync_bandwidth}")
+        if self.weight_sync_s is not None and self.weight_sync_s < 0:
+            raise ValueError(f"weight_sync_s must be >= 0 s, got {self.weight_sync_s}")
         if self.slots_per_replica is not None and self.slots_per_replica < 1:
             raise ValueError(f"slots_per_replica must be >= 1, got {self.slots_per_replica}")
         if isinstance(self.turns, int) and self.turns < 1:
