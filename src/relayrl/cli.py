@@ -181,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     from relayrl.labs.cli import add_subcommands as add_rlhf_subcommands
 
     add_rlhf_subcommands(sub)
+    p.description = "relayrl: " + " | ".join(sub.choices)  # every registered command
     for command in sub.choices.values():  # listed in every subcommand's --help (see main)
         command.add_argument("--debug", action="store_true", default=False, help="show tracebacks")
     return p
