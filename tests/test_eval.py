@@ -43,14 +43,28 @@ def test_pass_at_k_rejects_impossible_counts() -> None:
 def test_maj_at_k_by_hand() -> None:
     answers = ["3", "5", "3", None, "5", "5"]
     correct = [a == "5" for a in answers]
-    assert maj_at_k(answers, correct, 3) == 0.0  # first 3: "3" twice, "5" once
     assert maj_at_k(answers, correct, 6) == 1.0  # all 6: "5" three times, "3" twice
-    assert maj_at_k(answers, correct, 2) == 0.0  # a tie goes to the answer seen first ("3")
-    assert maj_at_k(["5", "3"], [True, False], 2) == 1.0
+    assert maj_at_k(answers, correct, 1) == pytest.approx(3 / 6)  # the fraction correct
+    assert maj_at_k(answers[:3], correct[:3], 3) == 0.0  # "3" twice, "5" once
+    # three answers a, b, a (a correct), k = 2: {a, b} tie -> a (seen first): 1;
+    # {a, a}: 1; {b, a}: tie -> b: 0; so 2/3
+    assert maj_at_k(["a", "b", "a"], [True, False, True], 2) == pytest.approx(2 / 3)
     assert maj_at_k([None, None], [False, False], 2) == 0.0  # nothing readable: wrong
     assert majority_vote([None, "7", "7", "2"]) == 1  # index of the winner's first answer
     with pytest.raises(ValueError, match="maj@k"):
         maj_at_k(["1"], [True], 2)
+
+
+def test_maj_at_k_samples_subsets_when_there_are_too_many() -> None:
+    """n = 30, k = 15: C(30, 15) = 155 million subsets, so 2000 are drawn. 20 answers "x"
+    (correct) and 10 "y": a subset votes "y" only with >= 8 of its 15 answers "y", which
+    P(Y >= 8), Y ~ Hypergeometric(30, 10, 15), puts at 0.0251; maj@15 is 1 - that."""
+    answers = ["x"] * 20 + ["y"] * 10
+    correct = [a == "x" for a in answers]
+    p_y = sum(math.comb(10, y) * math.comb(20, 15 - y) for y in range(8, 11)) / math.comb(30, 15)
+    got = maj_at_k(answers, correct, 15)
+    assert got == pytest.approx(1 - p_y, abs=0.015)  # 2000 draws: std 0.0035
+    assert got == maj_at_k(answers, correct, 15)  # seeded
 
 
 def test_maj_at_k_groups_equivalent_math_answers() -> None:

@@ -70,7 +70,9 @@ def _check_report(out: Path, runs: list[Path], pngs: list[str]) -> str:
 def test_report_two_runs_side_by_side(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = build_tiny_model(tmp_path / "m", hidden_size=16, seed=0)
     a = _run(model, tmp_path / "kl0", "train.steps=4", "algo.kl_coef=0")
-    b = _run(model, tmp_path / "kl1", "train.steps=3", "algo.kl_coef=0.1")
+    b = _run(model, tmp_path / "kl1", "train.steps=3", "algo.kl_coef=0.1", "eval.n=2")
+    evals = [r for r in read_metrics(b) if "eval/pass_rate" in r]  # the same eval code
+    assert [r["step"] for r in evals] == [0, 2, 3] and all("eval/maj@2" in r for r in evals)
     out = tmp_path / "report"
     assert main(["report", str(a), str(b), "-o", str(out)]) == 0
     assert str(out / "report.md") in capsys.readouterr().out

@@ -10,16 +10,19 @@ outcome is >= 1.
   ``pass@k = 1 - C(n - c, k) / C(n, k)``, averaged over prompts. Computed as the product
   ``1 - prod_{i = n - c + 1}^{n} (1 - k / i)`` (no huge binomials); it is 1 when
   ``n - c < k``. pass@1 is the mean fraction correct.
-- maj@k: the answer given most often among a prompt's first k answers (answers read by
-  ``eval.answer``; unreadable ones do not vote; ties go to the answer seen first) is the
-  prompt's answer; maj@k is the fraction of prompts whose voted answer is correct (0 when no
-  answer could be read).
+- maj@k: in a set of k answers the answer given most often (answers read by ``eval.answer``;
+  unreadable ones do not vote; ties go to the answer seen first) is the set's answer. A
+  prompt's maj@k is the fraction of its k-answer subsets whose voted answer is correct (all
+  C(n, k) subsets, or 2000 seeded random ones when there are more), averaged over prompts:
+  maj@n is the plain vote of all n answers, maj@1 the fraction of answers correct.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Sequence
+import random
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,24 +65,41 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def majority_vote(
     answers: Sequence[str | None], same: Callable[[str, str], bool] | None = None
 ) -> int | None:
-    """Index of the first answer of the most frequent class, None when no answer was read.
+    """Index of the first answer of the most frequent answer, None when none was read.
 
-    ``same(a, b)`` says two answers agree (default: equal strings); each answer joins the
-    first class whose first answer it agrees with. Ties go to the class seen first."""
-    classes: list[tuple[str, int, int]] = []  # (representative, first index, count)
-    for i, ans in enumerate(answers):
+    ``same(a, b)`` says two answers agree (default: equal strings). Ties go to the answer
+    seen first."""
+    cls = _classes(answers, same)
+    counts: dict[int, int] = {}
+    first: dict[int, int] = {}
+    for i, c in enumerate(cls):
+        if c is not None:
+            counts[c] = counts.get(c, 0) + 1
+            first.setdefault(c, i)
+    if not counts:
+        return None
+    return first[max(counts, key=lambda c: (counts[c], -first[c]))]
+
+
+def _classes(
+    answers: Sequence[str | None], same: Callable[[str, str], bool] | None
+) -> list[int | None]:
+    """Class id per answer (None: unreadable): each answer joins the first class whose first
+    answer equals it or, with ``same``, agrees with it."""
+    reps: list[str] = []
+    out: list[int | None] = []
+    for ans in answers:
         if ans is None:
+            out.append(None)
             continue
-        for j, (rep, first, count) in enumerate(classes):
+        for j, rep in enumerate(reps):
             if ans == rep or (same is not None and same(ans, rep)):
-                classes[j] = (rep, first, count + 1)
+                out.append(j)
                 break
         else:
-            classes.append((ans, i, 1))
-    if not classes:
-        return None
-    best = max(classes, key=lambda c: (c[2], -c[1]))
-    return best[1]
+            reps.append(ans)
+            out.append(len(reps) - 1)
+    return out
 
 
 def maj_at_k(
@@ -87,12 +107,37 @@ def maj_at_k(
     correct: Sequence[bool],
     k: int,
     same: Callable[[str, str], bool] | None = None,
+    max_subsets: int = 2000,
+    seed: int = 0,
 ) -> float:
-    """1.0 if the majority answer of the first ``k`` answers is correct, else 0.0."""
-    if not 1 <= k <= len(answers):
-        raise ValueError(f"maj@k needs 1 <= k <= n (n={len(answers)}, k={k})")
-    winner = majority_vote(answers[:k], same)
-    return 0.0 if winner is None else float(bool(correct[winner]))
+    """maj@k of one prompt: over the k-answer subsets of its n answers, the fraction whose
+    majority answer (ties: the one seen first) is correct; 0 for a subset with no readable
+    answer. All C(n, k) subsets when there are at most ``max_subsets``, else that many drawn
+    at random (seeded). maj@n is the vote of all answers; maj@1 is the fraction correct among
+    the readable answers' share."""
+    n = len(answers)
+    if not 1 <= k <= n or len(correct) != n:
+        raise ValueError(f"maj@k needs 1 <= k <= n and one outcome per answer (n={n}, k={k})")
+    cls = _classes(answers, same)
+    if math.comb(n, k) <= max_subsets:
+        subsets: Iterable[Sequence[int]] = itertools.combinations(range(n), k)
+    else:
+        rng = random.Random(seed)
+        subsets = (sorted(rng.sample(range(n), k)) for _ in range(max_subsets))
+    hits = total = 0
+    for subset in subsets:
+        total += 1
+        counts: dict[int, int] = {}
+        first: dict[int, int] = {}
+        for i in subset:
+            c = cls[i]
+            if c is not None:
+                counts[c] = counts.get(c, 0) + 1
+                first.setdefault(c, i)
+        if counts:
+            winner = max(counts, key=lambda c: (counts[c], -first[c]))
+            hits += bool(correct[first[winner]])
+    return hits / total
 
 
 def _integer(text: str) -> str | None:
