@@ -182,16 +182,18 @@ def timeline_plot(
     """Gantt chart per run: one row per role, a bar per span (start s, duration s, name),
     coloured by span name; shared x axis in seconds since the run's first span."""
     figure = require_matplotlib()
-    fig = figure.Figure(figsize=(8.5, 1.1 + 1.25 * len(runs) * 1.0 + 0.6), dpi=DPI)
+    fig = figure.Figure(figsize=(8.5, 1.0 + 1.6 * len(runs)), dpi=DPI)
     axes = fig.subplots(len(runs), 1, sharex=True, squeeze=False)
     handles: dict[str, Any] = {}
+    extent = max((s + d for _, roles in runs for v in roles.values() for s, d, _ in v), default=1)
+    min_w = extent / 700  # a sub-millisecond span stays visible (about one pixel)
     for i, (name, roles) in enumerate(runs):
         ax = axes[i][0]
         order = sorted(roles)
         for row, role in enumerate(order):
             by_name: dict[str, list[tuple[float, float]]] = {}
             for start, dur, span in roles[role]:
-                by_name.setdefault(span, []).append((start, dur))
+                by_name.setdefault(span, []).append((start, max(dur, min_w)))
             for span, bars in by_name.items():
                 colour = PHASE_COLOURS.get(span, "#333333")
                 h = ax.broken_barh(bars, (row - 0.38, 0.76), facecolors=colour, label=span)
@@ -201,8 +203,10 @@ def timeline_plot(
         ax.set_title(name, fontsize=10, loc="left")
         ax.grid(alpha=0.3, axis="x")
     axes[-1][0].set_xlabel("wall time since the first span (s)")
-    fig.legend(list(handles.values()), list(handles), loc="upper right", fontsize=8, ncols=4)
+    fig.legend(
+        list(handles.values()), list(handles), loc="upper right", fontsize=8, ncols=len(handles)
+    )
     fig.suptitle("Timeline: what each role was doing", x=0.02, ha="left")
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / fig.get_figheight()))
     fig.savefig(path)
     return path

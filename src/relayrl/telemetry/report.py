@@ -164,7 +164,14 @@ def _unique_names(paths: Sequence[Path]) -> list[str]:
 # (file, title, y label, [(key, label suffix, line style)], y limits, percent)
 CURVES: list[tuple[str, str, str, list[tuple[str, str, str]], Any, bool]] = [
     ("reward", "Reward", "mean reward per answer", [("reward_mean", "", "-")], None, False),
-    ("kl", "KL to the reference policy", "KL (nats per token)", [("kl", "", "-")], None, False),
+    (
+        "kl",
+        "KL to the reference policy",
+        "KL estimate (nats per token)",
+        [("kl", "", "-")],
+        None,
+        False,
+    ),
     ("entropy", "Policy entropy", "entropy (nats per token)", [("entropy", "", "-")], None, False),
     (
         "response_length",
@@ -364,8 +371,9 @@ def write_report(
     for spec, text in zip(
         CURVES[1:],
         [
-            "Estimated KL divergence of the policy from the reference (as the loss or the reward "
-            "uses it); 0 when neither does.",
+            "Estimated KL divergence of the policy from the reference: the loss's KL term, a "
+            "token mean (a KL in the reward is measured as `algo.adaptive_kl_metric` says); "
+            "0 when neither uses one.",
             "Mean per-token entropy of the policy on the trained answers.",
             "Answer lengths in tokens (solid: mean, dotted: longest).",
             "Fraction of answer tokens whose importance ratio the PPO objective clipped.",
