@@ -150,15 +150,12 @@ def time_split_plot(
     for i, (name, steps, phases) in enumerate(runs):
         ax = axes[i // cols][i % cols]
         bottom = [0.0] * len(steps)
-        width = (
-            0.8
-            if len(steps) < 2
-            else 0.8 * min(b - a for a, b in zip(steps, steps[1:], strict=False))
-        )
+        gap = min((b - a for a, b in zip(steps, steps[1:], strict=False)), default=1)
+        width = (1.0 if len(steps) > 60 else 0.8) * gap  # many steps: bars touch
         for phase, secs in phases.items():
             vals = [v if math.isfinite(v) else 0.0 for v in secs]
             colour = PHASE_COLOURS.get(phase, "#333333")
-            bars = ax.bar(steps, vals, width, bottom=bottom, color=colour, label=phase)
+            bars = ax.bar(steps, vals, width, bottom=bottom, color=colour, label=phase, linewidth=0)
             handles.setdefault(phase, bars)
             bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
         ax.set_title(name, fontsize=10)
@@ -169,7 +166,10 @@ def time_split_plot(
         ax.grid(alpha=0.3, axis="y")
     for j in range(len(runs), rows * cols):
         axes[j // cols][j % cols].set_visible(False)
-    fig.legend(list(handles.values()), list(handles), loc="center right", fontsize=8, title="phase")
+    order = sorted(
+        handles, key=lambda p: list(PHASE_COLOURS).index(p) if p in PHASE_COLOURS else 99
+    )
+    fig.legend([handles[p] for p in order], order, loc="center right", fontsize=8, title="phase")
     fig.suptitle("Where each step's time went (trainer's view)")
     fig.tight_layout(rect=(0, 0, 1 - 1.3 / (4.4 * cols + 1.6), 1))
     fig.savefig(path)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -333,7 +332,7 @@ def write_report(
     for run in runs:
         ev = [_num(r["eval/pass_rate"]) for r in run.evals]
         evs = f"{_pct(ev[0])} -> {_pct(ev[-1])}" if ev else "-"
-        rel = os.path.relpath(run.path.resolve(), out.resolve())
+        rel = str(run.path)  # as given on the command line
         steps = str(max(run.steps())) if run.train else "0"
         rows.append([run.name, f"`{rel}`", run.algo, run.schedule, steps, _f(run.wall_s(), ".1f")])
         rows[-1].append(evs)
