@@ -142,3 +142,16 @@ def test_relayrl_eval_n8_pass_at_k_maj_at_k_per_sample_jsonl(
     # the SFT'd model solves some held-out sums but not all on every sample
     held = summary["held-out"]
     assert 0.0 < held["pass@1"] < held["pass@8"]
+
+
+def test_eval_table_orders_pass_then_maj_by_k() -> None:
+    from rich.console import Console
+
+    from relayrl.telemetry.summary import eval_table
+
+    rows = {"d": {"maj@8": 0.5, "pass@8": 0.75, "pass@1": 0.25, "prompts": 4, "n": 8}}
+    console = Console(width=120, record=True)
+    console.print(eval_table(rows))
+    text = console.export_text()
+    assert text.index("pass@1") < text.index("pass@8") < text.index("maj@8")
+    assert "25.0%" in text and "75.0%" in text and "50.0%" in text

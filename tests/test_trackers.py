@@ -19,6 +19,7 @@ from relayrl.config import ConfigError, RunConfig, load_config
 from relayrl.controller.trainer import train
 from relayrl.model import build_tiny_model
 from relayrl.telemetry import read_metrics
+from relayrl.telemetry.summary import summary_scalars
 from relayrl.telemetry.trackers import TRACKERS_FILE, TrackerError, flatten_config, make_trackers
 
 pytestmark = pytest.mark.skipif(
@@ -170,3 +171,9 @@ def test_tensorboard_off_keeps_the_older_switch() -> None:
     )
     assert cfg.logging.active_backends == ["mlflow"]
     assert load_config(RunConfig, None, []).logging.active_backends == ["tensorboard"]
+
+
+def test_summary_scalars_flatten_the_run_summary() -> None:
+    history = [{"step": 1, "a": 1.0}, {"step": 2, "a": 3.0, "b": math.nan}, {"step": 3, "a": 2.0}]
+    got = summary_scalars(history, ["a", "b"])
+    assert got == {"a/first": 1.0, "a/last": 2.0, "a/min": 1.0, "a/max": 3.0, "a/mean": 2.0}

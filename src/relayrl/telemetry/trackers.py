@@ -345,6 +345,12 @@ def make_trackers(
         for t in trackers:
             t.close(failed=True)
         raise
+    if resuming:
+        for t in trackers:
+            if t.state() and t.state() != previous.get(t.name):
+                print(
+                    f"{t.name}: no earlier run of it recorded in {TRACKERS_FILE}; started a new one"
+                )
     state = {t.name: t.state() for t in trackers if t.state()}
     if state or (run_dir / TRACKERS_FILE).exists():
         _write_state(run_dir, {**previous, **state})
