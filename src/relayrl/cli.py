@@ -1,4 +1,4 @@
-"""Command line: ``relayrl demo | train | sft | eval | filter``.
+"""Command line: ``relayrl demo | train | sft | eval | report | filter`` (and the planner's).
 
 Bad input (an unknown config key, a wrong type, a missing path, a malformed data line) is a
 one-line error on stderr and exit code 2; ``--debug`` shows the traceback instead.
@@ -78,23 +78,87 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    """Held-out evaluation (``relayrl.controller.evaluate``): the default is the greedy pass
+    rate on the config's held-out set; ``--n``/``--k`` sample and report pass@k / maj@k,
+    ``--data`` evaluates several datasets, ``--output`` writes one JSONL line per answer."""
     from relayrl.cluster.local import build_local_roles
     from relayrl.config import RunConfig, load_config
-    from relayrl.controller.evaluate import greedy_pass_rate
+    from relayrl.controller.evaluate import eval_datasets, evaluate_prompts
     from relayrl.controller.preflight import check_run
-    from relayrl.controller.prompts import PromptSource
     from relayrl.model import check_model_dir
 
-    cfg = load_config(RunConfig, args.config, args.overrides)
+    overrides = list(args.overrides)
+    for flag, key in (
+        ("n", "eval.n"),
+        ("temperature", "eval.temperature"),
+        ("limit", "data.eval_size"),
+    ):
+        if getattr(args, flag) is not None:
+            overrides.append(f"{key}={getattr(args, flag)}")
+    if args.k:
+        overrides.append(f"eval.k=[{','.join(str(k) for k in args.k)}]")
+    cfg = load_config(RunConfig, args.config, overrides)
     check_model_dir(cfg.model.path)
     check_run(cfg, training=False)
     roles = build_local_roles(cfg, cfg.model.path, None)
-    prompts = PromptSource(cfg.data, roles.tokenizer, cfg.seed, with_train=False).eval_set()
-    stop = [roles.tokenizer.eos_token_id]
-    out = greedy_pass_rate(roles.rollout, roles.reward, prompts, cfg.rollout.max_tokens, stop)
-    print(
-        f"greedy pass rate on {int(out['eval/n'])} held-out prompts: {_pct(out['eval/pass_rate'])}"
-    )
+    try:
+        datasets = eval_datasets(cfg.data, roles.tokenizer, cfg.seed, args.data or ())
+        stop = [roles.tokenizer.eos_token_id]
+        results: dict[str, dict[str, float]] = {}
+        rows: list[dict[str, Any]] = []
+        for name, prompts in datasets:
+            out = evaluate_prompts(
+                roles.rollout,
+                roles.reward,
+                prompts,
+                cfg.rollout.max_tokens,
+                stop,
+                cfg.eval,
+                cfg.reward.fn,
+            )
+            results[name] = out.metrics
+            rows += [{"dataset": name, **r} for r in out.samples]
+    finally:
+        roles.close()
+    if args.output:
+        import json
+
+        from relayrl.data.jsonl import write_jsonl
+
+        write_jsonl(args.output, rows)
+        summary = Path(args.output).with_suffix(".summary.json")
+        summary.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    if cfg.eval.n == 1 and not args.data:  # the line relayrl eval has always printed
+        m = results[next(iter(results))]
+        how = "greedy" if cfg.eval.is_greedy else "sampled"
+        print(f"{how} pass rate on {int(m['prompts'])} held-out prompts: {_pct(m['pass_rate'])}")
+    else:
+        from rich.console import Console
+
+        from relayrl.telemetry.summary import eval_table
+
+        how = "greedy" if cfg.eval.is_greedy else f"temperature {cfg.eval.temperature:g}"
+        Console().print(
+            eval_table(results, title=f"{cfg.model.path}: {cfg.eval.n} answers per prompt, {how}")
+        )
+    if args.output:
+        print(f"wrote {len(rows)} answers to {args.output} (metrics: {summary})")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from relayrl.telemetry.plots import PlotsUnavailable
+    from relayrl.telemetry.report import write_report
+
+    out = args.output
+    if out is None:
+        out = Path(args.run_dirs[0]) / "report" if len(args.run_dirs) == 1 else Path("report")
+    try:
+        path = write_report(args.run_dirs, out)
+    except PlotsUnavailable as exc:
+        print(f"relayrl report: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
     return 0
 
 
@@ -151,10 +215,50 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("overrides", nargs="*")
     s.set_defaults(fn=cmd_sft)
 
-    e = sub.add_parser("eval", help="greedy held-out pass rate of model.path")
-    e.add_argument("config")
-    e.add_argument("overrides", nargs="*")
+    e = sub.add_parser(
+        "eval",
+        help="held-out pass rate of model.path (greedy; --n samples: pass@k, maj@k)",
+        description="Evaluate model.path on held-out prompts. Default: the greedy pass rate "
+        "on the config's held-out set (eval.* in the config sets the rest).",
+    )
+    e.add_argument("config", help="YAML run config (model, rollout, reward, data, eval)")
+    e.add_argument("overrides", nargs="*", help="key=value overrides, e.g. eval.seed=1")
+    e.add_argument("--n", type=int, help="answers per prompt (eval.n; default 1, greedy)")
+    e.add_argument(
+        "--k", type=int, action="append", help="k of pass@k and maj@k, repeatable (default 1, n)"
+    )
+    e.add_argument("--temperature", type=float, help="sampling temperature (eval.temperature)")
+    e.add_argument(
+        "--data",
+        action="append",
+        metavar="PATH",
+        help="a dataset to evaluate (JSONL, Parquet, a saved datasets dir; 'held-out': the "
+        "config's own), repeatable; default: the config's held-out set",
+    )
+    e.add_argument("--limit", type=int, help="first N prompts of each dataset (data.eval_size)")
+    e.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write one JSONL line per answer (and the metrics to FILE's .summary.json)",
+    )
     e.set_defaults(fn=cmd_eval)
+
+    r = sub.add_parser(
+        "report",
+        help="markdown report with PNG plots of one or more run directories",
+        description="Write report.md and PNG plots (reward, pass rate, KL, entropy, lengths, "
+        "clip fraction, staleness, utilisation, time split, timeline) from metrics.jsonl and "
+        "timeline.json; several runs are drawn on the same axes. Needs relayrl[plots].",
+    )
+    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    r.add_argument(
+        "-o",
+        "--output",
+        metavar="DIR",
+        help="where to write (default: RUN_DIR/report for one run, ./report for several)",
+    )
+    r.set_defaults(fn=cmd_report)
 
     f = sub.add_parser("filter", help="keep prompts whose measured pass rate is in [low, high]")
     f.add_argument("config", help="YAML run config (model, rollout, reward, data)")

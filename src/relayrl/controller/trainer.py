@@ -36,7 +36,7 @@ from relayrl.controller.checkpoint import (
     seed_everything,
     set_rng_state,
 )
-from relayrl.controller.evaluate import greedy_pass_rate
+from relayrl.controller.evaluate import held_out_metrics
 from relayrl.controller.faults import RunFault, RunInterrupted, StepGuard, signal_name
 from relayrl.controller.prompts import PromptSource
 from relayrl.controller.run_dir import claim_run_dir, record_config
@@ -44,7 +44,9 @@ from relayrl.controller.schedules import make_schedule
 from relayrl.reward import get_reward_fn, score
 from relayrl.telemetry import MetricsLogger, StepProgress, print_summary
 from relayrl.telemetry.monitors import RunMonitor
+from relayrl.telemetry.summary import summary_scalars
 from relayrl.telemetry.timeline import Timeline
+from relayrl.telemetry.trackers import TrackerOptions
 from relayrl.workers import Roles
 
 RoleBuilder = Callable[[str, str | None], Roles]
@@ -158,13 +160,24 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
         print(f"skipped {source.skipped} prompts longer than {cfg.data.max_prompt_tokens} tokens")
 
     def evaluate() -> dict[str, float]:
-        return greedy_pass_rate(
-            roles.rollout, roles.reward, eval_prompts, cfg.rollout.max_tokens, stop_ids
+        return held_out_metrics(
+            roles.rollout,
+            roles.reward,
+            eval_prompts,
+            cfg.rollout.max_tokens,
+            stop_ids,
+            cfg.eval,
+            cfg.reward.fn,
         )
 
     # A fresh run starts a fresh metrics file; a resumed one drops records past its checkpoint.
+    lg = cfg.logging
     logger = MetricsLogger(
-        run_dir, tensorboard=cfg.logging.tensorboard, resume_step=start if start > 0 else -1
+        run_dir,
+        resume_step=start if start > 0 else -1,
+        backends=lg.active_backends,
+        config=cfg.model_dump(mode="json", by_alias=True),
+        options=TrackerOptions(lg.project, lg.run_name, lg.wandb_mode, lg.mlflow_tracking_uri),
     )
     final: dict[str, Any] = {}
     stats: dict[str, float] = {}
@@ -240,6 +253,10 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
         raise
     final.update(schedule.close())
     timeline.write(run_dir / "timeline.json")
+    summary = summary_scalars(logger.history, SUMMARY_KEYS)
+    summary.update({k: v for k in ("eval_before",) if (v := final.get(k)) is not None})
+    summary["eval_after"] = last_eval["eval/pass_rate"]
+    logger.log_summary(summary)
     logger.close()
     print_summary(logger.history, SUMMARY_KEYS, f"{cfg.algo.name} on {cfg.model.path}")
     final.update(stats)
@@ -255,7 +272,7 @@ def _close_quietly(schedule: Any, timeline: Timeline, logger: MetricsLogger, run
     with contextlib.suppress(Exception):
         timeline.write(run_dir / "timeline.json")
     with contextlib.suppress(Exception):
-        logger.close()
+        logger.close(failed=True)
 
 
 def _stopped(

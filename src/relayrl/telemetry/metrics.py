@@ -1,7 +1,8 @@
-"""Per-step metrics: one JSON line per step in ``run_dir/metrics.jsonl`` + TensorBoard.
+"""Per-step metrics: one JSON line per step in ``run_dir/metrics.jsonl`` + trackers.
 
 JSON lines are the source of truth (plain, append-only, flushed per line, readable with
-``read_metrics``); TensorBoard scalars under ``run_dir/tb`` are for looking at curves.
+``read_metrics``); the trackers (TensorBoard scalars under ``run_dir/tb`` by default, W&B
+and MLflow when named: ``relayrl.telemetry.trackers``) are for looking at curves.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import math
 import operator
 from pathlib import Path
 from typing import IO, Any
+
+from relayrl.telemetry.trackers import Tracker, TrackerOptions, make_trackers
 
 __all__ = ["METRICS_FILE", "MetricsLogger", "read_metrics"]
 
@@ -76,11 +79,17 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 class MetricsLogger:
-    """Log ``{"step": step, **metrics}`` per step to JSONL and TensorBoard.
+    """Log ``{"step": step, **metrics}`` per step to JSONL and the trackers.
 
     Args:
         run_dir: directory of the run (created if missing).
-        tensorboard: also write scalars to ``run_dir/tb`` with ``SummaryWriter``.
+        tensorboard: also write scalars to ``run_dir/tb`` with ``SummaryWriter`` (used when
+            ``backends`` is None).
+        backends: the trackers to write to (``tensorboard``, ``wandb``, ``mlflow``); None:
+            ``["tensorboard"]`` if ``tensorboard`` else none.
+        run_name: the trackers' run name (default: the run directory's name).
+        config: the run's resolved config (a plain dict), sent to the trackers at start.
+        options: W&B project / mode, MLflow URI (``TrackerOptions``).
         resume_step: when resuming from a checkpoint taken at this step, existing records
             with a larger step (logged after the checkpoint by the interrupted run) are
             dropped so the file holds each step once. ``None`` keeps existing records.
@@ -92,7 +101,15 @@ class MetricsLogger:
     """
 
     def __init__(
-        self, run_dir: str | Path, tensorboard: bool = True, resume_step: int | None = None
+        self,
+        run_dir: str | Path,
+        tensorboard: bool = True,
+        resume_step: int | None = None,
+        *,
+        backends: list[str] | None = None,
+        run_name: str | None = None,
+        config: dict[str, Any] | None = None,
+        options: TrackerOptions | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -106,12 +123,17 @@ class MetricsLogger:
             text = "".join(json.dumps(self._encode(r)) + "\n" for r in self.history)
             if text.encode("utf-8") != self.path.read_bytes():
                 _replace_atomically(self.path, text)
+        if backends is None:
+            backends = ["tensorboard"] if tensorboard else []
+        self.trackers: list[Tracker] = make_trackers(
+            self.run_dir,
+            backends,
+            run_name=run_name,
+            config=config,
+            resume_step=resume_step,
+            options=options,
+        )
         self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
-        self._writer: Any = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter  # heavy import: only when used
-
-            self._writer = SummaryWriter(log_dir=str(self.run_dir / "tb"))
 
     @staticmethod
     def _encode(record: dict[str, Any]) -> dict[str, Any]:
@@ -123,7 +145,7 @@ class MetricsLogger:
         }
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        """Append one record for ``step`` (flushed at once) and write TensorBoard scalars."""
+        """Append one record for ``step`` (flushed at once) and send it to the trackers."""
         if self._file is None:
             raise RuntimeError("MetricsLogger is closed")
         try:
@@ -147,28 +169,43 @@ class MetricsLogger:
         except OSError as exc:  # a full disk: say which file (a write error names none)
             raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
         self.history.append(record)
-        if self._writer is not None:
-            for key, value in values.items():
-                self._writer.add_scalar(key, value, global_step=step)
+        for tracker in self.trackers:
+            tracker.log(step, values)
+
+    def log_summary(self, summary: dict[str, Any]) -> None:
+        """Send the end-of-run summary (name -> number) to the trackers, at the last step."""
+        if self._file is None:
+            raise RuntimeError("MetricsLogger is closed")
+        values = {k: _to_float(k, v) for k, v in summary.items()}
+        step = max((int(r.get("step", 0)) for r in self.history), default=0)
+        for tracker in self.trackers:
+            tracker.log_summary(values, step)
 
     def flush(self) -> None:
-        """Flush the JSONL file and TensorBoard events."""
+        """Flush the JSONL file and the trackers."""
         if self._file is not None:
             self._file.flush()
-        if self._writer is not None:
-            self._writer.flush()
+        for tracker in self.trackers:
+            tracker.flush()
 
-    def close(self) -> None:
-        """Flush and close both outputs; safe to call twice."""
+    def close(self, failed: bool = False) -> None:
+        """Flush and close every output (``failed``: mark the tracker runs failed); safe to
+        call twice. A tracker that fails to close does not keep the others open."""
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        trackers, self.trackers = self.trackers, []
+        errors: list[BaseException] = []
+        for tracker in trackers:
+            try:
+                tracker.close(failed=failed)
+            except Exception as exc:  # close the rest, then raise the first
+                errors.append(exc)
+        if errors:
+            raise errors[0]
 
     def __enter__(self) -> MetricsLogger:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(failed=exc_type is not None)

@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["print_summary", "summarize", "summary_table"]
+__all__ = ["eval_table", "print_summary", "summarize", "summary_scalars", "summary_table"]
 
 STATS = ("first", "last", "min", "max", "mean")
 
@@ -38,6 +38,38 @@ def summarize(history: list[dict[str, Any]], keys: list[str]) -> dict[str, dict[
             "mean": math.fsum(values) / len(values),
         }
     return out
+
+
+def summary_scalars(history: list[dict[str, Any]], keys: list[str]) -> dict[str, float]:
+    """``summarize`` flattened for a tracker: ``{"reward_mean/last": ..., ...}`` (keys with
+    no finite value are left out)."""
+    return {
+        f"{key}/{stat}": value
+        for key, stats in summarize(history, keys).items()
+        for stat, value in stats.items()
+    }
+
+
+def eval_table(rows: dict[str, dict[str, float]], title: str | None = None) -> Table:
+    """A rich table of ``relayrl eval``: one row per dataset, columns prompts, n, pass@k and
+    maj@k (ascending k, as percentages), mean reward."""
+    keys: list[str] = []
+    for metrics in rows.values():
+        keys += [k for k in metrics if k.startswith(("pass@", "maj@")) and k not in keys]
+    keys.sort(key=lambda k: (k.split("@")[0] != "pass", int(k.split("@")[1])))
+    table = Table(title=title)
+    table.add_column("dataset", style="bold")
+    table.add_column("prompts", justify="right")
+    table.add_column("n", justify="right")
+    for key in keys:
+        table.add_column(key, justify="right")
+    table.add_column("reward mean", justify="right")
+    for name, m in rows.items():
+        cells = [f"{100 * m[k]:.1f}%" if k in m else "-" for k in keys]
+        table.add_row(
+            name, f"{m['prompts']:.0f}", f"{m['n']:.0f}", *cells, _fmt(m.get("reward_mean"))
+        )
+    return table
 
 
 def _fmt(x: float | None) -> str:
