@@ -50,6 +50,15 @@ CONFIGS: list[tuple[str, str | None, list[str]]] = [
     ("temperature, IcePop [0.5, 2]", "temperature", [f"{RC}.mode=icepop"]),
     ("bf16 engine, no correction", "bf16", []),
     ("bf16 engine, TIS token cap 2", "bf16", [f"{RC}.mode=tis"]),
+    ("engine T, no correction", "engine-temperature", []),
+    ("engine T, TIS token cap 2", "engine-temperature", [f"{RC}.mode=tis"]),
+    (
+        "engine T, MIS seq [0.5, 2]",
+        "engine-temperature",
+        [f"{RC}.mode=mis", f"{RC}.level=sequence"],
+    ),
+    ("engine T, IcePop [0.5, 2]", "engine-temperature", [f"{RC}.mode=icepop"]),
+    ("engine T, MIS token [0.5, 2]", "engine-temperature", [f"{RC}.mode=mis"]),
 ]
 QUICK = [0, 1, 2]
 MONITOR = ("logp_diff_abs_mean", "logp_diff_abs_max", "beyond_threshold_frac", "kl_k3")
@@ -77,13 +86,20 @@ def run(model: Path, run_dir: Path, mismatch: str | None, overrides: list[str], 
             f"model.path={model}", f"run_dir={run_dir}", f"seed={args.seed}", "threads=1",
             "logging.progress=false", "logging.tensorboard=false", f"train.steps={args.steps}",
             "data.eval_size=200", "algo.recompute_old_logprobs=always",
-            f"{RC}.mismatch_threshold=0.1", *overrides,
+            f"{RC}.mismatch_threshold=0.1", f"optim.lr={args.lr}",
+            *([f"rollout.temperature={args.engine_temperature}"]
+              if mismatch == "engine-temperature" else []),
+            *overrides,
         ],
     )  # fmt: skip
 
     def build(actor: str, critic: str | None):
         roles = build_local_roles(cfg, actor, critic)
-        if mismatch == "temperature":
+        if mismatch == "engine-temperature":  # the engine samples at T_e, the trainer T = 1
+            roles.actor.temperature = 1.0
+            if roles.reference is not None:
+                roles.reference.temperature = 1.0
+        elif mismatch == "temperature":
             roles.actor.temperature = args.trainer_temperature
             if roles.reference is not None:
                 roles.reference.temperature = args.trainer_temperature
@@ -138,6 +154,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trainer-temperature", type=float, default=0.7)
+    p.add_argument("--engine-temperature", type=float, default=1.5)
+    p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--model", type=Path, help="SFT model dir (default: build the warm start)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--only", help="comma-separated indices into CONFIGS (default: all)")

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from relayrl.config_algo import DistillConfig, RolloutCorrectionConfig
+from relayrl.config_algo import DistillConfig, EmptyRows, RolloutCorrectionConfig
 from relayrl.config_base import (  # noqa: F401  (re-exported: every layer reads config)
     GROUP_ADVANTAGES,
     AdamBeta,
@@ -74,6 +74,8 @@ class AlgoConfig(_Strict):
         "token-sum",
     ] = "token-mean"
     """GSPO / GMPO / SAPO as in their papers (and veRL, which forces it): seq-mean-token-mean."""
+    seq_mean_empty_rows: EmptyRows = "count"
+    """seq-mean-* denominators: every row of the step (relayrl) or ``skip`` empty ones (veRL)."""
     policy_loss: (
         Literal["ppo", "decoupled_ppo", "gspo", "gspo_token", "cispo", "sapo", "gmpo"] | None
     ) = None
