@@ -82,8 +82,8 @@ class AlgoConfig(_Strict):
     """``ppo`` (clip centred on pi_old), ``decoupled_ppo`` (AReaL) or a 2025 loss
     (``relayrl.algos.registry``). Default: ``ppo`` for the sync schedule, ``decoupled_ppo`` for
     overlap and async (off-policy correction on). The 2025 losses are centred on the
-    recomputed pi_old in every schedule; off the sync schedule their correction for stale or
-    mismatched tokens is ``algo.rollout_correction``."""
+    recomputed pi_old in every schedule; off the sync schedule they get decoupled PPO's
+    behaviour weight (``behav_weight_*``), replaced by ``algo.rollout_correction`` when set."""
     clip_eps_low: float = Field(0.2, gt=0, lt=1)
     """The ratio is clipped below at 1 - clip_eps_low, so it must stay in (0, 1)."""
     clip_eps_high: float = Field(0.2, gt=0, le=10)
