@@ -132,6 +132,14 @@ class AlgoConfig(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> AlgoConfig:
+        if self.distill.teacher_path is not None and self.name != "grpo":
+            raise KeyProblem(
+                "distill.teacher_path",
+                self.distill.teacher_path,
+                f"on-policy distillation runs with algo.name 'grpo' (GRPO-style advantages, "
+                f"with or without the task reward); {self.name!r} does not read algo.distill",
+                related=("name",),
+            )
         if self.name == "dpo":
             if self.kl_coef <= 0:
                 raise KeyProblem(
