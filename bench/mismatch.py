@@ -2,28 +2,32 @@
 mismatch, and does a rollout correction (TIS / MIS / IcePop) keep GRPO training where no
 correction degrades?
 
-Two controlled mismatches between the engine that samples and the trainer that computes the
-loss, both on the tiny SFT-warm-started model (2-digit addition, as the integration tests):
-- ``temperature``: the engine samples at ``rollout.temperature`` (1.0) while the trainer (and
-  the reference) compute logprobs at ``--trainer-temperature`` (default 0.7): every sampled
-  token's trainer / engine ratio is off, systematically;
+Three controlled mismatches between the engine that samples and the trainer that computes
+the loss, on the tiny SFT-warm-started model (2-digit addition, as the integration tests):
+- ``engine-temperature``: the engine samples at ``--engine-temperature`` (default 1.5; the
+  issue-21 table uses 2.0) while the trainer and the reference score at 1.0, a bench-only
+  skew (``rollout.temperature`` = T_e for the requests, the actor's and reference's
+  ``temperature`` set back to 1.0 after the roles are built);
+- ``temperature``: the engine samples at 1.0 while the trainer (and the reference) compute
+  logprobs at ``--trainer-temperature`` (default 0.7);
 - ``bf16``: the sync engine's copy of the weights is bfloat16 (the trainer stays fp32), the
   mismatch a vLLM engine brings.
 Each configuration runs sync GRPO from the same SFT model and seed with
 ``recompute_old_logprobs: always`` (so the monitor has the trainer's logprobs even without a
-correction). Prints one JSON line per run (held-out pass rate before / after, mean mismatch
-stats, fraction of tokens the correction touched) and a summary line; ``--figures DIR`` writes
-``mismatch_monitor.png`` (|trainer - engine| logprob per step) and ``mismatch_training.png``
-(training pass rate per step) there.
+correction). One JSON line per run goes to stderr (held-out greedy pass rate before / after,
+mean mismatch stats over the steps, fraction of tokens the correction touched), then ONE JSON
+line on stdout: per configuration, the per-seed figures and the mean gain. ``--figures DIR``
+writes ``mismatch_monitor.png`` and ``mismatch_training.png`` (first seed) there.
 
+    .venv/bin/python bench/mismatch.py --only 0,7,8,10,11 --engine-temperature 2.0 --seeds 0,1,2
     .venv/bin/python bench/mismatch.py --steps 60 --figures docs/figures
     .venv/bin/python bench/mismatch.py --quick      # 3 configurations, 20 steps
-    .venv/bin/python bench/mismatch.py --only 1,2,3 --trainer-temperature 0.4
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -50,6 +54,15 @@ CONFIGS: list[tuple[str, str | None, list[str]]] = [
     ("temperature, IcePop [0.5, 2]", "temperature", [f"{RC}.mode=icepop"]),
     ("bf16 engine, no correction", "bf16", []),
     ("bf16 engine, TIS token cap 2", "bf16", [f"{RC}.mode=tis"]),
+    ("engine T, no correction", "engine-temperature", []),
+    ("engine T, TIS token cap 2", "engine-temperature", [f"{RC}.mode=tis"]),
+    (
+        "engine T, MIS seq [0.5, 2]",
+        "engine-temperature",
+        [f"{RC}.mode=mis", f"{RC}.level=sequence"],
+    ),
+    ("engine T, IcePop [0.5, 2]", "engine-temperature", [f"{RC}.mode=icepop"]),
+    ("engine T, MIS token [0.5, 2]", "engine-temperature", [f"{RC}.mode=mis"]),
 ]
 QUICK = [0, 1, 2]
 MONITOR = ("logp_diff_abs_mean", "logp_diff_abs_max", "beyond_threshold_frac", "kl_k3")
@@ -77,13 +90,20 @@ def run(model: Path, run_dir: Path, mismatch: str | None, overrides: list[str], 
             f"model.path={model}", f"run_dir={run_dir}", f"seed={args.seed}", "threads=1",
             "logging.progress=false", "logging.tensorboard=false", f"train.steps={args.steps}",
             "data.eval_size=200", "algo.recompute_old_logprobs=always",
-            f"{RC}.mismatch_threshold=0.1", *overrides,
+            f"{RC}.mismatch_threshold=0.1", f"optim.lr={args.lr}",
+            *([f"rollout.temperature={args.engine_temperature}"]
+              if mismatch == "engine-temperature" else []),
+            *overrides,
         ],
     )  # fmt: skip
 
     def build(actor: str, critic: str | None):
         roles = build_local_roles(cfg, actor, critic)
-        if mismatch == "temperature":
+        if mismatch == "engine-temperature":  # the engine samples at T_e, the trainer T = 1
+            roles.actor.temperature = 1.0
+            if roles.reference is not None:
+                roles.reference.temperature = 1.0
+        elif mismatch == "temperature":
             roles.actor.temperature = args.trainer_temperature
             if roles.reference is not None:
                 roles.reference.temperature = args.trainer_temperature
@@ -92,7 +112,8 @@ def run(model: Path, run_dir: Path, mismatch: str | None, overrides: list[str], 
         return roles
 
     t0 = time.perf_counter()
-    out = train(cfg, build)
+    with contextlib.redirect_stdout(sys.stderr):  # the run's tables: stdout keeps one line
+        out = train(cfg, build)
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in recs if "actor/loss" in r]
     series = {k: [r.get(f"rollout_corr/{k}", 0.0) for r in steps] for k in MONITOR}
@@ -137,8 +158,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", help="comma-separated seeds (default: --seed)")
     p.add_argument("--trainer-temperature", type=float, default=0.7)
+    p.add_argument("--engine-temperature", type=float, default=1.5)
+    p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--model", type=Path, help="SFT model dir (default: build the warm start)")
+    p.add_argument("--models", help="SFT model dir per seed, with {seed} (e.g. m{seed}/sft)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--only", help="comma-separated indices into CONFIGS (default: all)")
     p.add_argument("--figures", type=Path)
@@ -147,19 +172,36 @@ def main() -> None:
         args.steps = min(args.steps, 20)
     chosen = [int(i) for i in args.only.split(",")] if args.only else range(len(CONFIGS))
     configs = [CONFIGS[i] for i in (QUICK if args.quick else chosen)]
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
+    results: dict[str, dict[int, dict]] = {label: {} for label, _, _ in configs}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        model = args.model or sft_model(root / "model", args.seed)
-        results = {}
-        for i, (label, mismatch, overrides) in enumerate(configs):
-            res = run(model, root / f"run{i}", mismatch, overrides, args)
-            results[label] = res
-            line = {"config": label, **{k: v for k, v in res.items() if k != "_series"}}
-            print(json.dumps(line), flush=True)
+        for seed in seeds:
+            args.seed = seed
+            if args.models:
+                model = Path(args.models.format(seed=seed))
+            else:
+                model = args.model or sft_model(root / f"model{seed}", seed)
+            for i, (label, mismatch, overrides) in enumerate(configs):
+                res = run(model, root / f"run{seed}_{i}", mismatch, overrides, args)
+                results[label][seed] = res
+                line = {"config": label, "seed": seed}
+                line.update({k: v for k, v in res.items() if k != "_series"})
+                print(json.dumps(line), file=sys.stderr, flush=True)
     if args.figures:
-        figures(results, args.figures)
-    gain = {k: round(v["eval_after"] - v["eval_before"], 3) for k, v in results.items()}
-    print(json.dumps({"summary": "held-out gain", **gain}), flush=True)
+        figures({k: v[seeds[0]] for k, v in results.items()}, args.figures)
+    keys = ("eval_before", "eval_after", "logp_diff_abs_mean_mean", "beyond_threshold_frac_mean",
+            "kl_k3_mean", "affected_frac_mean", "train_pass_last10")  # fmt: skip
+    table = {}
+    for label, per_seed in results.items():
+        row: dict = {"seeds": list(per_seed)}
+        row.update({k: [float(f"{r[k]:.4g}") for r in per_seed.values()] for k in keys})
+        gains = [r["eval_after"] - r["eval_before"] for r in per_seed.values()]
+        row["gain_mean"] = round(statistics.fmean(gains), 4)
+        table[label] = row
+    head = {"bench": "mismatch", "steps": args.steps, "engine_temperature": args.engine_temperature,
+            "trainer_temperature": args.trainer_temperature, "lr": args.lr}  # fmt: skip
+    print(json.dumps({**head, "configs": table}), flush=True)
 
 
 if __name__ == "__main__":

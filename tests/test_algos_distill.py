@@ -78,3 +78,16 @@ def test_a_run_distils_from_a_teacher_directory(tmp_path: Path, mode: str) -> No
     # two random models disagree: the reverse-KL estimate is logged and moves the student
     assert out["distill/reverse_kl"] != 0.0
     assert out["actor/grad_norm"] > 0.0
+
+
+@pytest.mark.parametrize("name, extra", [("ppo", ()), ("dpo", ("algo.kl_coef=0.1",))])
+def test_distillation_outside_grpo_is_a_config_error(name: str, extra: tuple[str, ...]) -> None:
+    from relayrl.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_config(RunConfig, None, [f"algo.name={name}", "algo.distill.teacher_path=t", *extra])
+    assert str(err.value) == (
+        "command line: bad value for 'algo.distill.teacher_path' ('t'): on-policy "
+        "distillation runs with algo.name 'grpo' (GRPO-style advantages, with or without the "
+        f"task reward); {name!r} does not read algo.distill"
+    )

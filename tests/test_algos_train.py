@@ -95,12 +95,19 @@ def test_each_new_loss_runs_by_name_with_rollout_correction(tiny, tmp_path, loss
                 "algo.rollout_correction.mode=icepop",
             ),
         ),  # fmt: skip
+        ("async", ("algo.policy_loss=sapo",)),  # the behaviour weight by default
     ],
 )
 def test_off_policy_schedules_take_the_new_options(tiny, tmp_path, schedule, overrides):
     cfg = _small(tiny, tmp_path / schedule, f"schedule={schedule}", *overrides)
     out = _train(cfg)
-    assert "rollout_corr/affected_frac" in out and "actor/pg_capped_frac" in out
+    if cfg.algo.rollout_correction.enabled:
+        assert "rollout_corr/affected_frac" in out, out
+    if cfg.policy_loss == "decoupled_ppo":
+        assert "actor/pg_capped_frac" in out, out
+    else:  # a 2025 loss: decoupled PPO's weight from the controller unless a mode replaces it
+        default = cfg.algo.rollout_correction.mode == "none"
+        assert ("offpolicy/capped_frac" in out) == default, out
 
 
 def test_controlled_mismatch_is_seen_and_corrected(tiny, tmp_path):

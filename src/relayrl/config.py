@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from relayrl.config_algo import DistillConfig, RolloutCorrectionConfig
+from relayrl.config_algo import DistillConfig, EmptyRows, RolloutCorrectionConfig
 from relayrl.config_base import (  # noqa: F401  (re-exported: every layer reads config)
     GROUP_ADVANTAGES,
     AdamBeta,
@@ -75,14 +75,16 @@ class AlgoConfig(_Strict):
         "token-sum",
     ] = "token-mean"
     """GSPO / GMPO / SAPO as in their papers (and veRL, which forces it): seq-mean-token-mean."""
+    seq_mean_empty_rows: EmptyRows = "count"
+    """seq-mean-* denominators: every row of the step (relayrl) or ``skip`` empty ones (veRL)."""
     policy_loss: (
         Literal["ppo", "decoupled_ppo", "gspo", "gspo_token", "cispo", "sapo", "gmpo"] | None
     ) = None
     """``ppo`` (clip centred on pi_old), ``decoupled_ppo`` (AReaL) or a 2025 loss
     (``relayrl.algos.registry``). Default: ``ppo`` for the sync schedule, ``decoupled_ppo`` for
     overlap and async (off-policy correction on). The 2025 losses are centred on the
-    recomputed pi_old in every schedule; off the sync schedule their correction for stale or
-    mismatched tokens is ``algo.rollout_correction``."""
+    recomputed pi_old in every schedule; off the sync schedule they get decoupled PPO's
+    behaviour weight (``behav_weight_*``), replaced by ``algo.rollout_correction`` when set."""
     clip_eps_low: float = Field(0.2, gt=0, lt=1)
     """The ratio is clipped below at 1 - clip_eps_low, so it must stay in (0, 1)."""
     clip_eps_high: float = Field(0.2, gt=0, le=10)
@@ -131,6 +133,14 @@ class AlgoConfig(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> AlgoConfig:
+        if self.distill.teacher_path is not None and self.name != "grpo":
+            raise KeyProblem(
+                "distill.teacher_path",
+                self.distill.teacher_path,
+                f"on-policy distillation runs with algo.name 'grpo' (GRPO-style advantages, "
+                f"with or without the task reward); {self.name!r} does not read algo.distill",
+                related=("name",),
+            )
         if self.name == "dpo":
             if self.kl_coef <= 0:
                 raise KeyProblem(

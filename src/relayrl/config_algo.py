@@ -11,6 +11,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+EmptyRows = Literal["count", "skip"]
+"""``algo.seq_mean_empty_rows``: whether the ``seq-mean-*`` denominators count the rows of a step
+that have no response token (``count``, relayrl) or not (``skip``, veRL's ``masked_mean`` over
+rows with a token)."""
+
 
 class RolloutCorrectionConfig(BaseModel):
     """Train / inference mismatch correction (``relayrl.algos.rollout_correction``).

@@ -63,15 +63,27 @@ class LossNorm:
         """Counts from the mask of a full step (a [B, T] tensor, or the list of its
         micro-batch masks, which may differ in T): tokens = unmasked entries, seqs = rows
         (``count_empty_rows=False``: only rows with at least one token, as veRL counts)."""
-        masks = [response_mask] if isinstance(response_mask, Tensor) else list(response_mask)
-        tokens = 0
-        seqs = 0
-        for mask in masks:
-            if mask.dim() != 2:
-                raise ValueError(f"response_mask must be [B, T], got shape {tuple(mask.shape)}")
-            tokens += int(as_bool_mask(mask).sum().item())
-            seqs += mask.shape[0] if count_empty_rows else int(as_bool_mask(mask).any(-1).sum())
+        tokens, seqs = step_counts(response_mask, count_empty_rows)
         return LossNorm(mode, float(tokens), float(seqs), float(norm_constant))
+
+
+def step_counts(
+    response_mask: Tensor | Sequence[Tensor], count_empty_rows: bool = True
+) -> tuple[int, int]:
+    """(tokens, seqs) of :class:`LossNorm` for one process's part of a step: tokens =
+    unmasked entries; seqs = rows, or with ``count_empty_rows=False`` only the rows with at
+    least one token (veRL). The one place the convention is applied: the single-process
+    actor and the data-parallel ranks (which sum these over ranks) both count with it."""
+    masks = [response_mask] if isinstance(response_mask, Tensor) else list(response_mask)
+    tokens = 0
+    seqs = 0
+    for mask in masks:
+        if mask.dim() != 2:
+            raise ValueError(f"response_mask must be [B, T], got shape {tuple(mask.shape)}")
+        valid = as_bool_mask(mask)
+        tokens += int(valid.sum().item())
+        seqs += mask.shape[0] if count_empty_rows else int(valid.any(-1).sum().item())
+    return tokens, seqs
 
 
 def _safe_div(total: Tensor, denominator: float) -> Tensor:
@@ -98,8 +110,8 @@ def aggregate_loss(loss_mat: Tensor, response_mask: Tensor, norm: LossNorm) -> T
 
     Empty rows: relayrl's ``global_seqs`` counts every row of the step, empty ones included
     (an empty row adds 0 to the numerator); veRL's ``seq-mean-*`` modes divide by the rows
-    with at least one token. ``LossNorm.for_batch(..., count_empty_rows=False)`` gives
-    veRL's denominator.
+    with at least one token. ``algo.seq_mean_empty_rows: skip`` (``LossNorm.for_batch(...,
+    count_empty_rows=False)``) gives veRL's denominator.
     """
     if loss_mat.shape != response_mask.shape or loss_mat.dim() != 2:
         raise ValueError(

@@ -17,6 +17,7 @@ from relayrl.algos import (
     AdaptiveKLController,
     FixedKLController,
     apply_kl_to_rewards,
+    behaviour_weights,
     compute_advantages,
     rollout_correction,
 )
@@ -215,7 +216,8 @@ def correct_rollout(roles: Roles, exp: Experience, cfg: RunConfig) -> dict[str, 
     correction or not (mode ``none`` reports them without weighting anything).
     """
     rc = cfg.algo.rollout_correction
-    trainer = trainer_logprobs(roles, exp, cfg, compute=rc.enabled)
+    behav = needs_behaviour_weight(cfg)
+    trainer = trainer_logprobs(roles, exp, cfg, compute=rc.enabled or behav)
     if trainer is None:
         return {}
     weights, stats = rollout_correction(
@@ -235,7 +237,34 @@ def correct_rollout(roles: Roles, exp: Experience, cfg: RunConfig) -> dict[str, 
     )
     if rc.enabled:
         exp["rollout_weights"] = weights.to(torch.float32)
+    if behav:
+        a = cfg.algo
+        factor, w, affected = behaviour_weights(
+            trainer, exp["behaviour_logprobs"], exp.response_mask,
+            a.behav_weight_mode, a.behav_weight_cap, a.behav_weight_lower,
+        )  # fmt: skip
+        prior = exp["rollout_weights"] if rc.enabled else 1.0  # reject_kl's rejections
+        exp["rollout_weights"] = (factor * prior).to(torch.float32)
+        mask = exp.response_mask.bool()
+        n = mask.sum().clamp(min=1)
+        stats["offpolicy/behav_weight_mean"] = float(w[mask].sum() / n)
+        stats["offpolicy/behav_weight_max"] = float(w[mask].max()) if mask.any() else 0.0
+        stats["offpolicy/capped_frac"] = float(affected.sum() / n)
     return stats
+
+
+def needs_behaviour_weight(cfg: RunConfig) -> bool:
+    """Whether a 2025 loss (gspo, cispo, sapo, gmpo, ...) gets decoupled PPO's behaviour
+    weight from :func:`correct_rollout`: off the sync schedule (data can be stale, so the
+    off-policy correction is on by default, as ``decoupled_ppo`` is) unless
+    ``algo.rollout_correction.mode`` is set, whose weight (the same ratio pi_prox / pi_behav)
+    then replaces it, as for decoupled PPO. The weight is f(w), w = exp(pi_prox - pi_behav),
+    f from ``algo.behav_weight_mode`` / ``behav_weight_cap`` / ``behav_weight_lower``."""
+    return (
+        cfg.schedule != "sync"
+        and cfg.policy_loss not in ("ppo", "decoupled_ppo")
+        and cfg.algo.rollout_correction.mode == "none"
+    )
 
 
 def update_roles(

@@ -231,7 +231,9 @@ class ActorWorker(TrainState, ReferenceWorker):
 
     def _loss_norm(self, mini: Experience) -> LossNorm:
         """The step-global normaliser (a data-parallel actor sums the counts over ranks)."""
-        return LossNorm.for_batch(mini.response_mask, self.algo.loss_agg, self.max_response_tokens)
+        a = self.algo
+        empty = a.seq_mean_empty_rows == "count"
+        return LossNorm.for_batch(mini.response_mask, a.loss_agg, self.max_response_tokens, empty)
 
     def _reduce_gradients(self) -> None:
         """Hook before clipping: a data-parallel actor all-reduces gradients here."""

@@ -85,7 +85,8 @@ class CriticWorker(TrainState):
 
     def _loss_norm(self, mini: Experience) -> LossNorm:
         """The step-global normaliser (a data-parallel critic sums the counts over ranks)."""
-        return LossNorm.for_batch(mini.response_mask, self.algo.loss_agg)
+        empty = self.algo.seq_mean_empty_rows == "count"
+        return LossNorm.for_batch(mini.response_mask, self.algo.loss_agg, 1.0, empty)
 
     def _reduce_gradients(self) -> None:
         """Hook before clipping: a data-parallel critic all-reduces gradients here."""

@@ -18,19 +18,19 @@ import torch
 import torch.distributed as dist
 
 from relayrl.algos import LossNorm
-from relayrl.algos.masked import as_bool_mask
+from relayrl.algos.aggregation import step_counts
 from relayrl.config import RunConfig
 from relayrl.workers.actor import ActorWorker
 from relayrl.workers.critic import CriticWorker
 from relayrl.workers.experience import Experience
 
 
-def global_loss_norm(mini: Experience, mode: str, norm_constant: float = 1.0) -> LossNorm:
-    """``LossNorm`` with token and sequence counts summed over all data-parallel ranks."""
-    mask = mini.response_mask
-    counts = torch.tensor(
-        [float(as_bool_mask(mask).sum()), float(mask.shape[0])], dtype=torch.float64
-    )
+def global_loss_norm(
+    mini: Experience, mode: str, norm_constant: float = 1.0, count_empty_rows: bool = True
+) -> LossNorm:
+    """``LossNorm`` with token and sequence counts summed over all data-parallel ranks (each
+    rank's counted by ``step_counts``, the single-process actor's convention)."""
+    counts = torch.tensor(step_counts(mini.response_mask, count_empty_rows), dtype=torch.float64)
     dist.all_reduce(counts, op=dist.ReduceOp.SUM)
     return LossNorm(mode, float(counts[0]), float(counts[1]), float(norm_constant))
 
@@ -64,7 +64,8 @@ class DataParallelActorWorker(ActorWorker):
         return super().from_config(model, cfg)
 
     def _loss_norm(self, mini: Experience) -> LossNorm:
-        return global_loss_norm(mini, self.algo.loss_agg, self.max_response_tokens)
+        empty = self.algo.seq_mean_empty_rows == "count"
+        return global_loss_norm(mini, self.algo.loss_agg, self.max_response_tokens, empty)
 
     def _reduce_gradients(self) -> None:
         all_reduce_gradients(self.model)
@@ -83,7 +84,8 @@ class DataParallelCriticWorker(CriticWorker):
         return super().from_config(model, cfg)
 
     def _loss_norm(self, mini: Experience) -> LossNorm:
-        return global_loss_norm(mini, self.algo.loss_agg)
+        empty = self.algo.seq_mean_empty_rows == "count"
+        return global_loss_norm(mini, self.algo.loss_agg, 1.0, empty)
 
     def _reduce_gradients(self) -> None:
         all_reduce_gradients(self.model)
