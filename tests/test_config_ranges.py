@@ -122,6 +122,8 @@ def _cases(model: type[BaseModel]) -> list[Any]:
 def _override(nk: NumericKey, bad: Any) -> str:
     text = ".nan" if isinstance(bad, float) and math.isnan(bad) else str(bad)
     if nk.tuple_default is None:
+        if nk.key.endswith("]"):  # a list whose default is null: a one-item list
+            return f"{nk.key.split('[')[0]}=[{text}]"
         return f"{nk.key}={text}"
     base, index = nk.key[:-1].split("[")
     items = [str(v) for v in nk.tuple_default]

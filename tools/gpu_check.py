@@ -146,8 +146,9 @@ def _mean(xs: list[float]) -> float:
 
 def _vllm_state() -> str:
     try:
-        import relayrl.rollout.vllm_backend  # noqa: F401
         import vllm  # noqa: F401
+
+        import relayrl.rollout.vllm_backend  # noqa: F401
     except ImportError:
         return "not installed (skipped)"
     return "installed (not exercised by this check yet)"

@@ -9,17 +9,19 @@ et al. 2021) and maj@k (majority vote over the extracted answers) are reported f
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from relayrl.config_base import KeyProblem, _Strict
+from relayrl.config_base import KeyProblem, Seed, _Strict
+
+PositiveInt = Annotated[int, Field(ge=1)]
 
 
 class EvalConfig(_Strict):
     n: int = Field(1, ge=1)
     """Samples per prompt."""
-    k: list[int] | None = None
+    k: list[PositiveInt] | None = None
     """The k of pass@k and maj@k (each in 1..n; null: 1 and n)."""
     greedy: bool | None = None
     """Argmax decoding; null: greedy when ``n`` is 1, sampling otherwise."""
@@ -31,7 +33,7 @@ class EvalConfig(_Strict):
     """How maj@k reads an answer: ``integer`` (the last integer, as the arithmetic reward
     does), ``math`` (the final / boxed answer, normalised), ``text`` (the stripped completion);
     ``auto``: ``integer`` for ``reward.fn: arithmetic``, ``math`` for ``math``, else ``text``."""
-    seed: int | None = None
+    seed: Seed | None = None
     """Sampling seed of the eval requests (prompt i, sample j gets ``seed + i * n + j``);
     null: the engine's own stream."""
 
