@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -28,6 +29,7 @@ COMMON = (
     "algo.group_size=4",
     "algo.kl_coef=0.05",
     "algo.micro_batch_size=3",
+    "algo.mini_batches=1",  # each rank's shard is its part of the one mini-batch
     "data.eval_size=4",
     "optim.lr=2e-3",
 )
@@ -64,18 +66,26 @@ def _rows(run):
     return {r["step"]: r for r in map(json.loads, lines) if "reward_mean" in r}
 
 
-def test_fsdp_train_resumes_exactly_and_equals_one_process(sft_model, tmp_path):
-    straight, split, local = tmp_path / "straight", tmp_path / "split", tmp_path / "local"
-    _ray_train(run_config(sft_model, straight, "train.steps=3", *COMMON, *FSDP))
-    _ray_train(run_config(sft_model, split, "train.steps=2", *COMMON, *FSDP))
-    ckpt = split / "checkpoints/step_000002"
+@pytest.fixture(scope="module")
+def straight(sft_model, tmp_path_factory):
+    """3 FSDP2 steps straight, checkpoints after steps 2 and 3."""
+    run = tmp_path_factory.mktemp("fsdp_train") / "straight"
+    _ray_train(run_config(sft_model, run, "train.steps=3", "train.save_every=2", *COMMON, *FSDP))
+    return run
+
+
+def test_fsdp_train_resumes_exactly_from_a_sharded_checkpoint(sft_model, straight, tmp_path):
+    """The run directory as it was after step 2 (its step-2 checkpoint), resumed for 1 step."""
+    ckpt = straight / "checkpoints/step_000002"
     state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
     assert state["actor"] == {"sharded_dir": "sharded_actor"}
     assert (ckpt / "sharded_actor/.metadata").is_file()
-    assert sorted(p.name for p in (ckpt / "sharded_actor").glob("rank_*.pt")) == [
-        "rank_0.pt",
-        "rank_1.pt",
-    ]
+    ranks = sorted(p.name for p in (ckpt / "sharded_actor").glob("rank_*.pt"))
+    assert ranks == ["rank_0.pt", "rank_1.pt"]
+    split = tmp_path / "split"
+    shutil.copytree(ckpt, split / "checkpoints" / ckpt.name)
+    (split / "checkpoints/latest").write_text(ckpt.name + "\n")
+    shutil.copy(straight / "metrics.jsonl", split / "metrics.jsonl")
     _ray_train(run_config(sft_model, split, "train.steps=3", *COMMON, *FSDP), resume=True)
     a, b = _weights(straight, 3), _weights(split, 3)
     assert a.keys() == b.keys()
@@ -83,18 +93,19 @@ def test_fsdp_train_resumes_exactly_and_equals_one_process(sft_model, tmp_path):
         assert torch.equal(a[k], b[k]), k
     ra, rb = _rows(straight), _rows(split)
     assert sorted(ra) == sorted(rb) == [1, 2, 3]
-    for s in ra:
-        for key in ("reward_mean", "actor/loss", "actor/grad_norm", "actor/kl"):
-            assert ra[s][key] == rb[s][key], (s, key)
-    # the weights moved, and the local 1-process run on the same batches gives them
-    cfg = run_config(sft_model, local, "train.steps=3", *COMMON)
+    for key in ("reward_mean", "actor/loss", "actor/grad_norm", "actor/kl"):
+        assert ra[3][key] == rb[3][key], key
+
+
+def test_fsdp_train_equals_the_one_process_run(sft_model, straight, tmp_path):
+    """The local 1-process run on the same global batches: weights within 1e-9 (float64)."""
+    cfg = run_config(sft_model, tmp_path / "local", "train.steps=3", *COMMON)
     train(cfg, lambda p, c: build_local_roles(cfg, p, c))
-    one = _weights(local, 3)
+    one, two = _weights(tmp_path / "local", 3), _weights(straight, 3)
     start = AutoModelForCausalLM.from_pretrained(sft_model, torch_dtype=torch.float64).state_dict()
-    assert max(float((one[k] - start[k]).abs().max()) for k in one) > 1e-4
-    assert max(float((one[k] - a[k]).abs().max()) for k in one) < TOL
-    rl = _rows(local)
-    for s in ra:
-        assert ra[s]["reward_mean"] == rl[s]["reward_mean"]
-        # the loss is summed over the ranks' parts; the gradient norm is global
-        assert ra[s]["actor/grad_norm"] == pytest.approx(rl[s]["actor/grad_norm"], abs=TOL)
+    assert max(float((one[k] - start[k]).abs().max()) for k in one) > 1e-4  # they moved
+    assert max(float((one[k] - two[k]).abs().max()) for k in one) < TOL
+    r1, r2 = _rows(tmp_path / "local"), _rows(straight)
+    for s in r2:
+        assert r2[s]["reward_mean"] == r1[s]["reward_mean"]
+        assert r2[s]["actor/grad_norm"] == pytest.approx(r1[s]["actor/grad_norm"], abs=TOL)
