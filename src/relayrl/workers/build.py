@@ -54,7 +54,16 @@ class LoraActorWorker(ActorWorker):
 class LoraDataParallelActorWorker(LoraActorWorker, DataParallelActorWorker):
     """A LoRA actor on one data-parallel rank: each rank holds the full frozen base and the
     adapters (replicas); only the adapters' gradients are all-reduced (SUM, over the global
-    loss counts), so every rank takes the single-process step."""
+    loss counts), so every rank takes the single-process step. The adapters start as rank
+    0's (peft draws ``lora_A`` from each process's own RNG)."""
+
+    @classmethod
+    def from_config(cls, model: torch.nn.Module, cfg: RunConfig) -> ActorWorker:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.requires_grad:
+                    dist.broadcast(p.data, src=0)
+        return super().from_config(model, cfg)
 
 
 class AdapterDisabledReference(ReferenceWorker):

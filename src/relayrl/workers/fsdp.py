@@ -69,7 +69,10 @@ def shard_model(model: torch.nn.Module, fsdp: FsdpConfig, precision: Precision) 
         if precision.mixed
         else MixedPrecisionPolicy()
     )
-    offload = CPUOffloadPolicy() if fsdp.cpu_offload else OffloadPolicy()
+    # pinned host memory needs an accelerator; on a CPU-only machine the offload keeps the
+    # shards where they already are (the code path runs, nothing moves)
+    pin = torch.cuda.is_available()
+    offload = CPUOffloadPolicy(pin_memory=pin) if fsdp.cpu_offload else OffloadPolicy()
     kwargs: dict[str, Any] = dict(
         reshard_after_forward=fsdp.reshard_after_forward, mp_policy=mp, offload_policy=offload
     )
