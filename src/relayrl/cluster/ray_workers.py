@@ -141,9 +141,10 @@ class RoleHost:
 
     def _build_engine(self, weights: Mapping[str, Tensor] | None) -> None:
         from relayrl.model import load_causal_lm, load_tokenizer
-        from relayrl.model.device import apply_precision, precision_for, resolve_device
+        from relayrl.model.device import apply_precision, precision_for
         from relayrl.model.lora import is_lora
         from relayrl.rollout import RolloutEngine
+        from relayrl.workers.build import ENGINE_DEVICE
 
         spec, cfg = self.spec, self.spec.cfg
         tok = load_tokenizer(cfg.model.path)
@@ -172,7 +173,7 @@ class RoleHost:
         if state is not None:
             with torch.no_grad():
                 model.load_state_dict(dict(state))
-        model = apply_precision(model, precision, resolve_device(cfg.model.device, spec.rank))
+        model = apply_precision(model, precision, ENGINE_DEVICE)  # the engine is CPU-only
         self.engine = RolloutEngine(
             model.eval().requires_grad_(False),
             eos_token_id=tok.eos_token_id,

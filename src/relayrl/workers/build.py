@@ -31,6 +31,11 @@ from relayrl.workers.critic import CriticWorker
 from relayrl.workers.data_parallel import DataParallelActorWorker, DataParallelCriticWorker
 from relayrl.workers.experience import Experience
 
+ENGINE_DEVICE = torch.device("cpu")
+"""Where the own rollout engine computes: its KV cache, sampler and batches are CPU tensors
+(the engine is not device-aware yet), so its model stays on the CPU whatever ``model.device``
+(the vLLM backend places itself)."""
+
 
 def _distributed(cfg: RunConfig, world: int) -> bool:
     """Whether the role runs over a process group (world > 1, or FSDP on any world)."""
@@ -159,11 +164,11 @@ def engine_model(
     cfg: RunConfig, actor: ActorWorker, path: str, keep: bool | None = None
 ) -> torch.nn.Module:
     """The rollout engine's own model: the actor's weights (merged under LoRA) as a plain HF
-    model in the compute dtype on the actor's device, frozen. Under FSDP2 every rank must call
+    model in the compute dtype on ``ENGINE_DEVICE``, frozen. Under FSDP2 every rank must call
     (the full weights are gathered bucket by bucket); ranks with ``keep`` False (default: all
     but rank 0) get the unloaded model."""
     precision = precision_for(cfg.model, trainable=False)
-    device = resolve_device(cfg.model.device, dist.get_rank() if dist.is_initialized() else 0)
+    device = ENGINE_DEVICE
     if is_lora(actor.model) or cfg.model.fsdp.enabled:
         model = load_causal_lm(
             cfg.model.path if is_lora(actor.model) else path, precision.param_dtype
