@@ -109,3 +109,36 @@ def test_fsdp_train_equals_the_one_process_run(sft_model, straight, tmp_path):
     for s in r2:
         assert r2[s]["reward_mean"] == r1[s]["reward_mean"]
         assert r2[s]["actor/grad_norm"] == pytest.approx(r1[s]["actor/grad_norm"], abs=TOL)
+
+
+LORA_DP = (
+    "cluster=ray",
+    "model.lora.r=4",
+    "model.lora.alpha=8",
+    "model.lora.dropout=0.0",
+    "ray.pools={main: {bundles: 2, cpus_per_bundle: 0.5}}",
+)
+
+
+@pytest.mark.slow
+def test_lora_data_parallel_train_checkpoints_the_adapter_and_resumes(sft_model, tmp_path):
+    """LoRA on 2 data-parallel Ray ranks through train: the checkpoint's ``actor/`` is the peft
+    adapter, and 2 steps + a resume for 1 give the adapter of 3 steps straight."""
+    from peft import PeftModel
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    _ray_train(run_config(sft_model, a, "train.steps=3", *COMMON, *LORA_DP))
+    _ray_train(run_config(sft_model, b, "train.steps=2", *COMMON, *LORA_DP))
+    assert (b / "checkpoints/step_000002/actor/adapter_config.json").is_file()
+    _ray_train(run_config(sft_model, b, "train.steps=3", *COMMON, *LORA_DP), resume=True)
+
+    def adapter(run):
+        base = AutoModelForCausalLM.from_pretrained(sft_model, torch_dtype=torch.float64)
+        peft = PeftModel.from_pretrained(base, run / "checkpoints/step_000003/actor")
+        return {k: v for k, v in peft.state_dict().items() if "lora_" in k}
+
+    wa, wb = adapter(a), adapter(b)
+    assert wa and wa.keys() == wb.keys()
+    assert any(float(v.abs().max()) > 0 for k, v in wa.items() if "lora_B" in k)  # trained
+    for k in wa:
+        assert float((wa[k] - wb[k]).abs().max()) < TOL, k

@@ -25,6 +25,7 @@ from relayrl.cluster.ray_workers import HostSpec, RemoteRole, RoleHostActor, Wor
 from relayrl.config import RunConfig
 from relayrl.model import load_causal_lm, load_critic, load_tokenizer, resolve_threads
 from relayrl.model.device import precision_for
+from relayrl.model.lora import apply_lora
 from relayrl.reward import build_reward_service
 from relayrl.rlhf.rm_scorer import build_reward_fn
 from relayrl.rollout import GenerationRequest
@@ -167,9 +168,15 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
         return groups[next(n for n, rs in by_pool.items() if role in rs)]
 
     sharded = cfg.model.fsdp.enabled
-    actor = RemoteRole(
-        group_of("actor"), "actor", lambda: load_causal_lm(actor_path, dtype), sharded
-    )
+    lora = cfg.model.lora
+
+    def actor_shadow() -> torch.nn.Module:
+        if lora is None:
+            return load_causal_lm(actor_path, dtype)
+        # the base with fresh adapters; the actor's peft state (adapters) is loaded into it
+        return apply_lora(load_causal_lm(cfg.model.path, dtype), lora)
+
+    actor = RemoteRole(group_of("actor"), "actor", actor_shadow, sharded, lora is not None)
     reference = None
     if "reference" in needed_roles(cfg):
         reference = RemoteRole(

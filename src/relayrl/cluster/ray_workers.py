@@ -93,6 +93,7 @@ class RoleHost:
     def __init__(self, spec: HostSpec, weights: Mapping[str, Tensor] | None = None):
         os.environ["OMP_NUM_THREADS"] = str(spec.threads)
         torch.set_num_threads(spec.threads)
+        torch.manual_seed(spec.cfg.seed + spec.rank)  # LoRA's initial adapters, dropout
         self.spec = spec
         self.roles: dict[str, Any] = {}
         self.engine: Any = None  # RolloutEngine | VllmEngine: the rollout interface
@@ -210,6 +211,11 @@ class RoleHost:
             return full_state_dict(worker.model, _sync_bytes(self.spec.cfg))
         own = getattr(worker, "state_dict", None)
         return own() if own is not None else worker.model.state_dict()
+
+    def model_state(self, role: str) -> dict[str, Tensor]:
+        """``role``'s model state dict under its own keys (a LoRA actor: the peft model's, with
+        the adapters; not for a sharded role)."""
+        return self.roles[role].model.state_dict()
 
     def gradients(self, role: str) -> dict[str, Tensor]:
         """The current ``.grad`` of each trainable parameter of ``role`` (tests, debugging)."""
@@ -459,7 +465,8 @@ class RemoteRole:
     """A role on a worker group, with the local worker's interface.
 
     ``model`` is a controller-side copy refreshed from rank 0 on each access (checkpoints:
-    the HF export; for a ``sharded`` (FSDP2) role gathered by every rank, bucket by bucket).
+    the HF export; for a ``sharded`` (FSDP2) role gathered by every rank, bucket by bucket;
+    ``own_keys``: a LoRA actor's peft model, so the checkpoint holds the adapter).
     """
 
     def __init__(
@@ -468,8 +475,10 @@ class RemoteRole:
         role: str,
         load_shadow: Callable[[], torch.nn.Module],
         sharded: bool = False,
+        own_keys: bool = False,
     ):
         self.group, self.role, self.sharded = group, role, sharded
+        self._own_keys = own_keys  # the shadow takes the model's own state (LoRA: peft)
         self._dispatch = SHARDED_DISPATCH if sharded else DISPATCH
         self._load_shadow = load_shadow
         self._shadow: torch.nn.Module | None = None
@@ -487,7 +496,10 @@ class RemoteRole:
     def model(self) -> torch.nn.Module:
         if self._shadow is None:
             self._shadow = self._load_shadow()
-        state = ray.get(self.state_dict().ref)
+        if self._own_keys:
+            state = ray.get(self.group.hosts[0].model_state.remote(self.role))
+        else:
+            state = ray.get(self.state_dict().ref)
         with torch.no_grad():
             self._shadow.load_state_dict(state)
         return self._shadow
