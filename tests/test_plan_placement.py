@@ -68,7 +68,9 @@ def _workload() -> RLHFWorkload:
 def test_hybridflow_trend_grouping_gains_with_cluster_size():
     w = _workload()
     ratios = []
-    for n in (8, 16, 32, 64, 128):
+    # generation is the simulator's (issue 23): its tail floor keeps colocation ahead up to
+    # 128 GPUs; grouping wins from 256 (the flat 28.8 s floor crossed between 64 and 128)
+    for n in (8, 16, 32, 64, 128, 256):
         res = {r.name: r for r in search_placements(w, n)}
         ratios.append(res["colocate"].iteration_s / res["nemo"].iteration_s)
         if n <= 16:

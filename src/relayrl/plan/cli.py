@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,18 @@ def _eta(text: str) -> int | None:
     return v
 
 
+def _turns(text: str) -> Any:
+    """``N`` (every episode N turns) or a length spec for a distribution of turn counts."""
+    from relayrl.plan.lengths import parse_lengths
+
+    if text.strip().isdigit():
+        v = int(text)
+        if v < 1:
+            raise ValueError(f"--turns must be >= 1, got {v}")
+        return v
+    return parse_lengths(text)
+
+
 def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
@@ -61,17 +74,28 @@ def _print_table(title: str, rows: list[dict[str, Any]], as_json: bool) -> None:
         table.add_column(c, overflow="fold")
     for r in rows:
         table.add_row(*[_fmt(r.get(c, "")) for c in cols])
-    Console(width=max(100, 14 * len(cols))).print(table)
+    Console().print(table)  # the terminal's width (COLUMNS when not a terminal); cells fold
 
 
 def _fmt(v: Any) -> str:
+    """Numbers for people: ``41,850`` (>= 1000, thousands separated), ``15.24`` (4
+    significant digits), ``0.0004``; never an exponent below 1e15."""
     if isinstance(v, float):
         if v == 0:
             return "0"
-        if abs(v) >= 1e5 or abs(v) < 1e-3:
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
+        if abs(v) < 1e-3:
             return f"{v:.3g}"
         return f"{v:.4g}"
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10000:
+        return f"{v:,}"
     return str(v)
+
+
+def _positive(name: str, v: float | None) -> None:
+    if v is not None and not v > 0:
+        raise ValueError(f"{name} must be > 0, got {v:g}")
 
 
 def _time_model(args: argparse.Namespace) -> Any:
@@ -91,10 +115,14 @@ def _time_model(args: argparse.Namespace) -> Any:
 
 # -- simulate ----------------------------------------------------------------------------------
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from relayrl.plan.envlatency import parse_latency
     from relayrl.plan.lengths import parse_lengths
     from relayrl.plan.plots import plot_simulations, write_chrome_trace
     from relayrl.plan.simulator import SimConfig, simulate, sparkline
+    from relayrl.plan.timemodel import DoesNotFit
 
+    if args.slots is not None and args.slots < 1:
+        raise ValueError(f"--slots must be >= 1, got {args.slots}")
     tm = _time_model(args)
     lengths = parse_lengths(args.lengths)
     schedules = _csv(args.schedule)
@@ -106,6 +134,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except ValueError:
         raise ValueError(f"--train-devices must be integers, got {args.train_devices!r}") from None
     runs: list[tuple[str, Any]] = []
+    refused: list[dict[str, Any]] = []
     combos: list[tuple[str, int | None, int | None]] = []
     for sched in schedules:
         if sched not in ("sync", "overlap", "async"):
@@ -132,13 +161,26 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             sync_bandwidth=args.sync_bandwidth * 1e9,
             seed=args.seed,
             record_events=bool(args.plot),
+            turns=_turns(args.turns),
+            env_latency=parse_latency(args.env_latency) if args.env_latency else None,
+            obs_tokens=args.obs_tokens,
+            resume_prefill=args.resume_prefill,
+            turn_barrier=not args.independent_turns,
         )
         label = sched if sched != "async" else f"async eta={'inf' if eta is None else eta}"
         if split is not None and len(splits) > 1:
             label += f" train={split}"
-        runs.append((label, simulate(cfg)))
+        try:
+            runs.append((label, simulate(cfg)))
+        except DoesNotFit as exc:
+            if len(combos) == 1:
+                raise
+            refused.append({"config": label, "refused": str(exc)})
+    if not runs:
+        raise ValueError(refused[0]["refused"])
     base = next((r for lbl, r in runs if lbl == "sync"), runs[0][1])
     rows = []
+    multi_turn = any("episode_env_wait_s" in r.breakdown for _, r in runs)
     for label, r in runs:
         s = r.summary()
         sp = r.steady_samples_per_s / base.steady_samples_per_s
@@ -159,8 +201,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 "trainer idle s": b.get("trainer_idle_s", 0.0),
                 "reprefill s": b.get("reprefill_s", 0.0),
             }
+            if multi_turn:
+                row["env wait s/episode"] = b.get("episode_env_wait_s", 0.0)
         rows.append(row)
+    rows += refused
     _print_table("relayrl simulate", rows, args.json)
+    for label, r in runs:
+        for w in r.warnings:
+            print(f"relayrl simulate: warning: {label}: {w}", file=sys.stderr)
     if not args.json:
         for label, r in runs:
             print(f"{label:>16} |{sparkline([u for _, u in r.utilisation_timeline])}|")
@@ -182,6 +230,8 @@ def cmd_reshard(args: argparse.Namespace) -> int:
 
     train = _layout(args.train, 3, "--train")
     gen = _layout(args.gen, 2, "--gen")
+    _positive("--model-gb", args.model_gb)
+    _positive("--bandwidth (GB/s)", args.bandwidth)
     if args.model_gb is not None:
         mbytes: float | None = args.model_gb * 1e9
     elif args.model:
@@ -189,7 +239,7 @@ def cmd_reshard(args: argparse.Namespace) -> int:
     else:
         mbytes = None
     strategies = _csv(args.strategy) if args.strategy != "all" else list(STRATEGIES)
-    bw = args.bandwidth * 1e9 if args.bandwidth else None
+    bw = args.bandwidth * 1e9 if args.bandwidth is not None else None
     rows = []
     plans = []
     for s in strategies:
@@ -217,17 +267,31 @@ def _four_models(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_placement(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from relayrl.plan.hardware import get_hardware
+    from relayrl.plan.lengths import parse_lengths
     from relayrl.plan.placement import RLHFWorkload, placement_memory, search_placements
 
+    if args.top < 1:
+        raise ValueError(f"--top must be >= 1, got {args.top}")
     models = _four_models(args)
+    lengths = parse_lengths(args.lengths) if args.lengths else None
+    mean_len = args.mean_len
+    if lengths is not None:  # the FLOP terms use the distribution's mean
+        mean_len = int(round(float(np.mean(lengths.sample(8192, np.random.default_rng(0))))))
+        lengths = parse_lengths(args.lengths)  # fresh (fixed lengths keep a position)
     w = RLHFWorkload(
         models,
         get_hardware(args.hardware),
         batch=args.batch,
         prompt_len=args.prompt_len,
-        mean_len=args.mean_len,
+        mean_len=mean_len,
         max_len=args.max_len,
+        gen_per_device=args.gen_per_device,
+        mfu=args.mfu,
+        decode_efficiency=args.decode_eff,
+        lengths=lengths,
     )
     for n in [int(x) for x in _csv(args.devices)]:
         res = search_placements(w, n)
@@ -267,14 +331,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     ):
         try:
             ev = pb.evaluate(fn(pb))
-        except ValueError:
+        except ValueError as exc:
+            rows.append({"plan": name, "refused": str(exc)})
             continue
         rows.append({"plan": name, **{k: v for k, v in ev.to_dict().items() if k != "calls"}})
     best = search_plan(pb, steps=args.steps, seed=args.seed)
     rows.append({"plan": "search", **{k: v for k, v in best.to_dict().items() if k != "calls"}})
-    heur = rows[0]["iteration_s"]
+    heur = next((r["iteration_s"] for r in rows if "iteration_s" in r), None)
     for r in rows:
-        r["vs heuristic"] = round(heur / r["iteration_s"], 3)
+        if heur is not None and "iteration_s" in r:
+            r["vs heuristic"] = round(heur / r["iteration_s"], 3)
     _print_table(f"execution plans on {args.nodes} x {pb.gpn} {args.hardware}", rows, args.json)
     calls = [{"call": c, **v} for c, v in best.to_dict()["calls"].items()]
     _print_table("searched plan", calls, args.json)
@@ -291,6 +357,9 @@ def cmd_cost(args: argparse.Namespace) -> int:
     from relayrl.plan.hardware import get_hardware
     from relayrl.plan.models import get_model
 
+    if args.gpus < 1:
+        raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
+    _positive("--price (per GPU-hour)", args.price)
     hw = get_hardware(args.hardware)
     m = get_model(args.model)
     price = hw.price_per_hour if args.price is None else args.price
@@ -403,121 +472,21 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 # -- registration ------------------------------------------------------------------------------
-def _common_model(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="qwen2.5-1.5b", help="preset name or local HF model dir")
-    p.add_argument("--hardware", default="h100", help="a100 | h100 | h200 | h800")
-    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation")
-    p.add_argument("--decode-eff", type=float, default=0.6, help="share of HBM bandwidth in decode")
-
-
 def add_subcommands(sub: Any) -> None:
-    """Register the planner subcommands on an argparse ``subparsers`` object."""
-    s = sub.add_parser("simulate", help="simulate sync / overlap / async schedules")
-    _common_model(s)
-    s.add_argument("--profile", help="measured profile JSON (instead of --model/--hardware)")
-    s.add_argument("--schedule", default="sync,overlap,async", help="comma list")
-    s.add_argument("--eta", default="0,1,2,4,inf", help="comma list for async ('inf' = unbounded)")
-    s.add_argument("--no-interrupt", action="store_true", help="async: do not interrupt on updates")
-    s.add_argument(
-        "--finish-order",
-        action="store_true",
-        help="async: train the oldest finished samples (async.in_order: false)",
-    )
-    s.add_argument("--devices", type=int, default=16)
-    s.add_argument(
-        "--train-devices", default=None, help="overlap/async training devices, comma list (1/4)"
-    )
-    s.add_argument("--tp", type=int, default=1, help="devices per generation replica")
-    s.add_argument("--batch", type=int, default=512, help="samples per training step")
-    s.add_argument("--steps", type=int, default=8)
-    s.add_argument("--prompt-len", type=int, default=256)
-    s.add_argument(
-        "--lengths",
-        default="lognormal:2000:0.8:16384",
-        help="lognormal:MEDIAN:SIGMA:CAP | constant:N | fixed:N,N | empirical:PATH",
-    )
-    s.add_argument(
-        "--slots", type=int, default=None, help="sequences per replica (default: KV limit)"
-    )
-    s.add_argument("--weight-sync-s", type=float, default=None)
-    s.add_argument("--sync-bandwidth", type=float, default=25.0, help="GB/s trainer->generator")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--plot", help="directory for utilisation/staleness PNGs and Chrome traces")
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(fn=cmd_simulate)
+    """Register the planner subcommands (options in :mod:`relayrl.plan.cli_args`) on an
+    argparse ``subparsers`` object."""
+    from relayrl.plan.cli_args import register
 
-    r = sub.add_parser("reshard", help="train -> generate resharding: per-GPU intervals")
-    r.add_argument("--train", required=True, help="p-t-d, e.g. 1-8-1")
-    r.add_argument("--gen", required=True, help="p_g-t_g, e.g. 1-2")
-    r.add_argument("--model", help="preset or HF dir (size in bf16)")
-    r.add_argument("--model-gb", type=float, help="model size M in GB (e.g. 140 for 70B bf16)")
-    r.add_argument("--bandwidth", type=float, help="GB/s per GPU (separate: trainer->generator)")
-    r.add_argument(
-        "--strategy", default="all", help="hybridflow,hybridflow-v,deepspeed-chat,separate"
-    )
-    r.add_argument("--per-gpu", action="store_true", help="print every GPU's intervals")
-    r.add_argument("--json", action="store_true")
-    r.set_defaults(fn=cmd_reshard)
-
-    pl = sub.add_parser("placement", help="rank the 15 placements of actor/critic/ref/reward")
-    _common_model(pl)
-    for role in ("actor", "critic", "ref", "reward"):
-        pl.add_argument(f"--{role}", help=f"{role} model (default --model)")
-    pl.add_argument("--devices", default="16", help="device count(s), comma list")
-    pl.add_argument("--batch", type=int, default=1024)
-    pl.add_argument("--prompt-len", type=int, default=256)
-    pl.add_argument("--mean-len", type=int, default=1024)
-    pl.add_argument("--max-len", type=int, default=None)
-    pl.add_argument("--top", type=int, default=15)
-    pl.add_argument("--json", action="store_true")
-    pl.set_defaults(fn=cmd_placement)
-
-    p = sub.add_parser("plan", help="ReaLHF-style execution-plan search (MCMC)")
-    _common_model(p)
-    for role in ("actor", "critic", "ref", "reward"):
-        p.add_argument(f"--{role}", help=f"{role} model (default --model)")
-    p.add_argument("--nodes", type=int, default=2)
-    p.add_argument("--batch", type=int, default=512)
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--gen-len", type=int, default=896)
-    p.add_argument("--steps", type=int, default=4000, help="annealing steps")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--trace", help="write the best plan's timeline as a Chrome trace")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(fn=cmd_plan, model="7b", hardware="a100")
-
-    c = sub.add_parser("cost", help="GPU-hours, money, memory, one RL step")
-    _common_model(c)
-    c.add_argument("--tokens", type=float, default=0.0, help="training tokens (SFT-style estimate)")
-    c.add_argument("--gpus", type=int, default=8, help="GPUs, for the wall-clock days column")
-    c.add_argument("--price", type=float, default=None, help="per GPU-hour (default: hardware's)")
-    c.add_argument("--rl", action="store_true", help="also cost one RL step")
-    c.add_argument("--prompts", type=int, default=512)
-    c.add_argument("--samples", type=int, default=8)
-    c.add_argument("--prompt-len", type=int, default=512)
-    c.add_argument("--response-len", type=int, default=2048)
-    c.add_argument("--tail-factor", type=float, default=1.0)
-    c.add_argument("--no-ref", action="store_true")
-    c.add_argument("--critic", action="store_true", help="PPO: add a critic like the actor")
-    c.add_argument("--reward-model", help="reward model preset (default: rule-based verifier)")
-    c.add_argument("--rl-steps", type=int, default=1000)
-    c.add_argument("--json", action="store_true")
-    c.set_defaults(fn=cmd_cost, model="7b")
-
-    pr = sub.add_parser("profile", help="measure decode/prefill/train speed of a local model")
-    pr.add_argument("model_dir")
-    pr.add_argument("--out", default="profile.json")
-    pr.add_argument("--batches", default="1,4,16,64,256", help="decode batch sizes to time")
-    pr.add_argument("--context", type=int, default=64)
-    pr.add_argument("--decode-steps", type=int, default=8)
-    pr.add_argument("--threads", type=int, default=None)
-    pr.add_argument(
-        "--also-threads",
-        default="",
-        help="measure again at these thread counts, e.g. 2 (used by the time model as measured)",
-    )
-    pr.add_argument("--json", action="store_true")
-    pr.set_defaults(fn=cmd_profile)
+    handlers = {
+        "simulate": cmd_simulate,
+        "reshard": cmd_reshard,
+        "placement": cmd_placement,
+        "plan": cmd_plan,
+        "cost": cmd_cost,
+        "profile": cmd_profile,
+    }
+    for name, parser in register(sub).items():
+        parser.set_defaults(fn=handlers[name])
 
 
 def main(argv: list[str] | None = None) -> int:

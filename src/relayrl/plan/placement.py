@@ -10,18 +10,22 @@ Cost model of one PPO iteration for a placement with ``G_j`` devices in group ``
 (HybridFlow's Algorithm 1 enumerates the same space with a simulator; this one is simple on
 purpose):
 
-    t_gen   = max(ceil(B / (G_a * c)) * L_mean * t_step(c),  L_max * t_step(1))
+    t_gen   = generate_s of the schedule simulator's sync run of one step (the same model
+              ``relayrl simulate`` uses): B answers on G_a devices, c per device at most
     t_prep  = max_j  sum_{m in j, m in {ref, reward, critic}} 2 N_m T / (G_j P mfu)
     t_train = max_j  sum_{m in j, m in {actor, critic}} (6 N_m T / (G_j P mfu) + t_ar(m, G_j))
     t_iter  = t_gen + t_prep + t_train
 
-``B`` responses of mean length ``L_mean`` (longest ``L_max``), ``T = B (prompt + L_mean)``
-tokens, ``c`` sequences decoded per actor device, ``t_step`` the roofline decode step on one
-device (:class:`~relayrl.plan.timemodel.RooflineTimeModel`), ``t_ar`` the ring all-reduce of
+``B`` responses of mean length ``L_mean`` (a length distribution, or ``B - 1`` answers of
+``L_mean`` and one of ``L_max``), ``T = B (prompt + L_mean)`` tokens, ``c`` sequences decoded
+per actor device (the roofline time model,
+:class:`~relayrl.plan.timemodel.RooflineTimeModel`, on the smallest tensor-parallel group
+the actor's weights fit), ``t_ar`` the ring all-reduce of
 bf16 gradients ``2 (G-1)/G * 2 N / BW`` (NVLink inside a node, the network across nodes): a
 cost that does not shrink with more devices, which is what makes colocating everything stop
 scaling on large clusters. The generation term has a floor: the longest answer decodes
-step by step whatever the device count. Memory per device of a group:
+step by step whatever the device count (the simulator's continuous batching shows it).
+Memory per device of a group:
 ``sum_m (16 if trained else 2) * N_m / G_j`` (weights, gradients, Adam; activations and KV
 left out) must fit ``memory_fraction`` of the device.
 """
@@ -34,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relayrl.plan.hardware import HardwareSpec
+from relayrl.plan.lengths import ConstantLengths, FixedLengths, LengthDist
 from relayrl.plan.models import ModelSpec
 from relayrl.plan.timemodel import RooflineTimeModel
 
@@ -114,6 +119,8 @@ class RLHFWorkload:
         mfu: model-FLOPs utilisation of forward/backward passes.
         decode_efficiency: fraction of HBM bandwidth in decoding.
         memory_fraction: usable share of device memory.
+        lengths: response-length distribution for the generation time (default: ``B - 1``
+            answers of ``mean_len`` and one of ``max_len``, or all ``mean_len``).
     """
 
     models: dict[str, ModelSpec]
@@ -126,6 +133,8 @@ class RLHFWorkload:
     mfu: float = 0.4
     decode_efficiency: float = 0.6
     memory_fraction: float = 0.9
+    lengths: LengthDist | None = None
+    _gen_cache: dict[int, float] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         missing = set(ROLES) - set(self.models)
@@ -139,15 +148,50 @@ class RLHFWorkload:
         return self.batch * (self.prompt_len + self.mean_len)
 
     def gen_time(self, devices: int) -> float:
+        """Seconds to generate the batch on ``devices`` actor devices: the simulator's sync
+        generation (``SimResult.breakdown["generate_s"]``), ``inf`` when the actor's weights
+        fit no tensor-parallel group of them."""
+        if devices not in self._gen_cache:
+            self._gen_cache[devices] = self._simulate_gen(devices)
+        return self._gen_cache[devices]
+
+    def _simulate_gen(self, devices: int) -> float:
+        from relayrl.plan.simulator import SimConfig, simulate
+
         actor = self.models["actor"]
-        tm = RooflineTimeModel(actor, self.hardware, self.decode_efficiency, self.mfu)
-        c = max(1, min(self.gen_per_device, math.ceil(self.batch / devices)))
-        ctx = self.prompt_len + self.mean_len / 2
-        waves = math.ceil(self.batch / (devices * c))
-        bulk = waves * self.mean_len * tm.decode_step_time(c, c * ctx)
-        lmax = self.max_len or self.mean_len
-        floor = lmax * tm.decode_step_time(1, self.prompt_len + lmax / 2)
-        return max(bulk, floor)
+        tm = RooflineTimeModel(
+            actor,
+            self.hardware,
+            self.decode_efficiency,
+            self.mfu,
+            kv_memory_fraction=self.memory_fraction,
+            max_batch_per_device=self.gen_per_device,
+        )
+        if self.lengths is not None:
+            lengths: LengthDist = self.lengths
+        elif self.max_len is not None and self.max_len != self.mean_len:
+            lengths = FixedLengths([self.max_len] + [self.mean_len] * (self.batch - 1))
+        else:
+            lengths = ConstantLengths(self.mean_len)
+        max_ctx = self.prompt_len + int(lengths.cap)
+        for tp in (g for g in range(1, devices + 1) if devices % g == 0):
+            try:
+                tm.max_concurrency(tp, max_ctx)
+            except ValueError:
+                continue
+            cfg = SimConfig(
+                tm,
+                lengths,
+                schedule="sync",
+                n_devices=devices,
+                gen_devices_per_replica=tp,
+                batch_size=self.batch,
+                n_steps=1,
+                prompt_len=self.prompt_len,
+                check_memory=False,
+            )
+            return simulate(cfg).breakdown["generate_s"]
+        return math.inf
 
     def allreduce_time(self, role: str, devices: int) -> float:
         if devices <= 1:

@@ -206,12 +206,21 @@ class ReshardPlan:
         return d
 
 
+MAX_RESHARD_GPUS = 4096
+"""Largest training layout (``p * t * d`` GPUs) :func:`reshard` computes exactly (seconds)."""
+
+
 def _check_layouts(train: tuple[int, int, int], gen: tuple[int, int]) -> int:
     if len(train) != 3 or len(gen) != 2:
         raise ValueError("training layout is (p, t, d) and generation layout is (p_g, t_g)")
     if min(train) < 1 or min(gen) < 1:
         raise ValueError("parallel sizes must be >= 1")
-    p, t, _ = train
+    p, t, d = train
+    if p * t * d > MAX_RESHARD_GPUS:
+        raise ValueError(
+            f"training layout {p}-{t}-{d} is {p * t * d} GPUs; the exact per-GPU intervals are "
+            f"computed for at most {MAX_RESHARD_GPUS} GPUs"
+        )
     pg, tg = gen
     if (p * t) % (pg * tg):
         raise ValueError(

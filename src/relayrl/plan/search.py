@@ -424,7 +424,11 @@ def asymmetric_plan(pb: PPOProblem) -> Plan:
         "reward": max(1, n // 16),
     }
     if sum(sizes.values()) > n:
-        raise ValueError(f"an asymmetric plan needs at least 5 GPUs, the cluster has {n}")
+        raise ValueError(
+            "an asymmetric plan (3/8 generation, 3/8 actor, 1/8 critic, 1/16 ref, 1/16 reward, "
+            f"at least one GPU each: {'+'.join(str(v) for v in sizes.values())}) needs "
+            f"{sum(sizes.values())} GPUs, the cluster has {n}"
+        )
     start = 0
     out: Plan = {}
     for key, calls in (

@@ -39,6 +39,7 @@ from relayrl.plan.hardware import HardwareSpec
 from relayrl.plan.models import ModelSpec
 
 __all__ = [
+    "DoesNotFit",
     "FixedStepTimeModel",
     "MeasuredProfile",
     "ProfiledTimeModel",
@@ -47,6 +48,10 @@ __all__ = [
     "steps_time",
     "steps_within",
 ]
+
+
+class DoesNotFit(ValueError):
+    """A role's memory exceeds its devices (the message names what it would need)."""
 
 
 class TimeModel(Protocol):
@@ -177,6 +182,21 @@ class RooflineTimeModel:
     def train_tokens_per_s(self, devices: int = 1) -> float:
         """``g * P * mfu / (f * N)`` tokens/s."""
         return 1.0 / self.train_time(1.0, devices)
+
+    def check_trainer_fits(self, devices: int) -> None:
+        """Refuse a trainer whose state does not fit: ``M = model.memory_bytes(trained=True)``
+        (16 bytes per parameter: weights, gradients, fp32 master, Adam; activations left out)
+        sharded over ``devices`` must fit ``kv_memory_fraction`` of each device's memory.
+        70B: 1120 GB, at least 16 H100 (72 GB usable each)."""
+        need = self.model.memory_bytes(True)
+        usable = self.hardware.memory_bytes * self.kv_memory_fraction
+        if need / devices > usable:
+            raise DoesNotFit(
+                f"the {self.model.name} trainer does not fit: {need / 1e9:.0f} GB of training "
+                f"state (weights, gradients, Adam) is {need / devices / 1e9:.0f} GB per device "
+                f"on {devices} x {self.hardware.name}, {usable / 1e9:.0f} GB usable; it needs "
+                f"at least {math.ceil(need / usable)} training devices"
+            )
 
     def max_concurrency(self, devices: int, max_context: int) -> int:
         budget = devices * self.hardware.memory_bytes * self.kv_memory_fraction
