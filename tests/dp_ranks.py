@@ -1,13 +1,11 @@
-"""The rank processes of tests/test_dp_lora_offload.py (importable by spawned children): a
-LoRA actor on 2 data-parallel ranks, and an FSDP2 actor with ``model.fsdp.cpu_offload``."""
+"""Rank code of tests/test_fsdp.py (run inside ``fsdp_ranks.rank_main``): a LoRA actor on 2
+data-parallel ranks, and an FSDP2 actor with ``model.fsdp.cpu_offload``."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from fsdp_ranks import ACTOR, shard, train_actor
 from scale_helpers import random_experience, scale_config
@@ -31,30 +29,25 @@ def train_lora(model_dir: Path, rank: int, world: int, steps: int = 2) -> tuple[
     return actor, stats
 
 
-def rank_main(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    d = Path(model_dir)
+def lora_and_offload(d: Path, rank: int, world: int) -> dict:
+    """On an initialised group: 2 LoRA updates data-parallel, 2 FSDP2 updates with CPU offload;
+    rank 0's results (the others' are {})."""
     lora, lora_stats = train_lora(d, rank, world)
     adapters = {n: p.detach().clone() for n, p in lora.model.named_parameters() if p.requires_grad}
+    merged = lora.state_dict()
     offload, offload_stats = train_actor(d, rank, world, steps=2, opts=OFFLOAD)
-    weights = offload.state_dict()  # full tensors on rank 0
+    weights = offload.state_dict()  # a collective: full tensors on rank 0
     devices = sorted({p.device.type for p in offload.model.parameters()})
-    if rank == 0:
-        torch.save(
-            {
-                "lora_merged": lora.state_dict(),
-                "lora_adapters": adapters,
-                "lora_stats": lora_stats,
-                "lora_class": type(lora).__name__,
-                "offload": weights,
-                "offload_stats": [{k: v for k, v in s.items()} for s in offload_stats],
-                "offload_devices": devices,
-                "offload_policy": type(
-                    offload.model._get_fsdp_state()._fsdp_param_group.offload_policy
-                ).__name__,
-            },
-            Path(out_dir) / "rank0.pt",
-        )
-    dist.destroy_process_group()
+    policy = offload.model._get_fsdp_state()._fsdp_param_group.offload_policy
+    if rank:
+        return {}
+    return {
+        "lora_merged": merged,
+        "lora_adapters": adapters,
+        "lora_stats": lora_stats,
+        "lora_class": type(lora).__name__,
+        "offload": weights,
+        "offload_stats": [{k: v for k, v in s.items()} for s in offload_stats],
+        "offload_devices": devices,
+        "offload_policy": type(policy).__name__,
+    }
