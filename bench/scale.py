@@ -6,12 +6,16 @@ master weights), fp32 with activation checkpointing, LoRA, and FSDP2 over 2 gloo
 global batch). Each configuration runs in its own process (peak RSS is per process; FSDP2:
 the larger rank). Ratios are within one run of this script, so the machine's speed cancels.
 
-The planner's memory model (``relayrl.plan.search``: ``4N + 12N/dp`` bytes of persistent
-training state plus ``tokens * hidden * (2 layers + 34)`` bytes of activations) is printed
-next to each measured peak above the process's RSS after loading (``train_peak_mb``).
+Next to each measured ``train_peak_mb`` (peak RSS above the RSS after loading) it prints
+``planner_mb``, the calibrated training-memory model of ``relayrl.plan.memory``, and
+``planner_uncalibrated_mb``, the guess it replaces (``4N + 12N/dp`` bytes of training state
++ ``tokens * hidden * (2 layers + 34)`` of activations, ``Planner.memory``). The model's
+constants are fitted from two runs of this script at two micro-batch sizes (``--fit``).
 
     PYTHONPATH=src python bench/scale.py            # one JSON line
     PYTHONPATH=src python bench/scale.py --hidden 128 --layers 2   # a quick smoke
+    PYTHONPATH=src python bench/scale.py --micro 8 > b8.json   # (and --micro 4 > b4.json)
+    PYTHONPATH=src python bench/scale.py --fit b4.json b8.json # the fitted constants
 """
 
 from __future__ import annotations
@@ -159,10 +163,20 @@ def run_fsdp(args: argparse.Namespace) -> dict[str, float]:
     }
 
 
-def planner_estimate_mb(params: int, hidden: int, layers: int, tokens: int, dp: int) -> float:
-    """The planner's training memory (``Planner.memory`` in relayrl.plan.search, tp = pp = 1):
+def planner_uncalibrated_mb(params: int, hidden: int, layers: int, tokens: int, dp: int) -> float:
+    """The planner's first guess (``Planner.memory`` in relayrl.plan.search, tp = pp = 1):
     persistent ``4N + 12N/dp`` plus ``tokens * hidden * (2 layers + 34)`` activations."""
     return (4 * params + 12 * params / dp + tokens * hidden * (2 * layers + 34)) / 2**20
+
+
+def fit_main(first: str, second: str) -> None:
+    """Print the constants of ``relayrl.plan.memory`` fitted from two bench lines."""
+    from relayrl.plan.memory import fit
+
+    lines = [json.loads(Path(f).read_text().strip().splitlines()[-1]) for f in (first, second)]
+    t = [ln["tokens_per_micro"] for ln in lines]
+    model = fit(lines[0], lines[1], t[0], t[1])
+    print(json.dumps({k: round(v, 4) for k, v in model.to_dict().items()}))
 
 
 def main() -> None:
@@ -179,11 +193,17 @@ def main() -> None:
     p.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
     p.add_argument("--config", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--fit", nargs=2, metavar=("FIRST", "SECOND"), help="fit the memory model")
     args = p.parse_args()
+    if args.fit:
+        fit_main(*args.fit)
+        return
     if args.config:  # a child: one configuration, its figures as JSON on stdout
         res = run_fsdp(args) if args.config == "fsdp2_x2" else run_one(args)
         print(json.dumps(res))
         return
+    from relayrl.plan.memory import CALIBRATED, estimate_mb
+
     work = Path(args.work or tempfile.mkdtemp(prefix="relayrl-scale-"))
     model, params = build_model(work / "model", args.hidden, args.layers)
     rows: dict[str, dict[str, float]] = {}
@@ -195,8 +215,12 @@ def main() -> None:
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         res = json.loads(out.strip().splitlines()[-1])
         dp = 2 if name.startswith("fsdp") else 1
-        res["planner_mb"] = planner_estimate_mb(
-            params, args.hidden, args.layers, args.micro * (args.prompt + args.response), dp
+        tokens = args.micro * (args.prompt + args.response)
+        res["planner_mb"] = estimate_mb(
+            CALIBRATED, name, params, res["trainable_params"], args.hidden, args.layers, tokens
+        )
+        res["planner_uncalibrated_mb"] = planner_uncalibrated_mb(
+            params, args.hidden, args.layers, tokens, dp
         )
         rows[name] = {k: round(v, 3) for k, v in res.items()}
     base = rows.get("fp32")
@@ -204,7 +228,9 @@ def main() -> None:
         for r in rows.values():
             r["speed_vs_fp32"] = round(r["tokens_per_s"] / base["tokens_per_s"], 3)
             r["train_mem_vs_fp32"] = round(r["train_peak_mb"] / max(base["train_peak_mb"], 1e-9), 3)
-    print(json.dumps({"params": params, "hidden": args.hidden, "layers": args.layers, **rows}))
+    tokens = args.micro * (args.prompt + args.response)
+    head = {"params": params, "hidden": args.hidden, "layers": args.layers}
+    print(json.dumps({**head, "tokens_per_micro": tokens, **rows}))
 
 
 if __name__ == "__main__":

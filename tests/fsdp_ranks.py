@@ -70,7 +70,9 @@ def reference_logprobs(model_dir: Path, rank: int, world: int) -> torch.Tensor:
 
 def rank_main(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> None:
     """Actor and critic steps on this rank's shard; rank 0 saves the full results; then a
-    sharded checkpoint after step 1, step 2 trained on, and a fresh actor resumed from it."""
+    sharded checkpoint after step 1, step 2 trained on, and a fresh actor resumed from it;
+    then a LoRA actor data-parallel and an FSDP2 actor with CPU offload (``dp_ranks``)."""
+    from dp_ranks import lora_and_offload
     from relayrl.controller.sharded_checkpoint import load_sharded, save_sharded
     from relayrl.workers.fsdp import full_state_dict, iter_full_state_buckets
 
@@ -103,9 +105,11 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, out_dir: str) ->
     exp2["old_logprobs"] = fresh.compute_logprobs(exp2)
     fresh.update(exp2)
     resumed = fresh.state_dict()
+    extra = lora_and_offload(d, rank, world)  # tests/dp_ranks.py: LoRA DP, cpu_offload
     if rank == 0:
         torch.save(
             {
+                **extra,
                 "actor": weights,
                 "stats": stats,
                 "bf16": bf16,

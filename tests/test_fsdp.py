@@ -1,6 +1,10 @@
 """FSDP2 over gloo on the CPU: 2 ranks on uneven shards give the weights, statistics and
 values of 1 process on the whole batch (float64, 1e-9) for actor and critic; the full weights
-are gathered in bounded buckets; a sharded checkpoint resumes exactly."""
+are gathered in bounded buckets; a sharded checkpoint resumes exactly. The same two ranks: a
+LoRA actor data-parallel over them (replicated base and adapters, rank 0's initial adapters
+broadcast, only the adapters' gradients all-reduced) gives the adapters and merged weights of
+one process; an FSDP2 actor with ``model.fsdp.cpu_offload`` runs the offload code path and
+gives the weights of one process without it."""
 
 from __future__ import annotations
 
@@ -10,8 +14,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from dp_ranks import train_lora
 from fsdp_ranks import BF16, rank_main, reference_logprobs, train_actor, train_critic
-from relayrl.model import build_tiny_model
+from relayrl.model import build_tiny_model, load_causal_lm
 
 TOL = 1e-9
 
@@ -78,3 +83,27 @@ def test_sharded_checkpoint_resumes_exactly(two_ranks):
     assert got["straight"].keys() == got["resumed"].keys()
     for k, v in got["straight"].items():
         assert torch.equal(v, got["resumed"][k]), k
+
+
+def test_lora_data_parallel_equals_one_process(two_ranks):
+    model, got = two_ranks
+    assert got["lora_class"] == "LoraDataParallelActorWorker"
+    one, stats = train_lora(model, 0, 0)
+    adapters = {n: p.detach() for n, p in one.model.named_parameters() if p.requires_grad}
+    assert adapters and all(".lora_" in n for n in adapters)
+    assert _max_diff(got["lora_adapters"], adapters) < TOL
+    assert _max_diff(got["lora_merged"], one.state_dict()) < TOL
+    base = load_causal_lm(model, torch.float64).state_dict()
+    assert _max_diff(got["lora_merged"], base) > 1e-4  # the adapters moved the merged weights
+    for a, b in zip(got["lora_stats"], stats, strict=True):
+        assert a["actor/grad_norm"] == pytest.approx(b["actor/grad_norm"], abs=TOL)
+
+
+def test_fsdp_cpu_offload_runs_and_equals_one_process(two_ranks):
+    model, got = two_ranks
+    assert got["offload_policy"] == "CPUOffloadPolicy"  # the offload path was taken
+    assert got["offload_devices"] == ["cpu"]
+    one, stats = train_actor(model, 0, 0, steps=2)  # one process, no FSDP, no offload
+    assert _max_diff(got["offload"], one.state_dict()) < TOL
+    for a, b in zip(got["offload_stats"], stats, strict=True):
+        assert a["actor/grad_norm"] == pytest.approx(b["actor/grad_norm"], abs=TOL)

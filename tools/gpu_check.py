@@ -54,7 +54,9 @@ def run_rank(rank: int, world: int, port: int, args: argparse.Namespace, out: st
     cuda = args.device == "cuda"
     if cuda:
         torch.cuda.set_device(rank)
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    # CUDA tensors over NCCL, CPU ones (the loss counts, the forward-count agreement) over gloo
+    backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world)
     torch.manual_seed(0)
     cfg = load_config(
         RunConfig,

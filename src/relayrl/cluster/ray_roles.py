@@ -5,8 +5,10 @@ backend, so ``trainer.train(cfg, lambda a, c: build_ray_roles(cfg, a, c))`` runs
 schedule unchanged. Placement comes from ``cfg.ray``: roles on one pool are colocated in the
 pool's processes (a rollout engine there copies the actor's weights in-process); a rollout
 pool of its own runs ``ray.rollout_replicas`` engines that get weights through the object
-store. The actor is data-parallel over the bundles of its pool (gloo process group). The
-reward role runs in the controller process.
+store. The actor is data-parallel over the bundles of its pool (a gloo process group; NCCL
+for CUDA tensors); with ``model.fsdp.enabled`` actor, critic and reference are FSDP2-sharded
+over it. A trainer pool's hosts join the group before they build their roles. The reward
+role runs in the controller process.
 """
 
 from __future__ import annotations
@@ -18,21 +20,26 @@ import ray
 import torch
 
 from relayrl.cluster.ray_pools import ResourcePool, create_pools, ensure_ray, role_pools
-from relayrl.cluster.ray_workers import (
-    HostSpec,
-    RayRolloutClient,
-    RemoteRole,
-    RoleHostActor,
-    WorkerGroup,
-)
+from relayrl.cluster.ray_rollout import RayRolloutClient
+from relayrl.cluster.ray_workers import HostSpec, RemoteRole, RoleHostActor, WorkerGroup
 from relayrl.config import RunConfig
 from relayrl.model import load_causal_lm, load_critic, load_tokenizer, resolve_threads
+from relayrl.model.device import precision_for
+from relayrl.model.lora import apply_lora
 from relayrl.reward import build_reward_service
 from relayrl.reward.rm_scorer import build_reward_fn
 from relayrl.rollout import GenerationRequest
 from relayrl.workers import RewardWorker, Roles
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+TRAINER_ROLES = frozenset({"actor", "critic", "reference"})
+
+
+def grouped(cfg: RunConfig, roles: list[str], size: int) -> bool:
+    """Whether a pool's hosts join a process group before building: a data-parallel actor
+    or critic (``size`` > 1), or any FSDP2 role (also on one rank)."""
+    if cfg.model.fsdp.enabled:
+        return bool(TRAINER_ROLES & set(roles))
+    return size > 1 and bool({"actor", "critic"} & set(roles))
 
 
 def needed_roles(cfg: RunConfig) -> list[str]:
@@ -69,7 +76,7 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
     handles (``roles.close()`` stops the processes and frees the pools)."""
     ensure_ray(cfg.ray)
     torch.set_num_threads(1)  # the driver only tokenises and moves batches
-    dtype = DTYPES[cfg.model.dtype]
+    dtype = precision_for(cfg.model, trainable=True).param_dtype  # the shadows' (HF export)
     tokenizer = load_tokenizer(cfg.model.path)
     by_pool = role_pools(cfg.ray, needed_roles(cfg))
     pools = create_pools(cfg.ray, list(by_pool))
@@ -99,17 +106,22 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
                 )
             threads = host_threads if roles != ["rollout"] else cfg.rollout.threads
             members = []
+            group_on = grouped(cfg, roles, pool.size)
+            engines = group_on and cfg.model.fsdp.enabled and "rollout" in roles
             for rank in range(pool.size):
                 here = tuple(r for r in roles if r != "rollout" or rank < replicas)
                 if not here:
                     continue
-                spec = HostSpec(cfg, actor_path, critic_path, here, rank, pool.size, 0, threads)
+                spec = HostSpec(
+                    cfg, actor_path, critic_path, here, rank, pool.size, 0, threads, group_on
+                )
+                spec.engines_in_group = engines
                 members.append(_start_host(pool, rank, spec))
             hosts.extend(members)
             groups[name] = WorkerGroup(members)
         ray.get([h.ready.remote() for h in hosts], timeout=300)
-        for name, group in groups.items():  # one gloo group per data-parallel trainer pool
-            if group.size > 1 and {"actor", "critic"} & set(by_pool[name]):
+        for name, group in groups.items():  # trainer pools: the process group, then the roles
+            if grouped(cfg, by_pool[name], group.size):
                 addr, port = ray.get(group.hosts[0].free_address.remote())
                 ray.get(
                     [
@@ -117,6 +129,7 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
                         for r, h in enumerate(group.hosts)
                     ]
                 )
+                ray.get([h.build.remote() for h in group.hosts], timeout=600)
     except BaseException:
         stop_all()
         raise
@@ -154,11 +167,23 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
     def group_of(role: str) -> WorkerGroup:
         return groups[next(n for n, rs in by_pool.items() if role in rs)]
 
-    actor = RemoteRole(group_of("actor"), "actor", lambda: load_causal_lm(actor_path, dtype))
+    sharded = cfg.model.fsdp.enabled
+    lora = cfg.model.lora
+
+    def actor_shadow() -> torch.nn.Module:
+        if lora is None:
+            return load_causal_lm(actor_path, dtype)
+        # the base with fresh adapters; the actor's peft state (adapters) is loaded into it
+        return apply_lora(load_causal_lm(cfg.model.path, dtype), lora)
+
+    actor = RemoteRole(group_of("actor"), "actor", actor_shadow, sharded, lora is not None)
     reference = None
     if "reference" in needed_roles(cfg):
         reference = RemoteRole(
-            group_of("reference"), "reference", lambda: load_causal_lm(cfg.model.path, dtype)
+            group_of("reference"),
+            "reference",
+            lambda: load_causal_lm(cfg.model.path, dtype),
+            sharded,
         )
     critic = None
     if "critic" in needed_roles(cfg):
@@ -166,6 +191,7 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
             group_of("critic"),
             "critic",
             lambda: load_critic(critic_path or cfg.model.path, dtype),
+            sharded,
         )
     reward = RewardWorker(
         build_reward_fn(cfg.reward),

@@ -1,4 +1,4 @@
-"""Worker groups of Ray actors, their dispatch modes, and the Ray rollout client.
+"""Worker groups of Ray actors and their dispatch modes.
 
 One Ray actor class, :class:`RoleHost`, is the worker process of a resource pool: it hosts
 every role placed on that pool (actor, reference, critic, rollout engine), so colocated roles
@@ -7,42 +7,35 @@ a :class:`RemoteRole` is one role on a group, with the interface of the local wo
 (``ActorWorker`` / ``ReferenceWorker`` / ``CriticWorker``): each method has a dispatch mode
 (broadcast, split-by-DP-rank-and-gather, rank zero) and the controller never sees which.
 
-:class:`RayRolloutClient` drives rollout replicas (hosts with an engine) through the same
-interface as :class:`relayrl.cluster.engine_process.EngineProcess` (``submit_many``, ``poll``,
-``generate``, ``update_weights``, ``stats``, ``close``, ``version``): requests go to the
-replica with the fewest outstanding tokens; weights go through Ray's object store (put once,
-every replica fetches it), or are copied in-process when the replica hosts the actor itself;
-a dead replica is restarted with the current weights and its in-flight requests resubmitted.
+The roles are built by ``relayrl.workers.build`` (device, precision, checkpointing, LoRA,
+FSDP2 from ``model.*``). A host of a data-parallel or FSDP2 trainer pool is constructed
+empty: it joins its pool's process group first (``init_process_group``), then ``build``s,
+since ``fully_shard`` needs the group. Under FSDP2 every call that gathers full weights
+(``state_dict``, weight sync, the HF export) and the sharded checkpoint is a collective, so
+it goes to every rank (``BROADCAST``); rank 0's result is the full state.
+
+The rollout client over the hosts' engines is :mod:`relayrl.cluster.ray_rollout`.
 """
 
 from __future__ import annotations
 
-import copy
-import itertools
-import logging
 import os
-import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 import torch
-from ray.exceptions import RayActorError
 from torch import Tensor
 
-from relayrl.cluster.engine_process import drain_queue
 from relayrl.config import RunConfig
-from relayrl.rollout import EngineReport, GenerationRequest, RolloutEngine, Sample
+from relayrl.rollout import GenerationRequest, Sample
 from relayrl.rollout.engine import _error_sample
 from relayrl.workers.experience import Experience
 
-log = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 TICKET = "_ray_ticket"
 
 BROADCAST = "broadcast"
@@ -59,7 +52,11 @@ DISPATCH: dict[str, str] = {
     "state_dict": RANK_ZERO,
     "train_state": RANK_ZERO,
     "load_train_state": BROADCAST,
+    "save_sharded": BROADCAST,
+    "load_sharded": BROADCAST,
 }
+SHARDED_DISPATCH = {**DISPATCH, "state_dict": BROADCAST}
+"""An FSDP2 role: gathering the full weights is a collective of every rank."""
 
 
 # --------------------------------------------------------------------------- host process
@@ -75,6 +72,15 @@ class HostSpec:
     world: int = 1
     version: int = 0
     threads: int = 1
+    grouped: bool = False
+    """Joins a process group before building (``init_process_group``, then ``build``)."""
+    engines_in_group: bool = False
+    """Some rank of this pool hosts a rollout engine next to an FSDP2 actor: every rank joins
+    the gathers that feed it."""
+
+
+def _sync_bytes(cfg: RunConfig) -> int:
+    return int(cfg.model.fsdp.sync_bucket_mb * (1 << 20))
 
 
 class RoleHost:
@@ -87,69 +93,31 @@ class RoleHost:
     def __init__(self, spec: HostSpec, weights: Mapping[str, Tensor] | None = None):
         os.environ["OMP_NUM_THREADS"] = str(spec.threads)
         torch.set_num_threads(spec.threads)
-        from relayrl.model import load_causal_lm, load_critic, load_tokenizer
-        from relayrl.workers import ActorWorker, CriticWorker, ReferenceWorker
-        from relayrl.workers.data_parallel import (
-            DataParallelActorWorker,
-            DataParallelCriticWorker,
-        )
-
-        cfg = spec.cfg
+        torch.manual_seed(spec.cfg.seed + spec.rank)  # LoRA's initial adapters, dropout
         self.spec = spec
-        dtype = DTYPES[cfg.model.dtype]
         self.roles: dict[str, Any] = {}
-        if "actor" in spec.roles:
-            cls = DataParallelActorWorker if spec.world > 1 else ActorWorker
-            self.roles["actor"] = cls.from_config(load_causal_lm(spec.actor_path, dtype), cfg)
-        if "reference" in spec.roles:
-            self.roles["reference"] = ReferenceWorker.from_config(
-                load_causal_lm(cfg.model.path, dtype), cfg
-            )
-        if "critic" in spec.roles:
-            critic_cls = DataParallelCriticWorker if spec.world > 1 else CriticWorker
-            self.roles["critic"] = critic_cls(
-                load_critic(spec.critic_path or cfg.model.path, dtype),
-                cfg.algo,
-                cfg.optim,
-                cfg.seed,
-            )
         self.engine: Any = None  # RolloutEngine | VllmEngine: the rollout interface
-        if "rollout" in spec.roles and cfg.rollout.backend == "vllm":
-            from relayrl.rollout.vllm_backend import VllmEngine
+        if not spec.grouped:
+            self.build(weights)
 
-            tok = load_tokenizer(cfg.model.path)
-            source = self.roles["actor"].model if "actor" in self.roles else None
-            self.engine = VllmEngine(
-                spec.actor_path,
-                eos_token_id=tok.eos_token_id,
-                pad_token_id=tok.pad_token_id,
-                max_slots=cfg.rollout.max_slots,
-                version=spec.version,
-                interrupt_mode=cfg.rollout.vllm_interrupt,
-                kv_cache_gib=cfg.rollout.vllm_kv_cache_gib,
-                dtype=cfg.model.dtype,
-                seed=cfg.seed,
-                state_dict=source.state_dict()
-                if source is not None
-                else (dict(weights) if weights is not None else None),
-            )
-        elif "rollout" in spec.roles:
-            if "actor" in self.roles:  # colocated: a copy of the actor's weights
-                model = copy.deepcopy(self.roles["actor"].model)
-            else:
-                model = load_causal_lm(spec.actor_path, dtype)
-                if weights is not None:
-                    with torch.no_grad():
-                        model.load_state_dict(dict(weights))
-            tok = load_tokenizer(cfg.model.path)
-            self.engine = RolloutEngine(
-                model.eval().requires_grad_(False),
-                eos_token_id=tok.eos_token_id,
-                pad_token_id=tok.pad_token_id,
-                max_slots=cfg.rollout.max_slots,
-                version=spec.version,
-                urgent_steps=cfg.async_.urgent_steps,
-            )
+    def build(self, weights: Mapping[str, Tensor] | None = None) -> None:
+        """Build this rank's roles (after ``init_process_group`` on a grouped host: every
+        rank of the pool must call at once, FSDP2 sharding and gathers are collectives)."""
+        from relayrl.workers.build import build_actor, build_critic, build_reference
+
+        spec, cfg = self.spec, self.spec.cfg
+        rank, world = spec.rank, spec.world
+        if "actor" in spec.roles:
+            self.roles["actor"] = build_actor(cfg, spec.actor_path, rank, world)
+        if "reference" in spec.roles:
+            self.roles["reference"] = build_reference(cfg, self.roles.get("actor"), rank, world)
+        if "critic" in spec.roles:
+            path = spec.critic_path or cfg.model.path
+            self.roles["critic"] = build_critic(cfg, path, rank, world)
+        if "rollout" in spec.roles:
+            self._build_engine(weights)
+        elif self._sharded_actor() and spec.engines_in_group:
+            self._gather(keep=False)  # another rank's engine is built from this gather
         if self.engine is not None:
             self._cv = threading.Condition()
             self._finished: list[Sample] = []
@@ -158,6 +126,63 @@ class RoleHost:
             self._updates = 0  # weight updates waiting for the lock: they go before steps
             self._loop = threading.Thread(target=self._engine_loop, daemon=True)
             self._loop.start()
+
+    def _sharded_actor(self) -> bool:
+        return bool(getattr(self.roles.get("actor"), "sharded", False))
+
+    def _gather(self, keep: bool) -> dict[str, Tensor]:
+        """The actor's full weights (merged under LoRA); under FSDP2 a collective of every
+        rank, gathered bucket by bucket, kept only where ``keep``."""
+        actor = self.roles["actor"]
+        if not self._sharded_actor():
+            return actor.state_dict()
+        from relayrl.workers.fsdp import full_state_dict
+
+        return full_state_dict(actor.model, _sync_bytes(self.spec.cfg), keep=keep)
+
+    def _build_engine(self, weights: Mapping[str, Tensor] | None) -> None:
+        from relayrl.model import load_causal_lm, load_tokenizer
+        from relayrl.model.device import apply_precision, precision_for
+        from relayrl.model.lora import is_lora
+        from relayrl.rollout import RolloutEngine
+        from relayrl.workers.build import ENGINE_DEVICE
+
+        spec, cfg = self.spec, self.spec.cfg
+        tok = load_tokenizer(cfg.model.path)
+        actor = self.roles.get("actor")
+        lora = actor is not None and is_lora(actor.model)
+        path = cfg.model.path if lora else spec.actor_path  # LoRA: merged weights on the base
+        state = self._gather(keep=True) if actor is not None else weights
+        if cfg.rollout.backend == "vllm":
+            from relayrl.rollout.vllm_backend import VllmEngine
+
+            self.engine = VllmEngine(
+                path,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+                max_slots=cfg.rollout.max_slots,
+                version=spec.version,
+                interrupt_mode=cfg.rollout.vllm_interrupt,
+                kv_cache_gib=cfg.rollout.vllm_kv_cache_gib,
+                dtype=cfg.model.dtype,
+                seed=cfg.seed,
+                state_dict=dict(state) if state is not None else None,
+            )
+            return
+        precision = precision_for(cfg.model, trainable=False)
+        model = load_causal_lm(path, precision.param_dtype)
+        if state is not None:
+            with torch.no_grad():
+                model.load_state_dict(dict(state))
+        model = apply_precision(model, precision, ENGINE_DEVICE)  # the engine is CPU-only
+        self.engine = RolloutEngine(
+            model.eval().requires_grad_(False),
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            max_slots=cfg.rollout.max_slots,
+            version=spec.version,
+            urgent_steps=cfg.async_.urgent_steps,
+        )
 
     # ------------------------------------------------------------------ generic
     def ready(self) -> dict[str, Any]:
@@ -170,8 +195,27 @@ class RoleHost:
         }
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Run ``role.method(*args)`` in this process."""
+        """Run ``role.method(*args)`` in this process (``state_dict``: the full weights, see
+        ``full_state``)."""
+        if method == "state_dict":
+            return self.full_state(role)
         return getattr(self.roles[role], method)(*args, **kwargs)
+
+    def full_state(self, role: str) -> dict[str, Tensor]:
+        """The full weights of ``role`` (the engine's keys: merged under LoRA); FSDP2: a
+        collective, full tensors on rank 0 and ``{}`` elsewhere."""
+        worker = self.roles[role]
+        if getattr(worker, "sharded", False):
+            from relayrl.workers.fsdp import full_state_dict
+
+            return full_state_dict(worker.model, _sync_bytes(self.spec.cfg))
+        own = getattr(worker, "state_dict", None)
+        return own() if own is not None else worker.model.state_dict()
+
+    def model_state(self, role: str) -> dict[str, Tensor]:
+        """``role``'s model state dict under its own keys (a LoRA actor: the peft model's, with
+        the adapters; not for a sharded role)."""
+        return self.roles[role].model.state_dict()
 
     def gradients(self, role: str) -> dict[str, Tensor]:
         """The current ``.grad`` of each trainable parameter of ``role`` (tests, debugging)."""
@@ -188,11 +232,20 @@ class RoleHost:
             return ip, int(s.getsockname()[1])
 
     def init_process_group(self, addr: str, port: int, rank: int, world: int) -> None:
-        """Join the gloo group of this pool (GPU pools would use NCCL: designed, not run)."""
+        """Join the process group of this pool: gloo on the CPU; on CUDA NCCL for CUDA
+        tensors and gloo for the CPU ones (the loss counts), after
+        ``torch.cuda.set_device(local device)`` (the CUDA branch has not run on a GPU)."""
         import torch.distributed as dist
 
+        from relayrl.model.device import resolve_device
+
+        device = resolve_device(self.spec.cfg.model.device, rank)
+        backend = "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            backend = "cpu:gloo,cuda:nccl"
         dist.init_process_group(
-            "gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world
+            backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world
         )
 
     # ------------------------------------------------------------------ rollout engine
@@ -236,20 +289,63 @@ class RoleHost:
     def rollout_update(
         self, weights: Mapping[str, Tensor] | None, version: int, interrupt: bool
     ) -> float:
-        """Load ``weights`` (None: this process's actor's) as ``version``; seconds it took."""
-        assert self.engine is not None
+        """Load ``weights`` (None: this process's actor's) as ``version``; seconds it took.
+
+        An FSDP2 actor's weights are gathered bucket by bucket on every rank of its group (a
+        rank without an engine only joins the collective), and each bucket is loaded into the
+        engine as it arrives: no rank holds more than one bucket of full tensors beyond the
+        engine's own weights.
+        """
         t0 = time.perf_counter()
-        state = self.roles["actor"].model.state_dict() if weights is None else weights
+        if weights is None and self._sharded_actor() and self.engine is None:
+            self._gather(keep=False)
+            return time.perf_counter() - t0
+        assert self.engine is not None
         self._updates += 1
         try:
             with self._cv:
-                if version != self.engine.version:
+                if weights is None and self._sharded_actor():
+                    self._load_buckets(version, interrupt)
+                elif version != self.engine.version:
+                    state = self._gather(keep=True) if weights is None else weights
                     self.engine.update_weights(state, version, interrupt=interrupt)
         finally:
             with self._cv:
                 self._updates -= 1
                 self._cv.notify_all()
         return time.perf_counter() - t0
+
+    def _load_buckets(self, version: int, interrupt: bool) -> None:
+        """The gather of an FSDP2 actor into this rank's engine, bucket by bucket (the
+        caller holds the engine lock: no step runs on a half-loaded model). The first
+        bucket makes ``version`` current (``update_weights``, non-strict), the others are
+        copied into the engine's model; every key must arrive. The vLLM backend takes the
+        whole dict at once."""
+        from relayrl.workers.fsdp import iter_full_state_buckets
+
+        engine, actor = self.engine, self.roles["actor"]
+        buckets = iter_full_state_buckets(actor.model, _sync_bytes(self.spec.cfg))
+        load = version != engine.version  # the gather runs anyway: every rank must join
+        if not hasattr(engine, "model"):  # vLLM: one dict
+            state: dict[str, Tensor] = {}
+            for b in buckets:
+                state.update(b)
+            if load:
+                engine.update_weights(state, version, interrupt=interrupt)
+            return
+        seen: set[str] = set()
+        for i, bucket in enumerate(buckets):
+            if not load:
+                continue
+            if i == 0:
+                engine.update_weights(bucket, version, interrupt=interrupt, strict=False)
+            else:
+                with torch.no_grad():
+                    engine.model.load_state_dict(bucket, strict=False)
+            seen.update(bucket)
+        missing = set(engine.model.state_dict()) - seen if load else set()
+        if missing:
+            raise RuntimeError(f"weight sync: keys never gathered: {sorted(missing)[:5]}")
 
     def rollout_prioritize(self, group_ids: list[int]) -> None:
         assert self.engine is not None
@@ -332,18 +428,22 @@ class RemoteStateDict(Mapping[str, Tensor]):
     """A role's state dict that stays remote until someone reads it.
 
     A rollout replica colocated with the actor copies the weights in-process; a replica
-    elsewhere gets ``.ref`` (the dict in Ray's object store, produced once by rank 0).
+    elsewhere gets ``.ref`` (the dict in Ray's object store, produced once by rank 0; for a
+    ``sharded`` role every rank joins the gather and rank 0's result is the ref).
     """
 
-    def __init__(self, group: WorkerGroup, role: str):
-        self.group, self.role = group, role
+    def __init__(self, group: WorkerGroup, role: str, sharded: bool = False):
+        self.group, self.role, self.sharded = group, role, sharded
         self._ref: Any = None
         self._value: dict[str, Tensor] | None = None
 
     @property
     def ref(self) -> Any:
         if self._ref is None:
-            self._ref = self.group.hosts[0].call.remote(self.role, "state_dict")
+            hosts = self.group.hosts if self.sharded else self.group.hosts[:1]
+            refs = [h.full_state.remote(self.role) for h in hosts]
+            ray.get(refs[1:])  # the other ranks' parts of the collective ({} each)
+            self._ref = refs[0]
         return self._ref
 
     def _get(self) -> dict[str, Tensor]:
@@ -364,319 +464,42 @@ class RemoteStateDict(Mapping[str, Tensor]):
 class RemoteRole:
     """A role on a worker group, with the local worker's interface.
 
-    ``model`` is a controller-side copy refreshed from rank 0 on each access (checkpoints).
+    ``model`` is a controller-side copy refreshed from rank 0 on each access (checkpoints:
+    the HF export; for a ``sharded`` (FSDP2) role gathered by every rank, bucket by bucket;
+    ``own_keys``: a LoRA actor's peft model, so the checkpoint holds the adapter).
     """
 
-    def __init__(self, group: WorkerGroup, role: str, load_shadow: Callable[[], torch.nn.Module]):
-        self.group, self.role = group, role
+    def __init__(
+        self,
+        group: WorkerGroup,
+        role: str,
+        load_shadow: Callable[[], torch.nn.Module],
+        sharded: bool = False,
+        own_keys: bool = False,
+    ):
+        self.group, self.role, self.sharded = group, role, sharded
+        self._own_keys = own_keys  # the shadow takes the model's own state (LoRA: peft)
+        self._dispatch = SHARDED_DISPATCH if sharded else DISPATCH
         self._load_shadow = load_shadow
         self._shadow: torch.nn.Module | None = None
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
         if method.startswith("_") or method not in DISPATCH:
             raise AttributeError(method)
-        mode = DISPATCH[method]
+        mode = self._dispatch[method]
         return lambda *args: self.group.call(self.role, method, mode, *args)
 
     def state_dict(self) -> RemoteStateDict:
-        return RemoteStateDict(self.group, self.role)
+        return RemoteStateDict(self.group, self.role, self.sharded)
 
     @property
     def model(self) -> torch.nn.Module:
         if self._shadow is None:
             self._shadow = self._load_shadow()
-        state = ray.get(self.group.hosts[0].call.remote(self.role, "state_dict"))
+        if self._own_keys:
+            state = ray.get(self.group.hosts[0].model_state.remote(self.role))
+        else:
+            state = ray.get(self.state_dict().ref)
         with torch.no_grad():
             self._shadow.load_state_dict(state)
         return self._shadow
-
-
-# --------------------------------------------------------------------------- rollout client
-class RolloutReplicaDied(RuntimeError):
-    """A rollout replica died more often than ``ray.max_replica_restarts`` allows."""
-
-
-ReplicaFactory = Callable[[int, Any, int], Any]
-"""(replica index, weights ObjectRef or None, version) -> a new RoleHost with an engine."""
-
-
-class RayRolloutClient:
-    """Rollout replicas on Ray behind the ``EngineProcess`` client interface."""
-
-    def __init__(
-        self,
-        replicas: list[Any],
-        colocated: list[bool],
-        factory: ReplicaFactory | None,
-        max_restarts: int = 3,
-        version: int = 0,
-        on_close: Callable[[], None] | None = None,
-        min_version: Callable[[GenerationRequest], int] | None = None,
-    ):
-        self._min_version = min_version
-        self._loaded_version = version  # what every replica has acknowledged loading
-        self._held: list[tuple[int, GenerationRequest]] = []
-        self._replicas = list(replicas)
-        self._colocated = list(colocated)
-        self._factory = factory
-        self._max_restarts = max_restarts
-        self._on_close = on_close
-        self.version = version
-        self._weights_ref: Any = None  # latest weights in the object store (for restarts)
-        self._lock = threading.RLock()
-        self._tickets = itertools.count()
-        self._inflight: list[dict[int, GenerationRequest]] = [{} for _ in replicas]
-        self._outstanding = [0] * len(replicas)
-        self._eval_tickets: set[int] = set()
-        self._eval: dict[int, Sample] = {}
-        self._eval_cv = threading.Condition(self._lock)
-        self._samples: queue.Queue[Sample] = queue.Queue()
-        self._error: BaseException | None = None
-        self._stopping = False
-        self.restarts = 0
-        self.resubmitted = 0
-        self.duplicates_dropped = 0
-        self.delivered = 0
-        self.last_sync_s = 0.0
-        self.sync_times: list[float] = []
-        self._receivers = [
-            threading.Thread(target=self._receive_loop, args=(i,), daemon=True)
-            for i in range(len(replicas))
-        ]
-        for t in self._receivers:
-            t.start()
-
-    @property
-    def num_replicas(self) -> int:
-        return len(self._replicas)
-
-    def replica(self, index: int) -> Any:
-        """The Ray actor handle of replica ``index`` (tests kill it)."""
-        return self._replicas[index]
-
-    # ------------------------------------------------------------------ plumbing
-    @staticmethod
-    def _cost(req: GenerationRequest) -> int:
-        """Outstanding-token estimate of a request: its prompt plus its token budget."""
-        return len(req.prompt_ids) + int(req.params.max_tokens)
-
-    def _dispatch(self, tagged: list[tuple[int, GenerationRequest]]) -> None:
-        """Assign each request to the replica with the fewest outstanding tokens, send.
-
-        A request whose group needs newer weights than the replicas have (``min_version``:
-        the trainer version that admitted it) is held until ``update_weights`` brings them,
-        so no token of it is sampled from weights older than its admission allows.
-        """
-        per: dict[int, list[GenerationRequest]] = {}
-        with self._lock:
-            if self._min_version is not None:
-                ready = []
-                for item in tagged:
-                    held = self._min_version(item[1]) > self._loaded_version
-                    (self._held if held else ready).append(item)
-                tagged = ready
-            for ticket, req in tagged:
-                i = min(range(len(self._replicas)), key=lambda j: self._outstanding[j])
-                self._inflight[i][ticket] = req
-                self._outstanding[i] += self._cost(req)
-                per.setdefault(i, []).append(req)
-            handles = {i: self._replicas[i] for i in per}
-        for i, reqs in per.items():
-            handles[i].rollout_submit.remote(reqs)  # a dead replica is caught by its receiver
-
-    def _receive_loop(self, index: int) -> None:
-        while not self._stopping:
-            handle = self._replicas[index]
-            try:
-                samples = ray.get(handle.rollout_poll.remote(0.2))
-            except RayActorError as exc:
-                if self._stopping:
-                    return
-                try:
-                    self._restart(index, exc)
-                except BaseException as err:  # surfaced by the next client call
-                    self._error = err
-                    with self._eval_cv:
-                        self._eval_cv.notify_all()
-                    return
-                continue
-            for s in samples:
-                self._deliver(index, s)
-
-    def _deliver(self, index: int, sample: Sample) -> None:
-        ticket = sample.metadata.pop(TICKET, None)
-        with self._lock:
-            req = self._inflight[index].pop(ticket, None) if ticket is not None else None
-            if req is None:  # not in flight there any more: a duplicate, drop it
-                self.duplicates_dropped += 1
-                return
-            self._outstanding[index] -= self._cost(req)
-            self.delivered += 1
-            if ticket in self._eval_tickets:
-                self._eval_tickets.discard(ticket)
-                self._eval[ticket] = sample
-                self._eval_cv.notify_all()
-                return
-        self._samples.put(sample)
-
-    def _restart(self, index: int, cause: BaseException) -> None:
-        """Replace a dead replica and resubmit what was in flight on it."""
-        if self._colocated[index] or self._factory is None:
-            raise RolloutReplicaDied(
-                f"rollout replica {index} died and cannot be restarted "
-                f"(it is colocated with the trainer): {cause}"
-            )
-        if self.restarts >= self._max_restarts:
-            raise RolloutReplicaDied(
-                f"rollout replica {index} died after {self.restarts} restarts: {cause}"
-            )
-        self.restarts += 1
-        log.warning("rollout replica %d died (%s); restarting", index, type(cause).__name__)
-        with self._lock:
-            lost = list(self._inflight[index].items())
-            self._inflight[index] = {}
-            self._outstanding[index] = 0
-            handle = self._factory(index, self._weights_ref, self.version)
-            self._replicas[index] = handle
-        ray.get(handle.ready.remote())
-        self.resubmitted += len(lost)
-        self._dispatch([(t, self._retag(r, t)) for t, r in lost])
-
-    @staticmethod
-    def _retag(req: GenerationRequest, ticket: int) -> GenerationRequest:
-        return GenerationRequest(
-            req.prompt_ids, req.params, req.group_id, {**req.metadata, TICKET: ticket}
-        )
-
-    def _check(self) -> None:
-        if self._error is not None:
-            raise self._error
-
-    # ------------------------------------------------------------------ interface
-    def submit_many(self, requests: Iterable[GenerationRequest]) -> None:
-        self._check()
-        tagged = []
-        for r in requests:
-            t = next(self._tickets)
-            tagged.append((t, self._retag(r, t)))
-        self._dispatch(tagged)
-
-    def submit(self, request: GenerationRequest) -> None:
-        self.submit_many([request])
-
-    def prioritize(self, group_ids: Iterable[int]) -> None:
-        """Every replica makes these groups' rows urgent (``RolloutEngine.prioritize``)."""
-        self._check()
-        ids = list(group_ids)
-        with self._lock:
-            handles = list(self._replicas)
-        for h in handles:
-            h.rollout_prioritize.remote(ids)  # a dead replica is caught by its receiver
-
-    def poll(self, timeout: float = 0.0) -> list[Sample]:
-        """Finished samples so far (waits up to ``timeout`` seconds for the first one)."""
-        self._check()
-        out = drain_queue(self._samples, timeout)
-        if not out:
-            self._check()
-        return out
-
-    def generate(self, requests: list[GenerationRequest]) -> list[Sample]:
-        """Blocking: complete ``requests`` (alongside anything else in flight), in order."""
-        self._check()
-        tickets = [next(self._tickets) for _ in requests]
-        with self._lock:
-            self._eval_tickets.update(tickets)
-        self._dispatch([(t, self._retag(r, t)) for t, r in zip(tickets, requests, strict=True)])
-        with self._eval_cv:
-            while not all(t in self._eval for t in tickets):
-                self._check()
-                self._eval_cv.wait(timeout=0.5)
-            return [self._eval.pop(t) for t in tickets]
-
-    def update_weights(
-        self, state_dict: Mapping[str, Tensor], version: int, interrupt: bool = True
-    ) -> None:
-        """Push weights as ``version`` to every replica and wait until all have loaded them.
-
-        A replica colocated with the actor copies them in-process; others fetch the one copy
-        put in the object store. Timed: ``last_sync_s`` / ``stats()["weight_sync_s"]``.
-        """
-        self._check()
-        t0 = time.perf_counter()
-        remote = isinstance(state_dict, RemoteStateDict)
-        need_ref = not remote or not all(self._colocated)
-        ref = None
-        if need_ref:
-            if isinstance(state_dict, RemoteStateDict):
-                ref = state_dict.ref
-            else:
-                ref = ray.put({k: v.detach() for k, v in state_dict.items()})
-        with self._lock:
-            self._weights_ref = ref if ref is not None else self._weights_ref
-            calls = []
-            for i, h in enumerate(self._replicas):
-                local = remote and self._colocated[i]
-                calls.append(h.rollout_update.remote(None if local else ref, version, interrupt))
-            self.version = version
-        for c in calls:
-            try:
-                ray.get(c)
-            except RayActorError:  # it is restarted by its receiver with these weights
-                pass
-        with self._lock:
-            self._loaded_version = version
-            held, self._held = self._held, []
-        if held:
-            self._dispatch(held)
-        self.last_sync_s = time.perf_counter() - t0
-        self.sync_times.append(self.last_sync_s)
-
-    def report(self) -> EngineReport:
-        """Merged engine counters of all replicas and their busy spans since the last report."""
-        self._check()
-        with self._lock:
-            handles = list(self._replicas)
-        results = []
-        for h in handles:
-            try:
-                results.append(ray.get(h.rollout_stats.remote()))
-            except RayActorError:
-                continue
-        merged: dict[str, Any] = {}
-        spans: list[tuple[float, float]] = []
-        for st, sp in results:
-            spans.extend(sp)
-            for k, v in st.items():
-                if isinstance(v, int | float) and not isinstance(v, bool):
-                    merged[k] = merged.get(k, 0) + v
-        n = max(len(results), 1)
-        if results:
-            merged["mean_slot_utilisation"] = merged.get("mean_slot_utilisation", 0.0) / n
-            merged["version"] = min(st["version"] for st, _ in results)
-        merged.setdefault("tokens_per_s", 0.0)
-        merged.setdefault("mean_slot_utilisation", 0.0)
-        merged["replicas"] = len(handles)
-        merged["replica_restarts"] = self.restarts
-        merged["requests_resubmitted"] = self.resubmitted
-        merged["duplicates_dropped"] = self.duplicates_dropped
-        merged["weight_sync_s"] = self.last_sync_s
-        return EngineReport(merged, spans)
-
-    def outstanding_tokens(self) -> list[int]:
-        """Per replica: the token estimate of its in-flight requests (the balancing key)."""
-        with self._lock:
-            return list(self._outstanding)
-
-    def in_flight(self) -> int:
-        """Requests sent to a replica (or held for newer weights) and not yet delivered."""
-        with self._lock:
-            return sum(len(d) for d in self._inflight) + len(self._held)
-
-    def close(self) -> None:
-        """Stop the receivers, then the replicas and pools (``on_close``)."""
-        self._stopping = True
-        for t in self._receivers:
-            t.join(timeout=2)
-        if self._on_close is not None:
-            self._on_close()

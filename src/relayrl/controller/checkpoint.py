@@ -3,6 +3,10 @@
 Layout: ``run_dir/checkpoints/step_000010/{actor,critic}/`` (``save_pretrained`` + tokenizer,
 so ``AutoModelForCausalLM.from_pretrained(.../actor)`` loads as is) and ``trainer_state.pt``
 (optimizer, scheduler, shuffling generators, KL controller, step, RNG states).
+An FSDP2 role (``sharded`` True) keeps its parameters and optimizer state in
+``sharded_<role>/`` instead (``torch.distributed.checkpoint``, written by every rank: see
+:func:`role_state`), and ``trainer_state.pt`` names that folder; ``<role>/`` stays the full
+HF export gathered bucket by bucket, loadable with plain ``from_pretrained``.
 A checkpoint is written into a temporary directory and renamed into place in one step, and
 ``latest`` is replaced atomically afterwards: an interrupted save never damages what is there.
 A save that fails removes its temporary directory; one that fails with an ``OSError`` (disk
@@ -16,6 +20,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +30,41 @@ import torch
 from relayrl.controller.faults import CheckpointWriteError
 
 STATE_FILE = "trainer_state.pt"
+SHARDED_KEY = "sharded_dir"
+"""In a role's entry of ``trainer_state.pt``: the folder of its sharded checkpoint."""
+
+Writer = Callable[[Path], None]
+"""Writes part of a checkpoint into the (temporary) checkpoint directory it is given."""
+
+
+def role_state(role: Any, name: str) -> tuple[dict[str, Any], Writer | None]:
+    """What ``trainer_state.pt`` holds for a trainable role, and the writer of its sharded
+    checkpoint (None for a replicated role, whose optimizer state is in the entry itself)."""
+    if not getattr(role, "sharded", False):
+        return role.train_state(), None
+    sub = f"sharded_{name}"
+
+    def write(ckpt_dir: Path) -> None:
+        role.save_sharded(str(ckpt_dir / sub))
+
+    return {SHARDED_KEY: sub}, write
+
+
+def load_role_state(role: Any, entry: dict[str, Any], ckpt: Path) -> None:
+    """Restore a role from its ``trainer_state.pt`` entry (and its sharded checkpoint)."""
+    if SHARDED_KEY in entry:
+        if not getattr(role, "sharded", False):
+            raise ValueError(
+                f"{ckpt}: {entry[SHARDED_KEY]} is a sharded (FSDP2) checkpoint; resume it with "
+                "model.fsdp.enabled=true on the same number of ranks"
+            )
+        role.load_sharded(str(ckpt / entry[SHARDED_KEY]))
+    else:
+        if getattr(role, "sharded", False):
+            raise ValueError(
+                f"{ckpt}: the checkpoint is not sharded; resume it with model.fsdp.enabled=false"
+            )
+        role.load_train_state(entry)
 
 
 def checkpoint_root(run_dir: str | Path) -> Path:
@@ -60,9 +100,11 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     keep: int = 2,
     rng: dict[str, Any] | None = None,
+    writers: list[Writer] | None = None,
 ) -> Path:
     """Write ``models`` (name -> HF model) and ``trainer_state`` for ``step`` atomically.
 
+    ``writers`` write the sharded parts into the temporary directory before it is renamed.
     ``rng``: the RNG states to store (default: the current ones); the trainer passes those of
     the step boundary, which a checkpoint written on a signal was taken after.
     Raises :class:`CheckpointWriteError` on an ``OSError``; on any failure (an interrupt too)
@@ -80,6 +122,8 @@ def save_checkpoint(
         for name, model in models.items():
             model.save_pretrained(tmp / name)
             tokenizer.save_pretrained(tmp / name)
+        for write in writers or []:
+            write(tmp)
         state = {**trainer_state, "step": step, "rng": rng if rng is not None else rng_state()}
         torch.save(state, tmp / STATE_FILE)
         _fsync_dir(tmp)

@@ -29,9 +29,11 @@ from relayrl.config import RunConfig
 from relayrl.controller import preflight
 from relayrl.controller.algorithms import make_kl_controller, rollout_stats
 from relayrl.controller.checkpoint import (
+    load_role_state,
     load_trainer_state,
     newest_intact,
     rng_state,
+    role_state,
     save_checkpoint,
     seed_everything,
     set_rng_state,
@@ -142,9 +144,9 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
     if ckpt is not None:
         state = load_trainer_state(ckpt)
         start = int(state["step"])
-        roles.actor.load_train_state(state["actor"])
+        load_role_state(roles.actor, state["actor"], ckpt)  # sharded (FSDP2) or not
         if roles.critic is not None and "critic" in state:
-            roles.critic.load_train_state(state["critic"])
+            load_role_state(roles.critic, state["critic"], ckpt)
         kl_ctl.value = state["kl_coef"]
         set_rng_state(state["rng"])
         schedule_state = state.get("schedule", {})
@@ -324,14 +326,22 @@ def _rates(exp: Any, stats: dict[str, float], cfg: RunConfig) -> dict[str, float
 
 def _save(cfg: RunConfig, roles: Roles, b: _Boundary) -> Path:
     models: dict[str, Any] = {"actor": roles.actor.model}
-    state: dict[str, Any] = {
-        "actor": roles.actor.train_state(),
-        "kl_coef": b.kl_coef,
-        "schedule": b.schedule,
-    }
-    if roles.critic is not None:
-        models["critic"] = roles.critic.model
-        state["critic"] = roles.critic.train_state()
+    state: dict[str, Any] = {"kl_coef": b.kl_coef, "schedule": b.schedule}
+    writers = []  # sharded (FSDP2) roles: every rank writes its shards
+    for name, role in (("actor", roles.actor), ("critic", roles.critic)):
+        if role is None:
+            continue
+        models[name] = role.model
+        state[name], writer = role_state(role, name)
+        if writer is not None:
+            writers.append(writer)
     return save_checkpoint(
-        cfg.run_dir, b.step, models, roles.tokenizer, state, cfg.train.keep_checkpoints, b.rng
+        cfg.run_dir,
+        b.step,
+        models,
+        roles.tokenizer,
+        state,
+        cfg.train.keep_checkpoints,
+        b.rng,
+        writers,
     )

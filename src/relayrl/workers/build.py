@@ -28,7 +28,13 @@ from relayrl.model.device import (
 from relayrl.model.lora import adapters_disabled, apply_lora, is_lora, merged_state_dict
 from relayrl.workers.actor import ActorWorker, ReferenceWorker
 from relayrl.workers.critic import CriticWorker
+from relayrl.workers.data_parallel import DataParallelActorWorker, DataParallelCriticWorker
 from relayrl.workers.experience import Experience
+
+ENGINE_DEVICE = torch.device("cpu")
+"""Where the own rollout engine computes: its KV cache, sampler and batches are CPU tensors
+(the engine is not device-aware yet), so its model stays on the CPU whatever ``model.device``
+(the vLLM backend places itself)."""
 
 
 def _distributed(cfg: RunConfig, world: int) -> bool:
@@ -36,7 +42,8 @@ def _distributed(cfg: RunConfig, world: int) -> bool:
     if cfg.model.fsdp.enabled and not (dist.is_available() and dist.is_initialized()):
         raise ValueError(
             "model.fsdp.enabled: no torch.distributed process group is initialised "
-            "(call torch.distributed.init_process_group on every rank before building the roles)"
+            "(cluster=ray builds FSDP2 roles after joining one; in your own script call "
+            "torch.distributed.init_process_group on every rank before building the roles)"
         )
     return world > 1 or cfg.model.fsdp.enabled
 
@@ -47,6 +54,21 @@ class LoraActorWorker(ActorWorker):
 
     def state_dict(self) -> dict[str, Tensor]:
         return merged_state_dict(self.model)
+
+
+class LoraDataParallelActorWorker(LoraActorWorker, DataParallelActorWorker):
+    """A LoRA actor on one data-parallel rank: each rank holds the full frozen base and the
+    adapters (replicas); only the adapters' gradients are all-reduced (SUM, over the global
+    loss counts), so every rank takes the single-process step. The adapters start as rank
+    0's (peft draws ``lora_A`` from each process's own RNG)."""
+
+    @classmethod
+    def from_config(cls, model: torch.nn.Module, cfg: RunConfig) -> ActorWorker:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.requires_grad:
+                    dist.broadcast(p.data, src=0)
+        return super().from_config(model, cfg)
 
 
 class AdapterDisabledReference(ReferenceWorker):
@@ -93,13 +115,15 @@ def build_actor(cfg: RunConfig, path: str, rank: int = 0, world: int = 1) -> Act
     )
     if is_lora(model):
         if cfg.model.fsdp.enabled:
-            raise ValueError("model.lora: LoRA with model.fsdp.enabled is not supported yet")
+            raise ValueError(
+                "model.lora with model.fsdp.enabled is not supported (the engine's merged "
+                "weights would need the sharded base gathered per adapter layer); LoRA runs "
+                "data-parallel with replicas: set model.fsdp.enabled=false"
+            )
         if world > 1:
-            raise ValueError("model.lora: LoRA with data-parallel ranks is not supported yet")
+            return LoraDataParallelActorWorker.from_config(model, cfg)
         return LoraActorWorker.from_config(model, cfg)
     if _distributed(cfg, world):
-        from relayrl.workers.data_parallel import DataParallelActorWorker
-
         return DataParallelActorWorker.from_config(model, cfg)
     return ActorWorker.from_config(model, cfg)
 
@@ -132,23 +156,30 @@ def build_critic(cfg: RunConfig, path: str, rank: int = 0, world: int = 1) -> Cr
         enable_gradient_checkpointing(model)
     model = apply_precision(model, precision, resolve_device(cfg.model.device, rank))
     if _distributed(cfg, world):
-        from relayrl.workers.data_parallel import DataParallelCriticWorker
-
         return DataParallelCriticWorker.from_config(model, cfg)
     return CriticWorker.from_config(model, cfg)
 
 
-def engine_model(cfg: RunConfig, actor: ActorWorker, path: str) -> torch.nn.Module:
+def engine_model(
+    cfg: RunConfig, actor: ActorWorker, path: str, keep: bool | None = None
+) -> torch.nn.Module:
     """The rollout engine's own model: the actor's weights (merged under LoRA) as a plain HF
-    model in the compute dtype on the actor's device, frozen. Under FSDP2 every rank must call
-    (the full weights are gathered); ranks other than 0 get the unloaded model."""
+    model in the compute dtype on ``ENGINE_DEVICE``, frozen. Under FSDP2 every rank must call
+    (the full weights are gathered bucket by bucket); ranks with ``keep`` False (default: all
+    but rank 0) get the unloaded model."""
     precision = precision_for(cfg.model, trainable=False)
-    device = resolve_device(cfg.model.device, dist.get_rank() if dist.is_initialized() else 0)
+    device = ENGINE_DEVICE
     if is_lora(actor.model) or cfg.model.fsdp.enabled:
         model = load_causal_lm(
             cfg.model.path if is_lora(actor.model) else path, precision.param_dtype
         )
-        state = actor.state_dict()
+        if cfg.model.fsdp.enabled:
+            from relayrl.workers.fsdp import full_state_dict
+
+            bucket = int(cfg.model.fsdp.sync_bucket_mb * (1 << 20))
+            state = full_state_dict(actor.model, bucket, keep)
+        else:
+            state = actor.state_dict()
         if state:
             with torch.no_grad():
                 model.load_state_dict(state)

@@ -23,12 +23,20 @@ holds more than one bucket of full tensors.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch import Tensor
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -61,7 +69,10 @@ def shard_model(model: torch.nn.Module, fsdp: FsdpConfig, precision: Precision) 
         if precision.mixed
         else MixedPrecisionPolicy()
     )
-    offload = CPUOffloadPolicy() if fsdp.cpu_offload else OffloadPolicy()
+    # pinned host memory needs an accelerator; on a CPU-only machine the offload keeps the
+    # shards where they already are (the code path runs, nothing moves)
+    pin = torch.cuda.is_available()
+    offload = CPUOffloadPolicy(pin_memory=pin) if fsdp.cpu_offload else OffloadPolicy()
     kwargs: dict[str, Any] = dict(
         reshard_after_forward=fsdp.reshard_after_forward, mp_policy=mp, offload_policy=offload
     )
@@ -161,7 +172,72 @@ def full_state_dict(
     return out
 
 
-class FsdpActorWorker(DataParallelActorWorker):
+# --------------------------------------------------------------------------- sharded checkpoints
+# Layout: ``<dir>/`` holds one DCP checkpoint (each rank writes its own shards of every role's
+# parameters and optimizer state, plus ``.metadata``) and ``rank_<r>.pt`` per rank with what is
+# not sharded: the LR scheduler and the shuffling generator of each role. Loading reshards to
+# the ranks that load (same world size for an exact resume). All ranks must call both.
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _sharded_state(roles: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        name: {
+            "model": get_model_state_dict(w.model),
+            "optim": get_optimizer_state_dict(w.model, w.optimizer),
+        }
+        for name, w in roles.items()
+    }
+
+
+def save_sharded(out_dir: str | Path, roles: Mapping[str, Any]) -> Path:
+    """Save ``roles`` (name -> trainable worker with ``model``, ``optimizer``, ``scheduler``,
+    ``generator``) as a sharded checkpoint in ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dcp.save(_sharded_state(roles), checkpoint_id=str(out))
+    extra = {
+        name: {"scheduler": w.scheduler.state_dict(), "generator": w.generator.get_state()}
+        for name, w in roles.items()
+    }
+    torch.save(extra, out / f"rank_{_rank()}.pt")
+    if dist.is_initialized():
+        dist.barrier()
+    return out
+
+
+def load_sharded(in_dir: str | Path, roles: Mapping[str, Any]) -> None:
+    """Load a ``save_sharded`` checkpoint into freshly built ``roles`` (same names)."""
+    src = Path(in_dir)
+    if not (src / ".metadata").is_file():
+        raise FileNotFoundError(f"{src}: not a sharded checkpoint (no .metadata)")
+    state = _sharded_state(roles)
+    dcp.load(state, checkpoint_id=str(src))
+    extra = torch.load(src / f"rank_{_rank()}.pt", weights_only=False)
+    for name, w in roles.items():
+        set_model_state_dict(w.model, state[name]["model"])
+        set_optimizer_state_dict(w.model, w.optimizer, state[name]["optim"])
+        w.scheduler.load_state_dict(extra[name]["scheduler"])
+        w.generator.set_state(extra[name]["generator"])
+
+
+class ShardedCheckpointing:
+    """``save_sharded`` / ``load_sharded`` of one trainable FSDP2 role (``sharded`` True): a
+    ``torch.distributed.checkpoint`` directory of its parameters and optimizer state plus
+    each rank's scheduler and generator (``relayrl.controller.sharded_checkpoint``). Every
+    rank must call (collectives)."""
+
+    sharded = True
+
+    def save_sharded(self, out_dir: str) -> None:
+        save_sharded(out_dir, {"role": self})
+
+    def load_sharded(self, in_dir: str) -> None:
+        load_sharded(in_dir, {"role": self})
+
+
+class FsdpActorWorker(ShardedCheckpointing, DataParallelActorWorker):
     """The data-parallel actor with FSDP2-sharded parameters, gradients and optimizer state."""
 
     sync_bucket_bytes: int = 256 << 20
@@ -234,7 +310,7 @@ class FsdpReferenceWorker(ReferenceWorker):
         return out
 
 
-class FsdpCriticWorker(DataParallelCriticWorker):
+class FsdpCriticWorker(ShardedCheckpointing, DataParallelCriticWorker):
     """The data-parallel critic with FSDP2-sharded parameters, gradients and optimizer state."""
 
     @classmethod
