@@ -287,6 +287,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--target", type=float, default=0.6)
     ap.add_argument("--sft-target", type=float, default=0.35)
+    ap.add_argument(
+        "--sft-seed", type=int, default=None, help="one SFT model for every run seed (default: own)"
+    )
     ap.add_argument("--work", default=os.environ.get("RELAYRL_BENCH_DIR", "bench_out/trl_grpo"))
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -294,8 +297,9 @@ def main(argv: list[str] | None = None) -> None:
     work.mkdir(parents=True, exist_ok=True)
     rows = []
     for seed in a.seeds:
-        model = sft_model(work, seed, a.sft_target)
-        prompts = held_out(model, seed, a.eval_prompts)
+        sft_seed = seed if a.sft_seed is None else a.sft_seed
+        model = sft_model(work, sft_seed, a.sft_target)
+        prompts = held_out(model, sft_seed, a.eval_prompts)
         base = shared_eval(model, prompts)
         for mode in a.modes:
             for arm in a.arms:
