@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--prompt-len", type=int, default=16, help="tokens in each row's cache")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument(
         "--ab", action="store_true", help="alternate GROUPED_DECODE off/on, 5 rounds each"
@@ -67,10 +68,12 @@ def main() -> None:
 
 def _one(model, rows: int, a: argparse.Namespace, grouped: bool) -> float:
     """One engine at ``rows`` rows: prints its JSON line, returns ms per decode step."""
-    eng = RolloutEngine(model, eos_token_id=2, pad_token_id=0, max_slots=rows, max_model_len=512)
+    eng = RolloutEngine(
+        model, eos_token_id=2, pad_token_id=0, max_slots=rows, max_model_len=a.prompt_len + 512
+    )
     g = torch.Generator().manual_seed(0)
     for i in range(rows):
-        p = torch.randint(4, 80, (16,), generator=g).tolist()
+        p = torch.randint(4, 80, (a.prompt_len,), generator=g).tolist()
         eng.submit(GenerationRequest(p, SamplingParams(max_tokens=400, ignore_eos=True, seed=i)))
     for _ in range(3):  # admissions + warm-up
         eng.step()
