@@ -1,12 +1,18 @@
 """Where each step's prompts come from, deterministically from (seed, step).
 
 Being a pure function of the step keeps resume exact: a resumed run draws the same prompts a
-straight run would, with no sampler state to save.
+straight run would, with no sampler state to save. For a training file, the prompt stream is
+epochs over the file, epoch ``e`` the order ``random.Random(seed * 1_000_003 + e).shuffle``
+gives; step ``s`` of ``n`` prompts takes stream positions ``s * n .. s * n + n - 1``. Each
+epoch's permutation is built once (O(rows)) and kept (the last ``EPOCH_CACHE`` epochs), so a
+step costs O(n) amortised, whatever the file's size.
 """
 
 from __future__ import annotations
 
 import random
+from array import array
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -96,6 +102,20 @@ def hold_out(
     return [p for p in train if p.record.prompt not in chosen], list(held.values())
 
 
+EPOCH_CACHE = 4
+"""Epoch permutations kept per ``PromptSource``: the current epoch, the next (a step that
+straddles the boundary), and the dynamic-sampling refill stream's (``algorithms``), which
+draws from far-off steps."""
+
+
+def epoch_order(seed: int, epoch: int, rows: int) -> array:
+    """The permutation of ``range(rows)`` that epoch ``epoch`` visits the file in:
+    ``random.Random(seed * 1_000_003 + epoch).shuffle`` (4 bytes a row)."""
+    order = list(range(rows))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return array("l", order)
+
+
 class PromptSource:
     """Training prompts per step, and the fixed held-out eval set.
 
@@ -113,6 +133,7 @@ class PromptSource:
         self._train: list[TokenizedPrompt] | None = None
         self._eval: list[TokenizedPrompt] | None = None
         self._held_out: set[str] | None = None
+        self._orders: OrderedDict[int, array] = OrderedDict()
         if cfg.task == "jsonl" and (with_train or cfg.eval_path is None):
             if cfg.train_path is None:
                 raise ValueError("data.train_path is required when data.task is 'jsonl'")
@@ -124,6 +145,25 @@ class PromptSource:
                 raise DataError(report.why_none(cfg.train_path))
             if cfg.eval_path is None:
                 self._train, self._eval = hold_out(self._train, cfg, seed)
+
+    @classmethod
+    def from_prompts(
+        cls,
+        train: list[TokenizedPrompt],
+        eval_set: list[TokenizedPrompt],
+        cfg: DataConfig,
+        tokenizer: Any,
+        seed: int,
+    ) -> PromptSource:
+        """A source over prompts already in memory (tokenised, held-out split done): the same
+        per-step draws as one built from a file holding ``train``."""
+        if not train:
+            raise ValueError("PromptSource.from_prompts: no training prompts")
+        src = cls.__new__(cls)
+        src.cfg, src.tokenizer, src.seed, src.skipped = cfg, tokenizer, seed, 0
+        src._train, src._eval, src._held_out = list(train), list(eval_set), None
+        src._orders = OrderedDict()
+        return src
 
     def for_step(self, step: int, n: int) -> list[TokenizedPrompt]:
         if self._train is None and self.cfg.task == "jsonl":
@@ -141,15 +181,25 @@ class PromptSource:
                 records, self.tokenizer, self.cfg.max_prompt_tokens, self.cfg
             )
             return kept
-        # epochs over the file, each a seeded shuffle
+        # epochs over the file, each a seeded shuffle (module docstring)
         out: list[TokenizedPrompt] = []
         start = step * n
         for pos in range(start, start + n):
             epoch, i = divmod(pos, len(self._train))
-            order = list(range(len(self._train)))
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-            out.append(self._train[order[i]])
+            out.append(self._train[self._order(epoch)[i]])
         return out
+
+    def _order(self, epoch: int) -> array:
+        """``epoch_order`` for this file, built once per epoch (LRU of ``EPOCH_CACHE``)."""
+        order = self._orders.get(epoch)
+        if order is None:
+            assert self._train is not None
+            order = self._orders[epoch] = epoch_order(self.seed, epoch, len(self._train))
+            while len(self._orders) > EPOCH_CACHE:
+                self._orders.popitem(last=False)
+        else:
+            self._orders.move_to_end(epoch)
+        return order
 
     def eval_set(self) -> list[TokenizedPrompt]:
         if self._eval is None:

@@ -43,6 +43,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from relayrl.rollout.kv_cache import SlotKVCache
 
 SPLIT_ATTENTION = "relayrl_split_sdpa"
+GROUPED_DECODE = True
+"""Decode rows attend through ``_decode_attention`` (no ``repeat_kv`` copy of the cache);
+False: through ``transformers``' ``sdpa_attention_forward`` (benchmarks compare the two)."""
 
 
 @dataclass
@@ -73,15 +76,43 @@ def _split_attention(
     n = state.n_decode
     parts = []
     assert state.cache.split_buckets is not None
+    grouped = (
+        GROUPED_DECODE and "position_bias" not in kwargs and not kwargs.get("output_attentions")
+    )
     for (lo, hi, mask), (k, v) in zip(state.decode_buckets, state.cache.split_buckets, strict=True):
-        out, _ = sdpa_attention_forward(module, query[lo:hi], k, v, mask, **kwargs)
-        parts.append(out)  # [rows, 1, H, D]
+        if grouped:
+            parts.append(_decode_attention(query[lo:hi], k, v, mask, kwargs.get("scaling")))
+        else:
+            out, _ = sdpa_attention_forward(module, query[lo:hi], k, v, mask, **kwargs)
+            parts.append(out)  # [rows, 1, H, D]
     if query.shape[0] > n:
         # The prefill tokens as one sequence [1, H, P, D] with a block-diagonal causal mask.
         q, k, v = (t[n:].transpose(0, 2) for t in (query, key, value))
         out, _ = sdpa_attention_forward(module, q, k, v, state.prefill_mask, **kwargs)
         parts.append(out.transpose(0, 1))  # [P, 1, H, D]
     return (parts[0] if len(parts) == 1 else torch.cat(parts)), None
+
+
+def _decode_attention(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scaling: object
+) -> Tensor:
+    """Decode rows' attention on their cache read, without copying the cache.
+
+    ``query`` ``[n, H, 1, D]``, ``key``/``value`` ``[n, Hkv, L, D]`` (a strided view of the
+    arena), ``mask`` ``[n, 1, 1, L]``. With grouped-query attention (``G = H / Hkv`` query
+    heads share kv head ``h // G``, as ``repeat_kv`` pairs them) the ``G`` heads of a group
+    become ``G`` query positions of one kv head: ``[n, Hkv, G, D]`` against ``[n, Hkv, L, D]``,
+    the same dot products as repeating the keys ``G`` times, without the copy of every
+    layer's whole cache read that ``repeat_kv`` makes (the largest cost of a wide decode
+    step). Returns ``[n, 1, H, D]`` like ``sdpa_attention_forward``.
+    """
+    n, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    q = query.reshape(n, kv_heads, heads // kv_heads, dim)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, key, value, attn_mask=mask, scale=scaling if isinstance(scaling, float) else None
+    )
+    return out.reshape(n, 1, heads, dim)
 
 
 AttentionInterface.register(SPLIT_ATTENTION, _split_attention)

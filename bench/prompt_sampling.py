@@ -1,0 +1,67 @@
+"""Time ``PromptSource``: construction and ``for_step`` per step, at several dataset sizes.
+
+    OMP_NUM_THREADS=1 python bench/prompt_sampling.py --rows 2048 100000 1000000 --per-step 64
+
+Prints one JSON line per size: ``build_s`` (load + tokenise + hold out), ``step0_s`` (the first
+step, which may build the epoch's permutation), ``step1_ms`` / ``step50_ms`` (one step each, in
+milliseconds), ``steps_ms_mean`` (mean of steps 1..``--steps``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from relayrl.config import RunConfig, load_config
+from relayrl.controller.prompts import PromptSource
+from relayrl.model import build_tiny_model, load_tokenizer
+
+
+def _write(path: Path, rows: int) -> None:
+    with path.open("w") as f:
+        for i in range(rows):
+            f.write(json.dumps({"prompt": f"{i % 1000}+{i // 1000}=", "answer": i}) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, nargs="+", default=[2048, 100_000, 1_000_000])
+    ap.add_argument("--per-step", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--max-step-s", type=float, default=60.0, help="stop timing steps after this")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        tok = load_tokenizer(build_tiny_model(Path(d) / "m", hidden_size=16))
+        for rows in a.rows:
+            path = Path(d) / f"train{rows}.jsonl"
+            _write(path, rows)
+            cfg = load_config(RunConfig, None, ["data.task=jsonl", f"data.train_path={path}"]).data
+            t = time.perf_counter()
+            src = PromptSource(cfg, tok, seed=0)
+            build = time.perf_counter() - t
+            times = []
+            t_all = time.perf_counter()
+            for step in range(a.steps + 1):
+                t = time.perf_counter()
+                src.for_step(step, a.per_step)
+                times.append(time.perf_counter() - t)
+                if time.perf_counter() - t_all > a.max_step_s:
+                    break
+            out = {
+                "rows": rows,
+                "per_step": a.per_step,
+                "build_s": round(build, 3),
+                "step0_s": round(times[0], 4),
+                "step1_ms": round(1e3 * times[1], 3) if len(times) > 1 else None,
+                "step50_ms": round(1e3 * times[50], 3) if len(times) > 50 else None,
+                "steps_timed": len(times) - 1,
+                "steps_ms_mean": round(1e3 * sum(times[1:]) / max(1, len(times) - 1), 3),
+            }
+            print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
