@@ -273,3 +273,60 @@ def test_token_budget_stops_an_episode(tiny):
     assert s.metadata["env"]["stop_reason"] == "token_budget"
     assert len(s.prompt_ids) + len(s.response_ids) <= 20
     assert m["env/stop_token_budget"] == 1
+
+
+class Slow(Environment):
+    """Every call waits ``delay`` seconds; tracks how many instances are in an episode."""
+
+    active = 0
+    max_active = 0
+
+    def __init__(self, delay: float):
+        self.delay = delay
+
+    async def reset(self, row):
+        Slow.active += 1
+        Slow.max_active = max(Slow.max_active, Slow.active)
+        await asyncio.sleep(self.delay)
+        return [{"role": "user", "content": "1+2="}]
+
+    async def step(self, message):
+        await asyncio.sleep(self.delay)
+        Slow.active -= 1
+        return StepResult(done=True)
+
+
+@pytest.mark.parametrize("concurrency, lo, hi", [(4, 0.0, 1.6), (1, 3.2, 30.0)])
+def test_episodes_wait_on_environments_concurrently_up_to_the_pool_limit(tiny, concurrency, lo, hi):
+    """4 episodes whose reset and step each take 0.4 s: side by side ~0.8 s of waiting in all,
+    one at a time (concurrency 1) at least 4 x 0.8 s."""
+    model, tok = tiny
+    Slow.active = Slow.max_active = 0
+    runner = runner_for(make_engine(model, tok), tok, lambda: Slow(0.4), concurrency=concurrency)
+    try:
+        t0 = time.monotonic()
+        samples = runner.generate(requests(4, max_tokens=2))
+        wall = time.monotonic() - t0
+    finally:
+        runner.close()
+    assert [s.metadata["env"]["stop_reason"] for s in samples] == ["env_done"] * 4
+    assert Slow.max_active == concurrency
+    assert lo <= wall <= hi, wall
+    assert runner.pool.counters["created"] == concurrency  # reused after each episode
+
+
+def test_staleness_counts_trained_tokens_only():
+    from collections import Counter
+
+    from relayrl.controller.schedules import AsyncSchedule
+    from relayrl.rollout import Sample
+
+    s = Sample(0, [1], [5, 6, 7, 8], [0.0] * 4, [3, -50, -50, 3], "eos", loss_mask=[1, 0, 0, 1])
+    exp = Experience.from_samples([s], pad_id=0)
+    exp["advantages"] = torch.ones(1, 4)
+    sched = AsyncSchedule.__new__(AsyncSchedule)
+    sched.cfg = RunConfig.model_validate({"async": {"max_token_staleness": 2}})
+    sched.staleness_hist = Counter()
+    out = sched._bound_staleness(exp, step=4)
+    assert out["staleness_max"] == 1 and out["stale_token_frac"] == 0.0
+    assert sched.staleness_hist == Counter({1: 2})
