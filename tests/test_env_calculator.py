@@ -63,13 +63,13 @@ def test_without_the_tool_a_call_is_an_unknown_tool():
 @pytest.mark.slow
 @pytest.mark.learning
 def test_grpo_raises_the_with_tool_pass_rate(tmp_path, outcome):
-    """SFT (120 steps) on tool traces, then 15 GRPO steps (16 prompts x 4): figures over seeds
-    in the report of issue 20 (``tests/env_calculator.py``)."""
+    """SFT on tool traces to a with-tool validation pass rate of 0.3, then 15 GRPO steps
+    (16 prompts x 4); figures over seeds in the report of issue 20 (``env_calculator.py``)."""
     from env_calculator import make_calculator_sft, pass_rate, run_grpo
     from helpers import TEST_SEED
     from relayrl.controller.checkpoint import latest_checkpoint
 
-    sft = make_calculator_sft(tmp_path, TEST_SEED, steps=120)
+    sft, _ = make_calculator_sft(tmp_path, TEST_SEED)
     before = pass_rate(sft, TEST_SEED, True)
     without = pass_rate(sft, TEST_SEED, False)
     run_grpo(
