@@ -51,12 +51,15 @@ def make_calculator_sft(
     chunk: int = 20,
     max_steps: int = 600,
     hidden: int = 96,
+    steps: int | None = None,
 ) -> tuple[Path, int]:
     """Tiny Llama + SFT (``relayrl sft``'s ``run_sft``) on tool-use traces (half with the
     tool, half answering directly) of problems outside the RL held-out set, in chunks of
     ``chunk`` steps until the with-tool pass rate on 100 validation problems (neither trained
     on nor held out) reaches ``target``: a quality, not a step count, as the arithmetic
-    fixture (``helpers.make_sft_model``). Returns the model and the SFT steps taken."""
+    fixture (``helpers.make_sft_model``). With ``steps``: one run of that many steps instead
+    (each chunk restarts Adam, which at this learning rate undoes much of the learning: the
+    chunked run is measured worse). Returns the model and the SFT steps taken."""
     base = build_tiny_model(root / "base", hidden_size=hidden, seed=seed)
     tok = load_tokenizer(base)
     held = {p.record.prompt for p in PromptSource(data_config(), tok, seed).eval_set()}
@@ -66,6 +69,8 @@ def make_calculator_sft(
     val = tokenize_prompts(val_rows, tok, 10**9)[0]
     path = root / "traces.jsonl"
     write_jsonl(path, sft_traces(rows, tok.eos_token, tool_fraction=0.5, seed=seed))
+    if steps is not None:
+        chunk, max_steps, target = steps, steps, 0.0
     current, steps = base, 0
     while steps < max_steps:
         cfg = SFTConfig(
@@ -149,13 +154,18 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--root", default="/work/logs/i20a/calc")
     ap.add_argument("--sft-target", type=float, default=SFT_TARGET)
+    ap.add_argument("--sft-steps", type=int, default=None, help="one SFT run of N steps")
+    ap.add_argument("--sft-model", default=None, help="skip SFT: start GRPO from this model")
     ap.add_argument("--grpo-steps", type=int, default=20)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     for seed in args.seeds:
         root = Path(args.root) / f"seed{seed}"
         t0 = time.time()
-        sft, sft_steps = make_calculator_sft(root, seed, args.sft_target)
+        if args.sft_model:
+            sft, sft_steps = Path(args.sft_model), -1
+        else:
+            sft, sft_steps = make_calculator_sft(root, seed, args.sft_target, steps=args.sft_steps)
         t1 = time.time()
         before = {
             "with_tool": pass_rate(sft, seed, True),
