@@ -41,13 +41,21 @@ def _records(run_dir):
     return [json.loads(x) for x in lines]
 
 
-def _check_steps(recs, steps, episodes_per_step):
-    trained = [r for r in recs if "env/episodes" in r]
+def _check_steps(recs, steps, episodes_per_step, exact=True):
+    """Each step's env/* counters: in sync exactly the step's episodes; off-policy the episodes
+    that finished since the previous step (the engine runs ahead), at least a step's worth in
+    all."""
+    trained = [r for r in recs if "env/episodes" in r or "reward_mean" in r]
     assert len(trained) == steps
+    assert sum(r.get("env/episodes", 0) for r in trained) >= steps * episodes_per_step
     for r in trained:
-        assert r["env/episodes"] == episodes_per_step
+        n = r.get("env/episodes", 0)
+        if exact:
+            assert n == episodes_per_step
         stops = sum(v for k, v in r.items() if k.startswith("env/stop_"))
-        assert stops == episodes_per_step
+        assert stops == n
+        if not n:
+            continue
         assert r.get("env/failures", 0) == 0
         assert 1 <= r["env/turns_mean"] <= 2
         assert "reward_mean" in r and "response_length_mean" in r
@@ -68,7 +76,7 @@ def test_multi_turn_grpo_async_schedules(tiny_path, tmp_path, schedule):
     )
     out = train(cfg, lambda a, c: build_local_roles(cfg, a, c))
     recs = _records(tmp_path / "run")
-    _check_steps(recs, 3, 4)
+    _check_steps(recs, 3, 4, exact=False)
     assert max(r["staleness_max"] for r in recs if "staleness_max" in r) <= 1
     assert out["eval_after"] is not None
 
