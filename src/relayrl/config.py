@@ -26,6 +26,7 @@ from relayrl.config_base import (  # noqa: F401  (re-exported: every layer reads
     Threads,
     _Strict,
 )
+from relayrl.config_env import EnvConfig
 from relayrl.config_io import COMMAND_LINE, apply_overrides, dump_config, load_config  # noqa: F401
 from relayrl.config_sections import (  # noqa: F401
     ArithmeticConfig,
@@ -331,6 +332,7 @@ class RunConfig(_Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:

@@ -45,7 +45,13 @@ class GenerationRequest:
 
 @dataclass
 class Sample:
-    """A finished generation."""
+    """A finished generation.
+
+    ``loss_mask`` (multi-turn episodes, ``relayrl.env``): per response token, 1 where the model
+    produced it (trained), 0 where an environment did (observation / tool tokens: attended to,
+    never trained); None means all ones. Behaviour logprobs and versions of 0-mask tokens are
+    placeholders (0.0 and the version of the model token before them).
+    """
 
     request_id: int
     prompt_ids: list[int]
@@ -57,6 +63,7 @@ class Sample:
     metadata: dict[str, Any] = field(default_factory=dict)
     num_interrupts: int = 0
     error: str | None = None
+    loss_mask: list[int] | None = None
 
     @property
     def prompt_len(self) -> int:

@@ -2,6 +2,13 @@
 
 This is what flows between roles in one iteration (veRL calls it DataProto). Per-token
 tensors are [B, R] aligned with ``batch.response_ids``; per-sequence tensors are [B].
+
+Multi-turn samples (``Sample.loss_mask``, ``relayrl.env``) hold observation tokens inside a
+row: ``batch.attention_mask`` keeps every real token (the model attends to all of them), while
+``response_mask`` -- the mask of every loss, advantage, KL, staleness and mismatch statistic --
+is ``real_token_mask * loss_mask``, so observation tokens are never trained or counted. Lengths
+(trimming, token-budget micro-batching, length stats) are real token counts
+(``response_lengths``), not mask sums.
 """
 
 from __future__ import annotations
@@ -25,7 +32,10 @@ class Experience:
 
     @classmethod
     def from_samples(cls, samples: Sequence[Sample], pad_id: int) -> Experience:
-        """Pack finished samples; behaviour logprobs and token versions come along [B, R]."""
+        """Pack finished samples; behaviour logprobs and token versions come along [B, R].
+
+        A sample's ``loss_mask`` (None = all ones) zeroes its observation tokens in
+        ``response_mask``; a loss mask whose length is not the response's is a ValueError."""
         batch = pack_batch(
             [s.prompt_ids for s in samples], [s.response_ids for s in samples], pad_id
         )
@@ -36,6 +46,13 @@ class Experience:
             n = len(s.response_ids)
             behav[i, :n] = torch.as_tensor(s.behaviour_logprobs, dtype=torch.float32)
             versions[i, :n] = torch.as_tensor(s.versions, dtype=torch.long)
+            if s.loss_mask is not None:
+                if len(s.loss_mask) != n:
+                    raise ValueError(
+                        f"sample {s.request_id}: loss_mask has {len(s.loss_mask)} entries for "
+                        f"{n} response tokens"
+                    )
+                batch.response_mask[i, :n] *= torch.as_tensor(s.loss_mask, dtype=torch.float32)
         exp = cls(batch, {"behaviour_logprobs": behav, "versions": versions}, list(samples))
         groups = [s.group_id if s.group_id is not None else i for i, s in enumerate(samples)]
         exp.tensors["group_index"] = torch.as_tensor(groups, dtype=torch.long)
@@ -57,7 +74,13 @@ class Experience:
 
     @property
     def response_mask(self) -> Tensor:
+        """[B, R] 1.0 on trained response tokens (real and, multi-turn, loss mask 1)."""
         return self.batch.response_mask
+
+    @property
+    def response_lengths(self) -> Tensor:
+        """[B] real response token count of each row (observation tokens included)."""
+        return self.batch.attention_mask[:, self.batch.prompt_width :].sum(-1)
 
     def select(self, index: Tensor | Sequence[int]) -> Experience:
         idx = torch.as_tensor(index, dtype=torch.long)
@@ -84,7 +107,7 @@ class Experience:
             order = torch.arange(n)
             groups = [order[s : s + max_seqs] for s in range(0, n, max_seqs)]
         else:
-            lengths = self.response_mask.sum(-1).long()
+            lengths = self.response_lengths.long()
             order = torch.argsort(lengths, descending=True, stable=True)
             p = self.batch.prompt_width
             groups, current, width = [], [], 0
@@ -103,7 +126,7 @@ class Experience:
     def trimmed(self) -> Experience:
         """Drop response columns past the longest response (per-token tensors too)."""
         r = self.batch.response_ids.shape[1]
-        keep = max(1, int(self.response_mask.sum(-1).max())) if len(self) else r
+        keep = max(1, int(self.response_lengths.max())) if len(self) else r
         if keep >= r:
             return self
         b = self.batch
@@ -136,8 +159,14 @@ class Experience:
         return [self.select(part) for part in perm.tensor_split(n) if len(part) > 0]
 
     def meta(self) -> dict[str, Any]:
-        lengths = self.response_mask.sum(-1)
-        return {
+        """Length stats in real tokens; with observation tokens in the batch also the trained
+        (model) tokens per row, ``trained_length_mean``."""
+        lengths = self.response_lengths.float()
+        out = {
             "response_length_mean": float(lengths.mean()),
             "response_length_max": float(lengths.max()),
         }
+        trained = self.response_mask.sum(-1)
+        if bool((trained != lengths).any()):
+            out["trained_length_mean"] = float(trained.mean())
+        return out
