@@ -53,7 +53,9 @@ def content_text(content: Any, where: str) -> str:
         for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text":
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise BadMessages(f"{where}.content[{j}]: only text parts are supported, got {kind!r}")
+                raise BadMessages(
+                    f"{where}.content[{j}]: only text parts are supported, got {kind!r}"
+                )
             parts.append(str(part.get("text", "")))
         return "".join(parts)
     raise BadMessages(f"{where}.content must be a string or a list of text parts")
@@ -77,7 +79,9 @@ def normalise_messages(messages: Any) -> list[dict[str, Any]]:
         if calls:
             if role != "assistant" or not isinstance(calls, list):
                 raise BadMessages(f"{where}.tool_calls must be a list on an assistant message")
-            msg["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)]
+            msg["tool_calls"] = [
+                _tool_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)
+            ]
         else:
             msg.pop("tool_calls", None)
         out.append(msg)

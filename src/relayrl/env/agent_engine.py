@@ -116,7 +116,9 @@ class EngineOwner:
     def _take_inbox(self, block: bool) -> None:
         items = []
         try:
-            items.append(self._inbox.get(timeout=self.idle_wait_s) if block else self._inbox.get_nowait())
+            items.append(
+                self._inbox.get(timeout=self.idle_wait_s) if block else self._inbox.get_nowait()
+            )
             while True:
                 items.append(self._inbox.get_nowait())
         except queue.Empty:

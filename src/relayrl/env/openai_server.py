@@ -199,7 +199,7 @@ class OpenAIServer:
             pass
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop serving (in-flight requests get up to ``timeout`` s), then the owned engine owner."""
+        """Stop serving (in-flight requests get up to ``timeout`` s), then an owned owner."""
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
@@ -229,7 +229,9 @@ class OpenAIServer:
 
         @app.exception_handler(HTTPException)
         async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-            err = APIError(exc.status_code, str(exc.detail), "not_found" if exc.status_code == 404 else None)
+            err = APIError(
+                exc.status_code, str(exc.detail), "not_found" if exc.status_code == 404 else None
+            )
             return JSONResponse(err.body(), status_code=exc.status_code)
 
         for prefix in ("/v1", "/s/{session_key}/v1"):
@@ -269,18 +271,26 @@ class OpenAIServer:
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise APIError(400, f"the request body is not valid JSON ({e})", "invalid_json") from None
+            raise APIError(
+                400, f"the request body is not valid JSON ({e})", "invalid_json"
+            ) from None
         if not isinstance(body, dict):
             raise APIError(400, "the request body must be a JSON object", "invalid_json")
         if body.get("stream"):
-            raise APIError(400, "stream=true is not supported by this endpoint", "unsupported", "stream")
+            raise APIError(
+                400, "stream=true is not supported by this endpoint", "unsupported", "stream"
+            )
         n = _int(body, "n")
         if n not in (None, 1):
-            raise APIError(400, f"n={n}: only n=1 is supported (send n requests)", "unsupported", "n")
+            raise APIError(
+                400, f"n={n}: only n=1 is supported (send n requests)", "unsupported", "n"
+            )
         return body
 
     # ------------------------------------------------------------------ sampling
-    def _params(self, body: dict[str, Any], session: Session | None, prompt_len: int) -> tuple[SamplingParams, list[str]]:
+    def _params(
+        self, body: dict[str, Any], session: Session | None, prompt_len: int
+    ) -> tuple[SamplingParams, list[str]]:
         """Sampling params of a request (a session's settings win) and its stop strings."""
         forced = session.sampling if session is not None else {}
         temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
@@ -289,7 +299,9 @@ class OpenAIServer:
             raise APIError(400, "top_p must be > 0", "invalid_value", "top_p")
         max_tokens = _int(body, "max_completion_tokens") or _int(body, "max_tokens")
         if max_tokens is not None and max_tokens <= 0:
-            raise APIError(400, f"max_tokens must be > 0, got {max_tokens}", "invalid_value", "max_tokens")
+            raise APIError(
+                400, f"max_tokens must be > 0, got {max_tokens}", "invalid_value", "max_tokens"
+            )
         max_tokens = max_tokens or self.default_max_tokens
         if "max_tokens" in forced:
             max_tokens = min(max_tokens, int(forced["max_tokens"]))
@@ -312,10 +324,16 @@ class OpenAIServer:
         stop = body.get("stop")
         stops = [stop] if isinstance(stop, str) else stop or []
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-            raise APIError(400, "stop must be a string or a list of non-empty strings", "invalid_type", "stop")
+            raise APIError(
+                400, "stop must be a string or a list of non-empty strings", "invalid_type", "stop"
+            )
         ids = body.get("stop_token_ids") or []
-        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise APIError(400, "stop_token_ids must be a list of integers", "invalid_type", "stop_token_ids")
+        if not isinstance(ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in ids
+        ):
+            raise APIError(
+                400, "stop_token_ids must be a list of integers", "invalid_type", "stop_token_ids"
+            )
         for s in stops:
             enc = self.rendering.encode(s)
             if len(enc) == 1:
@@ -345,7 +363,12 @@ class OpenAIServer:
         except ValueError as e:  # the engine rejected the request (InvalidRequestError)
             raise APIError(400, str(e), "invalid_request") from None
         if sample.error is not None or sample.finish_reason == "abort":
-            raise APIError(500, f"generation aborted: {sample.error or 'aborted'}", "aborted", kind="server_error")
+            raise APIError(
+                500,
+                f"generation aborted: {sample.error or 'aborted'}",
+                "aborted",
+                kind="server_error",
+            )
         return sample
 
     def _cut_at_stop(self, ids: list[int], stops: list[str]) -> tuple[int, str | None]:
@@ -367,14 +390,9 @@ class OpenAIServer:
         self, kind: str, prompt: list[int], body: dict[str, Any], session: Session | None
     ) -> tuple[CallRecord, str | None]:
         """Generate, cut at a stop string, record on the session: the call and its stop."""
-        try:
-            self._check_context(prompt)
-            params, stops = self._params(body, session, len(prompt))
-            sample = await self._generate(prompt, params, session)
-        except APIError:
-            if session is not None:
-                session.count_error()
-            raise
+        self._check_context(prompt)
+        params, stops = self._params(body, session, len(prompt))
+        sample = await self._generate(prompt, params, session)
         k, hit = self._cut_at_stop(sample.response_ids, stops)
         reason = "stop" if hit else ("length" if sample.finish_reason == "length" else "stop")
         call = CallRecord(
@@ -384,6 +402,14 @@ class OpenAIServer:
             sample.behaviour_logprobs[:k],
             sample.versions[:k],
             reason,
+            {
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "top_k": params.top_k,
+                "max_tokens": params.max_tokens,
+                "stop_token_ids": params.stop_token_ids,
+                "seed": params.seed,
+            },
         )
         if session is not None:
             session.record(call)
@@ -400,6 +426,25 @@ class OpenAIServer:
     # ------------------------------------------------------------------ routes
     async def _chat(self, request: Request, session_key: str | None = None) -> dict[str, Any]:
         session = self._session(request, session_key)
+        return await self._counted(session, self._chat_reply(request, session))
+
+    async def _completions(
+        self, request: Request, session_key: str | None = None
+    ) -> dict[str, Any]:
+        session = self._session(request, session_key)
+        return await self._counted(session, self._completion_reply(request, session))
+
+    @staticmethod
+    async def _counted(session: Session | None, reply: Any) -> dict[str, Any]:
+        """Await a reply; an error answered to a session is counted on it."""
+        try:
+            return await reply
+        except APIError:
+            if session is not None:
+                session.count_error()
+            raise
+
+    async def _chat_reply(self, request: Request, session: Session | None) -> dict[str, Any]:
         body = await self._body(request)
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
@@ -408,8 +453,6 @@ class OpenAIServer:
             messages = normalise_messages(body.get("messages"))
             prompt = self.rendering.prompt_ids(messages, tools)
         except BadMessages as e:
-            if session is not None:
-                session.count_error()
             raise APIError(400, str(e), "invalid_messages", "messages") from None
         call, hit = await self._run("chat", prompt, body, session)
         parse = bool(tools) and body.get("tool_choice") != "none"
@@ -422,7 +465,9 @@ class OpenAIServer:
             logprobs = {
                 "content": [
                     {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                    for t, lp in zip(self._token_text(call.completion_ids), call.logprobs, strict=True)
+                    for t, lp in zip(
+                        self._token_text(call.completion_ids), call.logprobs, strict=True
+                    )
                 ]
             }
         return {
@@ -444,11 +489,14 @@ class OpenAIServer:
             "prompt_token_ids": call.prompt_ids,
         }
 
-    async def _completions(self, request: Request, session_key: str | None = None) -> dict[str, Any]:
-        session = self._session(request, session_key)
+    async def _completion_reply(self, request: Request, session: Session | None) -> dict[str, Any]:
         body = await self._body(request)
         prompt_in = body.get("prompt")
-        if isinstance(prompt_in, list) and len(prompt_in) == 1 and isinstance(prompt_in[0], (str, list)):
+        if (
+            isinstance(prompt_in, list)
+            and len(prompt_in) == 1
+            and isinstance(prompt_in[0], (str, list))
+        ):
             prompt_in = prompt_in[0]  # a batch of one
         if isinstance(prompt_in, str) and prompt_in:
             prompt = self.rendering.encode(prompt_in)
@@ -459,8 +507,6 @@ class OpenAIServer:
         ):
             prompt = [int(t) for t in prompt_in]
         else:
-            if session is not None:
-                session.count_error()
             raise APIError(
                 400,
                 "prompt must be a non-empty string or a non-empty list of token ids "

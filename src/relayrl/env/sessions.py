@@ -44,6 +44,7 @@ class CallRecord:
     logprobs: list[float]
     versions: list[int]
     finish_reason: str
+    sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_p, top_k, seed, ...
     trajectory: int = -1  # index into Session.trajectories
     extended: bool = False  # True when it extended an earlier call's trajectory
 
@@ -66,7 +67,8 @@ class Session:
 
     def next_seed(self) -> int | None:
         """The seed of the next call: ``(sampling['seed'] * 1_000_003 + n) mod 2^31`` for the
-        session's n-th submitted call (n from 0), or None when the session has no seed (the engine draws one)."""
+        session's n-th submitted call (n from 0); None without a session seed (the engine
+        draws one)."""
         base = self.sampling.get("seed")
         if base is None:
             return None

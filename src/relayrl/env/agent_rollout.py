@@ -1,0 +1,245 @@
+"""Train an agent written elsewhere: the user's function runs against the endpoint.
+
+The user gives ``agent(base_url, api_key, row) -> float`` (sync or async; ``env.agent.function:
+"module:function"``). It runs its agent with the official ``openai`` client
+(``openai.OpenAI(base_url=base_url, api_key=api_key)``), over as many chat / completion calls
+as it likes, and returns the rollout's reward. :class:`AgentRollout` looks like an engine to
+the controller (``generate(requests) -> samples``, ``update_weights``, ``report``, ...): for
+every request (one rollout of a GRPO group) it
+
+1. opens a session on the :class:`~relayrl.env.openai_server.OpenAIServer` whose sampling is
+   the request's (temperature / top_p / top_k of ``rollout.*``, whatever the agent asks, so
+   the trainer's recomputed logprobs are of the distribution sampled from; ``max_tokens`` a
+   cap per call; call k's seed derived from the request's seed);
+2. runs the agent (up to ``env.agent.concurrency`` at once; sync agents in a thread pool) with
+   ``env.agent.timeout_s``;
+3. turns the session's recorded calls into samples (:meth:`Session.to_samples`: one per
+   linear trajectory, loss mask 1 on the model's tokens only), each with the rollout's
+   reward in ``metadata["agent"]["reward"]`` (the :func:`agent_reward` reward function reads
+   it), plus the session's counts.
+
+A failed rollout (the agent raised, timed out, made no call, or returned something that is not
+a finite number) is a recorded failure, never a crashed step: reward 0, every sample's loss
+mask all 0 (nothing of it is trained), ``metadata["agent"]["error"]`` says why, and
+``stats()['agent/failures']`` counts it.
+
+Schedules: the ``sync`` schedule (``generate`` per step). A branching rollout yields several
+samples of its group, each with the rollout's reward (GRPO normalises over all of them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from relayrl.env.agent_engine import EngineOwner
+from relayrl.env.openai_server import OpenAIServer
+from relayrl.env.sessions import Session
+from relayrl.rollout.types import EngineReport, GenerationRequest, Sample
+
+AgentFn = Callable[[str, str, dict[str, Any]], float | Awaitable[float]]
+INTERNAL_KEYS = ("sample_index",)
+
+
+def load_agent(spec: str) -> AgentFn:
+    """``"package.module:function"`` -> the function (a clear error naming what is missing)."""
+    mod_name, sep, fn_name = spec.partition(":")
+    if not sep or not mod_name or not fn_name:
+        raise ValueError(f"env.agent.function: {spec!r} is not 'package.module:function'")
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise ValueError(f"env.agent.function: cannot import {mod_name!r} ({e})") from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise ValueError(f"env.agent.function: {mod_name!r} has no function {fn_name!r}")
+    return fn
+
+
+def agent_reward(prompt: str, completion: str, sample: dict) -> float:
+    """The reward function of agent rollouts: the reward the agent returned."""
+    return float(sample.get("agent", {}).get("reward", 0.0))
+
+
+class AgentRollout:
+    """The rollout role of an agent run (see module): ``generate`` runs one agent per request.
+
+    Args:
+        engine: the engine (or an :class:`EngineOwner` of it); every engine call, weight
+            updates included, goes through the owner's one thread.
+        tokenizer: the model's tokenizer.
+        agent: the user's function, or its ``"module:function"`` spec.
+        timeout_s: wall-clock limit of one rollout.
+        concurrency: rollouts running at once.
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        tokenizer: Any,
+        agent: AgentFn | str,
+        timeout_s: float = 120.0,
+        concurrency: int = 16,
+    ) -> None:
+        self.agent = load_agent(agent) if isinstance(agent, str) else agent
+        self.engine = engine.engine if isinstance(engine, EngineOwner) else engine
+        self.owner = engine if isinstance(engine, EngineOwner) else EngineOwner(engine)
+        self.tokenizer = tokenizer
+        self.timeout_s = timeout_s
+        self.concurrency = concurrency
+        self.server = OpenAIServer(self.owner, tokenizer)
+        self.server.start()
+        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="agent")
+        self._counts: dict[str, float] = {}
+        self.version = int(getattr(self.engine, "version", 0))
+
+    # ------------------------------------------------------------------ engine interface
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Sample]:
+        """Run one agent rollout per request; all their samples, in request order."""
+        return asyncio.run(self._generate_all(list(requests)))
+
+    def update_weights(self, state_dict: Any, version: int, interrupt: bool = True) -> None:
+        self.owner.call(lambda e: e.update_weights(state_dict, version, interrupt=interrupt))
+        self.version = version
+
+    def report(self) -> EngineReport:
+        return self.owner.call(lambda e: e.report())
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's counters, plus ``agent/*``: rollouts, failures, calls, prefix breaks,
+        trajectories, model and observation tokens (since the start)."""
+        out = dict(self.owner.call(lambda e: e.stats()))
+        out.update({f"agent/{k}": v for k, v in self._counts.items()})
+        return out
+
+    def close(self) -> None:
+        self.server.stop()
+        self.owner.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
+
+    def __getattr__(self, name: str) -> Any:  # max_slots, spec, ...: the engine's own
+        if name in ("engine", "owner"):
+            raise AttributeError(name)
+        return getattr(self.engine, name)
+
+    # ------------------------------------------------------------------ rollouts
+    async def _generate_all(self, requests: list[GenerationRequest]) -> list[Sample]:
+        limit = asyncio.Semaphore(self.concurrency)
+
+        async def one(i: int, req: GenerationRequest) -> list[Sample]:
+            async with limit:
+                return await self._rollout(i, req)
+
+        parts = await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+        return [s for part in parts for s in part]
+
+    def _sampling(self, req: GenerationRequest) -> dict[str, Any]:
+        p = req.params
+        greedy = p.greedy or p.temperature == 0
+        return {
+            "temperature": 0.0 if greedy else p.temperature,
+            "top_p": 1.0 if greedy else p.top_p,
+            "top_k": 0 if greedy else p.top_k,
+            "max_tokens": p.max_tokens,
+            "seed": p.seed,
+        }
+
+    async def _call_agent(self, session: Session, row: dict[str, Any]) -> Any:
+        url = self.server.base_url(session)
+        if inspect.iscoroutinefunction(self.agent):
+            return await self.agent(url, session.key, row)
+        loop = asyncio.get_running_loop()
+        out = await loop.run_in_executor(self._pool, self.agent, url, session.key, row)
+        if inspect.isawaitable(out):
+            out = await out
+        return out
+
+    async def _rollout(self, index: int, req: GenerationRequest) -> list[Sample]:
+        row = {k: v for k, v in req.metadata.items() if k not in INTERNAL_KEYS}
+        session = self.server.open_session(sampling=self._sampling(req))
+        t0 = time.perf_counter()
+        error: str | None = None
+        reward = 0.0
+        try:
+            out = await asyncio.wait_for(self._call_agent(session, row), self.timeout_s)
+            if isinstance(out, bool) or not isinstance(out, (int, float)) or not math.isfinite(out):
+                error = f"the agent returned {out!r}, expected a finite number (the reward)"
+            else:
+                reward = float(out)
+        except TimeoutError:
+            error = f"the agent ran past env.agent.timeout_s={self.timeout_s:g}"
+        except Exception as e:  # the agent's own failure: recorded, the step goes on
+            error = f"the agent raised {type(e).__name__}: {e}"
+        finally:
+            self.server.close_session(session.key)  # later calls of a timed-out agent: 404
+        stats = session.stats()
+        if error is None and not session.calls:
+            error = "the agent made no call to the endpoint"
+        info = {
+            "reward": 0.0 if error else reward,
+            "error": error,
+            "seconds": time.perf_counter() - t0,
+            **stats,
+        }
+        meta = {**req.metadata, "agent": info}
+        samples = session.to_samples(index, req.group_id, meta)
+        if error is not None or not samples:
+            samples = samples or [self._empty(index, req, meta)]
+            for s in samples:
+                s.loss_mask = [0] * len(s.response_ids)
+        self._count(stats, error is not None)
+        return samples
+
+    def _empty(self, index: int, req: GenerationRequest, meta: Mapping[str, Any]) -> Sample:
+        """The placeholder of a rollout that recorded nothing: one EOS token, mask 0."""
+        return Sample(
+            request_id=index,
+            prompt_ids=list(req.prompt_ids),
+            response_ids=[int(self.tokenizer.eos_token_id)],
+            behaviour_logprobs=[0.0],
+            versions=[self.version],
+            finish_reason="abort",
+            group_id=req.group_id,
+            metadata=dict(meta),
+            error=str(meta["agent"]["error"]),
+            loss_mask=[0],
+        )
+
+    def _count(self, stats: Mapping[str, float], failed: bool) -> None:
+        c = self._counts
+        c["rollouts"] = c.get("rollouts", 0.0) + 1
+        c["failures"] = c.get("failures", 0.0) + float(failed)
+        for k, v in stats.items():
+            c[k] = c.get(k, 0.0) + v
+
+
+def attach_agent(roles: Any, cfg: Any) -> Any:
+    """An agent run's roles (``env.agent.function`` set): the rollout role becomes an
+    :class:`AgentRollout` over the built engine and the reward is the agent's
+    (:func:`agent_reward`). Returns ``roles``; without an agent it is unchanged."""
+    a = cfg.env.agent
+    if not a.enabled:
+        return roles
+    if cfg.schedule != "sync":
+        raise ValueError(
+            f"env.agent.function: agent rollouts run on the sync schedule only (schedule is "
+            f"{cfg.schedule!r})"
+        )
+    if roles.reward.service is not None:
+        raise ValueError(
+            "env.agent.function: the reward is what the agent returns; remove reward.service"
+        )
+    roles.rollout = AgentRollout(
+        roles.rollout, roles.tokenizer, a.function, a.timeout_s, a.concurrency
+    )
+    roles.reward.fn = agent_reward
+    return roles
