@@ -22,6 +22,7 @@ from relayrl.controller.algorithms import make_requests
 from relayrl.controller.prompts import PromptSource
 from relayrl.controller.trainer import train
 from relayrl.env.agent_rollout import AgentRollout, attach_agent
+from relayrl.env.scoring import expand_segments
 from relayrl.model import load_causal_lm, load_tokenizer
 from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
 from relayrl.workers.actor import ReferenceWorker
@@ -131,10 +132,11 @@ def test_agent_rollouts_record_the_engines_tokens(chat_model, tmp_path):
         stats = roles.rollout.stats()
     finally:
         roles.close()
-    infos = [s.metadata["agent"] for s in samples]
-    assert stats["agent/rollouts"] == 8 and stats["agent/failures"] == 0
-    assert all(i["error"] is None for i in infos)
-    assert scores.tolist() == [i["reward"] for i in infos]
+    infos = [s.metadata["env"] for s in samples]
+    assert len(samples) == 8 and stats["agent/rollouts"] == 8 and stats["agent/failures"] == 0
+    assert all(i["error"] is None and i["stop_reason"] == "env_done" for i in infos)
+    assert scores.tolist() == [i["outcome"] for i in infos]
+    assert [s.request_id for s in samples] == list(range(8))
     assert {s.group_id for s in samples} == {0, 1}
     tok = load_tokenizer(chat_model)
     model = load_causal_lm(chat_model)
@@ -142,7 +144,9 @@ def test_agent_rollouts_record_the_engines_tokens(chat_model, tmp_path):
     for s in samples:
         first = s.response_ids[: s.loss_mask.index(0) if 0 in s.loss_mask else len(s.loss_mask)]
         right = tok.decode(first, skip_special_tokens=True).strip() == s.metadata["answer"]
-        assert (s.metadata["agent"]["reward"] == 1.0) == right
+        assert (s.metadata["env"]["outcome"] == 1.0) == right
+        a, b = s.metadata["env"]["final_turn"]  # the last call's completion
+        assert b == len(s.response_ids) and set(s.loss_mask[a:b]) == {1}
     multi = [s for s in samples if 0 in s.loss_mask]
     assert multi, "no rollout asked twice: the fixture answers everything right?"
     exp = Experience.from_samples(samples, tok.pad_token_id)
@@ -211,7 +215,43 @@ def test_a_failing_agent_is_a_recorded_failure_not_a_crashed_step(chat_model, tm
     finally:
         rollout.close()
     assert len(samples) == len(requests)
-    errors = {s.metadata["agent"]["error"].split(" ")[2] for s in samples}
+    errors = {s.metadata["env"]["error"].split(" ")[2] for s in samples}
     assert errors == {"raised", "ran", "returned"}, errors
+    reasons = {s.metadata["env"]["stop_reason"] for s in samples}
+    assert reasons == {"env_error", "timeout"}
     for s in samples:
-        assert s.metadata["agent"]["reward"] == 0.0 and set(s.loss_mask) == {0}
+        assert s.metadata["env"]["outcome"] == 0.0 and sum(s.loss_mask) == 0
+
+
+def branching_agent(base_url: str, api_key: str, row: dict) -> float:
+    """Two answers to the same question (a branch), then a follow-up on the first one."""
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
+    question = [{"role": "user", "content": row["prompt"]}]
+    replies = [
+        client.chat.completions.create(model="p", messages=question, max_tokens=6) for _ in range(2)
+    ]
+    first = replies[0].choices[0].message.model_dump(exclude_none=True)
+    client.chat.completions.create(model="p", messages=[*question, first, *question], max_tokens=6)
+    return 0.25
+
+
+def test_a_branching_agent_gives_one_sample_per_branch(chat_model):
+    tok = load_tokenizer(chat_model)
+    engine = RolloutEngine(
+        load_causal_lm(chat_model), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
+    rollout = AgentRollout(engine, tok, branching_agent)
+    try:
+        params = SamplingParams(max_tokens=6, seed=1)
+        prompt = tok("12+34=", add_special_tokens=False)["input_ids"]
+        row = {"prompt": "12+34=", "answer": "46"}
+        (sample,) = rollout.generate([GenerationRequest(prompt, params, 0, row)])
+    finally:
+        rollout.close()
+    info = sample.metadata["env"]
+    assert info["turns"] == 3 and info["prefix_breaks"] == 1
+    (branch,) = info["segments"]
+    assert sample.prompt_ids == branch.prompt_ids == prompt
+    assert 0 in sample.loss_mask and set(branch.loss_mask) == {1}  # main: two turns
+    samples, scores = expand_segments([sample], torch.tensor([0.25]))
+    assert samples == [branch, sample] and scores.tolist() == [0.25, 0.25]

@@ -13,18 +13,22 @@ every request (one rollout of a GRPO group) it
    cap per call; call k's seed derived from the request's seed);
 2. runs the agent (up to ``env.agent.concurrency`` at once; sync agents in a thread pool) with
    ``env.agent.timeout_s``;
-3. turns the session's recorded calls into samples (:meth:`Session.to_samples`: one per
-   linear trajectory, loss mask 1 on the model's tokens only), each with the rollout's
-   reward in ``metadata["agent"]["reward"]`` (the :func:`agent_reward` reward function reads
-   it), plus the session's counts.
+3. turns the session's recorded calls into one sample in the episode runner's format
+   (:mod:`relayrl.env.runner`): the trajectory of the agent's last call, loss mask 1 on the
+   model's tokens only, the engine's behaviour logprobs and versions, and
+   ``metadata["env"]`` with ``stop_reason`` (``env_done``), ``outcome`` (the agent's reward,
+   which :func:`agent_reward` and ``env.outcome: env`` read), ``turns`` (calls),
+   ``prefix_breaks``, ``final_turn`` (the last call's span) and ``segments``: the session's
+   other trajectories (a branching agent, or a re-rendering that broke the prefix property),
+   trained as samples of their own by ``relayrl.env.scoring.expand_segments``; plus
+   ``metadata["env"]["agent"]``, the session's counts.
 
 A failed rollout (the agent raised, timed out, made no call, or returned something that is not
-a finite number) is a recorded failure, never a crashed step: reward 0, every sample's loss
-mask all 0 (nothing of it is trained), ``metadata["agent"]["error"]`` says why, and
-``stats()['agent/failures']`` counts it.
+a finite number) is a recorded failure, never a crashed step: stop reason ``env_error`` /
+``timeout``, reward 0, every loss mask all 0 (nothing of it is trained), the error in
+``metadata["env"]["error"]``; ``stats()['agent/failures']`` counts it.
 
-Schedules: the ``sync`` schedule (``generate`` per step). A branching rollout yields several
-samples of its group, each with the rollout's reward (GRPO normalises over all of them).
+Schedules: the ``sync`` schedule (``generate`` per step).
 """
 
 from __future__ import annotations
@@ -63,8 +67,10 @@ def load_agent(spec: str) -> AgentFn:
 
 
 def agent_reward(prompt: str, completion: str, sample: dict) -> float:
-    """The reward function of agent rollouts: the reward the agent returned."""
-    return float(sample.get("agent", {}).get("reward", 0.0))
+    """The reward function of agent rollouts: the reward the agent returned (0 for a failed
+    rollout), ``metadata["env"]["outcome"]``."""
+    info = sample.get("env") or {}
+    return float(info.get("outcome") or 0.0)
 
 
 class AgentRollout:
@@ -135,12 +141,11 @@ class AgentRollout:
     async def _generate_all(self, requests: list[GenerationRequest]) -> list[Sample]:
         limit = asyncio.Semaphore(self.concurrency)
 
-        async def one(i: int, req: GenerationRequest) -> list[Sample]:
+        async def one(i: int, req: GenerationRequest) -> Sample:
             async with limit:
                 return await self._rollout(i, req)
 
-        parts = await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
-        return [s for part in parts for s in part]
+        return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(requests))))
 
     def _sampling(self, req: GenerationRequest) -> dict[str, Any]:
         p = req.params
@@ -163,11 +168,12 @@ class AgentRollout:
             out = await out
         return out
 
-    async def _rollout(self, index: int, req: GenerationRequest) -> list[Sample]:
+    async def _rollout(self, index: int, req: GenerationRequest) -> Sample:
         row = {k: v for k, v in req.metadata.items() if k not in INTERNAL_KEYS}
         session = self.server.open_session(sampling=self._sampling(req))
         t0 = time.perf_counter()
         error: str | None = None
+        reason = "env_done"
         reward = 0.0
         try:
             out = await asyncio.wait_for(self._call_agent(session, row), self.timeout_s)
@@ -176,43 +182,69 @@ class AgentRollout:
             else:
                 reward = float(out)
         except TimeoutError:
-            error = f"the agent ran past env.agent.timeout_s={self.timeout_s:g}"
+            reason, error = "timeout", f"the agent ran past env.agent.timeout_s={self.timeout_s:g}"
         except Exception as e:  # the agent's own failure: recorded, the step goes on
             error = f"the agent raised {type(e).__name__}: {e}"
         finally:
             self.server.close_session(session.key)  # later calls of a timed-out agent: 404
-        stats = session.stats()
         if error is None and not session.calls:
             error = "the agent made no call to the endpoint"
-        info = {
-            "reward": 0.0 if error else reward,
-            "error": error,
-            "seconds": time.perf_counter() - t0,
-            **stats,
-        }
-        meta = {**req.metadata, "agent": info}
-        samples = session.to_samples(index, req.group_id, meta)
-        if error is not None or not samples:
-            samples = samples or [self._empty(index, req, meta)]
-            for s in samples:
-                s.loss_mask = [0] * len(s.response_ids)
+        if error is not None and reason == "env_done":
+            reason = "env_error"
+        stats = session.stats()
         self._count(stats, error is not None)
-        return samples
+        return self._episode_sample(index, req, session, reason, reward, error, t0, stats)
 
-    def _empty(self, index: int, req: GenerationRequest, meta: Mapping[str, Any]) -> Sample:
-        """The placeholder of a rollout that recorded nothing: one EOS token, mask 0."""
-        return Sample(
-            request_id=index,
-            prompt_ids=list(req.prompt_ids),
-            response_ids=[int(self.tokenizer.eos_token_id)],
-            behaviour_logprobs=[0.0],
-            versions=[self.version],
-            finish_reason="abort",
-            group_id=req.group_id,
-            metadata=dict(meta),
-            error=str(meta["agent"]["error"]),
-            loss_mask=[0],
-        )
+    def _episode_sample(
+        self,
+        index: int,
+        req: GenerationRequest,
+        session: Session,
+        reason: str,
+        reward: float,
+        error: str | None,
+        t0: float,
+        stats: Mapping[str, float],
+    ) -> Sample:
+        """The rollout as one sample in the episode runner's format: the trajectory of the
+        agent's last call, the other trajectories in ``metadata["env"]["segments"]``."""
+        failed = error is not None
+        info: dict[str, Any] = {
+            "stop_reason": reason,
+            "turns": len(session.calls),
+            "outcome": 0.0 if failed else reward,
+            "turn_rewards": [],
+            "tool_calls": 0,
+            "tool_errors": 0,
+            "prefix_breaks": session.prefix_breaks,
+            "final_turn": None,
+            "error": error,
+            "infos": [],
+            "time_s": time.perf_counter() - t0,
+            "agent": dict(stats),
+        }
+        meta = {**req.metadata}
+        samples = session.to_samples(index, req.group_id, meta)
+        if not samples:
+            return Sample(
+                index, list(req.prompt_ids), [], [], [], "abort", req.group_id,
+                {**meta, "env": info}, error=error, loss_mask=[],
+            )  # fmt: skip
+        last_traj = session.calls[-1].trajectory
+        main = next(s for s in samples if s.metadata["agent_trajectory"] == last_traj)
+        n_last = len(session.calls[-1].completion_ids)
+        info["final_turn"] = (len(main.response_ids) - n_last, len(main.response_ids))
+        segments = [s for s in samples if s is not main]
+        for seg in segments:
+            seg.metadata = {**meta, "env": {"segment_of": index}}
+        info["segments"] = segments
+        main.metadata = {**meta, "env": info}
+        for smp in (main, *segments):
+            if failed:
+                smp.loss_mask = [0] * len(smp.response_ids)
+                smp.finish_reason = "abort"
+                smp.error = error
+        return main
 
     def _count(self, stats: Mapping[str, float], failed: bool) -> None:
         c = self._counts
