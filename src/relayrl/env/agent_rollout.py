@@ -28,7 +28,13 @@ a finite number) is a recorded failure, never a crashed step: stop reason ``env_
 ``timeout``, reward 0, every loss mask all 0 (nothing of it is trained), the error in
 ``metadata["env"]["error"]``; ``stats()['agent/failures']`` counts it.
 
-Schedules: the ``sync`` schedule (``generate`` per step).
+Schedules: all three. ``generate`` (the sync schedule, the held-out evaluation) runs a
+batch of rollouts to their end; ``submit_many`` / ``poll`` (the async controller) start
+rollouts and hand back each as it finishes, one sample per request, so GRPO groups fill as
+single-turn ones do. Rollouts run in one asyncio loop in its own thread; weight updates go
+through the engine's owner thread between engine steps, and every token keeps the version the
+engine stamped on it (a rollout whose calls straddle an update has tokens of both versions;
+staleness is counted per token).
 """
 
 from __future__ import annotations
@@ -36,10 +42,13 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import itertools
 import math
+import queue
+import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from relayrl.env.agent_engine import EngineOwner
@@ -103,16 +112,65 @@ class AgentRollout:
         self.server.start()
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="agent")
         self._counts: dict[str, float] = {}
+        self._ids = itertools.count()
+        self._done: queue.Queue[Sample] = queue.Queue()
+        self._unfinished = 0
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
         self.version = int(getattr(self.engine, "version", 0))
+        self._loop = asyncio.new_event_loop()
+        self._limit: asyncio.Semaphore | None = None
+        self._loop_thread = threading.Thread(
+            target=self._loop.run_forever, name="agent-loop", daemon=True
+        )
+        self._loop_thread.start()
 
     # ------------------------------------------------------------------ engine interface
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Sample]:
-        """Run one agent rollout per request; all their samples, in request order."""
-        return asyncio.run(self._generate_all(list(requests)))
+        """Run one agent rollout per request to its end; their samples, in request order."""
+        futures = [self._start(r) for r in requests]
+        return [f.result() for f in futures]
+
+    def submit_many(self, requests: Iterable[GenerationRequest]) -> None:
+        """Start one rollout per request; finished ones come out of ``poll`` (async
+        schedules)."""
+        for r in requests:
+            fut = self._start(r)
+            with self._lock:
+                self._unfinished += 1
+            fut.add_done_callback(self._on_done)
+
+    def submit(self, request: GenerationRequest) -> None:
+        self.submit_many([request])
+
+    def poll(self, timeout: float = 0.0) -> list[Sample]:
+        """Rollouts finished so far (waits up to ``timeout`` s for the first)."""
+        out: list[Sample] = []
+        try:
+            out.append(self._done.get(timeout=timeout) if timeout > 0 else self._done.get_nowait())
+            while True:
+                out.append(self._done.get_nowait())
+        except queue.Empty:
+            pass
+        for err in (self.owner.error, self._error):
+            if err is not None:
+                raise RuntimeError(f"agent rollouts failed: {err}") from err
+        return out
+
+    def has_unfinished(self) -> bool:
+        return self._unfinished > 0 or not self._done.empty()
 
     def update_weights(self, state_dict: Any, version: int, interrupt: bool = True) -> None:
+        """The engine's update, run on its owner thread between engine steps: calls in flight
+        carry the versions the engine stamps (``interrupt``: re-prefilled under the new
+        weights, as without agents)."""
         self.owner.call(lambda e: e.update_weights(state_dict, version, interrupt=interrupt))
         self.version = version
+
+    def prioritize(self, group_ids: Iterable[int]) -> None:
+        ids = list(group_ids)
+        if hasattr(self.engine, "prioritize"):
+            self.owner.call(lambda e: e.prioritize(ids))
 
     def report(self) -> EngineReport:
         return self.owner.call(lambda e: e.report())
@@ -120,13 +178,15 @@ class AgentRollout:
     def stats(self) -> dict[str, Any]:
         """The engine's counters, plus ``agent/*``: rollouts, failures, calls, prefix breaks,
         trajectories, model and observation tokens (since the start)."""
-        out = dict(self.owner.call(lambda e: e.stats()))
+        out = dict(self.report().counters)
         out.update({f"agent/{k}": v for k, v in self._counts.items()})
         return out
 
     def close(self) -> None:
         self.server.stop()
         self.owner.close()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop_thread.join(timeout=10)
         self._pool.shutdown(wait=False, cancel_futures=True)
         close = getattr(self.engine, "close", None)
         if close is not None:
@@ -138,14 +198,23 @@ class AgentRollout:
         return getattr(self.engine, name)
 
     # ------------------------------------------------------------------ rollouts
-    async def _generate_all(self, requests: list[GenerationRequest]) -> list[Sample]:
-        limit = asyncio.Semaphore(self.concurrency)
+    def _start(self, request: GenerationRequest) -> Future[Sample]:
+        rid = next(self._ids)
+        return asyncio.run_coroutine_threadsafe(self._limited(rid, request), self._loop)
 
-        async def one(i: int, req: GenerationRequest) -> Sample:
-            async with limit:
-                return await self._rollout(i, req)
+    def _on_done(self, fut: Future[Sample]) -> None:
+        with self._lock:
+            self._unfinished -= 1
+        if fut.exception() is None:
+            self._done.put(fut.result())
+        else:  # a bug of relayrl's, not the agent's (those are recorded): poll raises it
+            self._error = fut.exception()
 
-        return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(requests))))
+    async def _limited(self, rid: int, request: GenerationRequest) -> Sample:
+        if self._limit is None:
+            self._limit = asyncio.Semaphore(self.concurrency)
+        async with self._limit:
+            return await self._rollout(rid, request)
 
     def _sampling(self, req: GenerationRequest) -> dict[str, Any]:
         p = req.params
@@ -261,11 +330,6 @@ def attach_agent(roles: Any, cfg: Any) -> Any:
     a = cfg.env.agent
     if not a.enabled:
         return roles
-    if cfg.schedule != "sync":
-        raise ValueError(
-            f"env.agent.function: agent rollouts run on the sync schedule only (schedule is "
-            f"{cfg.schedule!r})"
-        )
     if roles.reward.service is not None:
         raise ValueError(
             "env.agent.function: the reward is what the agent returns; remove reward.service"
