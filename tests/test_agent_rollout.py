@@ -255,3 +255,22 @@ def test_a_branching_agent_gives_one_sample_per_branch(chat_model):
     assert 0 in sample.loss_mask and set(branch.loss_mask) == {1}  # main: two turns
     samples, scores = expand_segments([sample], torch.tensor([0.25]))
     assert samples == [branch, sample] and scores.tolist() == [0.25, 0.25]
+
+
+@pytest.mark.slow  # starts the engine worker process
+def test_an_openai_agent_trains_on_the_async_schedule(chat_model, tmp_path):
+    """The same agent through the async controller (engine in its own process, submit_many /
+    poll, eta 1 with interrupts): two steps, every trained token at most 1 version stale."""
+    cfg = _cfg(
+        chat_model,
+        tmp_path / "run",
+        "train.steps=2",
+        "schedule=async",
+        "async.eta=1",
+        "rollout.threads=1",
+    )
+    train(cfg, lambda a, c: attach_agent(build_local_roles(cfg, a, c), cfg))
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in lines if "reward_mean" in r]
+    assert [r["step"] for r in steps] == [1, 2], lines
+    assert all(r["staleness_max"] <= 1 for r in steps)
