@@ -184,11 +184,15 @@ def test_an_openai_agent_trains_for_grpo_steps(chat_model, tmp_path):
     """Two GRPO steps end to end on agent rollouts: steps logged with the agent's reward,
     the saved actor's weights moved."""
     cfg = _cfg(chat_model, tmp_path / "run", "train.steps=2")
-    out = train(cfg, lambda a, c: attach_agent(build_local_roles(cfg, a, c), cfg))
+    out = train(
+        cfg, lambda a, c: build_local_roles(cfg, a, c)
+    )  # env.agent.function: the schedule attaches it
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in lines if "reward_mean" in r]
     assert [r["step"] for r in steps] == [1, 2], lines
     assert all(0.0 <= r["reward_mean"] <= 1.0 for r in steps)
+    assert [r["env/agent_rollouts"] for r in steps] == [8, 8]  # B x G rollouts a step
+    assert all(r["env/agent_failures"] == 0 and r["env/agent_calls"] >= 8 for r in steps)
     assert 0.0 <= out["eval_after"] <= 1.0
     before = load_causal_lm(chat_model).state_dict()
     after = load_causal_lm(tmp_path / "run" / "checkpoints" / "step_000002" / "actor").state_dict()
@@ -269,7 +273,9 @@ def test_an_openai_agent_trains_on_the_async_schedule(chat_model, tmp_path):
         "async.eta=1",
         "rollout.threads=1",
     )
-    train(cfg, lambda a, c: attach_agent(build_local_roles(cfg, a, c), cfg))
+    train(
+        cfg, lambda a, c: build_local_roles(cfg, a, c)
+    )  # env.agent.function: the schedule attaches it
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in lines if "reward_mean" in r]
     assert [r["step"] for r in steps] == [1, 2], lines

@@ -53,6 +53,7 @@ from typing import Any
 
 from relayrl.env.agent_engine import EngineOwner
 from relayrl.env.openai_server import OpenAIServer
+from relayrl.env.scoring import EpisodeScorer
 from relayrl.env.sessions import Session
 from relayrl.rollout.types import EngineReport, GenerationRequest, Sample
 
@@ -112,6 +113,7 @@ class AgentRollout:
         self.server.start()
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="agent")
         self._counts: dict[str, float] = {}
+        self._reported: dict[str, float] = {}
         self._ids = itertools.count()
         self._done: queue.Queue[Sample] = queue.Queue()
         self._unfinished = 0
@@ -179,8 +181,19 @@ class AgentRollout:
         """The engine's counters, plus ``agent/*``: rollouts, failures, calls, prefix breaks,
         trajectories, model and observation tokens (since the start)."""
         out = dict(self.report().counters)
-        out.update({f"agent/{k}": v for k, v in self._counts.items()})
+        with self._lock:
+            out.update({f"agent/{k}": v for k, v in self._counts.items()})
         return out
+
+    def env_metrics(self) -> dict[str, float]:
+        """``env/agent_*`` counts since the last call (the schedules log them per step):
+        rollouts, failures, calls, trajectories, prefix_breaks, errors (calls answered with
+        an error), model_tokens, observation_tokens."""
+        with self._lock:
+            now = dict(self._counts)
+            delta = {k: v - self._reported.get(k, 0.0) for k, v in now.items()}
+            self._reported = now
+        return {f"env/agent_{k}": v for k, v in delta.items()}
 
     def close(self) -> None:
         self.server.stop()
@@ -316,6 +329,10 @@ class AgentRollout:
         return main
 
     def _count(self, stats: Mapping[str, float], failed: bool) -> None:
+        with self._lock:
+            self._add_counts(stats, failed)
+
+    def _add_counts(self, stats: Mapping[str, float], failed: bool) -> None:
         c = self._counts
         c["rollouts"] = c.get("rollouts", 0.0) + 1
         c["failures"] = c.get("failures", 0.0) + float(failed)
@@ -325,17 +342,16 @@ class AgentRollout:
 
 def attach_agent(roles: Any, cfg: Any) -> Any:
     """An agent run's roles (``env.agent.function`` set): the rollout role becomes an
-    :class:`AgentRollout` over the built engine and the reward is the agent's
-    (:func:`agent_reward`). Returns ``roles``; without an agent it is unchanged."""
+    :class:`AgentRollout` over the built engine and the reward role an ``EpisodeScorer`` with
+    ``outcome: env`` (the score is the agent's reward, 0 for a failed rollout; the reward
+    function is :func:`agent_reward`). Once; returns ``roles``, unchanged without an agent."""
     a = cfg.env.agent
-    if not a.enabled:
+    if not a.enabled or isinstance(roles.rollout, AgentRollout):
         return roles
-    if roles.reward.service is not None:
-        raise ValueError(
-            "env.agent.function: the reward is what the agent returns; remove reward.service"
-        )
     roles.rollout = AgentRollout(
         roles.rollout, roles.tokenizer, a.function, a.timeout_s, a.concurrency
     )
-    roles.reward.fn = agent_reward
+    if roles.reward.service is None:
+        roles.reward.fn = agent_reward
+    roles.reward = EpisodeScorer(roles.reward, "env", 0.0)
     return roles
