@@ -107,6 +107,10 @@ def test_completions_take_token_ids_or_text(server, tiny):
         assert r.choices[0].model_extra["token_ids"] == ids
         assert r.choices[0].logprobs.token_logprobs == pytest.approx(lps, abs=1e-6)
         assert r.choices[0].text == tok.decode(ids, skip_special_tokens=True)
+    forced = client.completions.create(
+        model="policy", prompt=prompt, max_tokens=7, extra_body={"ignore_eos": True}
+    )
+    assert forced.usage.completion_tokens == 7 and forced.choices[0].finish_reason == "length"
     models = client.models.list()
     assert [m.id for m in models.data] == ["relayrl"]
 

@@ -15,6 +15,8 @@ Routes (each also under ``/s/<session>/v1/...``):
   stay empty: the engine keeps no alternatives). ``stream`` is refused.
 - ``POST /v1/completions``: ``prompt`` as text or as token ids (``list[int]``), same sampling;
   ``logprobs`` (any int) gives ``tokens`` / ``token_logprobs`` / ``text_offset``.
+- vLLM's extra sampling fields ``stop_token_ids`` and ``ignore_eos`` are honoured by both
+  (the ``openai`` client sends them with ``extra_body``).
 - ``GET /v1/models``: the one served model.
 
 Every choice also carries relayrl's fields ``token_ids`` (the completion's ids), ``versions``
@@ -316,6 +318,7 @@ class OpenAIServer:
             max_tokens=max_tokens,
             stop_token_ids=sorted(set(self.rendering.stop_ids) | set(stop_ids)),
             seed=seed,
+            ignore_eos=bool(body.get("ignore_eos", False)),
         )
         return params, stops
 
