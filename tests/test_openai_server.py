@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
+import time
 
 import httpx
 import openai
@@ -284,3 +286,41 @@ def test_session_placement_by_hand():
     assert (c.prompt_ids, c.response_ids) == ([1, 9], [2])
     assert {x.group_id for x in (a, b, c)} == {4}
     assert s.stats()["model_tokens"] == 6 and s.stats()["observation_tokens"] == 2
+
+
+def test_a_weight_update_during_a_call_keeps_the_engines_versions(tiny):
+    """An interrupting update while a chat call decodes: the reply's tokens carry version 0
+    up to the update and 1 after it, as the engine stamped them, and the session records the
+    same."""
+    model, tok = tiny
+    srv = OpenAIServer(_engine(model, tok), tok)
+    srv.start()
+    try:
+        session = srv.open_session()
+        client = _client(srv, session)
+        result: dict = {}
+
+        def call() -> None:
+            result["r"] = client.chat.completions.create(
+                model="p",
+                messages=[{"role": "user", "content": "go"}],
+                max_tokens=40,
+                seed=2,
+                extra_body={"ignore_eos": True},
+            )
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        generated = lambda e: e.stats()["tokens_generated"]  # noqa: E731
+        deadline = time.monotonic() + 60
+        while srv.owner.call(generated) < 5 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        new = {k: v + 0.01 for k, v in model.state_dict().items()}
+        srv.owner.call(lambda e: e.update_weights(new, 1, interrupt=True))
+        thread.join(60)
+    finally:
+        srv.stop()
+    versions = result["r"].choices[0].model_extra["versions"]
+    assert len(versions) == 40 and versions == sorted(versions)
+    assert versions[0] == 0 and versions[-1] == 1, versions
+    assert session.calls[0].versions == versions
