@@ -291,7 +291,7 @@ class OpenAIServer:
 
     # ------------------------------------------------------------------ sampling
     def _params(
-        self, body: dict[str, Any], session: Session | None, prompt_len: int
+        self, body: dict[str, Any], session: Session | None
     ) -> tuple[SamplingParams, list[str]]:
         """Sampling params of a request (a session's settings win) and its stop strings."""
         forced = session.sampling if session is not None else {}
@@ -394,7 +394,7 @@ class OpenAIServer:
     ) -> tuple[CallRecord, str | None]:
         """Generate, cut at a stop string, record on the session: the call and its stop."""
         self._check_context(prompt)
-        params, stops = self._params(body, session, len(prompt))
+        params, stops = self._params(body, session)
         sample = await self._generate(prompt, params, session)
         k, hit = self._cut_at_stop(sample.response_ids, stops)
         reason = "stop" if hit else ("length" if sample.finish_reason == "length" else "stop")
