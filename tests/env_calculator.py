@@ -18,7 +18,7 @@ from relayrl.cluster.local import build_local_roles
 from relayrl.config import ArithmeticConfig, DataConfig, RunConfig, SFTConfig, load_config
 from relayrl.controller.checkpoint import latest_checkpoint
 from relayrl.controller.evaluate import greedy_pass_rate
-from relayrl.controller.prompts import PromptSource, arithmetic_task
+from relayrl.controller.prompts import PromptSource, arithmetic_task, tokenize_prompts
 from relayrl.controller.sft import run_sft
 from relayrl.controller.trainer import train
 from relayrl.data import write_jsonl
@@ -40,30 +40,52 @@ def data_config() -> DataConfig:
     return DataConfig(arithmetic=ArithmeticConfig(**MUL), eval_size=EVAL_SIZE)
 
 
-def make_calculator_sft(root: Path, seed: int = 0, steps: int = 300, hidden: int = 96) -> Path:
-    """Tiny Llama + SFT on tool-use traces (half with the tool, half answering directly) of
-    problems outside the RL held-out set."""
+SFT_TARGET = 0.3
+"""With-tool greedy pass rate on a validation stream at which the SFT warm start stops."""
+
+
+def make_calculator_sft(
+    root: Path,
+    seed: int = 0,
+    target: float = SFT_TARGET,
+    chunk: int = 20,
+    max_steps: int = 600,
+    hidden: int = 96,
+) -> tuple[Path, int]:
+    """Tiny Llama + SFT (``relayrl sft``'s ``run_sft``) on tool-use traces (half with the
+    tool, half answering directly) of problems outside the RL held-out set, in chunks of
+    ``chunk`` steps until the with-tool pass rate on 100 validation problems (neither trained
+    on nor held out) reaches ``target``: a quality, not a step count, as the arithmetic
+    fixture (``helpers.make_sft_model``). Returns the model and the SFT steps taken."""
     base = build_tiny_model(root / "base", hidden_size=hidden, seed=seed)
     tok = load_tokenizer(base)
     held = {p.record.prompt for p in PromptSource(data_config(), tok, seed).eval_set()}
     task = arithmetic_task(ArithmeticConfig(**MUL), seed=seed + 1)
-    rows = [r for r in task.sample(6000) if r.prompt not in held]
+    rows = [r for r in task.sample(6100) if r.prompt not in held]
+    val_rows, rows = rows[:100], rows[100:]
+    val = tokenize_prompts(val_rows, tok, 10**9)[0]
     path = root / "traces.jsonl"
     write_jsonl(path, sft_traces(rows, tok.eos_token, tool_fraction=0.5, seed=seed))
-    cfg = SFTConfig(
-        seed=seed,
-        model_path=str(base),
-        output_dir=str(root / "sft"),
-        task="jsonl",
-        train_path=str(path),
-        steps=steps,
-        batch_size=32,
-        lr=3e-3,
-        threads=1,
-        progress=False,
-    )
-    run_sft(cfg)
-    return root / "sft"
+    current, steps = base, 0
+    while steps < max_steps:
+        cfg = SFTConfig(
+            seed=seed + steps,
+            model_path=str(current),
+            output_dir=str(root / "sft"),
+            task="jsonl",
+            train_path=str(path),
+            steps=chunk,
+            batch_size=32,
+            lr=3e-3,
+            warmup_steps=20 if steps == 0 else 0,
+            threads=1,
+            progress=False,
+        )
+        run_sft(cfg)
+        current, steps = root / "sft", steps + chunk
+        if pass_rate(current, seed, True, prompts=val) >= target:
+            break
+    return current, steps
 
 
 def grpo_config(model: Path, run_dir: Path, seed: int, *overrides: str) -> RunConfig:
@@ -91,8 +113,11 @@ def grpo_config(model: Path, run_dir: Path, seed: int, *overrides: str) -> RunCo
     )
 
 
-def pass_rate(model_path: Path, seed: int, tools: bool, n: int = EVAL_SIZE) -> float:
-    """Greedy held-out pass rate of episodes (max 3 turns) with or without the tool."""
+def pass_rate(
+    model_path: Path, seed: int, tools: bool, n: int = EVAL_SIZE, prompts: Any = None
+) -> float:
+    """Greedy pass rate of episodes (max 3 turns) with or without the tool, on the RL
+    held-out set (or ``prompts``)."""
     tok = load_tokenizer(model_path)
     model = load_causal_lm(model_path).eval()
     engine = RolloutEngine(
@@ -105,7 +130,8 @@ def pass_rate(model_path: Path, seed: int, tools: bool, n: int = EVAL_SIZE) -> f
         RunnerLimits(max_turns=3, max_turn_tokens=TURN_TOKENS, max_model_len=256),
     )
     scorer = EpisodeScorer(RewardWorker(get_reward_fn("arithmetic"), tok))
-    prompts = PromptSource(data_config(), tok, seed).eval_set()[:n]
+    if prompts is None:
+        prompts = PromptSource(data_config(), tok, seed).eval_set()[:n]
     try:
         res = greedy_pass_rate(runner, scorer, prompts, TURN_TOKENS, [tok.eos_token_id])
     finally:
@@ -122,14 +148,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--root", default="/work/logs/i20a/calc")
-    ap.add_argument("--sft-steps", type=int, default=300)
+    ap.add_argument("--sft-target", type=float, default=SFT_TARGET)
     ap.add_argument("--grpo-steps", type=int, default=20)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     for seed in args.seeds:
         root = Path(args.root) / f"seed{seed}"
         t0 = time.time()
-        sft = make_calculator_sft(root, seed, args.sft_steps)
+        sft, sft_steps = make_calculator_sft(root, seed, args.sft_target)
         t1 = time.time()
         before = {
             "with_tool": pass_rate(sft, seed, True),
@@ -158,6 +184,7 @@ def main() -> None:
                     "grpo": after,
                     "trainer_eval_before": out["eval_before"],
                     "trainer_eval_after": out["eval_after"],
+                    "sft_steps": sft_steps,
                     "sft_s": round(t1 - t0),
                     "grpo_s": round(t2 - t1),
                 }

@@ -1,0 +1,105 @@
+"""Chat-template rendering: the prefix property checked at every turn, and a template that
+breaks it starts a new, counted training sample instead of training on re-rendered tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relayrl.env import ChatTemplateRenderer, FunctionEnvironment, StepResult, TrajectoryBuilder
+from relayrl.env.runner import EpisodeRunner, RunnerLimits
+from relayrl.env.scoring import expand_segments
+from relayrl.model import load_causal_lm, load_tokenizer
+from relayrl.model.tiny import build_char_tokenizer, build_tiny_model
+from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
+from relayrl.workers import Experience
+
+# assistant turns end with EOS then a newline, like most real templates' end-of-turn token
+KEEPS = (
+    "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}"
+    "{% if m['role'] == 'assistant' %}<eos>{% endif %}{{ '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}a:{% endif %}"
+)
+# drops every earlier assistant turn's content (as templates that strip old reasoning do)
+DROPS = (
+    "{% for m in messages %}{{ m['role'][0] }}:"
+    "{% if m['role'] != 'assistant' or loop.last %}{{ m['content'] }}{% endif %}{{ '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}a:{% endif %}"
+)
+
+
+def _tok(template: str):
+    tok = build_char_tokenizer()
+    tok.chat_template = template
+    return tok
+
+
+def test_template_that_keeps_the_prefix_appends_only_the_observation():
+    tok = _tok(KEEPS)
+    r = ChatTemplateRenderer(tok)
+    msgs = [{"role": "user", "content": "2*3"}]
+    prompt = r.conversation(msgs)
+    assert tok.decode(prompt) == "u:2*3\na:"
+    b = TrajectoryBuilder(prompt)
+    turn = tok("6", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    b.add_turn(prompt, turn, [-1.0, -1.0], [0, 0])
+    msgs += [
+        {"role": "assistant", "content": r.assistant_text(turn)},
+        {"role": "tool", "content": "ok"},
+    ]
+    assert b.extend_to(r.conversation(msgs)) is True
+    seg = b.current
+    assert tok.decode(seg.response_ids) == "6<eos>\nt:ok\na:"
+    assert seg.loss_mask == [1, 1] + [0] * len("\nt:ok\na:")
+    assert b.prefix_breaks == 0
+
+
+@pytest.fixture(scope="module")
+def engine_and_path(tmp_path_factory):
+    path = build_tiny_model(tmp_path_factory.mktemp("tpl") / "m", hidden_size=32, seed=2)
+    model = load_causal_lm(path).eval()
+    tok = load_tokenizer(path)
+    return model, tok
+
+
+def test_a_template_that_breaks_the_prefix_starts_a_new_counted_segment(engine_and_path):
+    model, _ = engine_and_path
+    tok = _tok(DROPS)
+    engine = RolloutEngine(model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+
+    def step(message, state):
+        state["n"] = state.get("n", 0) + 1
+        return StepResult([{"role": "user", "content": "again"}], done=state["n"] >= 2)
+
+    env = lambda: FunctionEnvironment(lambda row, st: [{"role": "user", "content": "hi"}], step)  # noqa: E731
+    runner = EpisodeRunner(
+        engine,
+        env,
+        ChatTemplateRenderer(tok),
+        RunnerLimits(max_turns=3, max_turn_tokens=5, max_model_len=256),
+    )
+    reqs = [
+        GenerationRequest(
+            [1], SamplingParams(max_tokens=5, seed=i), group_id=0, metadata={"prompt": "hi"}
+        )
+        for i in range(2)
+    ]
+    try:
+        samples = runner.generate(reqs)
+        m = runner.env_metrics()
+    finally:
+        runner.close()
+    assert m["env/prefix_breaks"] == 2  # one per episode: turn 2's context is a re-rendering
+    for s in samples:
+        info = s.metadata["env"]
+        assert info["prefix_breaks"] == 1 and info["turns"] == 2
+        (first,) = info["segments"]
+        # each segment trains only its own turn; the new segment's prompt is the re-rendering
+        assert all(x == 1 for x in first.loss_mask) and all(x == 1 for x in s.loss_mask)
+        assert tok.decode(s.prompt_ids).endswith("u:again\na:")
+    flat, scores = expand_segments(samples, torch.tensor([1.0, 0.0]))
+    assert len(flat) == 4 and scores.tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert [s.group_id for s in flat] == [0, 0, 0, 0]
+    exp = Experience.from_samples(flat, tok.pad_token_id)
+    assert int(exp.response_mask.sum()) == sum(len(s.response_ids) for s in flat)
