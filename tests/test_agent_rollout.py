@@ -280,3 +280,31 @@ def test_an_openai_agent_trains_on_the_async_schedule(chat_model, tmp_path):
     steps = [r for r in lines if "reward_mean" in r]
     assert [r["step"] for r in steps] == [1, 2], lines
     assert all(r["staleness_max"] <= 1 for r in steps)
+
+
+def test_bad_agent_settings_are_clear_errors():
+    from relayrl.config import ConfigError, RunConfig, load_config
+    from relayrl.env.agent_rollout import load_agent
+
+    with pytest.raises(ConfigError, match=r"env\.agent\.function"):
+        load_config(RunConfig, None, ["env.agent.function=no_colon"])
+    with pytest.raises(ConfigError, match=r"env\.agent\.function"):
+        load_config(RunConfig, None, ["env.agent.function=a:b", "env.factory=calculator"])
+    with pytest.raises(ConfigError, match=r"env\.agent\.timeout_s"):
+        load_config(RunConfig, None, ["env.agent.timeout_s=0"])
+    with pytest.raises(ValueError, match="cannot import 'no_such_module_xyz'"):
+        load_agent("no_such_module_xyz:solve")
+    with pytest.raises(ValueError, match="has no function 'nothing'"):
+        load_agent("json:nothing")
+    assert load_agent("test_agent_rollout:calculator_agent") is calculator_agent
+
+
+def test_an_agent_that_does_not_import_is_refused_before_the_run_starts(tmp_path):
+    from relayrl.cli import main
+    from relayrl.model import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"model: {{path: {model}}}\nrun_dir: {tmp_path / 'run'}\n")
+    assert main(["train", str(cfg), "env.agent.function=no_such_module_xyz:solve"]) == 2
+    assert not (tmp_path / "run").exists()
