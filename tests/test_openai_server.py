@@ -324,3 +324,32 @@ def test_a_weight_update_during_a_call_keeps_the_engines_versions(tiny):
     assert len(versions) == 40 and versions == sorted(versions)
     assert versions[0] == 0 and versions[-1] == 1, versions
     assert session.calls[0].versions == versions
+
+
+def test_the_session_key_may_come_as_the_api_key_or_a_header(server):
+    by_key, by_header = server.open_session(), server.open_session()
+    plain = server.base_url()
+    openai.OpenAI(base_url=plain, api_key=by_key.key, max_retries=0).completions.create(
+        model="p", prompt=[5, 6], max_tokens=2
+    )
+    openai.OpenAI(
+        base_url=plain,
+        api_key="EMPTY",
+        max_retries=0,
+        default_headers={"X-Session-Id": by_header.key},
+    ).completions.create(model="p", prompt=[7, 8], max_tokens=2)
+    assert [c.prompt_ids for c in by_key.calls] == [[5, 6]]
+    assert [c.prompt_ids for c in by_header.calls] == [[7, 8]]
+    server.close_session(by_key.key)
+    with pytest.raises(openai.NotFoundError):  # a closed session is refused
+        _client(server, by_key).completions.create(model="p", prompt=[5], max_tokens=1)
+
+
+def test_a_server_with_an_api_key_refuses_other_keys(tiny):
+    model, tok = tiny
+    with OpenAIServer(_engine(model, tok), tok, api_key="secret") as srv:
+        with pytest.raises(openai.AuthenticationError) as e:
+            openai.OpenAI(base_url=srv.base_url(), api_key="wrong", max_retries=0).models.list()
+        assert e.value.body["code"] == "invalid_api_key"
+        ok = openai.OpenAI(base_url=srv.base_url(), api_key="secret", max_retries=0)
+        assert ok.completions.create(model="p", prompt=[5], max_tokens=1).usage.total_tokens == 2
