@@ -227,15 +227,19 @@ def test_a_failing_agent_is_a_recorded_failure_not_a_crashed_step(chat_model, tm
         assert s.metadata["env"]["outcome"] == 0.0 and sum(s.loss_mask) == 0
 
 
-def branching_agent(base_url: str, api_key: str, row: dict) -> float:
-    """Two answers to the same question (a branch), then a follow-up on the first one."""
-    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
+async def branching_agent(base_url: str, api_key: str, row: dict) -> float:
+    """An async agent: two answers to the same question at once (a branch), then a
+    follow-up on the first one."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
     question = [{"role": "user", "content": row["prompt"]}]
-    replies = [
-        client.chat.completions.create(model="p", messages=question, max_tokens=6) for _ in range(2)
-    ]
+    replies = await asyncio.gather(
+        *(client.chat.completions.create(model="p", messages=question, max_tokens=6) for _ in "ab")
+    )
     first = replies[0].choices[0].message.model_dump(exclude_none=True)
-    client.chat.completions.create(model="p", messages=[*question, first, *question], max_tokens=6)
+    await client.chat.completions.create(
+        model="p", messages=[*question, first, *question], max_tokens=6
+    )
+    await client.close()
     return 0.25
 
 

@@ -181,6 +181,7 @@ class OpenAIServer:
             log_level="warning",
             access_log=False,
             lifespan="off",
+            timeout_graceful_shutdown=5,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._serve, name="openai-server", daemon=True)
