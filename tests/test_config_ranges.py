@@ -285,7 +285,9 @@ def test_sft_target_pass_rate_needs_eval_every(capsys, configs):
 def test_shipped_configs_are_valid_and_jsonl_evaluates_on_held_out_data():
     root = Path(__file__).resolve().parents[1] / "configs"
     for path in sorted(root.glob("*.yaml")):
-        if path.name != "rlhf_rm.yaml":  # relayrl.rlhf.RMConfig, tested with the RLHF code
+        if (
+            path.name != "rlhf_rm.yaml"
+        ):  # relayrl.controller.rm_training.RMConfig, tested with the RLHF code
             load_config(SFTConfig if path.name.startswith("sft") else RunConfig, path)
     data = load_config(RunConfig, root / "grpo_jsonl.yaml").data
     assert data.eval_path is None  # held out from data.train_path, not the bundled file

@@ -366,3 +366,24 @@ def test_a_weight_update_between_turns_versions_the_next_turn(tiny):
     (s,) = out
     versions = [v for v, m in zip(s.versions, s.loss_mask, strict=True) if m]
     assert versions == [0] * 4 + [1] * 4 and s.num_interrupts == 0
+
+
+def test_a_hanging_sync_step_times_out_without_blocking(tiny):
+    model, tok = tiny
+
+    def hang(message, state):
+        time.sleep(3)  # a blocking call in a plain function: runs in its own daemon thread
+        return StepResult(done=True)
+
+    def env():
+        return FunctionEnvironment(lambda row, st: [{"role": "user", "content": "1="}], hang)
+
+    runner = runner_for(make_engine(model, tok), tok, env, step_timeout_s=0.3)
+    try:
+        t0 = time.monotonic()
+        samples = runner.generate(requests(2, max_tokens=2))
+        assert time.monotonic() - t0 < 2.5
+    finally:
+        runner.close()
+    assert [s.metadata["env"]["stop_reason"] for s in samples] == ["timeout"] * 2
+    assert "step took longer than 0.3 s" in samples[0].error

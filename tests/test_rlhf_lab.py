@@ -17,9 +17,9 @@ from relayrl.cluster.local import build_local_roles
 from relayrl.config import load_config
 from relayrl.controller.checkpoint import latest_checkpoint
 from relayrl.controller.trainer import train
-from relayrl.rlhf.lab import GOLD_FN, LabConfig, run_lab
-from relayrl.rlhf.reward_model import encode
-from relayrl.rlhf.rm_scorer import RewardModelScorer
+from relayrl.labs.lab import GOLD_FN, LabConfig, run_lab
+from relayrl.model.reward_model import encode
+from relayrl.reward.rm_scorer import RewardModelScorer
 from relayrl.telemetry import read_metrics
 
 
@@ -167,7 +167,7 @@ def test_grpo_against_the_reward_model_mixed_with_a_rule(lab, tmp_path):
         lab,
         tmp_path,
         "grpo",
-        "reward.fn=relayrl.rlhf.city_lang:grammatical_reward",
+        "reward.fn=relayrl.data.city_lang:grammatical_reward",
         "reward.model_weight=0.5",
         "algo.name=grpo",
         "algo.kl_coef=0.05",
@@ -195,7 +195,7 @@ def test_reward_model_inside_the_reward_service(lab, tmp_path):
         tmp_path,
         "grpo_service",
         "reward.fn=none",
-        "reward.service.functions=[{fn: 'relayrl.rlhf.city_lang:grammatical_reward', "
+        "reward.service.functions=[{fn: 'relayrl.data.city_lang:grammatical_reward', "
         "name: grammar}]",
         "algo.name=grpo",
         "algo.group_size=4",

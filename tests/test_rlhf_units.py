@@ -12,22 +12,22 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from relayrl.algos.preference_loss import bradley_terry_loss, dpo_loss
 from relayrl.config import ConfigError, RunConfig, load_config
+from relayrl.controller.trainer import run_monitor
 from relayrl.data import DataError
-from relayrl.rlhf import city_lang as cl
-from relayrl.rlhf.dpo import dpo_loss
-from relayrl.rlhf.monitors import (
-    RunMonitor,
+from relayrl.data import city_lang as cl
+from relayrl.data.preferences import load_preferences, split_pairs
+from relayrl.reward import get_reward_fn
+from relayrl.reward.rm_scorer import MixedReward
+from relayrl.rollout.types import Sample
+from relayrl.telemetry.monitors import (
     distinct_n,
     distinct_responses,
     pairwise_agreement,
     pearson,
     sequence_kl,
 )
-from relayrl.rlhf.preferences import load_preferences, split_pairs
-from relayrl.rlhf.reward_model import bradley_terry_loss
-from relayrl.rlhf.rm_scorer import MixedReward
-from relayrl.rollout.types import Sample
 from relayrl.workers import RewardWorker
 
 # ------------------------------------------------------------------------- city language
@@ -77,6 +77,13 @@ def test_language_samples_are_grammatical_with_mean_zero():
     assert all(cl.judge(p, c).grammatical for p, c in pairs)
     assert abs(sum(scores) / len(scores)) < 0.1  # symmetric good / bad
     assert {len(c.split()) for _, c in pairs} == {2, 4, 6}  # 1, 2, 3 attributes
+
+
+def test_reward_specs_of_the_old_rlhf_package_still_resolve():
+    """Configs of runs made before the move name ``relayrl.rlhf.city_lang``: same functions."""
+    assert get_reward_fn("relayrl.rlhf.city_lang:true_score_reward") is cl.true_score_reward
+    assert get_reward_fn("relayrl.rlhf.city_lang:grammatical_reward") is cl.grammatical_reward
+    assert get_reward_fn("relayrl.data.city_lang:grammatical_reward") is cl.grammatical_reward
 
 
 def test_bradley_terry_probability_and_noise_ceiling():
@@ -267,8 +274,8 @@ def _experience(samples, scores, logp=None, ref=None):
 
 
 def test_run_monitor_proxy_vs_gold_and_divergence():
-    cfg = load_config(RunConfig, None, ["monitor.gold_fn=relayrl.rlhf.city_lang:true_score_reward"])
-    mon = RunMonitor.from_config(cfg, _Tok())
+    cfg = load_config(RunConfig, None, ["monitor.gold_fn=relayrl.data.city_lang:true_score_reward"])
+    mon = run_monitor(cfg, _Tok())
     samples = [_sample([1, 3, 0]), _sample([5, 3, 0]), _sample([1, 4, 2, 3, 0])]
     logp = torch.full((3, 5), -1.0)
     out = mon(_experience(samples, [1.0, -1.0, 2.0], logp, logp + 0.5))
@@ -289,7 +296,7 @@ def test_run_monitor_proxy_vs_gold_and_divergence():
 
 
 def test_run_monitor_without_gold_logs_diversity_only():
-    mon = RunMonitor.from_config(load_config(RunConfig, None, []), _Tok())
+    mon = run_monitor(load_config(RunConfig, None, []), _Tok())
     out = mon(_experience([_sample([1, 3, 0]), _sample([1, 3, 0])], [0.0, 0.0]))
     assert out["monitor/distinct_frac"] == 0.5 and not any("gold" in k for k in out)
 
@@ -338,7 +345,7 @@ def test_config_accepts_reward_model_monitor_and_dpo():
             "reward.fn=none",
             "reward.model_path=/x/rm",
             "reward.model_weight=0.5",
-            "monitor.gold_fn=relayrl.rlhf.city_lang:true_score_reward",
+            "monitor.gold_fn=relayrl.data.city_lang:true_score_reward",
         ],
     )
     assert cfg.reward.model_path == "/x/rm" and cfg.algo.name == "dpo"

@@ -117,7 +117,7 @@ def cmd_filter(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     if args.overrides[:1] == ["rlhf"]:  # ``relayrl demo rlhf [key=value ...]``: the RLHF lab
-        from relayrl.rlhf.cli import cmd_demo_rlhf
+        from relayrl.labs.cli import cmd_demo_rlhf
 
         return cmd_demo_rlhf(Path(args.run_dir) / "rlhf", args.overrides[1:])
     from relayrl.demo import run_demo
@@ -234,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     from relayrl.plan.cli import add_subcommands as add_plan_subcommands
 
     add_plan_subcommands(sub)
-    from relayrl.rlhf.cli import add_subcommands as add_rlhf_subcommands
+    from relayrl.labs.cli import add_subcommands as add_rlhf_subcommands
 
     add_rlhf_subcommands(sub)
     for command in sub.choices.values():  # listed in every subcommand's --help (see main)

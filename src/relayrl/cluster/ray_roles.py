@@ -28,7 +28,7 @@ from relayrl.cluster.ray_workers import (
 from relayrl.config import RunConfig
 from relayrl.model import load_causal_lm, load_critic, load_tokenizer, resolve_threads
 from relayrl.reward import build_reward_service
-from relayrl.rlhf.rm_scorer import build_reward_fn
+from relayrl.reward.rm_scorer import build_reward_fn
 from relayrl.rollout import GenerationRequest
 from relayrl.workers import RewardWorker, Roles
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import signal
 import time
 from collections.abc import Callable
@@ -40,12 +41,21 @@ from relayrl.controller.faults import RunFault, RunInterrupted, StepGuard, signa
 from relayrl.controller.prompts import PromptSource
 from relayrl.controller.run_dir import claim_run_dir, record_config
 from relayrl.controller.schedules import make_schedule
-from relayrl.rlhf.monitors import RunMonitor
+from relayrl.reward import get_reward_fn, score
 from relayrl.telemetry import MetricsLogger, StepProgress, print_summary
+from relayrl.telemetry.monitors import RunMonitor
 from relayrl.telemetry.timeline import Timeline
 from relayrl.workers import Roles
 
 RoleBuilder = Callable[[str, str | None], Roles]
+
+
+def run_monitor(cfg: RunConfig, tokenizer: Any) -> RunMonitor:
+    """The run's monitors; ``monitor.gold_fn`` (a reward-function spec, or none) is the gold
+    scorer, called through ``relayrl.reward.score`` (a ``{"score": ...}`` dict)."""
+    spec = cfg.monitor.gold_fn
+    return RunMonitor(tokenizer, functools.partial(score, get_reward_fn(spec)) if spec else None)
+
 
 SUMMARY_KEYS = [
     "reward_mean",
@@ -84,7 +94,7 @@ def train(
             print(f"removed what interrupted writes left in {run.path}: {names}")
         record_config(run.path, cfg)
         if cfg.algo.name == "dpo":  # offline: no roles, no rollouts
-            from relayrl.rlhf.dpo import train_dpo
+            from relayrl.controller.dpo import train_dpo
 
             return train_dpo(cfg, resume=resume)
         ckpt = run.checkpoint
@@ -158,7 +168,7 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
     )
     final: dict[str, Any] = {}
     stats: dict[str, float] = {}
-    monitor = RunMonitor.from_config(cfg, tok)  # KL, distinct-n, proxy vs gold
+    monitor = run_monitor(cfg, tok)  # KL, distinct-n, proxy vs gold
     timeline = Timeline()
     schedule = make_schedule(roles, cfg, source, stop_ids, timeline)
     guard = StepGuard(hold=cfg.train.save_on_signal)

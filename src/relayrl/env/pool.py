@@ -3,7 +3,9 @@
 ``EnvLoop``: one asyncio event loop in a daemon thread. Every ``reset`` / ``step`` / ``close``
 runs there, off the generation path: while an episode waits on its environment the engine
 keeps generating for the others (sync functions inside an environment should go through
-``asyncio.to_thread``; ``FunctionEnvironment`` and the tools do so).
+``asyncio.to_thread``; ``FunctionEnvironment`` and the tools do so). The loop's executor runs
+each such call in a daemon thread of its own: a sync call that hangs past its timeout is
+abandoned (its episode ends ``timeout``) and never holds up the process's exit.
 
 ``EnvPool``: creates environments from the factory, hands one to each episode (at most
 ``concurrency`` at once; the others wait), takes it back when the episode ends: a healthy one
@@ -18,7 +20,7 @@ import asyncio
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from relayrl.env.environment import Environment, call_maybe_async
@@ -27,11 +29,31 @@ from relayrl.env.types import EnvError
 T = TypeVar("T")
 
 
+class DaemonThreadExecutor(ThreadPoolExecutor):
+    """Runs every call in a new daemon thread (see module; a ThreadPoolExecutor in type only,
+    as asyncio requires of a default executor)."""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        fut: Future[T] = Future()
+
+        def run() -> None:
+            if not fut.set_running_or_notify_cancel():
+                return
+            try:
+                fut.set_result(fn(*args, **kwargs))
+            except BaseException as e:  # noqa: BLE001  (handed to the awaiting coroutine)
+                fut.set_exception(e)
+
+        threading.Thread(target=run, name="relayrl-env-call", daemon=True).start()
+        return fut
+
+
 class EnvLoop:
     """An asyncio event loop running in its own daemon thread."""
 
     def __init__(self, name: str = "relayrl-env-loop"):
         self.loop = asyncio.new_event_loop()
+        self.loop.set_default_executor(DaemonThreadExecutor())
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 

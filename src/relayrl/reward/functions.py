@@ -36,6 +36,9 @@ __all__ = [
 RewardFn = Callable[[str, str, dict], float | dict[str, float]]
 
 REWARD_FUNCTIONS: dict[str, RewardFn] = {}
+MOVED_MODULES = {"relayrl.rlhf.city_lang": "relayrl.data.city_lang"}
+"""Modules of reward functions that moved: a spec naming the old module (the configs of runs
+made before the move, e.g. ``monitor.gold_fn`` of a lab run) resolves to the new one."""
 
 
 class RewardSpecError(ValueError):
@@ -109,6 +112,7 @@ def get_reward_fn(spec: str) -> RewardFn:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise RewardSpecError(f"reward function {spec!r}: expected 'module:function'")
+    module_name = MOVED_MODULES.get(module_name, module_name)  # configs of older runs
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.append(cwd)

@@ -26,25 +26,23 @@ is untrusted. Then
 
 Sizes are capped (input length, nesting depth, exponents, factorials) so adversarial strings
 cannot hang the verifier. ``verify_math`` never raises.
+
+Extraction and normalisation are ``math_extract``, the tokenizer and parser ``math_parse``,
+the forms the parser alone gets wrong (intervals, mixed numbers, numbers in words)
+``math_forms``; this module evaluates the trees and compares.
 """
 
 from __future__ import annotations
 
 import math
 import random
-import re
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from relayrl.reward.math_forms import (
-    mixed_numbers,
-    number_from_words,
-    split_interval,
-    split_union,
-    strip_variable_prefixes,
-)
-from relayrl.reward.verifiers import strip_special_tokens
+from relayrl.reward.math_extract import extract_final_answer, normalize, normalize_answer
+from relayrl.reward.math_forms import number_from_words, split_interval, split_union
+from relayrl.reward.math_parse import MAX_EXPONENT, Node, ParseError, Parser, tokenize
 
 __all__ = [
     "MathValue",
@@ -56,502 +54,13 @@ __all__ = [
 ]
 
 MAX_ANSWER_CHARS = 400
-MAX_DEPTH = 40
-MAX_EXPONENT = 4096
 MAX_BITS = 1 << 16
 REL_TOL_DECIMAL = 1e-6
 REL_TOL_EXACT = 1e-12
 
-_MINUS = str.maketrans({"\u2212": "-", "\u2013": "-", "\ufe63": "-", "\uff0d": "-"})
-
-
-class _ParseError(ValueError):
-    pass
-
 
 class _NotRational(Exception):
     pass
-
-
-# ---------------------------------------------------------------------------------------------
-# Extraction
-
-
-def _balanced(text: str, start: int) -> tuple[str, int] | None:
-    """Content of the brace group opening at ``text[start] == '{'`` and the index after it.
-
-    Escaped braces (``\\{``, ``\\}``) do not count. None when unbalanced.
-    """
-    depth = 0
-    i = start
-    n = len(text)
-    while i < n:
-        c = text[i]
-        if c == "\\" and i + 1 < n and text[i + 1] in "{}":
-            i += 2
-            continue
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1 : i], i + 1
-        i += 1
-    return None
-
-
-_BOXED_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])\s*")
-
-
-def _last_boxed(text: str) -> str | None:
-    last: str | None = None
-    for m in _BOXED_RE.finditer(text):
-        i = m.end()
-        if i < len(text) and text[i] == "{":
-            got = _balanced(text, i)
-            if got is not None:
-                last = got[0]
-        else:
-            mm = re.match(r"([^\s$]+)", text[i:])
-            if mm:
-                last = mm.group(1)
-    return last
-
-
-_ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
-_ANSWER_IS_RE = re.compile(
-    r"(?:final\s+answer|the\s+answer|answer)\s*(?:is\s*[:=]?|:|=)\s*([^\n]*)", re.I
-)
-_INLINE_MATH_RE = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.S)
-_NUMBER_RE = re.compile(
-    r"(?:(?<![0-9A-Za-z)\]}])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?"
-    r"|(?:(?<![0-9A-Za-z)\]}])-)?\.\d+"
-)
-
-
-def extract_final_answer(text: Any) -> str | None:
-    """The final answer of a completion as a string, or None when it holds none.
-
-    See the module docstring for the rules. Never raises.
-    """
-    try:
-        if not isinstance(text, str):
-            return None
-        text = strip_special_tokens(text.translate(_MINUS))
-        boxed = _last_boxed(text)
-        if boxed is not None and boxed.strip():
-            return boxed.strip()
-        tags = _ANSWER_TAG_RE.findall(text)
-        if tags and tags[-1].strip():
-            inner = tags[-1].strip()
-            return _last_boxed(inner) or inner
-        said = _ANSWER_IS_RE.findall(text)
-        if said and said[-1].strip():
-            return said[-1].strip()
-        last_math = None
-        for m in _INLINE_MATH_RE.finditer(text):
-            body = next(g for g in m.groups() if g is not None)
-            if body.strip():
-                last_math = (m.end(), body.strip())
-        last_num = None
-        for m in _NUMBER_RE.finditer(text):
-            last_num = (m.end(), m.group(0))
-        if last_math and (last_num is None or last_math[0] >= last_num[0]):
-            return last_math[1]
-        if last_num:
-            return last_num[1]
-        return None
-    except Exception:  # a verifier must never crash the reward path
-        return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Normalisation
-
-_REMOVE = (
-    "\\left",
-    "\\right",
-    "\\!",
-    "\\,",
-    "\\;",
-    "\\:",
-    "\\ ",
-    "\\quad",
-    "\\qquad",
-    "\\displaystyle",
-    "\\limits",
-    "{,}",
-)
-_TEXT_CMD_RE = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|operatorname)\s*")
-_DEGREE_RE = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree|°")
-_UNIT_TAIL_RE = re.compile(
-    r"(?<=[0-9}).])\s*(?:[A-Za-z]{2,}\.?)(?:\s*(?:\^\s*\{?\d\}?|[A-Za-z]{2,}\.?|/))*\s*$"
-)
-_THOUSANDS_RE = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
-_FUNCS = {
-    "sin",
-    "cos",
-    "tan",
-    "cot",
-    "sec",
-    "csc",
-    "arcsin",
-    "arccos",
-    "arctan",
-    "log",
-    "ln",
-    "exp",
-}
-_KNOWN_WORDS = {
-    "sqrt",
-    "pi",
-    "inf",
-    "infty",
-    "infinity",
-    "oo",
-    "frac",
-    "dfrac",
-    "tfrac",
-    "cdot",
-    "times",
-    "div",
-} | _FUNCS
-
-
-def _unwrap_text_commands(s: str) -> str:
-    out = []
-    i = 0
-    while True:
-        m = _TEXT_CMD_RE.search(s, i)
-        if m is None:
-            out.append(s[i:])
-            return "".join(out)
-        out.append(s[i : m.start()])
-        j = m.end()
-        if j < len(s) and s[j] == "{":
-            got = _balanced(s, j)
-            if got is None:
-                out.append(s[j:])
-                return "".join(out)
-            out.append(" " + got[0] + " ")
-            i = got[1]
-        else:
-            i = j
-
-
-@dataclass
-class _Normalized:
-    text: str
-    percent: bool
-
-
-def _normalize(s: str) -> _Normalized:
-    s = strip_special_tokens(s.translate(_MINUS)).strip()
-    inner = _last_boxed(s)
-    if inner is not None and inner.strip():
-        s = inner
-    s = s.replace("\\$", "").replace("$", "")
-    s = re.sub(r"^\\\(|\\\)$|^\\\[|\\\]$", "", s.strip())
-    for token in _REMOVE:
-        s = s.replace(token, " " if token.startswith("\\q") else "")
-    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    s = _DEGREE_RE.sub("", s)
-    s = re.sub(r"[€£¥]", "", s)
-    s = _unwrap_text_commands(s)
-    s = s.replace("~", " ").strip()
-    percent = False
-    if s.endswith("\\%") or s.endswith("%"):
-        percent = True
-        s = s[:-2] if s.endswith("\\%") else s[:-1]
-    s = s.strip().rstrip(".").strip()
-    s = strip_variable_prefixes(s)  # "x = 1, x = 2" -> "1, 2"
-    # "x = 5", "f(x)=2x+1": the right-hand side of the last '='
-    if "=" in s and not re.search(r"[<>!]=|==", s):
-        s = s.rsplit("=", 1)[1].strip()
-    s = _UNIT_TAIL_RE.sub("", s).strip()
-    if s.endswith("\\%") or s.endswith("%"):
-        percent = True
-        s = (s[:-2] if s.endswith("\\%") else s[:-1]).strip()
-    compact = s.replace(" ", "")
-    if _THOUSANDS_RE.match(compact):
-        s = compact.replace(",", "")
-    return _Normalized(mixed_numbers(s), percent)
-
-
-def normalize_answer(s: str) -> str:
-    """The normalised form of an answer string (what the parser sees)."""
-    return _normalize(s).text
-
-
-# ---------------------------------------------------------------------------------------------
-# Tokenizer and parser (no eval: builds a small tree)
-
-_TOKEN_RE = re.compile(
-    r"\s*(?:"
-    r"(?P<num>\d+(?:\.\d+)?[eE][+-]?\d+|\d+\.\d*|\.\d+|\d+)"
-    r"|(?P<setopen>\\\{)|(?P<setclose>\\\})"
-    r"|(?P<cmd>\\[A-Za-z]+)"
-    r"|(?P<ident>[A-Za-z]+)"
-    r"|(?P<op>\*\*|[-+*/^(),\[\]{}!×÷·√π∞])"
-    r")"
-)
-_GREEK = {
-    "alpha",
-    "beta",
-    "gamma",
-    "delta",
-    "epsilon",
-    "theta",
-    "lambda",
-    "mu",
-    "sigma",
-    "phi",
-    "omega",
-    "tau",
-    "rho",
-    "eta",
-    "zeta",
-    "kappa",
-    "nu",
-    "xi",
-    "psi",
-    "chi",
-}
-
-Node = tuple
-
-
-def _tokenize(s: str) -> list[tuple[str, str]]:
-    tokens: list[tuple[str, str]] = []
-    pos = 0
-    s = s.rstrip()
-    while pos < len(s):
-        m = _TOKEN_RE.match(s, pos)
-        if m is None or m.end() == pos:
-            raise _ParseError(f"unexpected character {s[pos]!r}")
-        kind = m.lastgroup or ""
-        value = m.group(kind)
-        pos = m.end()
-        if kind == "op":
-            value = {"**": "^", "×": "*", "÷": "/", "·": "*"}.get(value, value)
-            if value == "√":
-                kind, value = "cmd", "\\sqrt"
-            elif value == "π":
-                kind, value = "cmd", "\\pi"
-            elif value == "∞":
-                kind, value = "cmd", "\\infty"
-        if kind == "cmd":
-            name = value[1:]
-            if name in ("cdot", "times", "ast"):
-                kind, value = "op", "*"
-            elif name == "div":
-                kind, value = "op", "/"
-        tokens.append((kind, value))
-    return tokens
-
-
-class _Parser:
-    def __init__(self, tokens: list[tuple[str, str]]):
-        self.toks = tokens
-        self.i = 0
-        self.depth = 0
-
-    def peek(self) -> tuple[str, str] | None:
-        return self.toks[self.i] if self.i < len(self.toks) else None
-
-    def take(self) -> tuple[str, str]:
-        tok = self.peek()
-        if tok is None:
-            raise _ParseError("unexpected end")
-        self.i += 1
-        return tok
-
-    def expect(self, value: str) -> None:
-        tok = self.take()
-        if tok[1] != value:
-            raise _ParseError(f"expected {value!r}, got {tok[1]!r}")
-
-    def parse(self) -> Node:
-        node = self.expr()
-        if self.peek() is not None:
-            raise _ParseError(f"trailing {self.peek()}")
-        return node
-
-    def expr(self) -> Node:
-        self.depth += 1
-        if self.depth > MAX_DEPTH:
-            raise _ParseError("nested too deeply")
-        items = [self.sum()]
-        while self.peek() == ("op", ","):
-            self.take()
-            items.append(self.sum())
-        self.depth -= 1
-        return items[0] if len(items) == 1 else ("tuple", tuple(items))
-
-    def sum(self) -> Node:
-        node = self.term()
-        while self.peek() in (("op", "+"), ("op", "-")):
-            op = self.take()[1]
-            rhs = self.term()
-            node = ("add", node, rhs if op == "+" else ("neg", rhs))
-        return node
-
-    def _starts_atom(self) -> bool:
-        tok = self.peek()
-        if tok is None:
-            return False
-        kind, value = tok
-        if kind in ("num", "ident", "setopen"):
-            return True
-        if kind == "cmd":
-            return True
-        return value in ("(", "[", "{")
-
-    def term(self) -> Node:
-        node = self.unary()
-        while True:
-            tok = self.peek()
-            if tok in (("op", "*"), ("op", "/")):
-                op = self.take()[1]
-                rhs = self.unary()
-                node = ("mul", node, rhs) if op == "*" else ("div", node, rhs)
-            elif self._starts_atom():
-                node = ("mul", node, self.power())  # implicit multiplication: 2x, 3\sqrt{2}
-            else:
-                return node
-
-    def unary(self) -> Node:
-        tok = self.peek()
-        if tok == ("op", "-"):
-            self.take()
-            return ("neg", self.unary())
-        if tok == ("op", "+"):
-            self.take()
-            return self.unary()
-        return self.power()
-
-    def power(self) -> Node:
-        base = self.postfix()
-        if self.peek() == ("op", "^"):
-            self.take()
-            return ("pow", base, self.unary_group())
-        return base
-
-    def unary_group(self) -> Node:
-        """An exponent: ``^{...}``, ``^2`` (one digit: ``x^23`` is x^2 * 3 in LaTeX), ``^-1``."""
-        tok = self.peek()
-        if tok is not None and tok[0] == "num" and len(tok[1]) > 1 and tok[1].isdigit():
-            self.take()
-            self.toks.insert(self.i, ("num", tok[1][1:]))
-            return ("num", Fraction(int(tok[1][0])), False)
-        if tok == ("op", "-"):
-            self.take()
-            return ("neg", self.unary_group())
-        return self.postfix()
-
-    def postfix(self) -> Node:
-        node = self.atom()
-        while self.peek() == ("op", "!"):
-            self.take()
-            node = ("fact", node)
-        return node
-
-    def group_arg(self) -> Node:
-        """A LaTeX command argument: ``{expr}`` or a single character (``\\frac32``)."""
-        tok = self.peek()
-        if tok == ("op", "{"):
-            self.take()
-            node = self.expr()
-            self.expect("}")
-            return node
-        if tok is not None and tok[0] == "num" and len(tok[1]) > 1 and tok[1].isdigit():
-            self.take()
-            self.toks.insert(self.i, ("num", tok[1][1:]))
-            return ("num", Fraction(int(tok[1][0])), False)
-        return self.atom()
-
-    def atom(self) -> Node:
-        kind, value = self.take()
-        if kind == "num":
-            mant, _, exp = value.lower().partition("e")
-            frac = Fraction(mant)
-            if exp:
-                if abs(int(exp)) > MAX_EXPONENT:
-                    raise _ParseError("exponent too large")
-                frac *= Fraction(10) ** int(exp)
-            # a decimal with a fractional part is compared with a tolerance: keep how many
-            # decimal places it was written with (0: exact)
-            places = len(mant.partition(".")[2]) if "." in mant else 0
-            return ("num", frac, places if frac.denominator != 1 else 0)
-        if kind == "setopen":
-            items = [] if self.peek() == ("setclose", "\\}") else [self.sum()]
-            while self.peek() == ("op", ","):
-                self.take()
-                items.append(self.sum())
-            tok = self.take()
-            if tok[0] != "setclose":
-                raise _ParseError("unclosed set")
-            return ("set", tuple(items))
-        if kind == "op" and value in ("(", "[", "{"):
-            close = {"(": ")", "[": "]", "{": "}"}[value]
-            node = self.expr()
-            self.expect(close)
-            if node[0] == "tuple" and value == "{":
-                return ("set", node[1])
-            return node
-        if kind == "ident":
-            return self._ident(value)
-        if kind == "cmd":
-            return self._command(value[1:])
-        raise _ParseError(f"unexpected {value!r}")
-
-    def _ident(self, word: str) -> Node:
-        low = word.lower()
-        if low in ("pi",):
-            return ("const", "pi")
-        if low in ("inf", "infinity", "oo"):
-            return ("const", "oo")
-        if low == "sqrt":
-            return ("sqrt", self.group_arg(), None)
-        if low in _FUNCS:
-            return ("func", low, self.group_arg())
-        if len(word) == 1:
-            return ("const", "e") if word == "e" else ("sym", word)
-        if word in _GREEK:
-            return ("sym", word)
-        if len(word) <= 3 and word.isalpha() and word.islower():
-            # "xy" -> x*y (implicit product of single-letter variables)
-            node: Node = ("sym", word[0])
-            for ch in word[1:]:
-                node = ("mul", node, ("const", "e") if ch == "e" else ("sym", ch))
-            return node
-        raise _ParseError(f"word {word!r}")
-
-    def _command(self, name: str) -> Node:
-        if name == "frac" or name == "cfrac":
-            num = self.group_arg()
-            den = self.group_arg()
-            return ("div", num, den)
-        if name == "sqrt":
-            index = None
-            if self.peek() == ("op", "["):
-                self.take()
-                index = self.expr()
-                self.expect("]")
-            return ("sqrt", self.group_arg(), index)
-        if name == "pi":
-            return ("const", "pi")
-        if name == "infty":
-            return ("const", "oo")
-        if name in _FUNCS:
-            if self.peek() == ("op", "^"):  # \sin^2 x
-                self.take()
-                exp = self.unary_group()
-                return ("pow", ("func", name, self.power()), exp)
-            return ("func", name, self.power())
-        if name in _GREEK:
-            return ("sym", name)
-        raise _ParseError(f"unknown command \\{name}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -588,7 +97,7 @@ def _rational(node: Node) -> tuple[Fraction, bool]:
         if kind == "mul":
             return x * y, ax or ay
         if y == 0:
-            raise _ParseError("division by zero")
+            raise ParseError("division by zero")
         return x / y, ax or ay
     if kind == "pow":
         x, ax = _rational(node[1])
@@ -597,17 +106,17 @@ def _rational(node: Node) -> tuple[Fraction, bool]:
             raise _NotRational
         e = int(y)
         if abs(e) > MAX_EXPONENT:
-            raise _ParseError("exponent too large")
+            raise ParseError("exponent too large")
         bits = max(x.numerator.bit_length(), x.denominator.bit_length()) * abs(e)
         if bits > MAX_BITS:
-            raise _ParseError("number too large")
+            raise ParseError("number too large")
         if x == 0 and e < 0:
-            raise _ParseError("division by zero")
+            raise ParseError("division by zero")
         return x**e, ax or ay
     if kind == "fact":
         x, ax = _rational(node[1])
         if x.denominator != 1 or x < 0 or x > 500:
-            raise _ParseError("bad factorial")
+            raise ParseError("bad factorial")
         return Fraction(math.factorial(int(x))), ax
     raise _NotRational
 
@@ -631,12 +140,12 @@ def _sympy(node: Node) -> Any:
     if kind == "div":
         den = _sympy(node[2])
         if den == 0:
-            raise _ParseError("division by zero")
+            raise ParseError("division by zero")
         return _sympy(node[1]) / den
     if kind == "pow":
         base, exp = _sympy(node[1]), _sympy(node[2])
         if exp.is_number and (not exp.is_finite or abs(float(sympy.re(exp))) > MAX_EXPONENT):
-            raise _ParseError("exponent too large")
+            raise ParseError("exponent too large")
         return base**exp
     if kind == "sqrt":
         arg = _sympy(node[1])
@@ -662,9 +171,9 @@ def _sympy(node: Node) -> Any:
     if kind == "fact":
         arg = _sympy(node[1])
         if arg.is_number and (not arg.is_integer or arg < 0 or arg > 500):
-            raise _ParseError("bad factorial")
+            raise ParseError("bad factorial")
         return sympy.factorial(arg)
-    raise _ParseError(f"cannot build {kind}")
+    raise ParseError(f"cannot build {kind}")
 
 
 def _places(node: Node) -> int:
@@ -700,7 +209,7 @@ def parse_answer(s: str) -> MathValue:
     if not isinstance(s, str):
         return MathValue("text", "")
     s = s[: MAX_ANSWER_CHARS * 2]
-    norm = _normalize(s)
+    norm = normalize(s)
     text = norm.text
     if not text or len(text) > MAX_ANSWER_CHARS:
         return MathValue("text", _text_key(text), percent=norm.percent)
@@ -708,14 +217,14 @@ def parse_answer(s: str) -> MathValue:
         special = _special_form(text)
         if special is not None:
             return special
-        node = _Parser(_tokenize(text)).parse()
+        node = Parser(tokenize(text)).parse()
         return _value(node, norm.percent)
-    except (_ParseError, ValueError, TypeError, ZeroDivisionError, OverflowError, RecursionError):
+    except (ParseError, ValueError, TypeError, ZeroDivisionError, OverflowError, RecursionError):
         return MathValue("text", _text_key(text), percent=norm.percent)
 
 
 def _parse_math(text: str) -> MathValue:
-    return _value(_Parser(_tokenize(text)).parse(), False)
+    return _value(Parser(tokenize(text)).parse(), False)
 
 
 def _special_form(text: str) -> MathValue | None:
@@ -726,7 +235,7 @@ def _special_form(text: str) -> MathValue | None:
     if split_interval(text) is not None:
         try:
             return _interval(text)
-        except (_ParseError, ValueError, TypeError, ZeroDivisionError, OverflowError):
+        except (ParseError, ValueError, TypeError, ZeroDivisionError, OverflowError):
             return None
     words = number_from_words(text)
     if words is not None:
@@ -737,7 +246,7 @@ def _special_form(text: str) -> MathValue | None:
 def _interval(text: str) -> MathValue:
     got = split_interval(text)
     if got is None:
-        raise _ParseError(f"not an interval: {text!r}")
+        raise ParseError(f"not an interval: {text!r}")
     left, lo, hi, right = got
     return MathValue("interval", (left, _parse_math(lo), _parse_math(hi), right))
 

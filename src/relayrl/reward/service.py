@@ -27,35 +27,30 @@
 
 Reward functions see ``sample.metadata`` (prompt, answer and the dataset's extra fields) plus
 ``response_length`` (tokens) and ``finish_reason``.
+
+This module is the public API (submitting, combining the parts, polling, stats, closing); the
+process pool is ``relayrl.reward.worker_pool`` and the model lanes ``relayrl.reward.model_lanes``.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import itertools
-import logging
-import math
 import multiprocessing as mp
-import os
 import pickle
 import queue
-import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from relayrl.reward._guards import MAX_COMPONENTS, call_guarded, checked
 from relayrl.reward.mixing import RewardMix, ScoreResult
-from relayrl.reward.sandbox import remove_orphaned_dirs
-
-log = logging.getLogger(__name__)
+from relayrl.reward.model_lanes import ModelLane, ModelScorer, run_inline
+from relayrl.reward.worker_pool import Job, WorkerPool
 
 __all__ = [
     "ModelScorer",
@@ -70,418 +65,6 @@ _LOCAL_KEYS = ("reward",)
 
 class ServiceClosed(RuntimeError):
     """``submit`` after ``close``."""
-
-
-@runtime_checkable
-class ModelScorer(Protocol):
-    """A batched, in-process scorer (a reward model, a judge)."""
-
-    def score_batch(
-        self, prompts: Sequence[str], completions: Sequence[str], samples: Sequence[dict]
-    ) -> Sequence[float | dict[str, float]]: ...
-
-
-# ---------------------------------------------------------------------------------------------
-# worker process
-
-
-def _worker_main(conn: Connection, mix: RewardMix) -> None:
-    """Pool worker: resolve the functions, then score (id, prompt, completion, fields)
-    messages until told to stop (None) or the parent goes away."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
-    try:
-        mix.resolve()
-    except BaseException as e:
-        with contextlib.suppress(Exception):
-            conn.send(("init_error", f"{type(e).__name__}: {e}"))
-        return
-    conn.send(("ready", os.getpid()))
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        if msg is None:
-            return
-        job_id, prompt, completion, fields = msg
-        result = checked(
-            call_guarded(functools.partial(mix, prompt, completion, fields), mix.failure_score),
-            mix.failure_score,
-        )
-        try:
-            conn.send(("done", job_id, result))
-        except Exception as e:  # e.g. an unpicklable component value
-            conn.send(
-                (
-                    "done",
-                    job_id,
-                    ScoreResult.failure(f"result not sendable: {e}", mix.failure_score),
-                )
-            )
-
-
-# ---------------------------------------------------------------------------------------------
-# jobs
-
-
-@dataclass
-class _Job:
-    id: int
-    prompt: str
-    completion: str
-    fields: dict[str, Any]
-    sample: Any
-    future: Future
-    t_submit: float
-    parts_left: int
-    fn_result: ScoreResult | None = None
-    model_results: dict[str, tuple[float, dict[str, float], str | None]] = field(
-        default_factory=dict
-    )
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    holds_slot: bool = False
-
-
-@dataclass
-class _Worker:
-    process: Any
-    conn: Connection
-    ready: bool = False
-    job: _Job | None = None
-    started: float = 0.0
-    busy_s: float = 0.0
-    calls: int = 0
-
-
-class _Pool:
-    """Worker processes fed by one dispatcher thread; per-call deadlines; replacement of
-    workers that time out or die."""
-
-    def __init__(
-        self,
-        mix: RewardMix,
-        num_workers: int,
-        timeout_s: float | None,
-        ctx: Any,
-        on_done: Callable[[_Job, ScoreResult], None],
-        max_calls: int | None = None,
-        max_rss_mb: float | None = None,
-    ) -> None:
-        self.mix = mix
-        self.max_calls, self.max_rss_mb = max_calls, max_rss_mb
-        self.recycled = 0
-        self.timeout_s = timeout_s
-        self.ctx = ctx
-        self.on_done = on_done
-        self.pending: collections.deque[_Job] = collections.deque()
-        self.lock = threading.Lock()
-        self.wake_r, self.wake_w = os.pipe()
-        os.set_blocking(self.wake_r, False)
-        os.set_blocking(self.wake_w, False)
-        self.closed = False
-        self.broken: str | None = None
-        self.restarts = 0
-        self.timeouts = 0
-        self.start_failures = 0
-        self.workers = [self._spawn() for _ in range(num_workers)]
-        self.thread = threading.Thread(target=self._loop, daemon=True, name="reward-dispatch")
-        self.thread.start()
-
-    def _spawn(self) -> _Worker:
-        parent, child = self.ctx.Pipe(duplex=True)
-        proc = self.ctx.Process(
-            target=_worker_main, args=(child, self.mix), daemon=True, name="reward-worker"
-        )
-        proc.start()
-        child.close()
-        return _Worker(proc, parent)
-
-    def submit(self, job: _Job) -> None:
-        with self.lock:
-            if self.broken is not None:
-                broken = self.broken
-            else:
-                broken = None
-                self.pending.append(job)
-        if broken is not None:
-            self.on_done(job, ScoreResult.failure(broken, self.mix.failure_score))
-            return
-        self._wake()
-
-    def _wake(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.write(self.wake_w, b"x")
-
-    def _fail(self, job: _Job, error: str) -> None:
-        self.on_done(
-            job,
-            ScoreResult.failure(error, self.mix.failure_score, time.monotonic() - job.t_submit),
-        )
-
-    def _replace(self, i: int) -> None:
-        w = self.workers[i]
-        with contextlib.suppress(Exception):
-            w.process.kill()
-        with contextlib.suppress(Exception):
-            w.process.join(timeout=5)
-        with contextlib.suppress(Exception):  # a sandbox run it was in the middle of
-            remove_orphaned_dirs(w.process.pid)
-        with contextlib.suppress(Exception):
-            w.conn.close()
-        self.restarts += 1
-        if not self.closed:
-            self.workers[i] = self._spawn()
-
-    def _assign(self) -> None:
-        for w in self.workers:
-            if not (w.ready and w.job is None):
-                continue
-            with self.lock:
-                if not self.pending:
-                    return
-                job = self.pending.popleft()
-            try:
-                w.conn.send((job.id, job.prompt, job.completion, job.fields))
-            except Exception as e:  # unpicklable fields, or a worker that just died
-                self._fail(job, f"cannot send the sample to a reward worker: {e}")
-                continue
-            w.job = job
-            w.started = time.monotonic()
-
-    def _loop(self) -> None:
-        try:
-            self._run()
-        except BaseException as e:  # never leave futures hanging
-            self._break(f"reward dispatcher failed: {type(e).__name__}: {e}")
-
-    def _run(self) -> None:
-        while not self.closed:
-            self._assign()
-            now = time.monotonic()
-            timeout = 1.0
-            if self.timeout_s is not None:
-                for w in self.workers:
-                    if w.job is not None:
-                        timeout = min(timeout, max(0.0, w.started + self.timeout_s - now))
-            handles: list[Any] = [self.wake_r]
-            for w in self.workers:
-                handles.append(w.conn)
-                handles.append(w.process.sentinel)
-            try:
-                ready = set(wait(handles, timeout))
-            except OSError:
-                ready = set()
-            if self.wake_r in ready:
-                with contextlib.suppress(BlockingIOError, OSError):
-                    while os.read(self.wake_r, 4096):
-                        pass
-            for i, w in enumerate(list(self.workers)):
-                if w.conn in ready:
-                    self._receive(i, w)
-                elif w.process.sentinel in ready:
-                    self._died(i, w)
-            if self.timeout_s is not None:
-                now = time.monotonic()
-                for i, w in enumerate(list(self.workers)):
-                    if w.job is not None and now - w.started > self.timeout_s:
-                        job, w.job = w.job, None
-                        self.timeouts += 1
-                        self._replace(i)
-                        self._fail(job, f"timeout: reward call exceeded {self.timeout_s:g} s")
-
-    def _receive(self, i: int, w: _Worker) -> None:
-        try:
-            msg = w.conn.recv()
-        except (EOFError, OSError):
-            self._died(i, w)
-            return
-        kind = msg[0]
-        if kind == "ready":
-            w.ready = True
-        elif kind == "done":
-            job, w.job = w.job, None
-            if job is not None and job.id == msg[1]:
-                w.busy_s += time.monotonic() - w.started
-                w.calls += 1
-                self.on_done(job, msg[2])
-                self._maybe_recycle(i, w)
-        elif kind == "init_error":
-            self._break(f"reward worker failed to start: {msg[1]}")
-
-    def _maybe_recycle(self, i: int, w: _Worker) -> None:
-        """Replace an idle worker after ``max_calls`` calls or above ``max_rss_mb`` resident
-        memory (a leaking reward function must not grow a worker without bound)."""
-        rss = _rss_mb(w.process.pid) if self.max_rss_mb is not None else 0.0
-        by_calls = self.max_calls is not None and w.calls >= self.max_calls
-        by_rss = self.max_rss_mb is not None and rss > self.max_rss_mb
-        if not (by_calls or by_rss) or self.closed:
-            return
-        why = f"{w.calls} calls" if by_calls else f"{rss:.0f} MB resident > {self.max_rss_mb:g} MB"
-        log.info("reward worker %d recycled after %s", w.process.pid, why)
-        with contextlib.suppress(Exception):
-            w.conn.send(None)
-        w.process.join(timeout=2)
-        if w.process.is_alive():
-            w.process.kill()
-            w.process.join(timeout=5)
-        with contextlib.suppress(Exception):
-            w.conn.close()
-        self.recycled += 1
-        self.workers[i] = self._spawn()
-
-    def _died(self, i: int, w: _Worker) -> None:
-        w.process.join(timeout=5)
-        code = w.process.exitcode
-        job, w.job = w.job, None
-        if not w.ready:
-            # died before it could say "ready": a start-up problem, not a reward function's
-            self.start_failures += 1
-            if self.start_failures >= 3:
-                self._break(
-                    f"reward workers fail to start (exit code {code}); with the spawn or "
-                    "forkserver start method the main module must be importable and guard its "
-                    "code with `if __name__ == '__main__':`"
-                )
-                return
-        else:
-            self.start_failures = 0
-        self._replace(i)
-        if job is not None:
-            self._fail(job, f"reward worker died (exit code {code}) while scoring")
-
-    def _break(self, reason: str) -> None:
-        self.closed = True  # stop dispatching: every later submit fails with the reason
-        with self.lock:
-            self.broken = reason
-            jobs = list(self.pending)
-            self.pending.clear()
-        for job in jobs:
-            self._fail(job, reason)
-        for w in self.workers:
-            if w.job is not None:
-                job, w.job = w.job, None
-                self._fail(job, reason)
-
-    def busy_seconds(self) -> float:
-        return sum(w.busy_s for w in self.workers)
-
-    def close(self) -> list[_Job]:
-        self.closed = True
-        self._wake()
-        self.thread.join(timeout=10)
-        for w in self.workers:
-            with contextlib.suppress(Exception):
-                w.conn.send(None)
-        deadline = time.monotonic() + 2.0
-        for w in self.workers:
-            w.process.join(timeout=max(0.0, deadline - time.monotonic()))
-            if w.process.is_alive():
-                w.process.kill()
-                w.process.join(timeout=5)
-            with contextlib.suppress(Exception):
-                w.conn.close()
-        with contextlib.suppress(OSError):
-            os.close(self.wake_r)
-            os.close(self.wake_w)
-        left = [w.job for w in self.workers if w.job is not None]
-        with self.lock:
-            left.extend(self.pending)
-            self.pending.clear()
-        return left
-
-
-def _rss_mb(pid: int) -> float:
-    """Resident memory of a process in MB (0 when unknown)."""
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            pages = int(f.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0.0
-    return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
-
-
-class _ModelLane:
-    """One model scorer in a thread, batching what arrives within ``max_wait_s``."""
-
-    def __init__(
-        self,
-        name: str,
-        scorer: ModelScorer,
-        weight: float,
-        batch_size: int,
-        max_wait_s: float,
-        on_done: Callable[[_Job, str, float, dict[str, float], str | None], None],
-    ) -> None:
-        self.name, self.scorer, self.weight = name, scorer, weight
-        self.batch_size, self.max_wait_s = batch_size, max_wait_s
-        self.on_done = on_done
-        self.queue: queue.Queue[_Job | None] = queue.Queue()
-        self.batches = 0
-        self.thread = threading.Thread(target=self._loop, daemon=True, name=f"reward-{name}")
-        self.thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            first = self.queue.get()
-            if first is None:
-                return
-            batch = [first]
-            deadline = time.monotonic() + self.max_wait_s
-            stop = False
-            while len(batch) < self.batch_size:
-                try:
-                    nxt = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                    break
-                batch.append(nxt)
-            self.run(batch)
-            if stop:
-                return
-
-    def run(self, batch: list[_Job]) -> None:
-        self.batches += 1
-        try:
-            outs = list(
-                self.scorer.score_batch(
-                    [j.prompt for j in batch],
-                    [j.completion for j in batch],
-                    [j.fields for j in batch],
-                )
-            )
-            if len(outs) != len(batch):
-                raise ValueError(f"returned {len(outs)} scores for {len(batch)} samples")
-        except Exception as e:
-            for j in batch:
-                self.on_done(j, self.name, math.nan, {}, f"{self.name}: {type(e).__name__}: {e}")
-            return
-        for j, out in zip(batch, outs, strict=True):
-            try:
-                value, extra = _model_value(out)
-                self.on_done(j, self.name, value, extra, None)
-            except Exception as e:
-                self.on_done(j, self.name, math.nan, {}, f"{self.name}: {type(e).__name__}: {e}")
-
-    def close(self) -> None:
-        self.queue.put(None)
-        self.thread.join(timeout=30)
-
-
-def _model_value(out: Any) -> tuple[float, dict[str, float]]:
-    if isinstance(out, dict):
-        if "score" not in out:
-            raise TypeError("scorer returned a dict without 'score'")
-        extra = {str(k): float(v) for k, v in out.items() if k != "score"}
-        value = float(out["score"])
-    else:
-        if isinstance(out, (str, bytes)):
-            raise TypeError(f"scorer returned a {type(out).__name__}")
-        value, extra = float(out.item() if hasattr(out, "item") else out), {}
-    if math.isnan(value):
-        raise ValueError("scorer returned NaN")
-    return value, extra
 
 
 # ---------------------------------------------------------------------------------------------
@@ -584,15 +167,15 @@ class RewardService:
         self._t_start = time.monotonic()
         self._scorer_weights = {n: w for n, _, w in scorers}
         self._scorers = scorers
-        self._lanes: dict[str, _ModelLane] = {}
-        self._pool: _Pool | None = None
+        self._lanes: dict[str, ModelLane] = {}
+        self._pool: WorkerPool | None = None
         if self.mix is not None and num_workers > 0:
             ctx = mp.get_context(mp_context or _default_context())
             if ctx.get_start_method() == "forkserver":
                 with contextlib.suppress(Exception):
                     ctx.set_forkserver_preload(["relayrl.reward.service"])
             try:
-                self._pool = _Pool(
+                self._pool = WorkerPool(
                     self.mix,
                     num_workers,
                     timeout_s,
@@ -608,7 +191,7 @@ class RewardService:
                 ) from e
         if num_workers > 0:
             for name, scorer, weight in scorers:
-                self._lanes[name] = _ModelLane(
+                self._lanes[name] = ModelLane(
                     name, scorer, weight, model_batch_size, model_max_wait_s, self._model_done
                 )
 
@@ -681,7 +264,7 @@ class RewardService:
         self, sample: Any, error: str, block: bool, timeout: float | None
     ) -> Future[ScoreResult]:
         held = self._acquire(block, timeout)
-        job = _Job(next(self._ids), "", "", {}, sample, Future(), time.monotonic(), 1)
+        job = Job(next(self._ids), "", "", {}, sample, Future(), time.monotonic(), 1)
         job.holds_slot = held
         self._finish(job, ScoreResult.failure(error, self.failure_score))
         return job.future
@@ -697,7 +280,7 @@ class RewardService:
     ) -> Future[ScoreResult]:
         held = self._acquire(block, timeout)
         parts = (1 if self.mix is not None else 0) + len(self._scorers)
-        job = _Job(
+        job = Job(
             next(self._ids), prompt, completion, fields, sample, Future(), time.monotonic(), parts
         )
         job.holds_slot = held
@@ -712,7 +295,7 @@ class RewardService:
             if name in self._lanes:
                 self._lanes[name].queue.put(job)
             else:
-                _inline_lane(name, scorer, weight, [job], self._model_done)
+                run_inline(name, scorer, weight, [job], self._model_done)
         return job.future
 
     def _inline(self, prompt: str, completion: str, fields: dict[str, Any]) -> ScoreResult:
@@ -723,7 +306,7 @@ class RewardService:
         return call_guarded(lambda: mix(prompt, completion, fields), self.failure_score)
 
     # ------------------------------------------------------------------ completion
-    def _fn_done(self, job: _Job, result: ScoreResult) -> None:
+    def _fn_done(self, job: Job, result: ScoreResult) -> None:
         with job.lock:
             job.fn_result = result
             job.parts_left -= 1
@@ -732,7 +315,7 @@ class RewardService:
             self._combine(job)
 
     def _model_done(
-        self, job: _Job, name: str, value: float, extra: dict[str, float], error: str | None
+        self, job: Job, name: str, value: float, extra: dict[str, float], error: str | None
     ) -> None:
         with job.lock:
             job.model_results[name] = (value, extra, error)
@@ -741,7 +324,7 @@ class RewardService:
         if last:
             self._combine(job)
 
-    def _combine(self, job: _Job) -> None:
+    def _combine(self, job: Job) -> None:
         if not self._scorers:
             assert job.fn_result is not None
             self._finish(job, job.fn_result)
@@ -775,7 +358,7 @@ class RewardService:
             ),
         )
 
-    def _finish(self, job: _Job, result: ScoreResult) -> None:
+    def _finish(self, job: Job, result: ScoreResult) -> None:
         result = checked(result, self.failure_score, self.max_components)
         if self._pool is not None or self._lanes:
             result.latency_s = time.monotonic() - job.t_submit
@@ -815,13 +398,13 @@ class RewardService:
     def _score_batch_inline(self, samples: Sequence[Any]) -> list[ScoreResult]:
         if self._closed:  # synchronous: nothing stays in flight, so no max_pending slots
             raise ServiceClosed("the reward service is closed")
-        jobs: list[_Job] = []
+        jobs: list[Job] = []
         for s in samples:
             parts = (1 if self.mix is not None else 0) + len(self._scorers)
             try:
                 completion = self.decode(s)
                 fields = self.fields_of(s)
-                job = _Job(
+                job = Job(
                     next(self._ids),
                     str(fields.get("prompt", "")),
                     completion,
@@ -832,7 +415,7 @@ class RewardService:
                     parts,
                 )
             except Exception as e:
-                job = _Job(next(self._ids), "", "", {}, s, Future(), time.monotonic(), 1)
+                job = Job(next(self._ids), "", "", {}, s, Future(), time.monotonic(), 1)
                 self._finish(
                     job, ScoreResult.failure(f"cannot decode the sample: {e}", self.failure_score)
                 )
@@ -844,7 +427,7 @@ class RewardService:
             for j in live:
                 self._fn_done(j, self._inline(j.prompt, j.completion, j.fields))
         for name, scorer, weight in self._scorers:
-            _inline_lane(name, scorer, weight, live, self._model_done)
+            run_inline(name, scorer, weight, live, self._model_done)
         self._drop_polled(samples)
         return [j.future.result() for j in jobs]
 
@@ -885,7 +468,7 @@ class RewardService:
         if self._closed:
             return
         self._closed = True
-        left: list[_Job] = []
+        left: list[Job] = []
         if self._pool is not None:
             left = self._pool.close()
         for lane in self._lanes.values():
@@ -915,22 +498,6 @@ def _scorer_triple(item: Any, i: int) -> tuple[str, Any, float]:
     if not hasattr(scorer, "score_batch"):
         raise TypeError(f"model scorer {name!r} has no score_batch(prompts, completions, samples)")
     return str(name), scorer, float(weight)
-
-
-def _inline_lane(
-    name: str, scorer: Any, weight: float, jobs: list[_Job], on_done: Callable[..., None]
-) -> None:
-    if not jobs:
-        return
-    lane = _ModelLane.__new__(_ModelLane)
-    lane.name, lane.scorer, lane.weight, lane.on_done, lane.batches = (
-        name,
-        scorer,
-        weight,
-        on_done,
-        0,
-    )
-    lane.run(jobs)
 
 
 def service_enabled(reward_cfg: Any) -> bool:

@@ -120,7 +120,7 @@ def true_score(prompt: str, completion: str) -> float:
 
 def true_score_reward(prompt: str, completion: str, sample: dict) -> dict[str, float]:
     """Reward-function form of the true score (``reward.fn`` / ``monitor.gold_fn`` spec
-    ``relayrl.rlhf.city_lang:true_score_reward``); components ``grammatical`` and
+    ``relayrl.data.city_lang:true_score_reward``); components ``grammatical`` and
     ``finished`` are 0/1 so their batch means are fractions."""
     v = judge(prompt, completion)
     return {"score": v.score, "grammatical": float(v.grammatical), "finished": float(v.finished)}

@@ -13,8 +13,8 @@ __all__ = ["add_subcommands", "cmd_demo_rlhf", "cmd_dpo", "cmd_rm"]
 def cmd_rm(args: argparse.Namespace) -> int:
     """Train a reward model; print held-out pairwise accuracy and where it was saved."""
     from relayrl.config import load_config
+    from relayrl.controller.rm_training import RMConfig, train_reward_model
     from relayrl.model import check_model_dir
-    from relayrl.rlhf.reward_model import RMConfig, train_reward_model
 
     cfg = load_config(RMConfig, args.config, args.overrides)
     check_model_dir(cfg.model_path)
@@ -53,7 +53,7 @@ def cmd_dpo(args: argparse.Namespace) -> int:
 
 def cmd_demo_rlhf(run_dir: str | Path, overrides: list[str]) -> int:
     """``relayrl demo rlhf [key=value ...]``: the reward-hacking lab under ``run_dir``."""
-    from relayrl.rlhf.lab import main_lab
+    from relayrl.labs.lab import main_lab
 
     main_lab(run_dir, overrides)
     return 0
@@ -62,7 +62,9 @@ def cmd_demo_rlhf(run_dir: str | Path, overrides: list[str]) -> int:
 def add_subcommands(sub: Any) -> None:
     """Register ``rm`` and ``dpo`` on the main parser's subparsers."""
     r = sub.add_parser("rm", help="train a reward model on preference pairs (Bradley-Terry)")
-    r.add_argument("config", help="YAML reward-model config (relayrl.rlhf.RMConfig)")
+    r.add_argument(
+        "config", help="YAML reward-model config (relayrl.controller.rm_training.RMConfig)"
+    )
     r.add_argument("overrides", nargs="*", help="key=value overrides, e.g. lr=5e-4")
     r.set_defaults(fn=cmd_rm)
 

@@ -1,7 +1,7 @@
 """The reward-hacking lab (``relayrl demo rlhf``): InstructGPT's recipe against a known truth.
 
 Steps, each a real relayrl component on a tiny word-level model of the city language
-(:mod:`relayrl.rlhf.city_lang`):
+(:mod:`relayrl.data.city_lang`):
 
 1. build a tiny Llama with a word-level tokenizer; SFT it on grammatical sentences;
 2. sample two completions per prompt from the SFT policy and label each pair with
@@ -36,48 +36,36 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import shutil
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from relayrl.config import RunConfig, SFTConfig, load_config
+from relayrl.controller.rm_training import RMConfig, train_reward_model
+from relayrl.data import city_lang as cl
 from relayrl.data import write_jsonl
-from relayrl.model import forward_logprobs, load_causal_lm, load_tokenizer, pack_batch
-from relayrl.rlhf import city_lang as cl
-from relayrl.rlhf.monitors import distinct_n, distinct_responses
-from relayrl.rlhf.preferences import PreferencePair, write_preferences
-from relayrl.rlhf.report import clean_zero
-from relayrl.rlhf.reward_model import RMConfig, train_reward_model
-from relayrl.rlhf.rm_scorer import RewardModelScorer
-from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
+from relayrl.data.preferences import write_preferences
+from relayrl.labs.measures import (
+    evaluate_policy,
+    lab_prompts,
+    label_pairs,
+    probe_blind_spot,
+    rm_agreement,
+    sample_completions,
+)
+from relayrl.labs.report import clean_zero
+from relayrl.labs.word_model import build_word_model
+from relayrl.model import load_causal_lm, load_tokenizer
+from relayrl.reward.rm_scorer import RewardModelScorer
 from relayrl.telemetry import read_metrics
 
-__all__ = [
-    "GOLD_FN",
-    "LabConfig",
-    "build_word_model",
-    "build_word_tokenizer",
-    "evaluate_policy",
-    "hacking_verdict",
-    "lab_prompts",
-    "label_pairs",
-    "main_lab",
-    "probe_blind_spot",
-    "rm_agreement",
-    "run_lab",
-    "sample_completions",
-]
+__all__ = ["GOLD_FN", "LabConfig", "hacking_verdict", "main_lab", "run_lab"]
 
-GOLD_FN = "relayrl.rlhf.city_lang:true_score_reward"
-SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+GOLD_FN = "relayrl.data.city_lang:true_score_reward"
 
 
 class LabConfig(BaseModel):
@@ -129,259 +117,6 @@ class LabConfig(BaseModel):
     eval_samples: int = 256
     plots: bool = True
     progress: bool = True
-
-
-# ----------------------------------------------------------------------------------- model
-
-
-def build_word_tokenizer(words: Sequence[str]) -> PreTrainedTokenizerFast:
-    """One token per whitespace-separated word, plus pad/bos/eos/unk; ``tok(text)`` starts
-    with BOS; decoding joins words with single spaces, so decode(encode(s)) == s for text of
-    the language."""
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + list(dict.fromkeys(words)))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    bos = vocab["<bos>"]
-    # Like Llama's tokenizers: encoding with special tokens starts with BOS (an attention sink
-    # that lets a small model count words instead of averaging them).
-    tok.post_processor = processors.TemplateProcessing(
-        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", bos)]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        bos_token="<bos>",
-        eos_token="<eos>",
-        unk_token="<unk>",
-    )
-
-
-def build_word_model(
-    out_dir: str | Path,
-    hidden_size: int = 64,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
-    seed: int = 0,
-) -> Path:
-    """A randomly initialised tiny Llama over the city-language vocabulary, saved in HF
-    format (``AutoModelForCausalLM`` / ``AutoTokenizer`` load it)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_word_tokenizer(cl.vocabulary())
-    torch.manual_seed(seed)
-    mcfg = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        intermediate_size=4 * hidden_size,
-        max_position_embeddings=32,
-        tie_word_embeddings=False,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    model = LlamaForCausalLM(mcfg)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
-# ------------------------------------------------------------------------------- sampling
-
-
-def sample_completions(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    prompts: Sequence[str],
-    max_tokens: int,
-    seed: int,
-    temperature: float = 1.0,
-) -> tuple[list[str], list[list[int]], list[list[int]], list[list[float]]]:
-    """One sampled completion per prompt with the rollout engine (seeded per request).
-
-    Returns texts, prompt ids, response ids (EOS included when emitted) and behaviour logprobs.
-    """
-    engine = RolloutEngine(
-        model,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        max_slots=max(1, min(256, len(prompts))),
-    )
-    reqs = [
-        GenerationRequest(
-            list(tokenizer(p).input_ids),
-            SamplingParams(
-                temperature=temperature,
-                max_tokens=max_tokens,
-                stop_token_ids=[tokenizer.eos_token_id],
-                seed=(seed * 1_000_003 + i) & 0x7FFFFFFF,
-            ),
-        )
-        for i, p in enumerate(prompts)
-    ]
-    samples = engine.generate(reqs)
-    texts = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
-    return (
-        texts,
-        [s.prompt_ids for s in samples],
-        [s.response_ids for s in samples],
-        [s.behaviour_logprobs for s in samples],
-    )
-
-
-def lab_prompts(n: int, seed: int) -> list[str]:
-    """``n`` prompts ``"<city> is"``, cities cycled in a seeded order (balanced)."""
-    rng = random.Random(seed)
-    out: list[str] = []
-    while len(out) < n:
-        cities = list(cl.CITIES)
-        rng.shuffle(cities)
-        out.extend(cl.CityLanguage.prompt(c) for c in cities)
-    return out[:n]
-
-
-def label_pairs(
-    prompts: Sequence[str],
-    first: Sequence[str],
-    second: Sequence[str],
-    seed: int,
-    temperature: float = 1.0,
-) -> tuple[list[PreferencePair], int]:
-    """Bradley-Terry labels on the true score: the first completion is chosen with
-    probability sigmoid((s_1 - s_2) / T) (1/2 on ties). Pairs of identical completions are
-    dropped (counted): they carry no preference. Extra fields keep the true scores."""
-    rng = random.Random(seed)
-    pairs: list[PreferencePair] = []
-    dropped = 0
-    for prompt, a, b in zip(prompts, first, second, strict=True):
-        if a.strip() == b.strip() or not a.strip() or not b.strip():
-            dropped += 1
-            continue
-        sa, sb = cl.true_score(prompt, a), cl.true_score(prompt, b)
-        if rng.random() < cl.bt_label_probability(sa, sb, temperature):
-            chosen, rejected, sc, sr = a, b, sa, sb
-        else:
-            chosen, rejected, sc, sr = b, a, sb, sa
-        pairs.append(
-            PreferencePair(prompt, chosen, rejected, {"true_chosen": sc, "true_rejected": sr})
-        )
-    return pairs, dropped
-
-
-# -------------------------------------------------------------------------- RM analysis
-
-
-def rm_agreement(
-    scorer: RewardModelScorer, pairs: Sequence[PreferencePair], temperature: float = 1.0
-) -> dict[str, float]:
-    """On held-out pairs: agreement with the noisy labels vs the noise ceiling
-    E[max(p, 1 - p)], and accuracy against the truth on pairs with different true scores."""
-    prompts = [p.prompt for p in pairs]
-    rc = scorer.raw_scores(prompts, [p.chosen for p in pairs])
-    rr = scorer.raw_scores(prompts, [p.rejected for p in pairs])
-    agree = ((rc > rr).float() + 0.5 * (rc == rr).float()).tolist()
-    sc = [float(p.extra["true_chosen"]) for p in pairs]
-    sr = [float(p.extra["true_rejected"]) for p in pairs]
-    differ = [i for i in range(len(pairs)) if sc[i] != sr[i]]
-    truth_correct = [1.0 if (rc[i] > rr[i]) == (sc[i] > sr[i]) else 0.0 for i in differ]
-    return {
-        "label_agreement": sum(agree) / len(agree),
-        "noise_ceiling": cl.noise_ceiling(list(zip(sc, sr, strict=True)), temperature),
-        "truth_accuracy": sum(truth_correct) / max(len(truth_correct), 1),
-        "truth_pairs": float(len(differ)),
-        "pairs": float(len(pairs)),
-    }
-
-
-def probe_blind_spot(scorer: RewardModelScorer, n: int, seed: int) -> dict[str, Any]:
-    """Shuffle the words of grammatical sentences (true score -> -3) and compare RM scores.
-
-    Reports the mean normalised RM score of originals and shuffles, the fraction of sentences
-    whose shuffle scores at least as high as the original (a faithful RM gives ~0), and the
-    fraction of shuffles that beat the average grammatical sentence of the language.
-    """
-    lang = cl.CityLanguage(seed=seed + 17, length_weights=(0.0, 0.5, 0.5))
-    rng = random.Random(seed + 23)
-    originals = lang.sample_many(n)
-    prompts = [p for p, _ in originals]
-    orig = [c for _, c in originals]
-    shuffled = [cl.shuffle_words(c, rng) for c in orig]
-    r_orig = torch.tensor(scorer.score_batch(prompts, orig))
-    r_shuf = torch.tensor(scorer.score_batch(prompts, shuffled))
-    true_orig = torch.tensor([cl.true_score(p, c) for p, c in originals])
-    true_shuf = torch.tensor([cl.true_score(p, c) for p, c in zip(prompts, shuffled, strict=True)])
-    examples = [
-        {
-            "prompt": prompts[i],
-            "original": orig[i],
-            "shuffled": shuffled[i],
-            "rm_original": round(float(r_orig[i]), 3),
-            "rm_shuffled": round(float(r_shuf[i]), 3),
-        }
-        for i in range(min(5, n))
-    ]
-    return {
-        "n": n,
-        "rm_original_mean": float(r_orig.mean()),
-        "rm_shuffled_mean": float(r_shuf.mean()),
-        "true_original_mean": float(true_orig.mean()),
-        "true_shuffled_mean": float(true_shuf.mean()),
-        "shuffled_ge_original": float((r_shuf >= r_orig).float().mean()),
-        "shuffled_above_mean_grammatical": float((r_shuf > r_orig.mean()).float().mean()),
-        "rm_corr_original_shuffled": float(torch.corrcoef(torch.stack([r_orig, r_shuf]))[0, 1]),
-        "examples": examples,
-    }
-
-
-# ---------------------------------------------------------------------- policy evaluation
-
-
-@torch.no_grad()
-def evaluate_policy(
-    policy_path: str | Path,
-    reference: torch.nn.Module,
-    scorer: RewardModelScorer,
-    prompts: Sequence[str],
-    max_tokens: int,
-    seed: int,
-) -> dict[str, Any]:
-    """Fresh samples from a policy (temperature 1): mean proxy (normalised RM) score, true
-    score, grammatical and finished fractions, KL(pi || pi_ref) per sequence (k1, summed over
-    tokens), distinct responses and distinct-1/2, and a few example completions."""
-    tokenizer = load_tokenizer(policy_path)
-    model = load_causal_lm(policy_path).eval()
-    texts, p_ids, r_ids, logps = sample_completions(model, tokenizer, prompts, max_tokens, seed)
-    proxy = scorer.score_batch(list(prompts), texts)
-    verdicts = [cl.judge(p, t) for p, t in zip(prompts, texts, strict=True)]
-    batch = pack_batch(p_ids, r_ids, tokenizer.pad_token_id)
-    ref_lp, _ = forward_logprobs(reference.eval(), batch)
-    behav = torch.zeros_like(ref_lp)
-    for i, lp in enumerate(logps):
-        behav[i, : len(lp)] = torch.as_tensor(lp)
-    kl = ((behav - ref_lp) * batch.response_mask).sum(-1)
-    counts: dict[str, int] = {}
-    for t in texts:
-        counts[t] = counts.get(t, 0) + 1
-    top = sorted(counts.items(), key=lambda kv: -kv[1])[:5]
-    n = len(texts)
-    return {
-        "proxy": sum(proxy) / n,
-        "true": sum(v.score for v in verdicts) / n,
-        "grammatical": sum(v.grammatical for v in verdicts) / n,
-        "finished": sum(v.finished for v in verdicts) / n,
-        "kl": float(kl.mean()),
-        "distinct_responses": distinct_responses(texts),
-        "distinct_1": distinct_n(texts, 1),
-        "distinct_2": distinct_n(texts, 2),
-        "length": float(batch.response_mask.sum(-1).mean()),
-        "n": n,
-        "top_completions": [{"completion": t, "count": c} for t, c in top],
-    }
 
 
 # ---------------------------------------------------------------------------- pipeline
@@ -484,10 +219,10 @@ def run_lab(cfg: LabConfig, log: Any = print) -> dict[str, Any]:
     """Run the whole lab under ``cfg.run_dir``; return (and write) ``results.json``."""
     from relayrl.cluster.local import build_local_roles
     from relayrl.controller.checkpoint import latest_checkpoint
+    from relayrl.controller.dpo import train_dpo
     from relayrl.controller.sft import run_sft
     from relayrl.controller.trainer import train
-    from relayrl.rlhf.dpo import train_dpo
-    from relayrl.rlhf.report import write_report
+    from relayrl.labs.report import write_report
 
     torch.set_num_threads(cfg.threads)
     t_start = time.perf_counter()

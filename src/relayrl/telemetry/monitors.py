@@ -16,15 +16,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from relayrl.reward import get_reward_fn, score
-
 __all__ = [
+    "GoldScore",
     "RunMonitor",
     "distinct_n",
     "distinct_responses",
@@ -32,6 +31,9 @@ __all__ = [
     "pearson",
     "sequence_kl",
 ]
+
+GoldScore = Callable[[str, str, dict], dict[str, float]]
+"""``(prompt, completion, sample) -> {"score": ..., other components}``."""
 
 
 def distinct_n(texts: Sequence[str], n: int) -> float:
@@ -84,19 +86,15 @@ class RunMonitor:
 
     Args:
         tokenizer: decodes the completions.
-        gold_fn: a gold scorer (reward function ``fn(prompt, completion, sample)``), or None.
+        gold_score: the gold scorer ``fn(prompt, completion, sample) -> dict[str, float]``
+            with a ``"score"`` key (``monitor.gold_fn`` through ``relayrl.reward.score``; the
+            controller builds it, so this layer imports no reward code), or None.
     """
 
-    def __init__(self, tokenizer: Any, gold_fn: Any = None):
+    def __init__(self, tokenizer: Any, gold_score: GoldScore | None = None):
         self.tokenizer = tokenizer
-        self.gold_fn = gold_fn
+        self.gold_score = gold_score
         self._baseline: tuple[float, float, float, float] | None = None
-
-    @classmethod
-    def from_config(cls, cfg: Any, tokenizer: Any) -> RunMonitor:
-        """From a ``RunConfig``: ``monitor.gold_fn`` (a reward-function spec) or none."""
-        spec = getattr(getattr(cfg, "monitor", None), "gold_fn", None)
-        return cls(tokenizer, get_reward_fn(spec) if spec else None)
 
     def texts(self, exp: Any) -> tuple[list[str], list[str], list[dict]]:
         fields = [dict(s.metadata) for s in exp.samples]
@@ -122,7 +120,7 @@ class RunMonitor:
             out["monitor/kl_seq"] = float(
                 sequence_kl(logp, exp["ref_logprobs"], exp.response_mask).mean()
             )
-        if self.gold_fn is not None and "scores" in exp:
+        if self.gold_score is not None and "scores" in exp:
             out.update(self._proxy_vs_gold(exp["scores"].tolist(), prompts, completions, fields))
         return out
 
@@ -130,7 +128,7 @@ class RunMonitor:
         self, proxy: list[float], prompts: list[str], completions: list[str], fields: list[dict]
     ) -> dict[str, float]:
         triples = zip(prompts, completions, fields, strict=True)
-        comps = [score(self.gold_fn, p, c, f) for p, c, f in triples]
+        comps = [self.gold_score(p, c, f) for p, c, f in triples]
         gold = [c["score"] for c in comps]
         out: dict[str, float] = {}
         for key in comps[0]:

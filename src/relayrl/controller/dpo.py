@@ -23,15 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from relayrl.algos.preference_loss import dpo_loss
 from relayrl.config import RunConfig, dump_config
 from relayrl.controller.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
     save_checkpoint,
 )
+from relayrl.data.preferences import PreferencePair, load_preferences, split_pairs
 from relayrl.model import (
     forward_logprobs,
     load_causal_lm,
@@ -39,7 +40,6 @@ from relayrl.model import (
     pack_batch,
     set_threads,
 )
-from relayrl.rlhf.preferences import PreferencePair, load_preferences, split_pairs
 from relayrl.telemetry import MetricsLogger, StepProgress, print_summary
 from relayrl.workers.optim import make_optimizer
 
@@ -47,32 +47,6 @@ __all__ = ["DPO_EVAL_FRACTION", "dpo_loss", "evaluate_dpo", "sequence_logprobs",
 
 DPO_EVAL_FRACTION = 0.1
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
-
-
-def dpo_loss(
-    policy_chosen: Tensor,
-    policy_rejected: Tensor,
-    ref_chosen: Tensor,
-    ref_rejected: Tensor,
-    beta: float,
-) -> tuple[Tensor, dict[str, float]]:
-    """L = -mean log sigmoid(beta [(pi_w - ref_w) - (pi_l - ref_l)]) on sequence logprobs.
-
-    Stats: ``accuracy`` (h > 0, ties 1/2), ``chosen_reward`` / ``rejected_reward`` (mean
-    implicit rewards beta (log pi - log pi_ref)), ``margin`` (their mean difference).
-    """
-    chosen_reward = beta * (policy_chosen - ref_chosen)
-    rejected_reward = beta * (policy_rejected - ref_rejected)
-    h = chosen_reward - rejected_reward
-    loss = F.softplus(-h).mean()
-    with torch.no_grad():
-        acc = ((h > 0).float() + 0.5 * (h == 0).float()).mean()
-    return loss, {
-        "accuracy": float(acc),
-        "chosen_reward": float(chosen_reward.detach().mean()),
-        "rejected_reward": float(rejected_reward.detach().mean()),
-        "margin": float(h.detach().mean()),
-    }
 
 
 def _token_pairs(

@@ -25,8 +25,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from relayrl.model.reward_model import RM_STATS_FILE, load_reward_model, score_texts
 from relayrl.reward import get_reward_fn, score
-from relayrl.rlhf.reward_model import RM_STATS_FILE, load_reward_model, score_texts
 
 __all__ = [
     "NO_RULE",
