@@ -118,6 +118,7 @@ class AgentRollout:
         self._done: queue.Queue[Sample] = queue.Queue()
         self._unfinished = 0
         self._error: BaseException | None = None
+        self._closed = False
         self._lock = threading.Lock()
         self.version = int(getattr(self.engine, "version", 0))
         self._loop = asyncio.new_event_loop()
@@ -196,10 +197,16 @@ class AgentRollout:
         return {f"env/agent_{k}": v for k, v in delta.items()}
 
     def close(self) -> None:
+        """Stop the endpoint, the owner thread, the rollout loop and the engine (once)."""
+        if self._closed:
+            return
+        self._closed = True
         self.server.stop()
         self.owner.close()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join(timeout=10)
+        if not self._loop_thread.is_alive():
+            self._loop.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         close = getattr(self.engine, "close", None)
         if close is not None:
