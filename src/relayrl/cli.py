@@ -1,4 +1,5 @@
-"""Command line: ``relayrl demo | train | sft | eval | report | filter`` (and the planner's).
+"""Command line: ``relayrl demo | train | sft | eval | report | filter | serve`` (and the
+planner's).
 
 Bad input (an unknown config key, a wrong type, a missing path, a malformed data line) is a
 one-line error on stderr and exit code 2; ``--debug`` shows the traceback instead.
@@ -190,6 +191,61 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- relayrl serve (issue 20, i20b) -------------------------------------------------------
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve MODEL_DIR on the OpenAI-compatible endpoint until Ctrl-C / SIGTERM (or
+    ``--seconds``); calls are not recorded (no sessions are opened)."""
+    from relayrl.env.openai_server import OpenAIServer
+    from relayrl.model import check_model_dir, load_causal_lm, load_tokenizer, set_threads
+    from relayrl.rollout import RolloutEngine
+
+    check_model_dir(args.model_dir)
+    if args.threads:
+        set_threads(args.threads)
+    tok = load_tokenizer(args.model_dir)
+    if args.chat_template:
+        tok.chat_template = Path(args.chat_template).read_text()
+    engine = RolloutEngine(
+        load_causal_lm(args.model_dir),
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        max_slots=args.max_slots,
+        seed=args.seed,
+    )
+    name = args.model_name or Path(args.model_dir).name
+    server = OpenAIServer(engine, tok, name, args.host, args.port, api_key=args.api_key)
+    url = server.start()
+    print(f"serving {args.model_dir} as {name!r} at {url}", flush=True)
+    try:
+        deadline = time.monotonic() + args.seconds if args.seconds else None
+        while deadline is None or time.monotonic() < deadline:
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    print("relayrl serve: stopped", flush=True)
+    return 0
+
+
+def _add_serve(sub: Any) -> None:
+    v = sub.add_parser("serve", help="serve a model on an OpenAI-compatible HTTP endpoint")
+    v.add_argument("model_dir", help="a Hugging Face model directory (with its tokenizer)")
+    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--port", type=int, default=8000, help="0: an ephemeral port")
+    v.add_argument("--model-name", help="the name /v1/models lists (default: the directory's)")
+    v.add_argument("--api-key", help="refuse requests whose bearer token is not this key")
+    v.add_argument("--chat-template", help="a Jinja chat template file to use instead")
+    v.add_argument("--max-slots", type=int, default=16, help="sequences decoded at once")
+    v.add_argument("--seed", type=int, default=0, help="seeds requests that give no seed")
+    v.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    v.add_argument("--seconds", type=float, default=0, help="stop after this long (0: never)")
+    v.set_defaults(fn=cmd_serve)
+
+
+# ---- end of relayrl serve ----------------------------------------------------------------
+
+
 def _pct(x: Any) -> str:
     return "n/a" if x is None else f"{100 * float(x):.1f}%"
 
@@ -279,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.set_defaults(fn=cmd_demo)
 
+    _add_serve(sub)  # relayrl serve (i20b)
     from relayrl.plan.cli import add_subcommands as add_plan_subcommands
 
     add_plan_subcommands(sub)

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from relayrl.config_agent import AgentConfig  # env.agent (i20b)
 from relayrl.config_base import KeyProblem, _Strict
 
 
@@ -47,10 +48,15 @@ class EnvConfig(_Strict):
     """Per-turn rewards (``StepResult.reward`` of turns that did not end the episode) enter
     the score as coef x their sum."""
 
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    """An agent written against the ``openai`` client instead of an environment (i20b)."""
+
     @model_validator(mode="after")
     def _cross_checks(self) -> EnvConfig:
         if self.factory is not None and not self.factory.strip():
             raise KeyProblem("factory", self.factory, "is empty: a builtin name or 'module:fn'")
+        if self.factory is not None and self.agent.enabled:  # i20b
+            raise KeyProblem("agent.function", self.agent.function, "and env.factory: set one")
         return self
 
     @property

@@ -85,6 +85,10 @@ def check_run(cfg: RunConfig, training: bool = True) -> None:
     models = _run_models(cfg, training)
     for _, path in models:
         check_model_dir(path)
+    if cfg.env.agent.enabled:  # the agent's module imports, before the run dir is touched (i20b)
+        from relayrl.env.agent_rollout import load_agent
+
+        load_agent(cfg.env.agent.function or "")
     if cfg.reward.model_path is not None:
         check_tokenizer_files(cfg.reward.model_path)  # the reward model has its own tokenizer
     tokenizer = load_tokenizer(cfg.model.path)  # files, size, fits model.path's embedding

@@ -78,8 +78,8 @@ def env_metrics(roles: Roles) -> dict[str, float]:
     """The episode runner's ``env/*`` counters since the last call (none single-turn). The
     sync schedule counts its own step's episodes; the async ones count every episode that
     finished since the previous step (an ``train.eval_every`` evaluation's too)."""
-    runner = roles.rollout
-    return runner.env_metrics() if isinstance(runner, EpisodeRunner) else {}
+    metrics = getattr(roles.rollout, "env_metrics", None)  # EpisodeRunner, AgentRollout (i20b)
+    return metrics() if callable(metrics) else {}
 
 
 class SyncSchedule:
@@ -270,6 +270,10 @@ def make_schedule(
 ) -> SyncSchedule | AsyncSchedule:
     """The run's schedule; with ``env.factory`` the roles are given environments first."""
     attach_environments(roles, cfg)
+    if cfg.env.agent.enabled:  # an agent written against the openai client (i20b)
+        from relayrl.env.agent_rollout import attach_agent  # fastapi, uvicorn: only then
+
+        attach_agent(roles, cfg)
     if cfg.schedule == "sync":
         return SyncSchedule(roles, cfg, source, stop_ids, timeline)
     return AsyncSchedule(roles, cfg, source, stop_ids, timeline)

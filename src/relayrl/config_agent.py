@@ -1,0 +1,36 @@
+"""The ``env.agent`` section: train an agent written against the ``openai`` client.
+
+A leaf like ``relayrl.config_env`` (imports nothing from relayrl but the strict base). With
+``env.agent.function`` set, each rollout runs the user's agent against relayrl's
+OpenAI-compatible endpoint (``relayrl.env.agent_rollout``) instead of one engine request.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from relayrl.config_base import KeyProblem, _Strict
+
+
+class AgentConfig(_Strict):
+    """Which agent function, its time limit and how many run at once."""
+
+    function: str | None = None
+    """``"package.module:function"``: ``agent(base_url, api_key, row) -> float`` (sync or
+    async) runs one rollout with the ``openai`` client and returns its reward. null: no agent."""
+    timeout_s: float = Field(120.0, gt=0)
+    """Wall-clock seconds one rollout may take; past it the rollout is a recorded failure
+    (reward 0, nothing of it trained) and its session is closed."""
+    concurrency: int = Field(16, ge=1)
+    """Rollouts (agent calls) running at once."""
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> AgentConfig:
+        f = self.function
+        if f is not None and (":" not in f or not all(p.strip() for p in f.split(":", 1))):
+            raise KeyProblem("function", f, "is not 'package.module:function'")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.function is not None

@@ -1,0 +1,555 @@
+"""An OpenAI-compatible HTTP endpoint over a relayrl engine, recording token-exact sessions.
+
+A real server (FastAPI app run by uvicorn in a background thread, bound to 127.0.0.1 on an
+ephemeral port unless told otherwise) so that an agent written against the official
+``openai`` client can run unchanged, for training (its calls are recorded per session and
+become training samples: :mod:`relayrl.env.sessions`) or for evaluation (``relayrl serve``).
+
+Routes (each also under ``/s/<session>/v1/...``):
+
+- ``POST /v1/chat/completions``: messages -> the tokenizer's chat template (or the plain
+  format; :mod:`relayrl.env.agent_chat`) -> prompt ids; ``tools`` reach the template; the
+  reply's ``<tool_call>`` blocks become ``tool_calls``. Sampling: ``temperature`` (default
+  1), ``top_p``, ``max_tokens`` / ``max_completion_tokens``, ``stop`` (strings), ``seed``,
+  ``n`` = 1 only, ``logprobs`` (the sampled token's behaviour logprob; ``top_logprobs`` lists
+  stay empty: the engine keeps no alternatives). ``stream`` is refused.
+- ``POST /v1/completions``: ``prompt`` as text or as token ids (``list[int]``), same sampling;
+  ``logprobs`` (any int) gives ``tokens`` / ``token_logprobs`` / ``text_offset``.
+- vLLM's extra sampling fields ``stop_token_ids`` and ``ignore_eos`` are honoured by both
+  (the ``openai`` client sends them with ``extra_body``).
+- ``GET /v1/models``: the one served model.
+
+Every choice also carries relayrl's fields ``token_ids`` (the completion's ids), ``versions``
+(the policy version the engine stamped on each token) and the response ``prompt_token_ids``;
+the ``openai`` client keeps them in ``model_extra``.
+
+Sessions. The session key comes from the path (``base_url=http://127.0.0.1:PORT/s/<key>/v1``),
+else the ``X-Session-Id`` header, else the API key (``Authorization: Bearer <key>``) when it
+names an open session. A key in the path or header that names no open session is a 404
+(``session_not_found``); with ``api_key`` set, any other bearer is a 401. Calls without a
+session are served and not recorded. A session's ``sampling`` settings are enforced over
+the request's (training: the rollout config's temperature / top_p / top_k, so the trainer
+recomputes logprobs under the distribution that was sampled; ``max_tokens`` is a cap; each
+call's seed derives from the session seed).
+
+Errors are OpenAI-style JSON ``{"error": {"message", "type", "param", "code"}}``: 400 for
+a malformed body or bad parameters, ``context_length_exceeded`` when the prompt leaves no room
+to generate, 401 / 404 as above, 503 when the engine is gone.
+
+Engine access: through one :class:`~relayrl.env.agent_engine.EngineOwner` thread (the engine is
+single-threaded); handlers only queue requests on it and await their futures, so versions and
+logprobs are the engine's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import Request
+
+from relayrl.env.agent_chat import BadMessages, ChatRendering, normalise_messages
+from relayrl.env.agent_engine import EngineClosed, EngineOwner
+from relayrl.env.sessions import CallRecord, Session, SessionStore
+from relayrl.rollout.types import GenerationRequest, Sample, SamplingParams
+
+DEFAULT_MAX_TOKENS = 256
+"""Completion tokens when the request gives no ``max_tokens`` (then capped by the context)."""
+
+
+class APIError(Exception):
+    """An error answered as OpenAI-style JSON with an HTTP status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param, self.kind = (
+            status,
+            message,
+            code,
+            param,
+            kind,
+        )
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise APIError(400, f"{name} must be a number, got {value!r}", "invalid_type", name)
+    if not lo <= value <= hi:
+        raise APIError(400, f"{name} must be in [{lo}, {hi}], got {value}", "invalid_value", name)
+    return float(value)
+
+
+def _int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise APIError(400, f"{name} must be an integer, got {value!r}", "invalid_type", name)
+    return value
+
+
+class OpenAIServer:
+    """The endpoint (see module): ``start()`` -> base URL, ``open_session()``, ``stop()``.
+
+    Args:
+        engine: an :class:`EngineOwner`, or an engine to wrap in one (owned: closed on stop).
+        tokenizer: the model's tokenizer (chat template, decoding).
+        model_name: the name ``/v1/models`` lists (requests may name any model).
+        host, port: where to listen (port 0: an ephemeral port, read back after start).
+        api_key: when set, a bearer that is neither this key nor an open session is refused.
+        default_max_tokens: completion budget of a request that names none.
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        tokenizer: Any,
+        model_name: str = "relayrl",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    ) -> None:
+        self._own_owner = not isinstance(engine, EngineOwner)
+        self.owner = EngineOwner(engine) if self._own_owner else engine
+        self.tokenizer = tokenizer
+        self.rendering = ChatRendering(tokenizer)
+        self.model_name = model_name
+        self.host, self.port = host, port
+        self.api_key = api_key
+        self.default_max_tokens = default_max_tokens
+        self.sessions = SessionStore()
+        self.app = self._build_app()
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def url(self) -> str:
+        """``http://host:port`` (after ``start``)."""
+        return f"http://{self.host}:{self.port}"
+
+    def base_url(self, session: str | Session | None = None) -> str:
+        """The ``base_url`` for an ``openai`` client: ``.../v1`` or ``.../s/<key>/v1``."""
+        if session is None:
+            return f"{self.url}/v1"
+        key = session.key if isinstance(session, Session) else session
+        return f"{self.url}/s/{key}/v1"
+
+    def open_session(self, key: str | None = None, **kwargs: Any) -> Session:
+        """A new recorded session (``sampling=``, ``metadata=``: see :class:`SessionStore`)."""
+        return self.sessions.open(key, **kwargs)
+
+    def close_session(self, key: str) -> Session | None:
+        return self.sessions.close(key)
+
+    def start(self, timeout: float = 30.0) -> str:
+        """Serve in a background thread; returns the base URL once it accepts connections."""
+        import uvicorn
+
+        if self._thread is not None:
+            raise RuntimeError("the server is already started")
+        config = uvicorn.Config(
+            self.app,
+            host=self.host,
+            port=self.port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._serve, name="openai-server", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the OpenAI endpoint did not start on {self.host}:{self.port}")
+            time.sleep(0.01)
+        self.port = int(self._server.servers[0].sockets[0].getsockname()[1])
+        return self.base_url()
+
+    def _serve(self) -> None:
+        try:
+            self._server.run()
+        except SystemExit:  # uvicorn exits on a bind error; start() reports it
+            pass
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving (in-flight requests get up to ``timeout`` s), then an owned owner."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._thread = self._server = None
+        if self._own_owner:
+            self.owner.close()
+
+    def __enter__(self) -> OpenAIServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ the app
+    def _build_app(self) -> Any:
+        from fastapi import FastAPI
+        from fastapi.responses import JSONResponse
+        from starlette.exceptions import HTTPException
+
+        app = FastAPI(title="relayrl OpenAI-compatible endpoint", docs_url=None, redoc_url=None)
+
+        @app.exception_handler(APIError)
+        async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+            return JSONResponse(exc.body(), status_code=exc.status)
+
+        @app.exception_handler(HTTPException)
+        async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+            err = APIError(
+                exc.status_code, str(exc.detail), "not_found" if exc.status_code == 404 else None
+            )
+            return JSONResponse(err.body(), status_code=exc.status_code)
+
+        for prefix in ("/v1", "/s/{session_key}/v1"):
+            app.add_api_route(prefix + "/models", self._models, methods=["GET"])
+            app.add_api_route(prefix + "/chat/completions", self._chat, methods=["POST"])
+            app.add_api_route(prefix + "/completions", self._completions, methods=["POST"])
+        return app
+
+    async def _models(self, request: Request, session_key: str | None = None) -> dict[str, Any]:
+        self._session(request, session_key)
+        return {
+            "object": "list",
+            "data": [
+                {"id": self.model_name, "object": "model", "created": 0, "owned_by": "relayrl"}
+            ],
+        }
+
+    def _session(self, request: Request, path_key: str | None) -> Session | None:
+        """The request's session (see module), or None for an unrecorded call."""
+        key = path_key or request.headers.get("x-session-id")
+        if key:
+            session = self.sessions.get(key)
+            if session is None:
+                raise APIError(
+                    404, f"session {key!r} is not open on this server", "session_not_found"
+                )
+            return session
+        auth = request.headers.get("authorization", "")
+        bearer = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        session = self.sessions.get(bearer) if bearer else None
+        if session is None and self.api_key is not None and bearer != self.api_key:
+            raise APIError(401, "invalid API key", "invalid_api_key", kind="authentication_error")
+        return session
+
+    async def _body(self, request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise APIError(
+                400, f"the request body is not valid JSON ({e})", "invalid_json"
+            ) from None
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object", "invalid_json")
+        if body.get("stream"):
+            raise APIError(
+                400, "stream=true is not supported by this endpoint", "unsupported", "stream"
+            )
+        n = _int(body, "n")
+        if n not in (None, 1):
+            raise APIError(
+                400, f"n={n}: only n=1 is supported (send n requests)", "unsupported", "n"
+            )
+        return body
+
+    # ------------------------------------------------------------------ sampling
+    def _params(
+        self, body: dict[str, Any], session: Session | None
+    ) -> tuple[SamplingParams, list[str]]:
+        """Sampling params of a request (a session's settings win) and its stop strings."""
+        forced = session.sampling if session is not None else {}
+        temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+        top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+        if top_p <= 0:
+            raise APIError(400, "top_p must be > 0", "invalid_value", "top_p")
+        max_tokens = _int(body, "max_completion_tokens") or _int(body, "max_tokens")
+        if max_tokens is not None and max_tokens <= 0:
+            raise APIError(
+                400, f"max_tokens must be > 0, got {max_tokens}", "invalid_value", "max_tokens"
+            )
+        max_tokens = max_tokens or self.default_max_tokens
+        if "max_tokens" in forced:
+            max_tokens = min(max_tokens, int(forced["max_tokens"]))
+        seed = _int(body, "seed")
+        if session is not None and session.sampling.get("seed") is not None:
+            seed = session.next_seed()
+        stops, stop_ids = self._stops(body)
+        params = SamplingParams(
+            temperature=float(forced.get("temperature", temperature)),
+            top_p=float(forced.get("top_p", top_p)),
+            top_k=int(forced.get("top_k", 0)),
+            max_tokens=max_tokens,
+            stop_token_ids=sorted(set(self.rendering.stop_ids) | set(stop_ids)),
+            seed=seed,
+            ignore_eos=bool(body.get("ignore_eos", False)),
+        )
+        return params, stops
+
+    def _stops(self, body: dict[str, Any]) -> tuple[list[str], list[int]]:
+        """Stop strings (one-token ones also become engine stop ids) and ``stop_token_ids``."""
+        stop = body.get("stop")
+        stops = [stop] if isinstance(stop, str) else stop or []
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+            raise APIError(
+                400, "stop must be a string or a list of non-empty strings", "invalid_type", "stop"
+            )
+        ids = body.get("stop_token_ids") or []
+        if not isinstance(ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in ids
+        ):
+            raise APIError(
+                400, "stop_token_ids must be a list of integers", "invalid_type", "stop_token_ids"
+            )
+        for s in stops:
+            enc = self.rendering.encode(s)
+            if len(enc) == 1:
+                ids.append(enc[0])
+        return stops, ids
+
+    def _check_context(self, prompt: Sequence[int]) -> None:
+        limit = self.owner.max_model_len
+        if limit is not None and len(prompt) >= limit:
+            raise APIError(
+                400,
+                f"this request has {len(prompt)} prompt tokens but the model's context is "
+                f"{limit} tokens: no room to generate (shorten the conversation)",
+                "context_length_exceeded",
+                "messages",
+            )
+
+    async def _generate(
+        self, prompt: list[int], params: SamplingParams, session: Session | None
+    ) -> Sample:
+        meta = {"session": session.key} if session is not None else {}
+        try:
+            fut = self.owner.generate(GenerationRequest(prompt, params, metadata=meta))
+            sample = await asyncio.wrap_future(fut)
+        except EngineClosed as e:
+            raise APIError(503, str(e), "engine_unavailable", kind="server_error") from None
+        except ValueError as e:  # the engine rejected the request (InvalidRequestError)
+            raise APIError(400, str(e), "invalid_request") from None
+        if sample.error is not None or sample.finish_reason == "abort":
+            raise APIError(
+                500,
+                f"generation aborted: {sample.error or 'aborted'}",
+                "aborted",
+                kind="server_error",
+            )
+        return sample
+
+    def _cut_at_stop(self, ids: list[int], stops: list[str]) -> tuple[int, str | None]:
+        """How many completion tokens to keep: up to the token completing the first stop
+        string (the tokens after it are dropped, never trained), and that string."""
+        if not stops:
+            return len(ids), None
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if not any(s in text for s in stops):
+            return len(ids), None
+        for k in range(1, len(ids) + 1):
+            part = self.tokenizer.decode(ids[:k], skip_special_tokens=True)
+            for s in stops:
+                if s in part:
+                    return k, s
+        return len(ids), None
+
+    async def _run(
+        self, kind: str, prompt: list[int], body: dict[str, Any], session: Session | None
+    ) -> tuple[CallRecord, str | None]:
+        """Generate, cut at a stop string, record on the session: the call and its stop."""
+        self._check_context(prompt)
+        params, stops = self._params(body, session)
+        sample = await self._generate(prompt, params, session)
+        k, hit = self._cut_at_stop(sample.response_ids, stops)
+        reason = "stop" if hit else ("length" if sample.finish_reason == "length" else "stop")
+        call = CallRecord(
+            kind,
+            list(prompt),
+            sample.response_ids[:k],
+            sample.behaviour_logprobs[:k],
+            sample.versions[:k],
+            reason,
+            {
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "top_k": params.top_k,
+                "max_tokens": params.max_tokens,
+                "stop_token_ids": params.stop_token_ids,
+                "seed": params.seed,
+            },
+        )
+        if session is not None:
+            session.record(call)
+        return call, hit
+
+    @staticmethod
+    def _usage(call: CallRecord) -> dict[str, int]:
+        p, c = len(call.prompt_ids), len(call.completion_ids)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def _token_text(self, ids: Sequence[int]) -> list[str]:
+        return [self.tokenizer.decode([t]) for t in ids]
+
+    # ------------------------------------------------------------------ routes
+    async def _chat(self, request: Request, session_key: str | None = None) -> dict[str, Any]:
+        session = self._session(request, session_key)
+        return await self._counted(session, self._chat_reply(request, session))
+
+    async def _completions(
+        self, request: Request, session_key: str | None = None
+    ) -> dict[str, Any]:
+        session = self._session(request, session_key)
+        return await self._counted(session, self._completion_reply(request, session))
+
+    @staticmethod
+    async def _counted(session: Session | None, reply: Any) -> dict[str, Any]:
+        """Await a reply; an error answered to a session is counted on it."""
+        try:
+            return await reply
+        except APIError:
+            if session is not None:
+                session.count_error()
+            raise
+
+    async def _chat_reply(self, request: Request, session: Session | None) -> dict[str, Any]:
+        body = await self._body(request)
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise APIError(400, "tools must be a list of tool definitions", "invalid_type", "tools")
+        try:
+            messages = normalise_messages(body.get("messages"))
+            prompt = self.rendering.prompt_ids(messages, tools)
+        except BadMessages as e:
+            raise APIError(400, str(e), "invalid_messages", "messages") from None
+        call, hit = await self._run("chat", prompt, body, session)
+        parse = bool(tools) and body.get("tool_choice") != "none"
+        message = self.rendering.message(call.completion_ids, parse_tools=parse)
+        if hit and isinstance(message.get("content"), str):
+            message["content"] = message["content"].split(hit)[0]
+        finish = "tool_calls" if message.get("tool_calls") else call.finish_reason
+        logprobs = None
+        if body.get("logprobs"):
+            logprobs = {
+                "content": [
+                    {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                    for t, lp in zip(
+                        self._token_text(call.completion_ids), call.logprobs, strict=True
+                    )
+                ]
+            }
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": str(body.get("model") or self.model_name),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                    "token_ids": call.completion_ids,
+                    "versions": call.versions,
+                }
+            ],
+            "usage": self._usage(call),
+            "prompt_token_ids": call.prompt_ids,
+        }
+
+    async def _completion_reply(self, request: Request, session: Session | None) -> dict[str, Any]:
+        body = await self._body(request)
+        prompt_in = body.get("prompt")
+        if (
+            isinstance(prompt_in, list)
+            and len(prompt_in) == 1
+            and isinstance(prompt_in[0], (str, list))
+        ):
+            prompt_in = prompt_in[0]  # a batch of one
+        if isinstance(prompt_in, str) and prompt_in:
+            prompt = self.rendering.encode(prompt_in)
+        elif (
+            isinstance(prompt_in, list)
+            and prompt_in
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt_in)
+        ):
+            prompt = [int(t) for t in prompt_in]
+        else:
+            raise APIError(
+                400,
+                "prompt must be a non-empty string or a non-empty list of token ids "
+                "(one prompt per request)",
+                "invalid_prompt",
+                "prompt",
+            )
+        call, hit = await self._run("completion", prompt, body, session)
+        text = self.tokenizer.decode(call.completion_ids, skip_special_tokens=True)
+        if hit:
+            text = text.split(hit)[0]
+        logprobs = None
+        if body.get("logprobs") is not None and body.get("logprobs") is not False:
+            tokens = self._token_text(call.completion_ids)
+            offsets, pos = [], 0
+            for t in tokens:
+                offsets.append(pos)
+                pos += len(t)
+            logprobs = {
+                "tokens": tokens,
+                "token_logprobs": call.logprobs,
+                "top_logprobs": None,
+                "text_offset": offsets,
+            }
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex[:24]}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": str(body.get("model") or self.model_name),
+            "choices": [
+                {
+                    "index": 0,
+                    "text": text,
+                    "logprobs": logprobs,
+                    "finish_reason": call.finish_reason,
+                    "token_ids": call.completion_ids,
+                    "versions": call.versions,
+                }
+            ],
+            "usage": self._usage(call),
+            "prompt_token_ids": call.prompt_ids,
+        }
