@@ -1,0 +1,1 @@
+"""Environments that ship with relayrl (``env.factory: <name>``)."""

@@ -1,0 +1,34 @@
+"""``env.factory``: a builtin environment name or ``"package.module:callable"``."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from relayrl.env.environment import Environment
+
+BUILTIN: dict[str, str] = {
+    "calculator": "relayrl.env.builtin.calculator:make_calculator_env",
+}
+
+
+def resolve_factory(spec: str, kwargs: dict[str, Any] | None = None) -> Callable[[], Environment]:
+    """A zero-argument callable making a fresh environment; ``ValueError`` naming ``env.factory``
+    for an unknown name, a module that does not import or an attribute that is missing."""
+    path = BUILTIN.get(spec, spec)
+    if ":" not in path:
+        raise ValueError(
+            f"env.factory: unknown environment {spec!r} (builtin: {', '.join(BUILTIN)}; or "
+            "'package.module:callable')"
+        )
+    mod_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise ValueError(f"env.factory: cannot import {mod_name!r} ({e})") from e
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"env.factory: {mod_name!r} has no callable {attr!r}")
+    return functools.partial(fn, **(kwargs or {}))

@@ -1,0 +1,83 @@
+"""How a finished episode is scored and trained, given the run's reward function.
+
+- ``scoring_view(sample)``: what the reward function sees of an episode: the final assistant
+  turn's tokens as the completion (not the observations and tool calls before it); the
+  row's fields stay in ``metadata``. A single-turn sample is its own view.
+- ``episode_scores(samples, scores, outcome, turn_reward_coef)``: the episode's score:
+  the reward function's score of the view (``outcome: reward_fn``) or the environment's final
+  reward (``outcome: env``; 0 when it gave none), plus ``turn_reward_coef`` x the sum of the
+  per-turn rewards; 0 for an episode that failed (``env_error`` / ``timeout`` / ``abort``).
+- ``expand_segments(samples, scores)``: an episode split at a prefix break trains each
+  segment as a sample of its own, with the episode's score and group (GRPO's group statistics
+  then count such an episode once per segment; ``env/prefix_breaks`` says how often).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from relayrl.rollout.types import Sample
+
+NOT_SCORED = ("env_error", "timeout", "abort")
+
+
+def env_info(sample: Sample) -> dict[str, Any] | None:
+    """The episode record of a multi-turn sample (``metadata["env"]``), None for single-turn."""
+    info = sample.metadata.get("env")
+    return info if isinstance(info, dict) and "stop_reason" in info else None
+
+
+def scoring_view(sample: Sample) -> Sample:
+    """The sample the reward function scores (see module); shares ``metadata``."""
+    info = env_info(sample)
+    if info is None or info.get("final_turn") is None:
+        return sample
+    a, b = info["final_turn"]
+    return dataclasses.replace(
+        sample,
+        response_ids=sample.response_ids[a:b],
+        behaviour_logprobs=sample.behaviour_logprobs[a:b],
+        versions=sample.versions[a:b],
+        loss_mask=None,
+    )
+
+
+def episode_scores(
+    samples: Sequence[Sample],
+    scores: Tensor,
+    outcome: str = "reward_fn",
+    turn_reward_coef: float = 0.0,
+) -> Tensor:
+    """Scores [B] of ``samples`` from the reward function's ``scores`` of their views."""
+    out = scores.clone().to(torch.float32)
+    for i, s in enumerate(samples):
+        info = env_info(s)
+        if info is None:
+            continue
+        if info["stop_reason"] in NOT_SCORED:
+            out[i] = 0.0
+            continue
+        if outcome == "env":
+            out[i] = float(info.get("outcome") or 0.0)
+        out[i] += turn_reward_coef * float(sum(info.get("turn_rewards") or []))
+    return out
+
+
+def expand_segments(samples: Sequence[Sample], scores: Tensor) -> tuple[list[Sample], Tensor]:
+    """Every episode's earlier segments before it, with its score (see module)."""
+    if not any((env_info(s) or {}).get("segments") for s in samples):
+        return list(samples), scores
+    out, values = [], []
+    for s, v in zip(samples, scores.tolist(), strict=True):
+        for seg in (env_info(s) or {}).get("segments") or []:
+            seg.group_id = s.group_id
+            out.append(seg)
+            values.append(v)
+        out.append(s)
+        values.append(v)
+    return out, torch.tensor(values, dtype=torch.float32)
