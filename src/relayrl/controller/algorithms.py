@@ -23,6 +23,7 @@ from relayrl.algos import (
 from relayrl.config import RunConfig
 from relayrl.controller.prompts import TokenizedPrompt
 from relayrl.data import dynamic_sample
+from relayrl.env.scoring import expand_segments
 from relayrl.rollout import GenerationRequest, Sample, SamplingParams
 from relayrl.telemetry.mismatch import MismatchMonitor
 from relayrl.workers import Experience, Roles
@@ -76,6 +77,9 @@ def last_token_rewards(scores: Tensor, response_mask: Tensor) -> Tensor:
 def rollout_and_score(
     roles: Roles, requests: list[GenerationRequest], timer: dict[str, float]
 ) -> tuple[list[Sample], Tensor, dict[str, float]]:
+    """Generate and score: one sample per request, single-turn or a whole episode (the
+    rollout role is then an ``EpisodeRunner`` and the reward role an ``EpisodeScorer``:
+    ``controller.schedules.attach_environments``)."""
     t0 = time.perf_counter()
     samples = roles.rollout.generate(requests)
     t1 = time.perf_counter()
@@ -178,6 +182,11 @@ def ppo_experience(
 def make_experience(
     roles: Roles, samples: Sequence[Sample], scores: Tensor, cfg: RunConfig, kl_ctl: KLController
 ) -> Experience:
+    """The step's batch. Multi-turn samples (``relayrl.env``) carry a loss mask: observation
+    tokens are attended to and never trained (``Experience.response_mask``); GAE steps from
+    one model token to the next over them. An episode split at a prefix break trains each of
+    its segments (``expand_segments``)."""
+    samples, scores = expand_segments(samples, scores)
     if cfg.algo.name == "ppo":
         exp = ppo_experience(roles, samples, scores, cfg, kl_ctl)
     else:

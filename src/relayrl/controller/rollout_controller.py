@@ -21,6 +21,7 @@ from relayrl.controller.buffer import GroupBuffer, ScoredGroup
 from relayrl.controller.prompts import PromptSource, TokenizedPrompt
 from relayrl.controller.staleness import StalenessGate
 from relayrl.data.dynamic import has_signal
+from relayrl.env.scoring import scoring_view
 from relayrl.rollout import Sample
 from relayrl.telemetry.timeline import Timeline
 from relayrl.workers.reward import RewardWorker
@@ -51,6 +52,7 @@ class RolloutController(threading.Thread):
         self._halt = threading.Event()
         self._lock = threading.Lock()
         self._pending: dict[int, list[tuple[Sample, float]]] = {}
+        self._views: dict[int, Sample] = {}  # id(scoring view in the service) -> its sample
         self._prompt_cache: dict[int, list[TokenizedPrompt]] = {}
         self.samples_received = 0
         self.samples_interrupted = 0
@@ -103,8 +105,8 @@ class RolloutController(threading.Thread):
                 for s in self.engine.poll(timeout=self.cfg.async_.poll_interval_s):
                     self._score(s)
                 if self.reward.service is not None:
-                    for s, result in self.reward.service.poll():
-                        self._collect(s, result.score)
+                    for view, result in self.reward.service.poll():
+                        self._collect_scored(view, result.score)
         except BaseException as exc:  # surfaced to the trainer through check()
             self.error = exc
             self.buffer.wake()
@@ -171,13 +173,24 @@ class RolloutController(threading.Thread):
         """Score as the sample finishes: in the reward service's process pool when there is
         one (results come back through ``poll``), else inline in this thread."""
         self.samples_received += 1
-        if self.reward.service is not None:
-            self.reward.service.submit(sample)
+        if self.reward.service is not None:  # an episode's reward sees its final turn only
+            view = scoring_view(sample)
+            self._views[id(view)] = sample
+            self.reward.service.submit(view)
             return
         t0 = time.perf_counter()
         score, _ = self.reward.score([sample])
         self.timeline.add("reward", "score", t0, time.perf_counter())
         self._collect(sample, float(score[0]))
+
+    def _collect_scored(self, view: Sample, score: float) -> None:
+        """A service result: back to its sample, with the episode's score (``EpisodeScorer``
+        when the run has environments: failures 0, per-turn rewards added)."""
+        sample = self._views.pop(id(view), view)
+        finish = getattr(self.reward, "finish", None)
+        if finish is not None:
+            score = float(finish([sample], torch.tensor([score], dtype=torch.float32))[0])
+        self._collect(sample, score)
 
     def _collect(self, sample: Sample, score: float) -> None:
         self.samples_interrupted += int(sample.num_interrupts > 0)

@@ -7,6 +7,11 @@ while the trainer trains; each step takes the B oldest finished groups from the 
 recomputes the proximal logprobs with the pre-update actor (decoupled PPO), checks every
 token's staleness, trains and pushes the new weights with their version.
 The algorithm code (``make_experience`` / ``update_roles``) is the same for all three.
+
+Multi-turn episodes (``env.factory``) run through the same schedules: ``attach_environments``
+wraps the rollout role in an ``EpisodeRunner`` (engine-shaped: each request is an episode,
+each finished episode one sample with a loss mask) and the reward role in an
+``EpisodeScorer``; nothing else in a schedule knows whether a sample had one turn or many.
 """
 
 from __future__ import annotations
@@ -29,9 +34,52 @@ from relayrl.controller.buffer import GroupBuffer
 from relayrl.controller.prompts import PromptSource
 from relayrl.controller.rollout_controller import RolloutController
 from relayrl.controller.staleness import StalenessGate
+from relayrl.env.registry import resolve_factory
+from relayrl.env.render import make_renderer
+from relayrl.env.runner import EpisodeRunner, RunnerLimits
+from relayrl.env.scoring import EpisodeScorer
 from relayrl.telemetry.mismatch import MismatchMonitor
 from relayrl.telemetry.timeline import Timeline
 from relayrl.workers import Experience, Roles
+
+
+def attach_environments(roles: Roles, cfg: RunConfig) -> None:
+    """With ``env.factory``: the rollout role becomes an ``EpisodeRunner`` over the engine and
+    the reward role an ``EpisodeScorer`` over the reward worker (once; a no-op without an
+    environment or when already attached). The held-out evaluation, which uses the same roles,
+    then runs episodes too."""
+    e = cfg.env
+    if not e.enabled or isinstance(roles.rollout, EpisodeRunner):
+        return
+    factory = resolve_factory(e.factory or "", e.kwargs)
+    roles.rollout = EpisodeRunner(
+        roles.rollout,
+        factory,
+        make_renderer(roles.tokenizer, e.render),
+        RunnerLimits.from_config(e, _context_length(roles)),
+        concurrency=e.concurrency,
+        reuse=e.reuse,
+    )
+    roles.reward = EpisodeScorer(roles.reward, e.outcome, e.turn_reward_coef)
+
+
+def _context_length(roles: Roles) -> int:
+    """The engine's context (``max_model_len``), else the actor model's positions."""
+    n = getattr(roles.rollout, "max_model_len", None)
+    if n is None:
+        config = getattr(roles.actor.model, "config", None)
+        n = getattr(config, "max_position_embeddings", None)
+    if n is None:
+        raise ValueError("env: cannot tell the model's context length (max_position_embeddings)")
+    return int(n)
+
+
+def env_metrics(roles: Roles) -> dict[str, float]:
+    """The episode runner's ``env/*`` counters since the last call (none single-turn). The
+    sync schedule counts its own step's episodes; the async ones count every episode that
+    finished since the previous step (an ``train.eval_every`` evaluation's too)."""
+    runner = roles.rollout
+    return runner.env_metrics() if isinstance(runner, EpisodeRunner) else {}
 
 
 class SyncSchedule:
@@ -61,6 +109,7 @@ class SyncSchedule:
         return int(st.get("steps", 0)), int(st.get("slot_steps", 0))
 
     def step(self, step: int, kl_ctl: KLController) -> tuple[Experience, dict[str, float]]:
+        env_metrics(self.roles)  # drop what an evaluation between steps counted
         prompts = self.source.for_step(step, self.cfg.algo.prompts_per_step)
         t0 = time.perf_counter()
         refill = refill_prompts(self.source, step, self.cfg.data.dynamic_sampling.max_rounds)
@@ -84,6 +133,7 @@ class SyncSchedule:
         )
         stats["staleness_max"] = 0.0
         stats["staleness_mean"] = 0.0
+        stats.update(env_metrics(self.roles))
         # slot utilisation of this step's generation: the straggler tail leaves slots empty
         (s0, u0), (s1, u1) = self._engine_counts, self._slot_counts()
         self._engine_counts = (s1, u1)
@@ -130,6 +180,7 @@ class AsyncSchedule:
             int(state.get("next_group", self.gate.n_admitted)), state.get("trained_above")
         )
         self._wall0 = time.perf_counter()
+        env_metrics(self.roles)  # drop what the evaluation before the start counted
         self.controller.start()
 
     def step(self, step: int, kl_ctl: KLController) -> tuple[Experience, dict[str, float]]:
@@ -164,6 +215,7 @@ class AsyncSchedule:
         stats["engine_slot_utilisation"] = float(engine_stats["mean_slot_utilisation"])
         stats["engine_busy_frac"] = self._engine_busy / max(time.perf_counter() - self._wall0, 1e-9)
         stats["time/wait"] = waited
+        stats.update(env_metrics(self.roles))
         stats["trainer_idle_frac"] = self._idle / max(time.perf_counter() - self._wall0, 1e-9)
         c = self.controller
         stats["interrupted_frac"] = c.samples_interrupted / max(c.samples_received, 1)
@@ -174,7 +226,10 @@ class AsyncSchedule:
         return exp, stats
 
     def _bound_staleness(self, exp: Experience, step: int) -> dict[str, float]:
-        """Record staleness = trainer version - token version; enforce max_token_staleness."""
+        """Record staleness = trainer version - token version; enforce max_token_staleness.
+
+        Counted per trained token: ``response_mask`` is 0 on observation tokens of multi-turn
+        samples (their version is a placeholder), so they never count or get dropped."""
         mask = exp.response_mask > 0
         stale = (step - exp["versions"]).masked_fill(~mask, 0)
         values = stale[mask]
@@ -213,6 +268,8 @@ class AsyncSchedule:
 def make_schedule(
     roles: Roles, cfg: RunConfig, source: PromptSource, stop_ids: list[int], timeline: Timeline
 ) -> SyncSchedule | AsyncSchedule:
+    """The run's schedule; with ``env.factory`` the roles are given environments first."""
+    attach_environments(roles, cfg)
     if cfg.schedule == "sync":
         return SyncSchedule(roles, cfg, source, stop_ids, timeline)
     return AsyncSchedule(roles, cfg, source, stop_ids, timeline)

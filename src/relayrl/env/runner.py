@@ -69,16 +69,18 @@ class RunnerLimits:
     """Stop conditions of an episode (``EnvConfig`` fields; ``max_model_len`` the engine's)."""
 
     max_turns: int = 4
-    max_turn_tokens: int = 64
+    max_turn_tokens: int | None = None
+    """Tokens per assistant turn (None: the request's ``max_tokens``)."""
     max_model_len: int = 2048
     max_total_tokens: int | None = None
     step_timeout_s: float = 30.0
 
     @classmethod
-    def from_config(cls, cfg: Any, max_turn_tokens: int, max_model_len: int) -> RunnerLimits:
+    def from_config(cls, cfg: Any, max_model_len: int) -> RunnerLimits:
+        """From an ``EnvConfig``."""
         return cls(
             max_turns=cfg.max_turns,
-            max_turn_tokens=cfg.max_turn_tokens or max_turn_tokens,
+            max_turn_tokens=cfg.max_turn_tokens,
             max_model_len=max_model_len,
             max_total_tokens=cfg.max_total_tokens,
             step_timeout_s=cfg.step_timeout_s,
@@ -317,14 +319,14 @@ class EpisodeRunner:
         if room <= 0:
             self._finish(ep, "context_overflow")
             return
-        budget = lim.max_turn_tokens
+        p = ep.request.params
+        budget = lim.max_turn_tokens or p.max_tokens
         if lim.max_total_tokens is not None:
             left = lim.max_total_tokens - b.total_tokens
             if left <= 0:
                 self._finish(ep, "token_budget")
                 return
             budget = min(budget, left)
-        p = ep.request.params
         seed = None if p.seed is None else (p.seed + 7_919 * b.turns) & 0x7FFFFFFF
         stops = list(dict.fromkeys([*p.stop_token_ids, *self.renderer.stop_ids]))
         params = dataclasses.replace(

@@ -7,6 +7,10 @@
   the reward function's score of the view (``outcome: reward_fn``) or the environment's final
   reward (``outcome: env``; 0 when it gave none), plus ``turn_reward_coef`` x the sum of the
   per-turn rewards; 0 for an episode that failed (``env_error`` / ``timeout`` / ``abort``).
+- ``EpisodeScorer(reward)``: the run's reward role with both applied (``score``,
+  ``outcomes``; everything else delegated), so every caller that scores samples -- the sync
+  step, dynamic sampling, the async controller's inline scoring, the held-out evaluation --
+  scores episodes the same way without knowing about them.
 - ``expand_segments(samples, scores)``: an episode split at a prefix break trains each
   segment as a sample of its own, with the episode's score and group (GRPO's group statistics
   then count such an episode once per segment; ``env/prefix_breaks`` says how often).
@@ -81,3 +85,40 @@ def expand_segments(samples: Sequence[Sample], scores: Tensor) -> tuple[list[Sam
         out.append(s)
         values.append(v)
     return out, torch.tensor(values, dtype=torch.float32)
+
+
+class EpisodeScorer:
+    """The reward role for episodes (see module); single-turn samples pass through as they are."""
+
+    def __init__(self, inner: Any, outcome: str = "reward_fn", turn_reward_coef: float = 0.0):
+        self.inner = inner
+        self.outcome = outcome
+        self.turn_reward_coef = turn_reward_coef
+
+    def score(self, samples: Sequence[Sample]) -> tuple[Tensor, dict[str, float]]:
+        """Scores [B] of the episodes and the reward function's component means."""
+        scores, stats = self.inner.score([scoring_view(s) for s in samples])
+        return self.finish(samples, scores), stats
+
+    def finish(self, samples: Sequence[Sample], scores: Tensor) -> Tensor:
+        """The episodes' scores from the reward function's scores of their views."""
+        return episode_scores(samples, scores, self.outcome, self.turn_reward_coef)
+
+    def outcomes(self, samples: Sequence[Sample], scores: Tensor) -> Tensor:
+        """Raw verifiable outcomes: the reward function's (the service's recorded outcome of
+        the final turn), the environment's with ``outcome: env``, 0 for a failed episode."""
+        out = self.inner.outcomes(samples, scores).clone()
+        for i, s in enumerate(samples):
+            info = env_info(s)
+            if info is None:
+                continue
+            if info["stop_reason"] in NOT_SCORED:
+                out[i] = 0.0
+            elif self.outcome == "env":
+                out[i] = float(info.get("outcome") or 0.0)
+        return out
+
+    def __getattr__(self, name: str) -> Any:  # service, tokenizer, decode, close, ...
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)

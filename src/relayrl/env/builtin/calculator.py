@@ -23,7 +23,7 @@ import ast
 import json
 import operator
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from relayrl.env.tools import ToolEnvironment
@@ -75,7 +75,9 @@ def tool_call_text(expression: str) -> str:
     return f"<tool_call>{json.dumps(call, separators=(',', ':'))}</tool_call>"
 
 
-def sft_traces(rows: list[Any], eos: str, tool_fraction: float = 0.5, seed: int = 0) -> list[dict]:
+def sft_traces(
+    rows: Sequence[Any], eos: str, tool_fraction: float = 0.5, seed: int = 0
+) -> list[dict]:
     """Synthetic SFT traces (``prompt`` / ``response`` JSONL records for ``relayrl sft``) in
     the plain rendering: with the tool (call, result, answer) for ``tool_fraction`` of the
     rows, else the direct answer without the tools line. ``eos``: the EOS token's text (it
@@ -83,11 +85,12 @@ def sft_traces(rows: list[Any], eos: str, tool_fraction: float = 0.5, seed: int 
     rng = random.Random(f"relayrl.calculator.sft:{seed}")
     out = []
     for r in rows:
+        answer = str(getattr(r, "answer", None) or getattr(r, "response", ""))
         if rng.random() < tool_fraction:
             prompt = f"S:{TOOLS_LINE}\nU:{r.prompt}\nA:"
             expr = r.prompt.rstrip("=")
-            response = f"{tool_call_text(expr)}{eos}T:{calculator(expr)}\nA:{r.answer}"
+            response = f"{tool_call_text(expr)}{eos}T:{calculator(expr)}\nA:{answer}"
         else:
-            prompt, response = f"U:{r.prompt}\nA:", str(r.answer)
+            prompt, response = f"U:{r.prompt}\nA:", answer
         out.append({"prompt": prompt, "response": response})
     return out
