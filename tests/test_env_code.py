@@ -4,9 +4,13 @@ sandboxed test runs."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
+from helpers import run_config
+from relayrl.cluster.local import build_local_roles
+from relayrl.controller.trainer import train
 from relayrl.env.builtin.code import (
     CodeEnv,
     code_task_rows,
@@ -14,6 +18,7 @@ from relayrl.env.builtin.code import (
     sft_traces,
 )
 from relayrl.env.types import EnvError
+from relayrl.model import build_tiny_model
 
 
 def test_rows_are_reproducible_and_solved_by_their_answer():
@@ -78,3 +83,40 @@ def test_code_env_runs_the_tests_in_the_sandbox():
 def test_code_env_rejects_a_row_without_tests():
     with pytest.raises(EnvError, match="tests"):
         asyncio.run(CodeEnv().reset({"prompt": "x"}))
+
+
+def _write_rows(path, n, seed):
+    path.write_text("".join(json.dumps(r) + "\n" for r in code_task_rows(n, seed=seed)))
+    return path
+
+
+def test_grpo_over_the_code_env_runs_end_to_end(tmp_path):
+    """Multi-turn GRPO on the code environment through the trainer: every episode is scored by
+    the sandboxed tests (the env's outcome), failures come back as observations, nothing
+    fails as infrastructure."""
+    model = build_tiny_model(tmp_path / "m", hidden_size=32, seed=2)
+    cfg = run_config(
+        model,
+        tmp_path / "run",
+        "data.task=jsonl",
+        f"data.train_path={_write_rows(tmp_path / 'train.jsonl', 32, 0)}",
+        f"data.eval_path={_write_rows(tmp_path / 'eval.jsonl', 4, 1)}",
+        "reward.fn=code",
+        "env.factory=code",
+        "env.outcome=env",
+        "env.max_turns=2",
+        "rollout.max_tokens=16",
+        "algo.prompts_per_step=2",
+        "algo.group_size=2",
+        "train.steps=2",
+        "train.save_every=0",
+    )
+    train(cfg, lambda a, c: build_local_roles(cfg, a, c))
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in recs if "env/episodes" in r]
+    assert len(steps) == 2
+    for r in steps:
+        assert r["env/episodes"] == 4
+        assert r.get("env/failures", 0) == 0
+        assert sum(v for k, v in r.items() if k.startswith("env/stop_")) == 4
+        assert 1 <= r["env/turns_mean"] <= 2
