@@ -25,6 +25,13 @@ from relayrl.plan.cost import (
     training_gpu_hours,
     two_pool_pipeline,
 )
+from relayrl.plan.envlatency import (
+    ConstantLatency,
+    EmpiricalLatency,
+    FixedLatency,
+    LognormalLatency,
+    parse_latency,
+)
 from relayrl.plan.hardware import HARDWARE, HardwareSpec, get_hardware
 from relayrl.plan.lengths import (
     ConstantLengths,
@@ -88,11 +95,15 @@ __all__ = [
     "NAMED_PLACEMENTS",
     "ROLES",
     "STRATEGIES",
+    "ConstantLatency",
     "ConstantLengths",
+    "EmpiricalLatency",
     "EmpiricalLengths",
+    "FixedLatency",
     "FixedLengths",
     "FixedStepTimeModel",
     "HardwareSpec",
+    "LognormalLatency",
     "LognormalLengths",
     "MeasuredProfile",
     "Mesh",
@@ -124,6 +135,7 @@ __all__ = [
     "model_set_memory_bytes",
     "models_memory_bytes",
     "money",
+    "parse_latency",
     "parse_lengths",
     "placement_memory",
     "reshard",

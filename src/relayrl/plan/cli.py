@@ -39,6 +39,18 @@ def _eta(text: str) -> int | None:
     return v
 
 
+def _turns(text: str) -> Any:
+    """``N`` (every episode N turns) or a length spec for a distribution of turn counts."""
+    from relayrl.plan.lengths import parse_lengths
+
+    if text.strip().isdigit():
+        v = int(text)
+        if v < 1:
+            raise ValueError(f"--turns must be >= 1, got {v}")
+        return v
+    return parse_lengths(text)
+
+
 def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
@@ -91,6 +103,7 @@ def _time_model(args: argparse.Namespace) -> Any:
 
 # -- simulate ----------------------------------------------------------------------------------
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from relayrl.plan.envlatency import parse_latency
     from relayrl.plan.lengths import parse_lengths
     from relayrl.plan.plots import plot_simulations, write_chrome_trace
     from relayrl.plan.simulator import SimConfig, simulate, sparkline
@@ -132,6 +145,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             sync_bandwidth=args.sync_bandwidth * 1e9,
             seed=args.seed,
             record_events=bool(args.plot),
+            turns=_turns(args.turns),
+            env_latency=parse_latency(args.env_latency) if args.env_latency else None,
+            obs_tokens=args.obs_tokens,
+            resume_prefill=args.resume_prefill,
+            turn_barrier=not args.independent_turns,
         )
         label = sched if sched != "async" else f"async eta={'inf' if eta is None else eta}"
         if split is not None and len(splits) > 1:
@@ -441,6 +459,32 @@ def add_subcommands(sub: Any) -> None:
     )
     s.add_argument("--weight-sync-s", type=float, default=None)
     s.add_argument("--sync-bandwidth", type=float, default=25.0, help="GB/s trainer->generator")
+    s.add_argument(
+        "--turns",
+        default="1",
+        help="turns per episode: N, or a length spec for a distribution (agent workloads)",
+    )
+    s.add_argument(
+        "--env-latency",
+        default=None,
+        help="environment wait after each turn but the last, seconds: lognormal:MEDIAN:P99"
+        "[:CAP] | constant:S | samples:S,S,... | fixed:S,S,... | file:PATH",
+    )
+    s.add_argument(
+        "--obs-tokens", type=int, default=0, help="observation tokens per environment step"
+    )
+    s.add_argument(
+        "--resume-prefill",
+        choices=("context", "observation"),
+        default="context",
+        help="on return: prefill the whole context (KV evicted) or only the observation",
+    )
+    s.add_argument(
+        "--independent-turns",
+        action="store_true",
+        help="sync/overlap: an episode goes on when its own environment returns (default: "
+        "turns in lock-step, the batch waits for its slowest environment call)",
+    )
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--plot", help="directory for utilisation/staleness PNGs and Chrome traces")
     s.add_argument("--json", action="store_true")
