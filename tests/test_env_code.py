@@ -4,7 +4,9 @@ sandboxed test runs."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -120,3 +122,24 @@ def test_grpo_over_the_code_env_runs_end_to_end(tmp_path):
         assert r.get("env/failures", 0) == 0
         assert sum(v for k, v in r.items() if k.startswith("env/stop_")) == 4
         assert 1 <= r["env/turns_mean"] <= 2
+
+
+@pytest.mark.slow
+@pytest.mark.learning
+def test_pass_rate_rises_with_allowed_turns_on_a_fixed_model(tmp_path):
+    """One SFT'd tiny model (bench/code_env_turns.py: 400 SFT steps on one-turn and repair
+    traces), 64 held-out episodes at temperature 1, the same seeds for every K: the pass rate
+    within 2 turns beats 1 turn. Measured (seed 0, AMD EPYC AVX-512): 0.44 at K=1, 0.59 at
+    K=2, 0.59 at K=3 and 4; the margin asserted is a quarter of that gain."""
+    spec = importlib.util.spec_from_file_location(
+        "code_env_turns", Path(__file__).parents[1] / "bench" / "code_env_turns.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    model = bench.sft_code_model(tmp_path, steps=400, seed=0)
+    one = bench.pass_rate(model, 1, 64)
+    two = bench.pass_rate(model, 2, 64)
+    assert one["failures"] == two["failures"] == 0
+    assert 0.05 < one["pass_rate"] < 0.95  # the model solves some, not all, in one turn
+    assert two["pass_rate"] >= one["pass_rate"] + 0.04
+    assert two["turns_mean"] > 1.0
