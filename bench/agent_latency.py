@@ -81,7 +81,9 @@ def run(root: Path, model: Path, schedule: str, a: argparse.Namespace) -> dict:
         "loop_s": round(loop_s, 2),
         "wall_s": round(wall, 2),
         "episodes": episodes,
-        "turns_mean": sum(r["env/turns_mean"] for r in steps) / len(steps),  # finished episodes
+        # per finished episode (async finishes some episodes in steps that train others)
+        "turns_mean": sum(r.get("env/turns", 0) for r in steps)
+        / max(1, sum(r.get("env/episodes", 0) for r in steps)),
         "response_length_mean": sum(r["response_length_mean"] for r in steps) / len(steps),
         "failures": sum(r.get("env/failures", 0) for r in steps),
     }
