@@ -11,6 +11,8 @@ from relayrl.env.environment import Environment
 
 BUILTIN: dict[str, str] = {
     "calculator": "relayrl.env.builtin.calculator:make_calculator_env",
+    "code": "relayrl.env.builtin.code:make_code_env",
+    "latency": "relayrl.env.builtin.latency:make_latency_env",
 }
 
 

@@ -1,0 +1,174 @@
+"""Agent workloads: sync vs async samples/s with simulated tool latency, and the simulator's
+prediction beside it (issue 20).
+
+Every episode is ``--turns`` turns of the tiny model on the arithmetic task through the real
+trainer (``relayrl.env.builtin.latency``: after each turn but the last the environment waits a
+latency drawn from ``--latency``, default lognormal with median 0.05 s and p99 1 s capped at
+4 s, i.e. the lecture's 0.1-30 s tool calls scaled to this machine's tiny model, then answers
+``ok``). The same config runs ``schedule=sync`` (generate all episodes, then train) and
+``schedule=async`` (eta = ``--eta``): while an episode waits, its engine slot serves others in
+both, but only async trains while episodes wait. samples/s = episodes trained / the training
+loop's seconds (``time/step`` summed: set-up and evaluation excluded).
+
+The prediction: the model is profiled on this machine (``relayrl.plan.profiling``), and the
+planner's simulator runs both schedules with the same batch, turns, per-turn length (the
+measured mean), observation tokens and the same latency distribution (``turn_barrier=False``
+for sync: relayrl's episodes are independent agent loops; KV evicted while waiting).
+Prints one JSON line.
+
+    python bench/agent_latency.py                   # ~3-6 min on 2 cores
+    python bench/agent_latency.py --steps 4 --prompts 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from relayrl.cluster.local import build_local_roles
+from relayrl.config import RunConfig, load_config
+from relayrl.controller.trainer import train
+from relayrl.model import build_tiny_model, load_tokenizer
+from relayrl.plan.envlatency import parse_latency
+from relayrl.plan.lengths import ConstantLengths
+from relayrl.plan.profiling import profile
+from relayrl.plan.simulator import SimConfig, simulate
+from relayrl.plan.timemodel import ProfiledTimeModel
+
+
+def run(root: Path, model: Path, schedule: str, a: argparse.Namespace) -> dict:
+    kwargs = json.dumps({"turns": a.turns, "latency": a.latency, "seed": a.seed})
+    threads = (
+        [f"threads={a.sync_threads}"] if schedule == "sync" else ["threads=1", f"async.eta={a.eta}"]
+    )
+    cfg: RunConfig = load_config(
+        RunConfig,
+        None,
+        [
+            f"model.path={model}",
+            f"run_dir={root / schedule}",
+            f"seed={a.seed}",
+            f"schedule={schedule}",
+            *threads,
+            "rollout.threads=1",
+            f"rollout.max_tokens={a.turn_tokens}",
+            f"algo.prompts_per_step={a.prompts}",
+            f"algo.group_size={a.group}",
+            f"train.steps={a.steps}",
+            "train.save_every=0",
+            "data.eval_size=4",
+            "env.factory=latency",
+            f"env.kwargs={kwargs}",
+            f"env.max_turns={a.turns}",
+            f"env.step_timeout_s={a.timeout}",
+            "logging.progress=false",
+            "logging.tensorboard=false",
+        ],
+    )
+    t0 = time.perf_counter()
+    train(cfg, lambda x, c, cfg=cfg: build_local_roles(cfg, x, c))
+    wall = time.perf_counter() - t0
+    recs = [json.loads(x) for x in (root / schedule / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in recs if "env/episodes" in r]
+    loop_s = sum(r["time/step"] for r in steps)
+    episodes = len(steps) * a.prompts * a.group  # trained (async finishes more than it trains)
+    return {
+        "samples_per_s": episodes / loop_s,
+        "loop_s": round(loop_s, 2),
+        "wall_s": round(wall, 2),
+        "episodes": episodes,
+        # per finished episode (async finishes some episodes in steps that train others)
+        "turns_mean": sum(r.get("env/turns", 0) for r in steps)
+        / max(1, sum(r.get("env/episodes", 0) for r in steps)),
+        "response_length_mean": sum(r["response_length_mean"] for r in steps) / len(steps),
+        "failures": sum(r.get("env/failures", 0) for r in steps),
+    }
+
+
+def predict(model: Path, a: argparse.Namespace, turn_len: float, obs_tokens: int) -> dict:
+    prof = profile(model, batches=(1, 4, 16, 64), threads=a.sync_threads, also_threads=(1,))
+    tm = ProfiledTimeModel(prof, concurrency=a.prompts * a.group)
+    common = dict(
+        lengths=ConstantLengths(max(1, round(turn_len))),
+        batch_size=a.prompts * a.group,
+        n_steps=max(a.steps, 8),
+        prompt_len=8,
+        slots_per_replica=a.prompts * a.group,
+        weight_sync_s=0.0,
+        turns=a.turns,
+        env_latency=parse_latency(a.latency),
+        obs_tokens=obs_tokens,
+        resume_prefill="context",
+        seed=a.seed,
+    )
+    sync = simulate(
+        SimConfig(
+            tm,
+            schedule="sync",
+            n_devices=2,
+            gen_devices_per_replica=2,
+            turn_barrier=False,
+            **common,
+        )
+    )
+    asyn = simulate(
+        SimConfig(
+            tm,
+            schedule="async",
+            n_devices=2,
+            train_devices=1,
+            gen_devices_per_replica=1,
+            eta=a.eta,
+            **common,
+        )
+    )
+    return {
+        "sync_samples_per_s": sync.steady_samples_per_s,
+        "async_samples_per_s": asyn.steady_samples_per_s,
+        "speedup": asyn.steady_samples_per_s / sync.steady_samples_per_s,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--latency", default="lognormal:0.05:1.0:4")
+    p.add_argument("--turn-tokens", type=int, default=16)
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--group", type=int, default=4)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--eta", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sync-threads", type=int, default=2, help="1 on a loaded machine")
+    a = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        model = build_tiny_model(root / "m", hidden_size=64, seed=a.seed)
+        tok = load_tokenizer(model)
+        obs = len(tok("T:ok\nA:", add_special_tokens=False)["input_ids"])
+        sync = run(root, model, "sync", a)
+        asyn = run(root, model, "async", a)
+        pred = predict(model, a, sync["response_length_mean"] / sync["turns_mean"], obs)
+    out = {
+        "bench": "agent_latency",
+        "latency": a.latency,
+        "turns": a.turns,
+        "batch": a.prompts * a.group,
+        "steps": a.steps,
+        "eta": a.eta,
+        "sync": sync,
+        "async": asyn,
+        "measured_speedup": round(asyn["samples_per_s"] / sync["samples_per_s"], 3),
+        "predicted": {k: round(v, 3) for k, v in pred.items()},
+    }
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
