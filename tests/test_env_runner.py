@@ -387,3 +387,17 @@ def test_a_hanging_sync_step_times_out_without_blocking(tiny):
         runner.close()
     assert [s.metadata["env"]["stop_reason"] for s in samples] == ["timeout"] * 2
     assert "step took longer than 0.3 s" in samples[0].error
+
+
+def test_env_loop_stop_cancels_what_still_runs():
+    """A run that ends while episodes wait on their environments: stopping the loop cancels
+    those calls (awaited to their cancellation) instead of leaving them pending."""
+    from relayrl.env.pool import EnvLoop
+
+    loop = EnvLoop()
+    waiting = loop.submit(asyncio.sleep(30))
+    t0 = time.perf_counter()
+    loop.stop()
+    assert waiting.cancelled()
+    assert time.perf_counter() - t0 < 5
+    assert loop.loop.is_closed()

@@ -69,12 +69,28 @@ class EnvLoop:
         return self.submit(coro).result(timeout)
 
     def stop(self) -> None:
+        """Cancel what still runs on the loop (episodes cut short by the run's end: their
+        environment calls are awaited to their cancellation, so asyncio reports no task
+        destroyed while pending), then stop the loop and its thread."""
         if self.loop.is_closed():
             return
+        if threading.current_thread() is not self._thread and self.loop.is_running():
+            try:
+                self.run(_cancel_pending(), timeout=5)
+            except Exception:  # noqa: BLE001  (stopping must not mask the run's own error)
+                pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+async def _cancel_pending() -> None:
+    me = asyncio.current_task()
+    pending = [t for t in asyncio.all_tasks() if t is not me]
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
 
 
 async def bounded(awaitable: Awaitable[T], timeout_s: float, what: str) -> T:
