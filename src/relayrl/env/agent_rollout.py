@@ -40,7 +40,6 @@ staleness is counted per token).
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import itertools
 import math
@@ -53,6 +52,7 @@ from typing import Any
 
 from relayrl.env.agent_engine import EngineOwner
 from relayrl.env.openai_server import OpenAIServer
+from relayrl.env.registry import load_callable
 from relayrl.env.scoring import EpisodeScorer
 from relayrl.env.sessions import Session
 from relayrl.rollout.types import EngineReport, GenerationRequest, Sample
@@ -63,17 +63,7 @@ INTERNAL_KEYS = ("sample_index",)
 
 def load_agent(spec: str) -> AgentFn:
     """``"package.module:function"`` -> the function (a clear error naming what is missing)."""
-    mod_name, sep, fn_name = spec.partition(":")
-    if not sep or not mod_name or not fn_name:
-        raise ValueError(f"env.agent.function: {spec!r} is not 'package.module:function'")
-    try:
-        module = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise ValueError(f"env.agent.function: cannot import {mod_name!r} ({e})") from None
-    fn = getattr(module, fn_name, None)
-    if not callable(fn):
-        raise ValueError(f"env.agent.function: {mod_name!r} has no function {fn_name!r}")
-    return fn
+    return load_callable(spec, "env.agent.function", "function")
 
 
 def agent_reward(prompt: str, completion: str, sample: dict) -> float:

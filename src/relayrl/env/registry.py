@@ -25,12 +25,20 @@ def resolve_factory(spec: str, kwargs: dict[str, Any] | None = None) -> Callable
             f"env.factory: unknown environment {spec!r} (builtin: {', '.join(BUILTIN)}; or "
             "'package.module:callable')"
         )
-    mod_name, _, attr = path.partition(":")
+    return functools.partial(load_callable(path, "env.factory", "callable"), **(kwargs or {}))
+
+
+def load_callable(spec: str, key: str, what: str = "callable") -> Callable[..., Any]:
+    """``"package.module:name"`` -> that callable; ``ValueError`` naming ``key`` for a spec not
+    of that form, a module that does not import, or a name that is missing or not callable."""
+    mod_name, sep, attr = spec.partition(":")
+    if not sep or not mod_name or not attr:
+        raise ValueError(f"{key}: {spec!r} is not 'package.module:{what}'")
     try:
         module = importlib.import_module(mod_name)
     except ImportError as e:
-        raise ValueError(f"env.factory: cannot import {mod_name!r} ({e})") from e
+        raise ValueError(f"{key}: cannot import {mod_name!r} ({e})") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ValueError(f"env.factory: {mod_name!r} has no callable {attr!r}")
-    return functools.partial(fn, **(kwargs or {}))
+        raise ValueError(f"{key}: {mod_name!r} has no {what} {attr!r}")
+    return fn
