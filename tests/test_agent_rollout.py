@@ -153,7 +153,11 @@ def test_agent_rollouts_record_the_engines_tokens(chat_model, tmp_path):
     recomputed = ReferenceWorker(model, 8, cfg.rollout.temperature).compute_logprobs(exp)
     mask = exp.response_mask.bool()
     behav = exp["behaviour_logprobs"]
-    assert torch.allclose(recomputed[mask], behav[mask], atol=1e-5, rtol=0)
+    # fp32, but the server batched several rollouts' calls into one decode step while the
+    # trainer packs whole trajectories: max gap measured 5.8e-6 (AVX-512), 1.4e-5 (avx2
+    # kernels), 4.4e-6 (default kernels); 1e-5 failed under avx2
+    gap = (recomputed[mask] - behav[mask]).abs().max().item()
+    assert gap <= 5e-5, gap
     assert int(mask.sum()) == sum(sum(s.loss_mask) for s in samples)
     # regenerate each model turn of the first two samples from its own context on a fresh engine
     engine = RolloutEngine(model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
