@@ -81,9 +81,6 @@ def run(root: Path, model: Path, schedule: str, a: argparse.Namespace) -> dict:
         "loop_s": round(loop_s, 2),
         "wall_s": round(wall, 2),
         "episodes": episodes,
-        # per finished episode (async finishes some episodes in steps that train others)
-        "turns_mean": sum(r.get("env/turns", 0) for r in steps)
-        / max(1, sum(r.get("env/episodes", 0) for r in steps)),
         "response_length_mean": sum(r["response_length_mean"] for r in steps) / len(steps),
         "failures": sum(r.get("env/failures", 0) for r in steps),
     }
@@ -153,7 +150,10 @@ def main(argv: list[str] | None = None) -> dict:
         obs = len(tok("T:ok\nA:", add_special_tokens=False)["input_ids"])
         sync = run(root, model, "sync", a)
         asyn = run(root, model, "async", a)
-        pred = predict(model, a, sync["response_length_mean"] / sync["turns_mean"], obs)
+        # an episode's response is its turns plus (turns - 1) observations: the model's
+        # tokens per turn are what is left of it, shared by the turns
+        turn_len = (sync["response_length_mean"] - obs * (a.turns - 1)) / a.turns
+        pred = predict(model, a, turn_len, obs)
     out = {
         "bench": "agent_latency",
         "latency": a.latency,
