@@ -83,6 +83,16 @@ def run(root: Path, model: Path, schedule: str, a: argparse.Namespace) -> dict:
         "episodes": episodes,
         "response_length_mean": sum(r["response_length_mean"] for r in steps) / len(steps),
         "failures": sum(r.get("env/failures", 0) for r in steps),
+        # where a step's seconds went (means over steps): sync generates then trains;
+        # async waits for finished groups, then trains while the engine goes on
+        "step_s": [round(r["time/step"], 3) for r in steps],
+        **{
+            k.split("/")[1] + "_s_mean": round(sum(r.get(k, 0.0) for r in steps) / len(steps), 3)
+            for k in ("time/generate", "time/train", "time/wait", "time/weight_sync")
+        },
+        "gen_tokens_per_s_mean": round(
+            sum(r.get("gen_tokens_per_s", 0.0) for r in steps) / len(steps), 1
+        ),
     }
 
 
@@ -142,9 +152,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--timeout", type=float, default=30.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sync-threads", type=int, default=2, help="1 on a loaded machine")
+    p.add_argument("--keep", default=None, help="keep the run directories here")
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as d:
-        root = Path(d)
+        root = Path(a.keep) if a.keep else Path(d)
         model = build_tiny_model(root / "m", hidden_size=64, seed=a.seed)
         tok = load_tokenizer(model)
         obs = len(tok("T:ok\nA:", add_special_tokens=False)["input_ids"])

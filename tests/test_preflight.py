@@ -251,3 +251,30 @@ def test_sft_validation_prompt_without_room_for_the_answer(capsys, user):
         f"{gpt2} (n_positions in its config.json) (longest 159)"
     )
     assert not (root / "sft_out").exists()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("env.factory", "nope", "env.factory: unknown environment 'nope'"),
+        (
+            "env.factory",
+            "no_such_module_xyz:make",
+            "env.factory: cannot import 'no_such_module_xyz'",
+        ),
+        ("env.factory", "json:no_such_env", "env.factory: 'json' has no callable 'no_such_env'"),
+        ("env.agent.function", "no_such_module_xyz:solve", "env.agent.function: cannot import"),
+    ],
+)
+def test_unknown_environment_or_agent_is_caught_before_the_run(capsys, user, key, value, message):
+    """Was found when the schedule was built: after the models loaded and the run directory
+    was written (i20e)."""
+    root, gpt2, _, _ = user
+    args = _train_args(root, gpt2, "short.jsonl", f"{key}={value}")
+    rc, err = _cli(capsys, "train", _empty_config(root), *args)
+    assert rc == 2
+    assert err.startswith(f"relayrl train: error: {message}"), err
+    assert "\n" not in err
+    assert not (root / "runs" / "short.jsonl").exists()  # refused before anything is written
+    rc, err = _cli(capsys, "eval", _empty_config(root), *args)
+    assert rc == 2 and err.startswith(f"relayrl eval: error: {message}"), err

@@ -6,6 +6,8 @@ directory:
 
 - every model directory the run loads (``model.path``, ``model.critic_path`` for PPO,
   ``reward.model_path``) exists and holds ``config.json`` and tokenizer files;
+- ``env.factory`` names a builtin environment or a ``package.module:callable`` that imports,
+  and ``env.agent.function`` a function that imports (``ConfigError`` naming the key);
 - the policy tokenizer loads, has more than one token, and fits the embedding of the actor
   and of the critic (``vocab_size`` in their ``config.json``);
 - prompt + response fit every model's context (``max_position_embeddings`` / ``n_positions``
@@ -40,6 +42,7 @@ from relayrl.model import (
 __all__ = [
     "Context",
     "check_context",
+    "check_env",
     "check_run",
     "check_sft_lengths",
     "check_sft_val_prompts",
@@ -85,10 +88,7 @@ def check_run(cfg: RunConfig, training: bool = True) -> None:
     models = _run_models(cfg, training)
     for _, path in models:
         check_model_dir(path)
-    if cfg.env.agent.enabled:  # the agent's module imports, before the run dir is touched (i20b)
-        from relayrl.env.agent_rollout import load_agent
-
-        load_agent(cfg.env.agent.function or "")
+    check_env(cfg)
     if cfg.reward.model_path is not None:
         check_tokenizer_files(cfg.reward.model_path)  # the reward model has its own tokenizer
     tokenizer = load_tokenizer(cfg.model.path)  # files, size, fits model.path's embedding
@@ -99,6 +99,26 @@ def check_run(cfg: RunConfig, training: bool = True) -> None:
     contexts = [c for key, path in models if (c := model_context(key, path)) is not None]
     if contexts:
         check_context(cfg, tokenizer, min(contexts, key=lambda c: c.tokens), training)
+
+
+def check_env(cfg: RunConfig) -> None:
+    """``env.factory`` and ``env.agent.function`` resolve (the module imports and has the
+    callable), else a ``ConfigError`` naming the key: found here, before the run directory is
+    touched, instead of when the schedule is built after the models load."""
+    if cfg.env.enabled:
+        from relayrl.env.registry import resolve_factory
+
+        try:
+            resolve_factory(cfg.env.factory or "", cfg.env.kwargs)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    if cfg.env.agent.enabled:
+        from relayrl.env.agent_rollout import load_agent  # fastapi, uvicorn: only then
+
+        try:
+            load_agent(cfg.env.agent.function or "")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def check_context(cfg: RunConfig, tokenizer: Any, ctx: Context, training: bool = True) -> None:
