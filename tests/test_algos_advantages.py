@@ -134,6 +134,70 @@ def test_rloo_hand_case_with_singleton_and_equal_group() -> None:
     assert adv[5].tolist() == [0.0, 0.0]
 
 
+# An episode split at a prefix break trains as several rows (segments) with its score and
+# group: rows [A1, A2, B, C | D, E1, E2, E3], episodes A (score 1, 2 segments), B, C (0) in
+# group 0; D (1), E (0, 3 segments) in group 1. Segments have different lengths.
+EP_MASK = torch.tensor(
+    [[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 0, 0]],
+    dtype=D,
+)
+EP_SCORES = [1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+EP_REWARDS = torch.zeros(8, 3, dtype=D)
+for _row, _score in enumerate(EP_SCORES):  # the score on each row's last valid token
+    EP_REWARDS[_row, int(EP_MASK[_row].sum()) - 1] = _score
+EP_GROUPS = [0, 0, 0, 0, 1, 1, 1, 1]
+EPISODES = ["a", "a", "b", "c", "d", "e", "e", "e"]
+
+
+def test_grpo_counts_an_episode_once_over_its_segments() -> None:
+    # group 0 over episodes [1, 0, 0]: mean 1/3, unbiased std sqrt(((2/3)^2 + 2 (1/3)^2) / 2)
+    # = sqrt(1/3): A = (2/3) / sqrt(1/3) = 2/sqrt(3) = 1.1547, B = C = -1/sqrt(3) = -0.5774.
+    # group 1 over [1, 0]: mean 1/2, std sqrt(1/2): D = 1/sqrt(2), E = -1/sqrt(2).
+    a, b, h = 2 / math.sqrt(3), -1 / math.sqrt(3), 1 / math.sqrt(2)
+    adv, _ = compute_grpo(EP_REWARDS, EP_MASK, EP_GROUPS, eps=0.0, episode_index=EPISODES)
+    assert _per_seq(adv) == pytest.approx([a, a, b, b, h, -h, -h, -h], rel=1e-12)
+    assert torch.equal(adv, adv[:, :1] * EP_MASK)  # every valid token of every segment
+    # per row (the old count): group 0 rows [1, 1, 0, 0] give A = 0.5 / sqrt(1/3) = 0.866,
+    # group 1 rows [1, 0, 0, 0] D = 0.75 / 0.5 = 1.5: what episode_index corrects
+    rows, _ = compute_grpo(EP_REWARDS, EP_MASK, EP_GROUPS, eps=0.0)
+    assert _per_seq(rows)[0] == pytest.approx(0.5 * math.sqrt(3)) and _per_seq(rows)[4] == 1.5
+    # through the dispatcher, as the trainer calls it
+    via, _ = compute_advantages(
+        "grpo",
+        token_rewards=EP_REWARDS,
+        response_mask=EP_MASK,
+        group_index=torch.tensor(EP_GROUPS),
+        episode_index=torch.tensor([0, 0, 1, 2, 3, 4, 4, 4]),
+        eps=0.0,
+    )
+    assert torch.equal(via, adv)
+    # one segment per episode: the same as without episode_index
+    single = list(range(8))
+    assert torch.equal(
+        compute_grpo(EP_REWARDS, EP_MASK, EP_GROUPS, episode_index=single)[0],
+        compute_grpo(EP_REWARDS, EP_MASK, EP_GROUPS)[0],
+    )
+
+
+def test_drgrpo_and_rloo_count_an_episode_once() -> None:
+    # Dr.GRPO: group 0 A = 1 - 1/3 = 2/3, B = C = -1/3; group 1 D = 1/2, E = -1/2
+    dr, _ = compute_drgrpo(EP_REWARDS, EP_MASK, EP_GROUPS, episode_index=EPISODES)
+    third = 1 / 3
+    assert _per_seq(dr) == pytest.approx(
+        [2 * third, 2 * third, -third, -third] + [0.5] + [-0.5] * 3
+    )
+    # RLOO: A = 1 - mean(0, 0) = 1, B = 0 - mean(1, 0) = -1/2 = C; D = 1 - 0, E = 0 - 1
+    rl, _ = compute_rloo(EP_REWARDS, EP_MASK, EP_GROUPS, episode_index=EPISODES)
+    assert _per_seq(rl) == pytest.approx([1.0, 1.0, -0.5, -0.5, 1.0, -1.0, -1.0, -1.0])
+
+
+def test_episode_rows_must_share_score_and_group() -> None:
+    with pytest.raises(ValueError, match="one episode must share one score"):
+        compute_grpo(EP_REWARDS, EP_MASK, EP_GROUPS, episode_index=[0, 1, 1, 2, 3, 4, 4, 4])
+    with pytest.raises(ValueError, match="one episode must share one group"):
+        compute_grpo(EP_REWARDS, EP_MASK, EP_GROUPS, episode_index=[0, 0, 1, 2, 2, 4, 4, 4])
+
+
 def test_group_ids_may_be_any_hashable_or_tensor() -> None:
     as_tensor = compute_grpo(REWARDS, MASK, torch.tensor([7, -3, 7, 7, -3, 100]))[0]
     as_str = compute_grpo(REWARDS, MASK, ["a", "b", "a", "a", "b", "c"])[0]

@@ -8,7 +8,7 @@ import torch
 
 from relayrl.env import ChatTemplateRenderer, FunctionEnvironment, StepResult, TrajectoryBuilder
 from relayrl.env.runner import EpisodeRunner, RunnerLimits
-from relayrl.env.scoring import expand_segments
+from relayrl.env.scoring import expand_episodes, expand_segments
 from relayrl.model import load_causal_lm, load_tokenizer
 from relayrl.model.tiny import build_char_tokenizer, build_tiny_model
 from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
@@ -101,5 +101,7 @@ def test_a_template_that_breaks_the_prefix_starts_a_new_counted_segment(engine_a
     flat, scores = expand_segments(samples, torch.tensor([1.0, 0.0]))
     assert len(flat) == 4 and scores.tolist() == [1.0, 1.0, 0.0, 0.0]
     assert [s.group_id for s in flat] == [0, 0, 0, 0]
+    _, _, episodes = expand_episodes(samples, torch.tensor([1.0, 0.0]))
+    assert episodes == [0, 0, 1, 1]  # each episode counts once in GRPO's group statistics
     exp = Experience.from_samples(flat, tok.pad_token_id)
     assert int(exp.response_mask.sum()) == sum(len(s.response_ids) for s in flat)

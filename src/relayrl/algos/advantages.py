@@ -9,6 +9,10 @@ Conventions shared by every estimator:
   are placed on the last valid token, see ``kl.apply_kl_to_rewards``).
 - ``group_index`` ([B] int tensor, or a list of any hashable ids) names each sequence's
   group (e.g. its prompt); groups need not be contiguous.
+- ``episode_index`` (optional, same forms as ``group_index``; GRPO, Dr.GRPO, RLOO) names
+  the episode each sequence belongs to: a multi-turn episode trained as several sequences
+  (segments of a prefix break) shares one score and one group, and counts once in its
+  group's mean and std; every one of its sequences gets the episode's advantage.
 - Group baselines are computed around the group's minimum score, so a group whose scores
   are all equal is centred to exactly 0 before any division or batch whitening (no
   ``x - mean(x) = 1e-17`` residue that a tiny std would blow up).
@@ -70,6 +74,29 @@ def _group_centre(scores: Tensor, inverse: Tensor) -> tuple[Tensor, Tensor]:
     shifted = scores - ref[inverse]
     centred = shifted - _group_sum(shifted, inverse) / counts
     return centred, counts
+
+
+def _per_episode(
+    scores: Tensor, inverse: Tensor, episode_index: GroupIndex | None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(scores [E], compact group ids [E], row -> episode [B] or None): one entry per episode.
+
+    Without ``episode_index`` every sequence is its own episode (``None`` back-map). The rows
+    of one episode must share their score and group (ValueError otherwise)."""
+    if episode_index is None:
+        return scores, inverse, None
+    batch = len(scores)
+    ep = _group_inverse(episode_index, batch, scores.device)
+    n_ep = int(ep.max()) + 1 if batch else 0
+    rows = torch.arange(batch, device=scores.device)
+    first = torch.full((n_ep,), batch, dtype=torch.long, device=scores.device)
+    first = first.scatter_reduce(0, ep, rows, reduce="amin", include_self=True)
+    ep_scores, ep_groups = scores[first], inverse[first]
+    if not torch.equal(inverse, ep_groups[ep]):
+        raise ValueError("episode_index: the sequences of one episode must share one group")
+    if not torch.allclose(scores, ep_scores[ep], rtol=0.0, atol=1e-6):
+        raise ValueError("episode_index: the sequences of one episode must share one score")
+    return ep_scores, torch.unique(ep_groups, return_inverse=True)[1], ep
 
 
 def discounted_returns(token_rewards: Tensor, response_mask: Tensor, gamma: float = 1.0) -> Tensor:
@@ -134,6 +161,7 @@ def compute_grpo(
     norm_by_std: bool = True,
     eps: float = 1e-6,
     singleton: str = "zero",
+    episode_index: GroupIndex | None = None,
 ) -> tuple[Tensor, Tensor]:
     """GRPO outcome advantage (DeepSeekMath, Shao et al. 2024, arXiv:2402.03300).
 
@@ -143,12 +171,14 @@ def compute_grpo(
     A singleton group gets A = 0 (``singleton="zero"``: the std of one sample is undefined,
     we define the advantage as 0, not NaN); ``singleton="score"`` is veRL's convention (mean
     0 and std 1 for a group of one): A = r_i / (1 + eps) (r_i without std normalisation).
-    A group of equal rewards gets exactly 0.
+    A group of equal rewards gets exactly 0. With ``episode_index`` the mean, std and group
+    size run over episodes (module docstring), A_i of an episode going to all its sequences.
     """
     _check_bt("token_rewards", token_rewards, response_mask)
     mask = as_bool_mask(response_mask)
-    scores = masked_sum(token_rewards, mask, dim=-1)
-    inverse = _group_inverse(group_index, len(scores), scores.device)
+    row_scores = masked_sum(token_rewards, mask, dim=-1)
+    row_inverse = _group_inverse(group_index, len(row_scores), row_scores.device)
+    scores, inverse, back = _per_episode(row_scores, row_inverse, episode_index)
     centred, counts = _group_centre(scores, inverse)
     multi = counts >= 2
     if norm_by_std:
@@ -161,6 +191,8 @@ def compute_grpo(
     else:
         seq_adv = centred
     seq_adv = torch.where(multi, seq_adv, _singleton_advantage(scores, singleton, norm_by_std, eps))
+    if back is not None:
+        seq_adv = seq_adv[back]
     advantages = zero_masked(seq_adv[:, None].expand_as(mask), mask)
     return advantages, advantages.clone()
 
@@ -178,32 +210,49 @@ def _singleton_advantage(scores: Tensor, singleton: str, norm_by_std: bool, eps:
 
 
 def compute_drgrpo(
-    token_rewards: Tensor, response_mask: Tensor, group_index: GroupIndex, singleton: str = "zero"
+    token_rewards: Tensor,
+    response_mask: Tensor,
+    group_index: GroupIndex,
+    singleton: str = "zero",
+    episode_index: GroupIndex | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Dr.GRPO advantage (Liu et al. 2025, arXiv:2503.20783): A_i = r_i - mean_g r, no std.
 
     Same conventions as :func:`compute_grpo` (singleton or equal-reward group -> 0).
     """
     return compute_grpo(
-        token_rewards, response_mask, group_index, norm_by_std=False, singleton=singleton
+        token_rewards,
+        response_mask,
+        group_index,
+        norm_by_std=False,
+        singleton=singleton,
+        episode_index=episode_index,
     )
 
 
 def compute_rloo(
-    token_rewards: Tensor, response_mask: Tensor, group_index: GroupIndex
+    token_rewards: Tensor,
+    response_mask: Tensor,
+    group_index: GroupIndex,
+    episode_index: GroupIndex | None = None,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740).
 
     A_i = r_i - mean_{j != i} r_j = G / (G - 1) * (r_i - mean_g r), broadcast to valid tokens;
     returns == advantages. A singleton group has no other sample to form a baseline: we
     define its advantage as 0 (documented choice, like GRPO). Equal rewards -> exactly 0.
+    With ``episode_index``, G and the mean count episodes (module docstring).
     """
     _check_bt("token_rewards", token_rewards, response_mask)
     mask = as_bool_mask(response_mask)
-    scores = masked_sum(token_rewards, mask, dim=-1)
-    centred, counts = _group_centre(scores, _group_inverse(group_index, len(scores), scores.device))
+    row_scores = masked_sum(token_rewards, mask, dim=-1)
+    row_inverse = _group_inverse(group_index, len(row_scores), row_scores.device)
+    scores, inverse, back = _per_episode(row_scores, row_inverse, episode_index)
+    centred, counts = _group_centre(scores, inverse)
     seq_adv = centred * counts / (counts - 1).clamp(min=1)
     seq_adv = torch.where(counts >= 2, seq_adv, torch.zeros_like(seq_adv))
+    if back is not None:
+        seq_adv = seq_adv[back]
     advantages = zero_masked(seq_adv[:, None].expand_as(mask), mask)
     return advantages, advantages.clone()
 
@@ -274,7 +323,7 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
     "reinforce_plus_plus_baseline": compute_reinforce_plus_plus_baseline,
 }
 
-_DATA_ARGS = ("token_rewards", "response_mask", "values", "group_index")
+_DATA_ARGS = ("token_rewards", "response_mask", "values", "group_index", "episode_index")
 
 
 def compute_advantages(
@@ -284,13 +333,16 @@ def compute_advantages(
     response_mask: Tensor,
     values: Tensor | None = None,
     group_index: GroupIndex | None = None,
+    episode_index: GroupIndex | None = None,
     **kwargs: Any,
 ) -> tuple[Tensor, Tensor]:
     """Dispatch to ``ADVANTAGE_ESTIMATORS[name]``.
 
     ``values`` / ``group_index`` are passed only to estimators that take them (and are
-    required there); every other keyword (gamma, lam, whiten, norm_by_std, eps) must be one
-    the estimator accepts, else ValueError.
+    required there); ``episode_index`` to those that take it (optional; the others have no
+    group statistics to count episodes in, except REINFORCE++-baseline, whose group mean
+    still counts each sequence); every other keyword (gamma, lam, whiten, norm_by_std, eps)
+    must be one the estimator accepts, else ValueError.
     """
     try:
         estimator = ADVANTAGE_ESTIMATORS[name]
@@ -311,4 +363,6 @@ def compute_advantages(
             if value is None:
                 raise ValueError(f"advantage estimator {name!r} needs {arg}")
             call[arg] = value
+    if episode_index is not None and "episode_index" in params:
+        call["episode_index"] = episode_index
     return estimator(**call, **kwargs)

@@ -24,7 +24,7 @@ from relayrl.algos import (
 from relayrl.config import RunConfig
 from relayrl.controller.prompts import TokenizedPrompt
 from relayrl.data import dynamic_sample
-from relayrl.env.scoring import expand_segments
+from relayrl.env.scoring import expand_episodes
 from relayrl.rollout import GenerationRequest, Sample, SamplingParams
 from relayrl.telemetry.mismatch import MismatchMonitor
 from relayrl.workers import Experience, Roles
@@ -110,9 +110,16 @@ def old_logprobs(roles: Roles, exp: Experience, cfg: RunConfig) -> Tensor | None
 
 
 def grpo_experience(
-    roles: Roles, samples: Sequence[Sample], scores: Tensor, cfg: RunConfig
+    roles: Roles,
+    samples: Sequence[Sample],
+    scores: Tensor,
+    cfg: RunConfig,
+    episodes: Sequence[int] | None = None,
 ) -> Experience:
-    """GRPO's batch: pi_old (proximal) and pi_ref logprobs, group-normalised advantages."""
+    """GRPO's batch: pi_old (proximal) and pi_ref logprobs, group-normalised advantages.
+
+    ``episodes``: the episode of each sample (segments of one prefix-broken episode share
+    one), so that the group statistics count an episode once (``compute_advantages``)."""
     exp = Experience.from_samples(samples, roles.tokenizer.pad_token_id)
     exp["scores"] = scores
     old = old_logprobs(roles, exp, cfg)
@@ -125,6 +132,7 @@ def grpo_experience(
         token_rewards=last_token_rewards(scores, exp.response_mask),
         response_mask=exp.response_mask,
         group_index=exp["group_index"],
+        episode_index=None if episodes is None else list(episodes),
         **_estimator_kwargs(cfg),
     )
     if cfg.algo.distill.teacher_path is not None:
@@ -186,12 +194,13 @@ def make_experience(
     """The step's batch. Multi-turn samples (``relayrl.env``) carry a loss mask: observation
     tokens are attended to and never trained (``Experience.response_mask``); GAE steps from
     one model token to the next over them. An episode split at a prefix break trains each of
-    its segments (``expand_segments``)."""
-    samples, scores = expand_segments(samples, scores)
+    its segments, each episode counted once in its group's statistics (``expand_episodes``)."""
+    samples, scores, episodes = expand_episodes(samples, scores)
     if cfg.algo.name == "ppo":
         exp = ppo_experience(roles, samples, scores, cfg, kl_ctl)
     else:
-        exp = grpo_experience(roles, samples, scores, cfg)
+        split = len(set(episodes)) < len(episodes)
+        exp = grpo_experience(roles, samples, scores, cfg, episodes if split else None)
     exp["outcomes"] = roles.reward.outcomes(samples, scores)  # raw verifiable outcome
     return exp
 

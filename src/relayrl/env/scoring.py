@@ -12,8 +12,9 @@
   step, dynamic sampling, the async controller's inline scoring, the held-out evaluation --
   scores episodes the same way without knowing about them.
 - ``expand_segments(samples, scores)``: an episode split at a prefix break trains each
-  segment as a sample of its own, with the episode's score and group (GRPO's group statistics
-  then count such an episode once per segment; ``env/prefix_breaks`` says how often).
+  segment as a sample of its own, with the episode's score and group; ``expand_episodes``
+  also says which episode each row came from, so that GRPO's group statistics count such an
+  episode once, not once per segment (``env/prefix_breaks`` says how often it happens).
 """
 
 from __future__ import annotations
@@ -74,17 +75,28 @@ def episode_scores(
 
 def expand_segments(samples: Sequence[Sample], scores: Tensor) -> tuple[list[Sample], Tensor]:
     """Every episode's earlier segments before it, with its score (see module)."""
+    out, values, _ = expand_episodes(samples, scores)
+    return out, values
+
+
+def expand_episodes(
+    samples: Sequence[Sample], scores: Tensor
+) -> tuple[list[Sample], Tensor, list[int]]:
+    """:func:`expand_segments` plus each row's episode: the index in ``samples`` of the episode
+    it came from (its segments share it), so that group statistics can count an episode once."""
     if not any((env_info(s) or {}).get("segments") for s in samples):
-        return list(samples), scores
-    out, values = [], []
-    for s, v in zip(samples, scores.tolist(), strict=True):
+        return list(samples), scores, list(range(len(samples)))
+    out, values, episodes = [], [], []
+    for i, (s, v) in enumerate(zip(samples, scores.tolist(), strict=True)):
         for seg in (env_info(s) or {}).get("segments") or []:
             seg.group_id = s.group_id
             out.append(seg)
             values.append(v)
+            episodes.append(i)
         out.append(s)
         values.append(v)
-    return out, torch.tensor(values, dtype=torch.float32)
+        episodes.append(i)
+    return out, torch.tensor(values, dtype=torch.float32), episodes
 
 
 class EpisodeScorer:
