@@ -70,7 +70,8 @@ def run(root: Path, model: Path, schedule: str, a: argparse.Namespace) -> dict:
         ],
     )
     t0 = time.perf_counter()
-    train(cfg, lambda x, c, cfg=cfg: build_local_roles(cfg, x, c))
+    final = train(cfg, lambda x, c, cfg=cfg: build_local_roles(cfg, x, c))
+    engine = final.get("engine") or {}
     wall = time.perf_counter() - t0
     recs = [json.loads(x) for x in (root / schedule / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in recs if "env/episodes" in r]
@@ -89,6 +90,18 @@ def run(root: Path, model: Path, schedule: str, a: argparse.Namespace) -> dict:
         **{
             k.split("/")[1] + "_s_mean": round(sum(r.get(k, 0.0) for r in steps) / len(steps), 3)
             for k in ("time/generate", "time/train", "time/wait", "time/weight_sync")
+        },
+        "engine": {
+            k: round(float(engine[k]), 3)
+            for k in (
+                "steps",
+                "tokens_generated",
+                "prefill_tokens",
+                "decode_time_s",
+                "prefill_time_s",
+                "sample_time_s",
+            )
+            if k in engine
         },
         "gen_tokens_per_s_mean": round(
             sum(r.get("gen_tokens_per_s", 0.0) for r in steps) / len(steps), 1

@@ -86,6 +86,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from relayrl.config import RunConfig, load_config
     from relayrl.controller.evaluate import eval_datasets, evaluate_prompts
     from relayrl.controller.preflight import check_run
+    from relayrl.controller.schedules import attach_episodes
     from relayrl.model import check_model_dir
 
     overrides = list(args.overrides)
@@ -103,6 +104,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     check_run(cfg, training=False)
     roles = build_local_roles(cfg, cfg.model.path, None)
     try:
+        attach_episodes(roles, cfg)  # env.factory / env.agent: episodes, as in training
         datasets = eval_datasets(cfg.data, roles.tokenizer, cfg.seed, args.data or ())
         stop = [roles.tokenizer.eos_token_id]
         results: dict[str, dict[str, float]] = {}

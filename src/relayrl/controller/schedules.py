@@ -142,7 +142,11 @@ class SyncSchedule:
         return exp, stats
 
     def close(self) -> dict[str, Any]:
-        return {}
+        """The engine's counters since it started (as the async schedule's ``engine``)."""
+        try:
+            return {"engine": self.roles.rollout.report().counters}
+        except Exception:  # closing must not mask the first error
+            return {}
 
 
 class AsyncSchedule:
@@ -265,15 +269,23 @@ class AsyncSchedule:
         return out
 
 
-def make_schedule(
-    roles: Roles, cfg: RunConfig, source: PromptSource, stop_ids: list[int], timeline: Timeline
-) -> SyncSchedule | AsyncSchedule:
-    """The run's schedule; with ``env.factory`` the roles are given environments first."""
+def attach_episodes(roles: Roles, cfg: RunConfig) -> Roles:
+    """The roles of a run with ``env.factory`` (episodes through the environment runner) or
+    ``env.agent.function`` (an agent against the endpoint); unchanged without either. Used by
+    training and by ``relayrl eval``, so both evaluate the same episodes."""
     attach_environments(roles, cfg)
     if cfg.env.agent.enabled:  # an agent written against the openai client (i20b)
         from relayrl.env.agent_rollout import attach_agent  # fastapi, uvicorn: only then
 
         attach_agent(roles, cfg)
+    return roles
+
+
+def make_schedule(
+    roles: Roles, cfg: RunConfig, source: PromptSource, stop_ids: list[int], timeline: Timeline
+) -> SyncSchedule | AsyncSchedule:
+    """The run's schedule; with ``env.factory`` the roles are given environments first."""
+    attach_episodes(roles, cfg)
     if cfg.schedule == "sync":
         return SyncSchedule(roles, cfg, source, stop_ids, timeline)
     return AsyncSchedule(roles, cfg, source, stop_ids, timeline)
