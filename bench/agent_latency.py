@@ -37,7 +37,8 @@ from relayrl.plan.envlatency import parse_latency
 from relayrl.plan.lengths import ConstantLengths
 from relayrl.plan.profiling import profile
 from relayrl.plan.simulator import SimConfig, simulate
-from relayrl.plan.timemodel import ProfiledTimeModel
+from relayrl.plan.timemodel import THREAD_MEASUREMENTS, MeasuredProfile, ProfiledTimeModel
+from relayrl.rollout.timing import engine_profile
 
 
 def run(root: Path, model: Path, schedule: str, a: argparse.Namespace) -> dict:
@@ -76,9 +77,12 @@ def run(root: Path, model: Path, schedule: str, a: argparse.Namespace) -> dict:
     recs = [json.loads(x) for x in (root / schedule / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in recs if "env/episodes" in r]
     loop_s = sum(r["time/step"] for r in steps)
-    episodes = len(steps) * a.prompts * a.group  # trained (async finishes more than it trains)
+    batch = a.prompts * a.group
+    episodes = len(steps) * batch  # trained (async finishes more than it trains)
+    h = len(steps) // 2  # the simulator's warm-up rule (plan.sim_report.steady_rate)
     return {
         "samples_per_s": episodes / loop_s,
+        "steady_samples_per_s": (len(steps) - h) * batch / sum(r["time/step"] for r in steps[h:]),
         "loop_s": round(loop_s, 2),
         "wall_s": round(wall, 2),
         "episodes": episodes,
@@ -109,13 +113,16 @@ def run(root: Path, model: Path, schedule: str, a: argparse.Namespace) -> dict:
     }
 
 
-def predict(model: Path, a: argparse.Namespace, turn_len: float, obs_tokens: int) -> dict:
-    prof = profile(model, batches=(1, 4, 16, 64), threads=a.sync_threads, also_threads=(1,))
+def predict(
+    model: Path, a: argparse.Namespace, turn_len: float, obs_tokens: int, prof: MeasuredProfile
+) -> dict:
+    """The simulator's figures for both schedules on ``prof``: steady state over
+    ``--sim-steps`` steps (the heavy tail needs many to average), and over the run's own
+    ``--steps`` from a cold start (what ``samples_per_s`` measures)."""
     tm = ProfiledTimeModel(prof, concurrency=a.prompts * a.group)
     common = dict(
         lengths=ConstantLengths(max(1, round(turn_len))),
         batch_size=a.prompts * a.group,
-        n_steps=max(a.steps, 8),
         prompt_len=8,
         slots_per_replica=a.prompts * a.group,
         weight_sync_s=0.0,
@@ -125,32 +132,28 @@ def predict(model: Path, a: argparse.Namespace, turn_len: float, obs_tokens: int
         resume_prefill="context",
         seed=a.seed,
     )
-    sync = simulate(
-        SimConfig(
-            tm,
-            schedule="sync",
-            n_devices=2,
-            gen_devices_per_replica=2,
-            turn_barrier=False,
-            **common,
-        )
+    # sync: one process on --sync-threads threads; async: trainer and engine, one each
+    sync_kw = dict(
+        schedule="sync",
+        n_devices=a.sync_threads,
+        gen_devices_per_replica=a.sync_threads,
+        turn_barrier=False,
     )
-    asyn = simulate(
-        SimConfig(
-            tm,
-            schedule="async",
-            n_devices=2,
-            train_devices=1,
-            gen_devices_per_replica=1,
-            eta=a.eta,
-            **common,
-        )
+    async_kw = dict(
+        schedule="async", n_devices=2, train_devices=1, gen_devices_per_replica=1, eta=a.eta
     )
-    return {
-        "sync_samples_per_s": sync.steady_samples_per_s,
-        "async_samples_per_s": asyn.steady_samples_per_s,
-        "speedup": asyn.steady_samples_per_s / sync.steady_samples_per_s,
-    }
+    out: dict[str, float] = {}
+    for name, kw in (("sync", sync_kw), ("async", async_kw)):
+        steady = simulate(SimConfig(tm, n_steps=a.sim_steps, **kw, **common))
+        short = simulate(SimConfig(tm, n_steps=a.steps, **kw, **common))
+        out[f"{name}_steady_samples_per_s"] = steady.steady_samples_per_s
+        out[f"{name}_samples_per_s"] = short.samples_per_s
+        busy = steady.breakdown.get("generate_busy_s", steady.breakdown.get("generate_s", 0.0))
+        out[f"{name}_generate_s_per_step"] = busy / a.sim_steps
+        out[f"{name}_train_s_per_step"] = steady.breakdown["train_s"] / a.sim_steps
+    out["steady_speedup"] = out["async_steady_samples_per_s"] / out["sync_steady_samples_per_s"]
+    out["speedup"] = out["async_samples_per_s"] / out["sync_samples_per_s"]
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -160,11 +163,18 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--turn-tokens", type=int, default=16)
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--group", type=int, default=4)
-    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--sim-steps", type=int, default=200, help="steps of the steady prediction")
+    p.add_argument(
+        "--profile",
+        choices=("engine", "forward"),
+        default="engine",
+        help="time generation through relayrl's engine (relayrl.rollout.timing) or bare forwards",
+    )
     p.add_argument("--eta", type=int, default=2)
     p.add_argument("--timeout", type=float, default=30.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sync-threads", type=int, default=2, help="1 on a loaded machine")
+    p.add_argument("--sync-threads", type=int, default=1, help="2 on an idle 2-core machine")
     p.add_argument("--keep", default=None, help="keep the run directories here")
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as d:
@@ -177,7 +187,16 @@ def main(argv: list[str] | None = None) -> dict:
         # an episode's response is its turns plus (turns - 1) observations: the model's
         # tokens per turn are what is left of it, shared by the turns
         turn_len = (sync["response_length_mean"] - obs * (a.turns - 1)) / a.turns
-        pred = predict(model, a, turn_len, obs)
+        if a.profile == "engine":
+            prof = engine_profile(model, threads=a.sync_threads)
+            if a.sync_threads != 1:  # async's roles run on one thread each
+                one = engine_profile(model, threads=1)
+                prof.at_threads[1] = {
+                    k: getattr(one, k) for k in (*THREAD_MEASUREMENTS, "prefill_overhead_s")
+                }
+        else:
+            prof = profile(model, batches=(1, 4, 16, 64), threads=a.sync_threads, also_threads=(1,))
+        pred = predict(model, a, turn_len, obs, prof)
     out = {
         "bench": "agent_latency",
         "latency": a.latency,
@@ -188,6 +207,16 @@ def main(argv: list[str] | None = None) -> dict:
         "sync": sync,
         "async": asyn,
         "measured_speedup": round(asyn["samples_per_s"] / sync["samples_per_s"], 3),
+        "measured_steady_speedup": round(
+            asyn["steady_samples_per_s"] / sync["steady_samples_per_s"], 3
+        ),
+        "profile": {
+            "source": a.profile,
+            "decode_step_s": prof.decode_step_s,
+            "prefill_tokens_per_s": round(prof.prefill_tokens_per_s),
+            "prefill_overhead_s": prof.prefill_overhead_s,
+            "train_tokens_per_s": round(prof.train_tokens_per_s),
+        },
         "predicted": {k: round(v, 3) for k, v in pred.items()},
     }
     print(json.dumps(out))

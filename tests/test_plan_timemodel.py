@@ -170,3 +170,20 @@ def test_profile_measured_at_other_thread_counts_is_used_as_measured(tmp_path):
     assert a + beta * 64 == pytest.approx(0.001)  # not 2 x 0.001
     assert tm.train_time(2e4, 4) == pytest.approx(0.5)  # not measured at 4: scaled 2 / 4
     assert pr.with_threads(3) is None and pr.with_threads(2) is pr
+
+
+def test_profiled_prefill_overhead(tmp_path):
+    """An engine profile's prefill: overhead + tokens / rate per prefill, scaled like the
+    rest; 0 tokens cost nothing; older profile files without the field still load."""
+    pr = _profile()
+    pr.prefill_overhead_s = 0.007
+    pr.save(tmp_path / "p.json")
+    tm = ProfiledTimeModel(MeasuredProfile.load(tmp_path / "p.json"))
+    assert tm.prefill_time(2e5, 2) == pytest.approx(1.007)  # measured on 2 threads
+    assert tm.prefill_time(1e5, 1) == pytest.approx(2 * (0.007 + 0.5))  # 1 of 2: twice
+    assert tm.prefill_time(0, 2) == 0.0
+    d = json.loads((tmp_path / "p.json").read_text())
+    del d["prefill_overhead_s"]
+    assert MeasuredProfile.from_dict(d).prefill_overhead_s == 0.0
+    with pytest.raises(ValueError, match="prefill_overhead_s"):
+        MeasuredProfile.from_dict({**d, "prefill_overhead_s": -1.0})

@@ -218,3 +218,42 @@ def test_simulate_cli_with_env_latency(capsys):
     by = {r["config"]: r for r in rows}
     assert by["sync"]["env_wait_s"] > 0 and by["async eta=1"]["episode_env_wait_s"] > 0
     assert by["async eta=1"]["speedup"] > 1.0
+
+
+def test_prefill_overhead_is_paid_once_per_prefill():
+    # as test_resume_prefill_policies ("context"), plus 0.5 s per prefill (an engine step
+    # that admits): prompts 0.5 + 2.0 = 2.5 s, turn 1 2.5..5.5, wait 5 -> 10.5, resume
+    # 0.5 + 3.6 = 4.1 s -> 14.6, turn 2 14.6..17.6, training 0.42 s: 18.02 (17.02 + 2 x 0.5)
+    r = two_turns(
+        "sync",
+        slots=2,
+        time_model=FixedStepTimeModel(
+            step_s=1.0,
+            prefill_s_per_token=0.1,
+            train_s_per_token=0.01,
+            concurrency=2,
+            prefill_overhead_s=0.5,
+        ),
+        prompt_len=10,
+        obs_tokens=5,
+    )
+    assert r.makespan_s == pytest.approx(18.02)
+    # independent turns (turn_barrier=False): episode 1 is back at 6.5 and pays its own
+    # prefill 0.5 + 1.8 = 2.3 s (8.8), turn 2 8.8..11.8; episode 2 back at 10.5 joins at the
+    # step boundary 10.8 with 0.5 + 1.8 (13.1, episode 1's turn pauses with it: ends 14.1),
+    # turn 2 13.1..16.1; training 0.42 s -> 16.52
+    i = two_turns(
+        "sync",
+        slots=2,
+        time_model=FixedStepTimeModel(
+            step_s=1.0,
+            prefill_s_per_token=0.1,
+            train_s_per_token=0.01,
+            concurrency=2,
+            prefill_overhead_s=0.5,
+        ),
+        prompt_len=10,
+        obs_tokens=5,
+        turn_barrier=False,
+    )
+    assert i.makespan_s == pytest.approx(16.52)

@@ -229,12 +229,17 @@ class FixedStepTimeModel:
     train_s_per_token: float = 0.0
     concurrency: int = 100
     weight_bytes: float = 0.0
+    prefill_overhead_s: float = 0.0
+    """Fixed seconds of every prefill of at least one token (an engine step that admits)."""
 
     def decode_step_params(self, batch: int, devices: int) -> tuple[float, float, float]:
         return self.step_s, 0.0, 0.0
 
     def prefill_time(self, tokens: float, devices: int) -> float:
-        return self.prefill_s_per_token * tokens / devices
+        """``(prefill_overhead_s + prefill_s_per_token * tokens) / devices``; 0 for none."""
+        if tokens <= 0:
+            return 0.0
+        return (self.prefill_overhead_s + self.prefill_s_per_token * tokens) / devices
 
     def train_time(self, tokens: float, devices: int) -> float:
         return self.train_s_per_token * tokens / devices
@@ -268,6 +273,11 @@ class MeasuredProfile:
         prefill_tokens_per_s: forward tokens/s on full prompts.
         train_tokens_per_s: forward + backward + AdamW tokens/s.
         weight_bytes: bytes of the weights as held (for weight-transfer times).
+        prefill_overhead_s: fixed seconds of one prefill (a step that admits sequences),
+            whatever its tokens: a prefill of ``n`` tokens costs
+            ``prefill_overhead_s + n / prefill_tokens_per_s``. 0 for a profile of bare
+            forwards; an engine profile (``relayrl.rollout.timing``) measures it, and it
+            dominates when multi-turn episodes come back from their environments one by one.
     """
 
     model: str
@@ -288,6 +298,7 @@ class MeasuredProfile:
     train_tokens_per_s}}``. CPU speed-ups are far from linear in threads (a small decode step
     is mostly per-forward overhead, measured 1.0x on 2 threads; training 1.6x), so a time
     model uses these where it can instead of scaling ``threads / devices``."""
+    prefill_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         self.decode_step_s = {int(k): float(v) for k, v in self.decode_step_s.items()}
@@ -306,6 +317,8 @@ class MeasuredProfile:
             raise ValueError("profile prefill_tokens_per_s and train_tokens_per_s must be > 0")
         if self.threads < 1:
             raise ValueError("profile threads must be >= 1")
+        if self.prefill_overhead_s < 0:
+            raise ValueError("profile prefill_overhead_s must be >= 0")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -342,7 +355,8 @@ class MeasuredProfile:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MeasuredProfile:
         names = set(cls.__dataclass_fields__)
-        missing = [k for k in names - {"extra", "weight_bytes", "at_threads"} if k not in d]
+        optional = {"extra", "weight_bytes", "at_threads", "prefill_overhead_s"}
+        missing = [k for k in names - optional if k not in d]
         if missing:
             raise ValueError(f"profile lacks {', '.join(sorted(missing))}")
         return cls(**{k: v for k, v in d.items() if k in names})
@@ -401,8 +415,11 @@ class ProfiledTimeModel:
         return a * s, slope * s, 0.0
 
     def prefill_time(self, tokens: float, devices: int) -> float:
+        """``(prefill_overhead_s + tokens / prefill_tokens_per_s) * scale``; 0 for no tokens."""
+        if tokens <= 0:
+            return 0.0
         p, s = self._at(devices)
-        return tokens / p.prefill_tokens_per_s * s
+        return (p.prefill_overhead_s + tokens / p.prefill_tokens_per_s) * s
 
     def train_time(self, tokens: float, devices: int) -> float:
         p, s = self._at(devices)
