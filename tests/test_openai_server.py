@@ -93,6 +93,33 @@ def test_chat_completion_returns_the_engines_tokens_and_logprobs(server, tiny):
     assert call.logprobs == pytest.approx(lps, abs=1e-6)
 
 
+def test_n_choices_are_the_engines_and_each_is_recorded(server, tiny):
+    """n = 3: three choices of one prompt, choice i seeded seed + i, generated together; each
+    is a recorded call, and the second and third branch (a trajectory each)."""
+    model, tok = tiny
+    session = server.open_session()
+    r = _client(server, session).chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=7, seed=5, n=3
+    )
+    prompt = tok("U:hi\nA:", add_special_tokens=False)["input_ids"]
+    reqs = [GenerationRequest(prompt, SamplingParams(max_tokens=7, seed=5 + i)) for i in range(3)]
+    direct = _engine(model, tok).generate(reqs)  # the same three, batched as the server did
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.model_extra["token_ids"] for c in r.choices] == [s.response_ids for s in direct]
+    assert len({tuple(c.model_extra["token_ids"]) for c in r.choices}) > 1  # distinct seeds
+    assert r.usage.prompt_tokens == len(prompt)
+    assert r.usage.completion_tokens == sum(len(s.response_ids) for s in direct)
+    assert [c.prompt_ids for c in session.calls] == [prompt] * 3
+    for call, s in zip(session.calls, direct, strict=True):
+        assert call.completion_ids == s.response_ids
+        assert call.logprobs == pytest.approx(s.behaviour_logprobs, abs=5e-5)
+    assert [c.trajectory for c in session.calls] == [0, 1, 2] and session.prefix_breaks == 2
+    assert len(session.to_samples()) == 3  # one sample per branch
+    # completions: n = 2 over token ids, without a session
+    c = _client(server).completions.create(model="policy", prompt=prompt, max_tokens=4, n=2)
+    assert len(c.choices) == 2 and [x.index for x in c.choices] == [0, 1]
+
+
 def test_completions_take_token_ids_or_text(server, tiny):
     model, tok = tiny
     client = _client(server)
@@ -196,9 +223,12 @@ def test_bad_input_is_an_openai_error_with_a_4xx_code(server, tiny):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="p", messages=[{"role": "wizard", "content": "x"}])
     assert "messages[0].role" in e.value.body["message"]
-    with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="p", messages=[{"role": "user", "content": "x"}], n=2)
-    assert e.value.body["param"] == "n"
+    for n in (0, 17):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(
+                model="p", messages=[{"role": "user", "content": "x"}], n=n
+            )
+        assert e.value.body["param"] == "n" and "n must be in [1, 16]" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="p", prompt=[], max_tokens=3)
     assert e.value.body["param"] == "prompt"
@@ -216,7 +246,7 @@ def test_bad_input_is_an_openai_error_with_a_4xx_code(server, tiny):
         assert r.status_code == 400, body
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}
     assert httpx.get(f"{server.url}/v1/nothing", timeout=30).status_code == 404
-    assert session.errors == 9 and session.calls == []
+    assert session.errors == 10 and session.calls == []
     ok = client.chat.completions.create(
         model="p", messages=[{"role": "user", "content": "x"}], max_tokens=2
     )

@@ -11,8 +11,11 @@ Routes (each also under ``/s/<session>/v1/...``):
   format; :mod:`relayrl.env.agent_chat`) -> prompt ids; ``tools`` reach the template; the
   reply's ``<tool_call>`` blocks become ``tool_calls``. Sampling: ``temperature`` (default
   1), ``top_p``, ``max_tokens`` / ``max_completion_tokens``, ``stop`` (strings), ``seed``,
-  ``n`` = 1 only, ``logprobs`` (the sampled token's behaviour logprob; ``top_logprobs`` lists
-  stay empty: the engine keeps no alternatives). ``stream`` is refused.
+  ``n`` (1 to :data:`MAX_N` choices of one prompt, generated concurrently; choice ``i`` is
+  seeded ``seed + i``, or from the session seed; each is recorded as its own call, so the
+  second and later ones branch: a trajectory each), ``logprobs`` (the sampled token's
+  behaviour logprob; ``top_logprobs`` lists stay empty: the engine keeps no alternatives).
+  ``stream`` is refused.
 - ``POST /v1/completions``: ``prompt`` as text or as token ids (``list[int]``), same sampling;
   ``logprobs`` (any int) gives ``tokens`` / ``token_logprobs`` / ``text_offset``.
 - vLLM's extra sampling fields ``stop_token_ids`` and ``ignore_eos`` are honoured by both
@@ -57,6 +60,9 @@ from relayrl.env.agent_chat import BadMessages, ChatRendering, normalise_message
 from relayrl.env.agent_engine import EngineClosed, EngineOwner
 from relayrl.env.sessions import CallRecord, Session, SessionStore
 from relayrl.rollout.types import GenerationRequest, Sample, SamplingParams
+
+MAX_N = 16
+"""Most choices one request may ask for (``n``)."""
 
 DEFAULT_MAX_TOKENS = 256
 """Completion tokens when the request gives no ``max_tokens`` (then capped by the context)."""
@@ -284,10 +290,8 @@ class OpenAIServer:
                 400, "stream=true is not supported by this endpoint", "unsupported", "stream"
             )
         n = _int(body, "n")
-        if n not in (None, 1):
-            raise APIError(
-                400, f"n={n}: only n=1 is supported (send n requests)", "unsupported", "n"
-            )
+        if n is not None and not 1 <= n <= MAX_N:
+            raise APIError(400, f"n must be in [1, {MAX_N}], got {n}", "invalid_value", "n")
         return body
 
     # ------------------------------------------------------------------ sampling
@@ -392,11 +396,31 @@ class OpenAIServer:
 
     async def _run(
         self, kind: str, prompt: list[int], body: dict[str, Any], session: Session | None
-    ) -> tuple[CallRecord, str | None]:
-        """Generate, cut at a stop string, record on the session: the call and its stop."""
+    ) -> list[tuple[CallRecord, str | None]]:
+        """Generate the ``n`` choices (concurrently), cut each at a stop string, record them
+        on the session in choice order: each choice's call and its stop."""
         self._check_context(prompt)
-        params, stops = self._params(body, session)
-        sample = await self._generate(prompt, params, session)
+        n = _int(body, "n") or 1
+        seed = _int(body, "seed")
+        runs = []
+        for i in range(n):
+            choice_body = body if seed is None or i == 0 else {**body, "seed": seed + i}
+            runs.append(self._params(choice_body, session))
+        samples = await asyncio.gather(*(self._generate(prompt, p, session) for p, _ in runs))
+        return [
+            self._record(kind, prompt, sample, params, stops, session)
+            for sample, (params, stops) in zip(samples, runs, strict=True)
+        ]
+
+    def _record(
+        self,
+        kind: str,
+        prompt: list[int],
+        sample: Sample,
+        params: SamplingParams,
+        stops: list[str],
+        session: Session | None,
+    ) -> tuple[CallRecord, str | None]:
         k, hit = self._cut_at_stop(sample.response_ids, stops)
         reason = "stop" if hit else ("length" if sample.finish_reason == "length" else "stop")
         call = CallRecord(
@@ -420,8 +444,9 @@ class OpenAIServer:
         return call, hit
 
     @staticmethod
-    def _usage(call: CallRecord) -> dict[str, int]:
-        p, c = len(call.prompt_ids), len(call.completion_ids)
+    def _usage(calls: Sequence[CallRecord]) -> dict[str, int]:
+        """One prompt, every choice's completion tokens."""
+        p, c = len(calls[0].prompt_ids), sum(len(x.completion_ids) for x in calls)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
     def _token_text(self, ids: Sequence[int]) -> list[str]:
@@ -458,14 +483,30 @@ class OpenAIServer:
             prompt = self.rendering.prompt_ids(messages, tools)
         except BadMessages as e:
             raise APIError(400, str(e), "invalid_messages", "messages") from None
-        call, hit = await self._run("chat", prompt, body, session)
         parse = bool(tools) and body.get("tool_choice") != "none"
+        calls = await self._run("chat", prompt, body, session)
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": str(body.get("model") or self.model_name),
+            "choices": [
+                self._chat_choice(i, call, hit, parse, bool(body.get("logprobs")))
+                for i, (call, hit) in enumerate(calls)
+            ],
+            "usage": self._usage([c for c, _ in calls]),
+            "prompt_token_ids": calls[0][0].prompt_ids,
+        }
+
+    def _chat_choice(
+        self, index: int, call: CallRecord, hit: str | None, parse: bool, logprobs_on: bool
+    ) -> dict[str, Any]:
         message = self.rendering.message(call.completion_ids, parse_tools=parse)
         if hit and isinstance(message.get("content"), str):
             message["content"] = message["content"].split(hit)[0]
         finish = "tool_calls" if message.get("tool_calls") else call.finish_reason
         logprobs = None
-        if body.get("logprobs"):
+        if logprobs_on:
             logprobs = {
                 "content": [
                     {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
@@ -475,22 +516,12 @@ class OpenAIServer:
                 ]
             }
         return {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": str(body.get("model") or self.model_name),
-            "choices": [
-                {
-                    "index": 0,
-                    "message": message,
-                    "logprobs": logprobs,
-                    "finish_reason": finish,
-                    "token_ids": call.completion_ids,
-                    "versions": call.versions,
-                }
-            ],
-            "usage": self._usage(call),
-            "prompt_token_ids": call.prompt_ids,
+            "index": index,
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": finish,
+            "token_ids": call.completion_ids,
+            "versions": call.versions,
         }
 
     async def _completion_reply(self, request: Request, session: Session | None) -> dict[str, Any]:
@@ -518,12 +549,29 @@ class OpenAIServer:
                 "invalid_prompt",
                 "prompt",
             )
-        call, hit = await self._run("completion", prompt, body, session)
+        calls = await self._run("completion", prompt, body, session)
+        logprobs_on = body.get("logprobs") is not None and body.get("logprobs") is not False
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex[:24]}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": str(body.get("model") or self.model_name),
+            "choices": [
+                self._completion_choice(i, call, hit, logprobs_on)
+                for i, (call, hit) in enumerate(calls)
+            ],
+            "usage": self._usage([c for c, _ in calls]),
+            "prompt_token_ids": calls[0][0].prompt_ids,
+        }
+
+    def _completion_choice(
+        self, index: int, call: CallRecord, hit: str | None, logprobs_on: bool
+    ) -> dict[str, Any]:
         text = self.tokenizer.decode(call.completion_ids, skip_special_tokens=True)
         if hit:
             text = text.split(hit)[0]
         logprobs = None
-        if body.get("logprobs") is not None and body.get("logprobs") is not False:
+        if logprobs_on:
             tokens = self._token_text(call.completion_ids)
             offsets, pos = [], 0
             for t in tokens:
@@ -536,20 +584,10 @@ class OpenAIServer:
                 "text_offset": offsets,
             }
         return {
-            "id": f"cmpl-{uuid.uuid4().hex[:24]}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": str(body.get("model") or self.model_name),
-            "choices": [
-                {
-                    "index": 0,
-                    "text": text,
-                    "logprobs": logprobs,
-                    "finish_reason": call.finish_reason,
-                    "token_ids": call.completion_ids,
-                    "versions": call.versions,
-                }
-            ],
-            "usage": self._usage(call),
-            "prompt_token_ids": call.prompt_ids,
+            "index": index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": call.finish_reason,
+            "token_ids": call.completion_ids,
+            "versions": call.versions,
         }
