@@ -10,10 +10,19 @@ latency drawn from ``--latency``, default lognormal with median 0.05 s and p99 1
 both, but only async trains while episodes wait. samples/s = episodes trained / the training
 loop's seconds (``time/step`` summed: set-up and evaluation excluded).
 
-The prediction: the model is profiled on this machine (``relayrl.plan.profiling``), and the
-planner's simulator runs both schedules with the same batch, turns, per-turn length (the
-measured mean), observation tokens and the same latency distribution (``turn_barrier=False``
-for sync: relayrl's episodes are independent agent loops; KV evicted while waiting).
+The prediction: the model is profiled on this machine through relayrl's own engine
+(``relayrl.rollout.timing.engine_profile``: engine decode steps, and a prefill with its fixed
+cost per engine step, which every episode pays again each time it comes back from its
+environment; ``--profile forward`` times bare forwards instead, which on this tiny model
+undercounts a decode step ~2-4x and a resume ~5x), once before and once after the two runs
+(averaged: the load of a shared machine drifts). The planner's simulator then runs both
+schedules with the same batch, engine slots, turns, per-turn length (the measured mean),
+observation tokens and latency distribution (sync on ``--sync-threads`` threads with
+independent agent loops, ``turn_barrier=False``; async's trainer and engine on one thread
+each; KV evicted while waiting). Measured and predicted side by side, twice: over the run's
+``--steps`` from a cold start (``samples_per_s``: async's pipeline fill included), and in
+steady state by the simulator's warm-up rule (the last ``steps - steps // 2`` steps; the
+prediction over ``--sim-steps`` steps, as the heavy tail needs many to average).
 Prints one JSON line.
 
     python bench/agent_latency.py                   # ~3-6 min on 2 cores
@@ -27,6 +36,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from relayrl.cluster.local import build_local_roles
@@ -56,6 +66,7 @@ def run(root: Path, model: Path, schedule: str, a: argparse.Namespace) -> dict:
             f"schedule={schedule}",
             *threads,
             "rollout.threads=1",
+            f"rollout.max_slots={a.slots}",
             f"rollout.max_tokens={a.turn_tokens}",
             f"algo.prompts_per_step={a.prompts}",
             f"algo.group_size={a.group}",
@@ -119,12 +130,12 @@ def predict(
     """The simulator's figures for both schedules on ``prof``: steady state over
     ``--sim-steps`` steps (the heavy tail needs many to average), and over the run's own
     ``--steps`` from a cold start (what ``samples_per_s`` measures)."""
-    tm = ProfiledTimeModel(prof, concurrency=a.prompts * a.group)
+    tm = ProfiledTimeModel(prof, concurrency=a.slots)
     common = dict(
         lengths=ConstantLengths(max(1, round(turn_len))),
         batch_size=a.prompts * a.group,
         prompt_len=8,
-        slots_per_replica=a.prompts * a.group,
+        slots_per_replica=a.slots,  # the engine's rollout.max_slots
         weight_sync_s=0.0,
         turns=a.turns,
         env_latency=parse_latency(a.latency),
@@ -156,6 +167,44 @@ def predict(
     return out
 
 
+def measure(model: Path, a: argparse.Namespace) -> MeasuredProfile:
+    """This machine's profile of the model (``--profile``): at ``--sync-threads`` threads,
+    and at 1 thread (async's trainer and engine) when that differs."""
+    if a.profile == "forward":
+        return profile(model, batches=(1, 4, 16, 64), threads=a.sync_threads, also_threads=(1,))
+    prof = engine_profile(model, threads=a.sync_threads)
+    if a.sync_threads != 1:
+        one = engine_profile(model, threads=1)
+        keys = (*THREAD_MEASUREMENTS, "prefill_overhead_s")
+        prof.at_threads[1] = {k: getattr(one, k) for k in keys}
+    return prof
+
+
+def mean_profile(x: MeasuredProfile, y: MeasuredProfile) -> MeasuredProfile:
+    """Mean seconds of two profiles (rates: the rate of the mean time), per thread count."""
+
+    def avg(m: dict, n: dict) -> dict:
+        def mean(k: str) -> float:
+            return (m.get(k, 0.0) + n.get(k, 0.0)) / 2
+
+        def rate(k: str) -> float:  # the rate of the mean time per token
+            return 2 / (1 / m[k] + 1 / n[k])
+
+        steps = {b: (m["decode_step_s"][b] + n["decode_step_s"][b]) / 2 for b in m["decode_step_s"]}
+        return {
+            "decode_step_s": steps,
+            "decode_s_per_ctx_token": mean("decode_s_per_ctx_token"),
+            "prefill_tokens_per_s": rate("prefill_tokens_per_s"),
+            "train_tokens_per_s": rate("train_tokens_per_s"),
+            "prefill_overhead_s": mean("prefill_overhead_s"),
+        }
+
+    keys = (*THREAD_MEASUREMENTS, "prefill_overhead_s")
+    base = avg({k: getattr(x, k) for k in keys}, {k: getattr(y, k) for k in keys})
+    at = {t: avg(m, y.at_threads[t]) for t, m in x.at_threads.items() if t in y.at_threads}
+    return replace(x, at_threads=at, **base)
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--turns", type=int, default=3)
@@ -172,6 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
         help="time generation through relayrl's engine (relayrl.rollout.timing) or bare forwards",
     )
     p.add_argument("--eta", type=int, default=2)
+    p.add_argument("--slots", type=int, default=64, help="rollout.max_slots (engine slots)")
     p.add_argument("--timeout", type=float, default=30.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sync-threads", type=int, default=1, help="2 on an idle 2-core machine")
@@ -182,20 +232,13 @@ def main(argv: list[str] | None = None) -> dict:
         model = build_tiny_model(root / "m", hidden_size=64, seed=a.seed)
         tok = load_tokenizer(model)
         obs = len(tok("T:ok\nA:", add_special_tokens=False)["input_ids"])
+        before = measure(model, a)
         sync = run(root, model, "sync", a)
         asyn = run(root, model, "async", a)
+        prof = mean_profile(before, measure(model, a))
         # an episode's response is its turns plus (turns - 1) observations: the model's
         # tokens per turn are what is left of it, shared by the turns
         turn_len = (sync["response_length_mean"] - obs * (a.turns - 1)) / a.turns
-        if a.profile == "engine":
-            prof = engine_profile(model, threads=a.sync_threads)
-            if a.sync_threads != 1:  # async's roles run on one thread each
-                one = engine_profile(model, threads=1)
-                prof.at_threads[1] = {
-                    k: getattr(one, k) for k in (*THREAD_MEASUREMENTS, "prefill_overhead_s")
-                }
-        else:
-            prof = profile(model, batches=(1, 4, 16, 64), threads=a.sync_threads, also_threads=(1,))
         pred = predict(model, a, turn_len, obs, prof)
     out = {
         "bench": "agent_latency",
