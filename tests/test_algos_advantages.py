@@ -191,9 +191,12 @@ def test_drgrpo_and_rloo_count_an_episode_once() -> None:
     assert _per_seq(rl) == pytest.approx([1.0, 1.0, -0.5, -0.5, 1.0, -1.0, -1.0, -1.0])
 
 
-def test_episode_rows_must_share_score_and_group() -> None:
-    with pytest.raises(ValueError, match="one episode must share one score"):
-        compute_grpo(EP_REWARDS, EP_MASK, EP_GROUPS, episode_index=[0, 1, 1, 2, 3, 4, 4, 4])
+def test_an_episode_scores_as_its_last_sequence_and_keeps_one_group() -> None:
+    # row 1 (A's final turn) scores 0 instead: A = 0 like B and C, group 0 all equal -> 0
+    rewards = EP_REWARDS.clone()
+    rewards[1] = 0.0
+    adv, _ = compute_grpo(rewards, EP_MASK, EP_GROUPS, episode_index=EPISODES)
+    assert _per_seq(adv)[:4] == [0.0, 0.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="one episode must share one group"):
         compute_grpo(EP_REWARDS, EP_MASK, EP_GROUPS, episode_index=[0, 0, 1, 2, 2, 4, 4, 4])
 

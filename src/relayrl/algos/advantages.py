@@ -81,21 +81,21 @@ def _per_episode(
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """(scores [E], compact group ids [E], row -> episode [B] or None): one entry per episode.
 
-    Without ``episode_index`` every sequence is its own episode (``None`` back-map). The rows
-    of one episode must share their score and group (ValueError otherwise)."""
+    Without ``episode_index`` every sequence is its own episode (``None`` back-map). An
+    episode's score is its last sequence's (the final turn, where the outcome sits; its
+    segments carry the same score unless one lost its every token); its rows must share one
+    group (ValueError otherwise)."""
     if episode_index is None:
         return scores, inverse, None
     batch = len(scores)
     ep = _group_inverse(episode_index, batch, scores.device)
     n_ep = int(ep.max()) + 1 if batch else 0
     rows = torch.arange(batch, device=scores.device)
-    first = torch.full((n_ep,), batch, dtype=torch.long, device=scores.device)
-    first = first.scatter_reduce(0, ep, rows, reduce="amin", include_self=True)
-    ep_scores, ep_groups = scores[first], inverse[first]
+    last = torch.full((n_ep,), -1, dtype=torch.long, device=scores.device)
+    last = last.scatter_reduce(0, ep, rows, reduce="amax", include_self=True)
+    ep_scores, ep_groups = scores[last], inverse[last]
     if not torch.equal(inverse, ep_groups[ep]):
         raise ValueError("episode_index: the sequences of one episode must share one group")
-    if not torch.allclose(scores, ep_scores[ep], rtol=0.0, atol=1e-6):
-        raise ValueError("episode_index: the sequences of one episode must share one score")
     return ep_scores, torch.unique(ep_groups, return_inverse=True)[1], ep
 
 
