@@ -164,6 +164,18 @@ def predict(
         out[f"{name}_train_s_per_step"] = steady.breakdown["train_s"] / a.sim_steps
     out["steady_speedup"] = out["async_steady_samples_per_s"] / out["sync_steady_samples_per_s"]
     out["speedup"] = out["async_samples_per_s"] / out["sync_samples_per_s"]
+    # what one run of --steps steps may show by chance (the latency draws): the speed-ups of
+    # runs of that length under seeds 0..9, overall and by the warm-up rule
+    overall, steady = [], []
+    for seed in range(10):
+        runs = [
+            simulate(SimConfig(tm, n_steps=a.steps, **kw, **{**common, "seed": seed}))
+            for kw in (sync_kw, async_kw)
+        ]
+        overall.append(runs[1].samples_per_s / runs[0].samples_per_s)
+        steady.append(runs[1].steady_samples_per_s / runs[0].steady_samples_per_s)
+    out["speedup_range_10_seeds"] = [min(overall), max(overall)]  # type: ignore[assignment]
+    out["steady_speedup_range_10_seeds"] = [min(steady), max(steady)]  # type: ignore[assignment]
     return out
 
 
@@ -236,6 +248,8 @@ def main(argv: list[str] | None = None) -> dict:
         sync = run(root, model, "sync", a)
         asyn = run(root, model, "async", a)
         prof = mean_profile(before, measure(model, a))
+        if a.keep:
+            prof.save(root / "profile.json")
         # an episode's response is its turns plus (turns - 1) observations: the model's
         # tokens per turn are what is left of it, shared by the turns
         turn_len = (sync["response_length_mean"] - obs * (a.turns - 1)) / a.turns
@@ -260,7 +274,10 @@ def main(argv: list[str] | None = None) -> dict:
             "prefill_overhead_s": prof.prefill_overhead_s,
             "train_tokens_per_s": round(prof.train_tokens_per_s),
         },
-        "predicted": {k: round(v, 3) for k, v in pred.items()},
+        "predicted": {
+            k: [round(x, 3) for x in v] if isinstance(v, list) else round(v, 3)
+            for k, v in pred.items()
+        },
     }
     print(json.dumps(out))
     return out
