@@ -25,7 +25,7 @@ steady state by the simulator's warm-up rule (the last ``steps - steps // 2`` st
 prediction over ``--sim-steps`` steps, as the heavy tail needs many to average).
 Prints one JSON line.
 
-    python bench/agent_latency.py                   # ~3-6 min on 2 cores
+    python bench/agent_latency.py                   # ~3-5 min on 2 cores
     python bench/agent_latency.py --steps 4 --prompts 4
 """
 
