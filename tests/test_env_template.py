@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from relayrl.algos import compute_advantages
+from relayrl.controller.algorithms import last_token_rewards
 from relayrl.env import ChatTemplateRenderer, FunctionEnvironment, StepResult, TrajectoryBuilder
 from relayrl.env.runner import EpisodeRunner, RunnerLimits
 from relayrl.env.scoring import expand_episodes, expand_segments
@@ -103,5 +105,18 @@ def test_a_template_that_breaks_the_prefix_starts_a_new_counted_segment(engine_a
     assert [s.group_id for s in flat] == [0, 0, 0, 0]
     _, _, episodes = expand_episodes(samples, torch.tensor([1.0, 0.0]))
     assert episodes == [0, 0, 1, 1]  # each episode counts once in GRPO's group statistics
+    exp = Experience.from_samples(flat, tok.pad_token_id)
+    adv, _ = compute_advantages(
+        "grpo",
+        token_rewards=last_token_rewards(scores, exp.response_mask),
+        response_mask=exp.response_mask,
+        group_index=exp["group_index"],
+        episode_index=episodes,
+        eps=0.0,
+    )
+    # one group of two episodes scored 1 and 0: +-(1/2) / sqrt(1/2) = +-0.7071 on every
+    # trained token of both segments (per row it would be +-0.5 / sqrt(1/3) = +-0.866)
+    per_row = (adv.sum(-1) / exp.response_mask.sum(-1)).tolist()
+    assert per_row == pytest.approx([0.5**0.5, 0.5**0.5, -(0.5**0.5), -(0.5**0.5)])
     exp = Experience.from_samples(flat, tok.pad_token_id)
     assert int(exp.response_mask.sum()) == sum(len(s.response_ids) for s in flat)
