@@ -31,6 +31,7 @@ import ray
 import torch
 from torch import Tensor
 
+from relayrl.cluster.ray_weight_sync import CollectiveWeightSync
 from relayrl.config import RunConfig
 from relayrl.rollout import GenerationRequest, Sample
 from relayrl.rollout.engine import _error_sample
@@ -83,11 +84,13 @@ def _sync_bytes(cfg: RunConfig) -> int:
     return int(cfg.model.fsdp.sync_bucket_mb * (1 << 20))
 
 
-class RoleHost:
+class RoleHost(CollectiveWeightSync):
     """One worker process of a resource pool, hosting the roles placed on the pool.
 
     Run as a threaded Ray actor (``max_concurrency`` > 1): the rollout engine, if any, steps
-    in a background thread while other calls (submit, poll, train) come in.
+    in a background thread while other calls (submit, poll, train) come in. The
+    ``weights_*`` methods (``weight_sync.transport: collective``) are
+    :class:`~relayrl.cluster.ray_weight_sync.CollectiveWeightSync`'s.
     """
 
     def __init__(self, spec: HostSpec, weights: Mapping[str, Tensor] | None = None):

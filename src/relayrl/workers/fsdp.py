@@ -137,6 +137,17 @@ def _to_float(norm: Tensor) -> float:
     return float(full() if full is not None else norm)
 
 
+def iter_full_tensors(
+    model: torch.nn.Module, to_cpu: bool = True
+) -> Iterator[tuple[str, Tensor]]:
+    """The model's state dict as full tensors, one at a time, in ``state_dict`` order (each
+    sharded one all-gathered when reached). A collective: every rank must iterate."""
+    for name, value in model.state_dict().items():
+        full = value.full_tensor() if hasattr(value, "full_tensor") else value
+        full = full.detach()
+        yield name, full.cpu() if to_cpu else full
+
+
 def iter_full_state_buckets(
     model: torch.nn.Module, bucket_bytes: int, to_cpu: bool = True
 ) -> Iterator[dict[str, Tensor]]:
@@ -144,11 +155,7 @@ def iter_full_state_buckets(
     tensor larger than that is a bucket alone). A collective: every rank must iterate."""
     bucket: dict[str, Tensor] = {}
     size = 0
-    for name, value in model.state_dict().items():
-        full = value.full_tensor() if hasattr(value, "full_tensor") else value
-        full = full.detach()
-        if to_cpu:
-            full = full.cpu()
+    for name, full in iter_full_tensors(model, to_cpu):
         nbytes = full.numel() * full.element_size()
         if bucket and size + nbytes > bucket_bytes:
             yield bucket
