@@ -142,3 +142,43 @@ def test_lora_data_parallel_train_checkpoints_the_adapter_and_resumes(sft_model,
     assert any(float(v.abs().max()) > 0 for k, v in wa.items() if "lora_B" in k)  # trained
     for k in wa:
         assert float((wa[k] - wb[k]).abs().max()) < TOL, k
+
+
+SPLIT_FSDP = (
+    "cluster=ray",
+    "model.fsdp.enabled=true",
+    "model.fsdp.sync_bucket_mb=0.05",
+    "ray.pools={trainer: {bundles: 2, cpus_per_bundle: 0.5}, "
+    "rollout: {bundles: 1, cpus_per_bundle: 0.5}}",
+    "ray.placement={actor: trainer, reference: trainer, rollout: rollout}",
+)
+
+
+@pytest.mark.slow
+def test_fsdp_collective_weight_sync_gives_the_object_store_run(sft_model, tmp_path):
+    """An FSDP2 actor on 2 ranks, the engine on a pool of its own: 3 sync steps with the
+    weights broadcast over the weight group (every rank joins the gathers, rank 0 sends each
+    bucket) give the run of the object-store transport step for step: same rewards, same
+    engine versions, and bit-identical final weights."""
+    runs = {}
+    for transport in ("object_store", "collective"):
+        run = tmp_path / transport
+        cfg = run_config(
+            sft_model,
+            run,
+            "train.steps=3",
+            "train.save_every=3",
+            f"weight_sync.transport={transport}",
+            *COMMON,
+            *SPLIT_FSDP,
+        )
+        out = _ray_train(cfg)
+        assert out["engine"]["version"] == 3
+        runs[transport] = run
+    a, b = _rows(runs["object_store"]), _rows(runs["collective"])
+    assert a.keys() == b.keys() == {1, 2, 3}
+    for step in a:
+        assert a[step]["reward_mean"] == b[step]["reward_mean"]
+    wa, wb = _weights(runs["object_store"], 3), _weights(runs["collective"], 3)
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from relayrl.cluster.weight_collective import WeightGroup, drain, entries_of, plan_buckets
+from relayrl.cluster.weight_collective import Entry, WeightGroup, drain, entries_of, plan_buckets
 
 
 def _sync_bytes(cfg: Any) -> int:
@@ -67,7 +67,11 @@ class CollectiveWeightSync:
                 for _ in tensors:
                     pass
                 return time.perf_counter() - t0
-            entries = entries_of(actor.model.state_dict())
+            from relayrl.workers.fsdp import engine_entries
+
+            entries = [
+                Entry(k, shape, dt) for k, (shape, dt) in engine_entries(actor.model).items()
+            ]
         else:
             if group is None:
                 raise RuntimeError("weights_send: this process is not in the weight group")

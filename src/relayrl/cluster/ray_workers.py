@@ -217,8 +217,13 @@ class RoleHost(CollectiveWeightSync):
 
     def model_state(self, role: str) -> dict[str, Tensor]:
         """``role``'s model state dict under its own keys (a LoRA actor: the peft model's, with
-        the adapters; not for a sharded role)."""
-        return self.roles[role].model.state_dict()
+        the adapters); a sharded role: a collective, full tensors on rank 0, ``{}`` elsewhere."""
+        worker = self.roles[role]
+        if getattr(worker, "sharded", False):
+            from relayrl.workers.fsdp import full_state_dict
+
+            return full_state_dict(worker.model, _sync_bytes(self.spec.cfg), merged=False)
+        return worker.model.state_dict()
 
     def gradients(self, role: str) -> dict[str, Tensor]:
         """The current ``.grad`` of each trainable parameter of ``role`` (tests, debugging)."""
@@ -500,7 +505,8 @@ class RemoteRole:
         if self._shadow is None:
             self._shadow = self._load_shadow()
         if self._own_keys:
-            state = ray.get(self.group.hosts[0].model_state.remote(self.role))
+            hosts = self.group.hosts if self.sharded else self.group.hosts[:1]
+            state = ray.get([h.model_state.remote(self.role) for h in hosts])[0]
         else:
             state = ray.get(self.state_dict().ref)
         with torch.no_grad():
