@@ -49,3 +49,11 @@ def test_local_fsdp_one_rank_trains_as_the_plain_actor(sft_model, tmp_path):
     base = AutoModelForCausalLM.from_pretrained(sft_model, torch_dtype=torch.float64).state_dict()
     moved = max(float((plain[k] - base[k]).abs().max()) for k in plain)
     assert moved > 1e-4  # the two steps trained
+
+
+def test_local_cluster_refuses_the_collective_weight_transport(sft_model, tmp_path):
+    import pytest
+
+    cfg = run_config(sft_model, tmp_path / "r", "weight_sync.transport=collective")
+    with pytest.raises(ValueError, match="weight_sync.transport=collective needs cluster=ray"):
+        build_local_roles(cfg, str(sft_model), None)
