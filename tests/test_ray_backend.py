@@ -333,10 +333,11 @@ def test_trainer_death_stops_the_run_and_resume_continues(sft_model, tmp_path):
 
 
 def test_collective_weight_sync_equals_the_object_store_payload(sft_model, tmp_path):
-    """``weight_sync.transport=collective`` on split pools: trainer rank 0 and 2 replicas in a
-    gloo group of their own, weights broadcast in small buckets after one actor update; each
+    """``weight_sync.transport=collective`` on split pools: trainer rank 0 and the replica in a
+    gloo group of their own, weights broadcast in small buckets after one actor update; the
     replica's engine then holds exactly (torch.equal) the state dict the object-store path
-    ships (rank 0's ``RemoteStateDict``), at the client's version, and samples carry it."""
+    ships (rank 0's ``RemoteStateDict``), at the client's version, and samples carry it
+    (several receivers: tests/test_weight_collective.py)."""
     cfg = run_config(
         sft_model,
         tmp_path / "coll",
@@ -346,9 +347,8 @@ def test_collective_weight_sync_equals_the_object_store_payload(sft_model, tmp_p
         "algo.prompts_per_step=4",
         "algo.group_size=2",
         "ray.pools={trainer: {bundles: 1, cpus_per_bundle: 0.5}, "
-        "rollout: {bundles: 2, cpus_per_bundle: 0.5}}",
+        "rollout: {bundles: 1, cpus_per_bundle: 0.5}}",
         "ray.placement={actor: trainer, rollout: rollout}",
-        "ray.rollout_replicas=2",
     )
     roles = build_ray_roles(cfg, str(sft_model), None)
     client = roles.rollout

@@ -70,9 +70,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_gloo_group_streams_weights_into_the_engine(tiny_model_dir):
+@pytest.mark.parametrize("world", [2, 3])
+def test_gloo_group_streams_weights_into_the_engine(tiny_model_dir, world):
     """Rank 0 broadcasts a model's weights in small buckets; rank 1 loads them bucket by
-    bucket into a RolloutEngine: every weight equal, the version current after the last."""
+    bucket into a RolloutEngine: every weight equal, the version current after the last
+    (world 3: a second receiver, which drops what it gets, joins every broadcast)."""
     from relayrl.model import load_causal_lm
     from relayrl.rollout import RolloutEngine
 
@@ -90,14 +92,22 @@ def test_gloo_group_streams_weights_into_the_engine(tiny_model_dir):
 
     def sender() -> None:
         try:
-            g = WeightGroup("127.0.0.1", port, 0, 2, "gloo", 60)
+            g = WeightGroup("127.0.0.1", port, 0, world, "gloo", 60)
             g.send(7, buckets, iter(state.items()))
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 
-    t = threading.Thread(target=sender)
-    t.start()
-    g = WeightGroup("127.0.0.1", port, 1, 2, "gloo", 60)
+    def other(rank: int) -> None:
+        try:
+            drain(WeightGroup("127.0.0.1", port, rank, world, "gloo", 60).receive()[2])
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=sender)]
+    threads += [threading.Thread(target=other, args=(r,)) for r in range(2, world)]
+    for t in threads:
+        t.start()
+    g = WeightGroup("127.0.0.1", port, 1, world, "gloo", 60)
     version, got, parts = g.receive()
     seen = []
 
@@ -107,7 +117,8 @@ def test_gloo_group_streams_weights_into_the_engine(tiny_model_dir):
             yield part
 
     engine.update_weights_streamed(counted(), version, {e.name: e.shape for b in got for e in b})
-    t.join(30)
+    for t in threads:
+        t.join(30)
     assert not errors, errors
     assert version == 7 and engine.version == 7 and seen == [0] * len(buckets)
     for k, v in engine.model.state_dict().items():
