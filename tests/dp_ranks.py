@@ -14,11 +14,14 @@ LORA = ("model.lora.r=4", "model.lora.alpha=8", "model.lora.dropout=0.0")
 OFFLOAD = (*ACTOR, "model.fsdp.cpu_offload=true")
 
 
-def train_lora(model_dir: Path, rank: int, world: int, steps: int = 2) -> tuple[object, list]:
-    """``steps`` LoRA updates (float64) of this rank's shard; world 0: one process, all rows."""
+def train_lora(
+    model_dir: Path, rank: int, world: int, steps: int = 2, fsdp: bool = False
+) -> tuple[object, list]:
+    """``steps`` LoRA updates (float64) of this rank's shard; world 0: one process, all rows;
+    ``fsdp``: on an FSDP2-sharded base."""
     from relayrl.workers.build import build_actor
 
-    cfg = scale_config(model_dir, *ACTOR, *LORA)
+    cfg = scale_config(model_dir, *ACTOR, *LORA, *(["model.fsdp.enabled=true"] if fsdp else []))
     torch.manual_seed(rank + 7)  # ranks draw different lora_A: rank 0's is broadcast
     actor = build_actor(cfg, str(model_dir), rank, max(world, 1))
     stats = []
@@ -35,6 +38,7 @@ def lora_and_offload(d: Path, rank: int, world: int) -> dict:
     lora, lora_stats = train_lora(d, rank, world)
     adapters = {n: p.detach().clone() for n, p in lora.model.named_parameters() if p.requires_grad}
     merged = lora.state_dict()
+    fsdp_lora = lora_on_fsdp(d, rank, world)
     offload, offload_stats = train_actor(d, rank, world, steps=2, opts=OFFLOAD)
     weights = offload.state_dict()  # a collective: full tensors on rank 0
     devices = sorted({p.device.type for p in offload.model.parameters()})
@@ -42,6 +46,7 @@ def lora_and_offload(d: Path, rank: int, world: int) -> dict:
     if rank:
         return {}
     return {
+        **fsdp_lora,
         "lora_merged": merged,
         "lora_adapters": adapters,
         "lora_stats": lora_stats,
@@ -50,4 +55,28 @@ def lora_and_offload(d: Path, rank: int, world: int) -> dict:
         "offload_stats": [{k: v for k, v in s.items()} for s in offload_stats],
         "offload_devices": devices,
         "offload_policy": type(policy).__name__,
+    }
+
+
+def lora_on_fsdp(d: Path, rank: int, world: int) -> dict:
+    """2 LoRA updates on an FSDP2-sharded base, then the merged weights, the peft state and
+    the reference logprobs (adapters disabled) of this rank's shard; rank 0's ({} elsewhere)."""
+    from relayrl.workers.build import build_reference
+
+    actor, stats = train_lora(d, rank, world, fsdp=True)
+    merged = actor.state_dict()  # collectives: full tensors on rank 0
+    peft_state = actor.adapter_state()
+    cfg = scale_config(d, *ACTOR, *LORA, "model.fsdp.enabled=true")
+    ref = build_reference(cfg, actor, rank, world)
+    exp = shard(random_experience(d, seed=3, dtype=torch.float64), rank, world)
+    ref_logprobs = ref.compute_logprobs(exp)
+    if rank:
+        return {}
+    return {
+        "fsdp_lora_class": type(actor).__name__,
+        "fsdp_lora_ref_class": type(ref).__name__,
+        "fsdp_lora_merged": merged,
+        "fsdp_lora_peft": peft_state,
+        "fsdp_lora_stats": stats,
+        "fsdp_lora_reference": ref_logprobs,
     }

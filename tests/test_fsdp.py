@@ -107,3 +107,24 @@ def test_fsdp_cpu_offload_runs_and_equals_one_process(two_ranks):
     assert _max_diff(got["offload"], one.state_dict()) < TOL
     for a, b in zip(got["offload_stats"], stats, strict=True):
         assert a["actor/grad_norm"] == pytest.approx(b["actor/grad_norm"], abs=TOL)
+
+
+def test_lora_on_fsdp_two_ranks_equal_one_process(two_ranks):
+    """LoRA on an FSDP2-sharded base (2 ranks, uneven shards): the adapters (the peft state
+    the checkpoint saves), the merged engine weights and the gradient norms equal one
+    process's (float64, 1e-9); the reference (adapters disabled) is the base model's."""
+    model, got = two_ranks
+    assert got["fsdp_lora_class"] == "FsdpLoraActorWorker"
+    assert got["fsdp_lora_ref_class"] == "FsdpAdapterDisabledReference"
+    one, stats = train_lora(model, 0, 0)
+    peft = got["fsdp_lora_peft"]
+    want = one.model.state_dict()
+    assert peft.keys() == want.keys() and any(".lora_A." in k for k in peft)
+    assert _max_diff(peft, want) < TOL
+    assert _max_diff(got["fsdp_lora_merged"], one.state_dict()) < TOL
+    base = load_causal_lm(model, torch.float64).state_dict()
+    assert _max_diff(got["fsdp_lora_merged"], base) > 1e-4  # the adapters moved the weights
+    for a, b in zip(got["fsdp_lora_stats"], stats, strict=True):
+        assert a["actor/grad_norm"] == pytest.approx(b["actor/grad_norm"], abs=TOL)
+    base_ref = reference_logprobs(model, 0, 0)  # plain base model, whole batch
+    assert float((got["fsdp_lora_reference"] - base_ref[:5]).abs().max()) < TOL

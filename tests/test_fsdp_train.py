@@ -121,16 +121,20 @@ LORA_DP = (
 
 
 @pytest.mark.slow
-def test_lora_data_parallel_train_checkpoints_the_adapter_and_resumes(sft_model, tmp_path):
-    """LoRA on 2 data-parallel Ray ranks through train: the checkpoint's ``actor/`` is the peft
-    adapter, and 2 steps + a resume for 1 give the adapter of 3 steps straight."""
+@pytest.mark.parametrize("fsdp", [False, True], ids=["replicas", "fsdp2"])
+def test_lora_data_parallel_train_checkpoints_the_adapter_and_resumes(sft_model, tmp_path, fsdp):
+    """LoRA on 2 data-parallel Ray ranks through train (replicated base, or an FSDP2-sharded
+    base: sharded checkpoint): the checkpoint's ``actor/`` is the peft adapter, and 2 steps + a
+    resume for 1 give the adapter of 3 steps straight."""
     from peft import PeftModel
 
+    opts = (*LORA_DP, *(["model.fsdp.enabled=true", "model.fsdp.sync_bucket_mb=0.05"] * fsdp))
     a, b = tmp_path / "a", tmp_path / "b"
-    _ray_train(run_config(sft_model, a, "train.steps=3", *COMMON, *LORA_DP))
-    _ray_train(run_config(sft_model, b, "train.steps=2", *COMMON, *LORA_DP))
+    _ray_train(run_config(sft_model, a, "train.steps=3", *COMMON, *opts))
+    _ray_train(run_config(sft_model, b, "train.steps=2", *COMMON, *opts))
     assert (b / "checkpoints/step_000002/actor/adapter_config.json").is_file()
-    _ray_train(run_config(sft_model, b, "train.steps=3", *COMMON, *LORA_DP), resume=True)
+    assert (b / "checkpoints/step_000002/sharded_actor").is_dir() == fsdp
+    _ray_train(run_config(sft_model, b, "train.steps=3", *COMMON, *opts), resume=True)
 
     def adapter(run):
         base = AutoModelForCausalLM.from_pretrained(sft_model, torch_dtype=torch.float64)
@@ -142,3 +146,43 @@ def test_lora_data_parallel_train_checkpoints_the_adapter_and_resumes(sft_model,
     assert any(float(v.abs().max()) > 0 for k, v in wa.items() if "lora_B" in k)  # trained
     for k in wa:
         assert float((wa[k] - wb[k]).abs().max()) < TOL, k
+
+
+SPLIT_FSDP = (
+    "cluster=ray",
+    "model.fsdp.enabled=true",
+    "model.fsdp.sync_bucket_mb=0.05",
+    "ray.pools={trainer: {bundles: 2, cpus_per_bundle: 0.5}, "
+    "rollout: {bundles: 1, cpus_per_bundle: 0.5}}",
+    "ray.placement={actor: trainer, reference: trainer, rollout: rollout}",
+)
+
+
+@pytest.mark.slow
+def test_fsdp_collective_weight_sync_gives_the_object_store_run(sft_model, tmp_path):
+    """An FSDP2 actor on 2 ranks, the engine on a pool of its own: 3 sync steps with the
+    weights broadcast over the weight group (every rank joins the gathers, rank 0 sends each
+    bucket) give the run of the object-store transport step for step: same rewards, KL,
+    entropy and lengths, and bit-identical final weights."""
+    runs = {}
+    for transport in ("object_store", "collective"):
+        run = tmp_path / transport
+        cfg = run_config(
+            sft_model,
+            run,
+            "train.steps=3",
+            "train.save_every=3",
+            f"weight_sync.transport={transport}",
+            *COMMON,
+            *SPLIT_FSDP,
+        )
+        _ray_train(cfg)
+        runs[transport] = run
+    a, b = _rows(runs["object_store"]), _rows(runs["collective"])
+    assert a.keys() == b.keys() == {1, 2, 3}
+    for step in a:  # the same samples from the same weights: the same statistics
+        for key in ("reward_mean", "kl", "entropy", "response_length_mean"):
+            assert a[step][key] == b[step][key], (step, key)
+    wa, wb = _weights(runs["object_store"], 3), _weights(runs["collective"], 3)
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k

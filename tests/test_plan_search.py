@@ -38,8 +38,13 @@ def test_search_beats_heuristic_and_fits(example):
     heur = pb.evaluate(heuristic_plan(pb))
     assert heur.fits
     assert best.fits and pb.fits(best.plan)
-    assert best.iteration_s < 0.85 * heur.iteration_s
-    assert best.iteration_s <= pb.evaluate(symmetric_plan(pb)).iteration_s
+    # 0.85 under the old 16-bytes/param guess; the calibrated memory model (plan/memory.py:
+    # ~22 bytes/param + activations, FSDP2 sharding 1/dp + 0.27) leaves less room: seed 0 finds
+    # 0.873, seed 1 0.805, 4000 steps 0.867 (peaks 72.5-75.1 GB of the 76 GB cap)
+    assert best.iteration_s < 0.9 * heur.iteration_s
+    sym = pb.evaluate(symmetric_plan(pb))
+    # under the calibrated model the symmetric plan (dp 4 x tp 8) needs ~95 GB per GPU
+    assert best.iteration_s <= sym.iteration_s or not sym.fits
     assert 0 <= best.realloc_share < 0.1
     assert set(best.plan) == {c.name for c in CALLS}
 
@@ -114,3 +119,32 @@ def test_no_feasible_plan_raises():
     )
     with pytest.raises(ValueError, match="fits"):
         search_plan(pb, steps=50)
+
+
+def test_search_memory_is_the_calibrated_training_memory_model():
+    """A GPU hosting only the actor's training holds exactly its fp32 master shard plus the
+    calibrated model's ``train_bytes`` (plan/memory.py), with the strategy's split applied."""
+    from relayrl.plan.memory import CALIBRATED
+
+    pb = realhf_example()
+    a7 = pb.models["actor"]
+    plan = heuristic_plan(pb)
+    s = Strategy(2, 4, 1)
+    plan["actor_train"] = (Mesh(0, 8), s)
+    other = (Mesh(8, 24), Strategy(1, 8, 3))
+    for name in plan:
+        if name != "actor_train":
+            plan[name] = other
+    n = a7.params / (s.tp * s.pp)
+    expected = 4 * n / s.dp + CALIBRATED.train_bytes(
+        n, n, a7.hidden // s.tp, a7.layers, pb.micro_batch_tokens, bf16=True, fsdp_ranks=2
+    )
+    assert pb.train_memory("actor", s) == pytest.approx(expected, rel=1e-12)
+    mem = pb.memory(plan)
+    assert mem[0] == pytest.approx(expected, rel=1e-12)
+    # hand check of the composition: 7B / 4 = 1.75e9 parameters per GPU; fixed part
+    # (p_t + p_all + p_bf16) * n * (1/2 + o_fsdp) and activations (a + d_bf16 + d_fsdp) h L T
+    c = CALIBRATED
+    fixed = (c.p_t + c.p_all + c.p_bf16) * n * (0.5 + c.o_fsdp)
+    act = (c.a + c.d_bf16 + c.d_fsdp) * (a7.hidden / 4) * a7.layers * pb.micro_batch_tokens
+    assert mem[0] == pytest.approx(2 * n + fixed + act, rel=1e-12)

@@ -330,3 +330,53 @@ def test_trainer_death_stops_the_run_and_resume_continues(sft_model, tmp_path):
     train(resumed, lambda a, c: build_ray_roles(resumed, a, c), resume=True)
     steps = [r["step"] for r in _metrics(run) if "reward_mean" in r]
     assert steps == sorted(set(steps)) and steps[-1] == done + 2
+
+
+def test_collective_weight_sync_equals_the_object_store_payload(sft_model, tmp_path):
+    """``weight_sync.transport=collective`` on split pools: trainer rank 0 and the replica in a
+    gloo group of their own, weights broadcast in small buckets after one actor update; the
+    replica's engine then holds exactly (torch.equal) the state dict the object-store path
+    ships (rank 0's ``RemoteStateDict``), at the client's version, and samples carry it
+    (several receivers: tests/test_weight_collective.py)."""
+    cfg = run_config(
+        sft_model,
+        tmp_path / "coll",
+        "cluster=ray",
+        "weight_sync.transport=collective",
+        "model.fsdp.sync_bucket_mb=0.05",  # several buckets
+        "algo.prompts_per_step=4",
+        "algo.group_size=2",
+        "ray.pools={trainer: {bundles: 1, cpus_per_bundle: 0.5}, "
+        "rollout: {bundles: 1, cpus_per_bundle: 0.5}}",
+        "ray.placement={actor: trainer, rollout: rollout}",
+    )
+    roles = build_ray_roles(cfg, str(sft_model), None)
+    client = roles.rollout
+    try:
+        assert client._collective
+        tok = roles.tokenizer
+        prompts = PromptSource(cfg.data, tok, 0).for_step(0, 4)
+        samples = client.generate(make_requests(prompts, cfg, 0, [tok.eos_token_id]))
+        exp = Experience.from_samples(samples, tok.pad_token_id)
+        exp["old_logprobs"] = roles.actor.compute_logprobs(exp)
+        exp["advantages"] = torch.randn(
+            exp.response_mask.shape, generator=torch.Generator().manual_seed(0)
+        )
+        roles.actor.update(exp)
+        client.update_weights(roles.actor.state_dict(), version=1, interrupt=True)
+        assert client.version == 1 and client.last_sync_s > 0
+        want = ray.get(roles.actor.state_dict().ref)  # what object_store would have shipped
+        initial = roles.actor._load_shadow().state_dict()
+        for i in range(client.num_replicas):
+            got = ray.get(client.replica(i).engine_state.remote())
+            assert int(got.pop("__version__")) == 1
+            assert got.keys() == want.keys()
+            changed = 0
+            for k, v in want.items():
+                assert torch.equal(got[k], v), k
+                changed += int(not torch.equal(v, initial[k]))
+            assert changed > 0  # the update moved weights: the sync carried new values
+        after = client.generate(make_requests(prompts, cfg, 1, [tok.eos_token_id]))
+        assert all(set(s.versions) == {1} for s in after)
+    finally:
+        roles.close()

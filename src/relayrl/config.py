@@ -5,7 +5,7 @@ typed values are rejected with a one-line error naming the key (see ``ConfigErro
 can be overridden from the command line as ``section.key=value``.
 
 This module is a leaf: it imports nothing from relayrl but its own leaves (``config_base``,
-``config_sections``, ``config_io``, ``config_algo``), so every layer may read it.
+``config_sections``, ``config_io``, ``config_algo``, ``config_sync``), so every layer may read it.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from relayrl.config_sections import (  # noqa: F401
     RewardFnConfig,
     RewardServiceConfig,
 )
+from relayrl.config_sync import WeightSyncConfig
 
 
 class AlgoConfig(_Strict):
@@ -378,6 +379,7 @@ class RunConfig(_Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
+    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:

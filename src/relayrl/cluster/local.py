@@ -1,7 +1,14 @@
-"""The ``local`` cluster: every role in this process, on the CPU (or one local device)."""
+"""The ``local`` cluster: every role in this process, on the CPU (or one local device).
+
+``model.fsdp.enabled`` runs the FSDP2 workers over a process group of this process alone
+(world 1, started here and left by ``roles.close()``): nothing is sharded, but the FSDP2 code
+path runs (CPU offload of parameters and optimizer state, the sharded checkpoint). Sharding
+over several ranks needs ``cluster: ray`` (one process per rank).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from relayrl.cluster.engine_process import EngineProcess, EngineSpec
@@ -21,6 +28,12 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
     The reference is always the initial model (``model.path``), also when resuming.
     """
     set_threads(cfg.threads, reserved=0 if cfg.schedule == "sync" else cfg.rollout.threads)
+    if cfg.weight_sync.transport != "object_store":
+        raise ValueError(
+            f"weight_sync.transport={cfg.weight_sync.transport} needs cluster=ray (the local "
+            "cluster moves weights in-process or through shared memory)"
+        )
+    leave = _single_rank_group(cfg) if cfg.model.fsdp.enabled else None
     tokenizer = load_tokenizer(cfg.model.path)
     actor = build_actor(cfg, actor_path)  # device, precision, checkpointing, LoRA: model.*
     rollout: Any  # RolloutEngine | VllmEngine | EngineProcess: the rollout interface
@@ -75,4 +88,74 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
         normalize=cfg.reward.service.normalize,
         domain_key=cfg.reward.service.domain_key,
     )
-    return Roles(actor, rollout, reward, tokenizer, reference, critic)
+    if cfg.model.fsdp.enabled:  # the controller exports HF models: gathered copies
+        actor = ShardedLocalRole(actor, lambda: _actor_shadow(cfg, actor_path))  # type: ignore[assignment]
+        if critic is not None:
+            path = critic_path or cfg.model.path
+            critic = ShardedLocalRole(critic, lambda: _critic_shadow(cfg, path))  # type: ignore[assignment]
+    return Roles(actor, rollout, reward, tokenizer, reference, critic, on_close=leave)
+
+
+class ShardedLocalRole:
+    """An FSDP2 role of this process as the controller sees it (as ``RemoteRole`` on Ray):
+    every attribute is the worker's, except ``model``, a plain HF copy refreshed from the
+    gathered full weights on each access (the checkpoint's export; a LoRA actor: the peft
+    model with its adapters)."""
+
+    def __init__(self, worker: Any, load_shadow: Callable[[], Any]):
+        self._worker = worker
+        self._load_shadow = load_shadow
+        self._shadow: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._worker, name)
+
+    @property
+    def model(self) -> Any:
+        import torch
+
+        from relayrl.workers.fsdp import full_state_dict
+
+        if self._shadow is None:
+            self._shadow = self._load_shadow()
+        state = full_state_dict(self._worker.model, 256 << 20, keep=True, merged=False)
+        with torch.no_grad():
+            self._shadow.load_state_dict(state)
+        return self._shadow
+
+
+def _actor_shadow(cfg: RunConfig, actor_path: str) -> Any:
+    from relayrl.model import load_causal_lm
+    from relayrl.model.device import precision_for
+    from relayrl.model.lora import apply_lora
+
+    dtype = precision_for(cfg.model, trainable=True).param_dtype
+    if cfg.model.lora is None:
+        return load_causal_lm(actor_path, dtype)
+    return apply_lora(load_causal_lm(cfg.model.path, dtype), cfg.model.lora)
+
+
+def _critic_shadow(cfg: RunConfig, path: str) -> Any:
+    from relayrl.model import load_critic
+    from relayrl.model.device import precision_for
+
+    return load_critic(path, precision_for(cfg.model, trainable=True).param_dtype)
+
+
+def _single_rank_group(cfg: RunConfig) -> Callable[[], None] | None:
+    """Start a process group of this process alone for FSDP2 (gloo; on CUDA also NCCL for
+    the CUDA tensors); returns how to leave it (None: one was already running)."""
+    import torch
+    import torch.distributed as dist
+
+    from relayrl.model.device import resolve_device
+
+    if dist.is_initialized():
+        return None
+    device = resolve_device(cfg.model.device, 0)
+    backend = "gloo"
+    if device.type == "cuda":  # pragma: no cover - no GPU here
+        torch.cuda.set_device(device)
+        backend = "cpu:gloo,cuda:nccl"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return dist.destroy_process_group

@@ -5,10 +5,11 @@ backend, so ``trainer.train(cfg, lambda a, c: build_ray_roles(cfg, a, c))`` runs
 schedule unchanged. Placement comes from ``cfg.ray``: roles on one pool are colocated in the
 pool's processes (a rollout engine there copies the actor's weights in-process); a rollout
 pool of its own runs ``ray.rollout_replicas`` engines that get weights through the object
-store. The actor is data-parallel over the bundles of its pool (a gloo process group; NCCL
-for CUDA tensors); with ``model.fsdp.enabled`` actor, critic and reference are FSDP2-sharded
-over it. A trainer pool's hosts join the group before they build their roles. The reward
-role runs in the controller process.
+store (or, with ``weight_sync.transport: collective``, over a process group of trainer rank 0
+and the replicas). The actor is data-parallel over the bundles of its pool (a gloo process
+group; NCCL for CUDA tensors); with ``model.fsdp.enabled`` actor, critic and reference are
+FSDP2-sharded over it. A trainer pool's hosts join the group before they build their roles.
+The reward role runs in the controller process.
 """
 
 from __future__ import annotations
@@ -63,6 +64,23 @@ def _admission_version(cfg: RunConfig) -> Callable[[GenerationRequest], int] | N
         return -1 if req.group_id is None else int(req.group_id) // b - eta
 
     return min_version
+
+
+def group_of_actor(groups: dict[str, WorkerGroup], by_pool: dict[str, list[str]]) -> WorkerGroup:
+    return groups[next(n for n, rs in by_pool.items() if "actor" in rs)]
+
+
+def _join_weight_group(trainer: Any, replicas: list[Any]) -> None:
+    """``weight_sync.transport: collective``: trainer rank 0 (rank 0, the rendezvous on its
+    node) and each replica (ranks 1..R) join a process group of their own."""
+    backend = ray.get(trainer.weights_backend.remote())
+    addr, port = ray.get(trainer.free_address.remote())
+    world = 1 + len(replicas)
+    calls = [trainer.weights_join.remote(addr, port, 0, world, backend)]
+    calls += [
+        h.weights_join.remote(addr, port, i + 1, world, backend) for i, h in enumerate(replicas)
+    ]
+    ray.get(calls, timeout=300)
 
 
 def _start_host(pool: ResourcePool, rank: int, spec: HostSpec, weights: Any = None) -> Any:
@@ -154,6 +172,13 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
         hosts.append(handle)
         return handle
 
+    collective = cfg.weight_sync.transport == "collective" and not colocated
+    if collective:
+        try:
+            _join_weight_group(group_of_actor(groups, by_pool).hosts[0], rollout_hosts)
+        except BaseException:
+            stop_all()
+            raise
     rollout = RayRolloutClient(
         rollout_hosts,
         [colocated] * len(rollout_hosts),
@@ -162,6 +187,7 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
         version=0,
         on_close=stop_all,
         min_version=_admission_version(cfg),
+        collective=collective,
     )
 
     def group_of(role: str) -> WorkerGroup:

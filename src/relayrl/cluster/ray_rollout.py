@@ -3,7 +3,9 @@
 ``update_weights``, ``stats``, ``close``, ``version``).
 
 Requests go to the replica with the fewest outstanding tokens; weights go through Ray's object
-store (put once, every replica fetches it), or are copied in-process when the replica hosts the
+store (put once, every replica fetches it), or with ``collective`` (``weight_sync.transport``)
+are broadcast bucket by bucket over a process group of trainer rank 0 and the replicas
+(:mod:`relayrl.cluster.weight_collective`), or are copied in-process when the replica hosts the
 actor itself (an FSDP2 actor: every rank of its group joins the bucketed gather, the replica
 ranks load each bucket); a dead replica is restarted with the current weights and its
 in-flight requests resubmitted.
@@ -50,7 +52,9 @@ class RayRolloutClient:
         version: int = 0,
         on_close: Callable[[], None] | None = None,
         min_version: Callable[[GenerationRequest], int] | None = None,
+        collective: bool = False,
     ):
+        self._collective = collective  # replicas joined the trainer's weight group
         self._min_version = min_version
         self._loaded_version = version  # what every replica has acknowledged loading
         self._held: list[tuple[int, GenerationRequest]] = []
@@ -159,6 +163,12 @@ class RayRolloutClient:
 
     def _restart(self, index: int, cause: BaseException) -> None:
         """Replace a dead replica and resubmit what was in flight on it."""
+        if self._collective:
+            raise RolloutReplicaDied(
+                f"rollout replica {index} died and cannot be restarted under "
+                "weight_sync.transport=collective (the weight group cannot be re-formed "
+                f"mid-run; object_store restarts replicas): {cause}"
+            )
         if self._colocated[index] or self._factory is None:
             raise RolloutReplicaDied(
                 f"rollout replica {index} died and cannot be restarted "
@@ -238,11 +248,16 @@ class RayRolloutClient:
         """Push weights as ``version`` to every replica and wait until all have loaded them.
 
         A replica colocated with the actor copies them in-process; others fetch the one copy
-        put in the object store. Timed: ``last_sync_s`` / ``stats()["weight_sync_s"]``.
+        put in the object store, or (``collective``) receive the broadcast of the weight
+        group, bucket by bucket. Timed: ``last_sync_s`` / ``stats()["weight_sync_s"]``.
         """
         self._check()
         t0 = time.perf_counter()
         remote = isinstance(state_dict, RemoteStateDict)
+        if remote and self._collective:
+            self._update_collective(state_dict, version, interrupt)
+            self._finish_update(version, t0)
+            return
         need_ref = not remote or not all(self._colocated)
         ref = None
         if need_ref:
@@ -268,6 +283,19 @@ class RayRolloutClient:
                 ray.get(c)
             except RayActorError:  # it is restarted by its receiver with these weights
                 pass
+        self._finish_update(version, t0)
+
+    def _update_collective(self, state: RemoteStateDict, version: int, interrupt: bool) -> None:
+        """One broadcast over the weight group: every trainer rank of an FSDP2 actor (the
+        gathers), rank 0 alone otherwise, and every replica at once."""
+        trainers = state.group.hosts if state.sharded else state.group.hosts[:1]
+        with self._lock:
+            calls = [h.weights_send.remote(version) for h in trainers]
+            calls += [h.weights_receive.remote(interrupt) for h in self._replicas]
+            self.version = version
+        ray.get(calls)  # a dead member fails the sync (no restart under this transport)
+
+    def _finish_update(self, version: int, t0: float) -> None:
         with self._lock:
             self._loaded_version = version
             held, self._held = self._held, []

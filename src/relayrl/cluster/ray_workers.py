@@ -31,6 +31,7 @@ import ray
 import torch
 from torch import Tensor
 
+from relayrl.cluster.ray_weight_sync import CollectiveWeightSync
 from relayrl.config import RunConfig
 from relayrl.rollout import GenerationRequest, Sample
 from relayrl.rollout.engine import _error_sample
@@ -83,11 +84,13 @@ def _sync_bytes(cfg: RunConfig) -> int:
     return int(cfg.model.fsdp.sync_bucket_mb * (1 << 20))
 
 
-class RoleHost:
+class RoleHost(CollectiveWeightSync):
     """One worker process of a resource pool, hosting the roles placed on the pool.
 
     Run as a threaded Ray actor (``max_concurrency`` > 1): the rollout engine, if any, steps
-    in a background thread while other calls (submit, poll, train) come in.
+    in a background thread while other calls (submit, poll, train) come in. The
+    ``weights_*`` methods (``weight_sync.transport: collective``) are
+    :class:`~relayrl.cluster.ray_weight_sync.CollectiveWeightSync`'s.
     """
 
     def __init__(self, spec: HostSpec, weights: Mapping[str, Tensor] | None = None):
@@ -214,8 +217,13 @@ class RoleHost:
 
     def model_state(self, role: str) -> dict[str, Tensor]:
         """``role``'s model state dict under its own keys (a LoRA actor: the peft model's, with
-        the adapters; not for a sharded role)."""
-        return self.roles[role].model.state_dict()
+        the adapters); a sharded role: a collective, full tensors on rank 0, ``{}`` elsewhere."""
+        worker = self.roles[role]
+        if getattr(worker, "sharded", False):
+            from relayrl.workers.fsdp import full_state_dict
+
+            return full_state_dict(worker.model, _sync_bytes(self.spec.cfg), merged=False)
+        return worker.model.state_dict()
 
     def gradients(self, role: str) -> dict[str, Tensor]:
         """The current ``.grad`` of each trainable parameter of ``role`` (tests, debugging)."""
@@ -497,7 +505,8 @@ class RemoteRole:
         if self._shadow is None:
             self._shadow = self._load_shadow()
         if self._own_keys:
-            state = ray.get(self.group.hosts[0].model_state.remote(self.role))
+            hosts = self.group.hosts if self.sharded else self.group.hosts[:1]
+            state = ray.get([h.model_state.remote(self.role) for h in hosts])[0]
         else:
             state = ray.get(self.state_dict().ref)
         with torch.no_grad():

@@ -120,3 +120,95 @@ def trainable_parameters(model: torch.nn.Module) -> tuple[int, int]:
     """(trainable, total) parameter counts."""
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return trainable, sum(p.numel() for p in model.parameters())
+
+
+PEFT_PREFIX = "base_model.model."
+"""What a peft model's ``state_dict`` keys start with (the base model's keys follow)."""
+
+
+def lora_scalings(model: torch.nn.Module) -> dict[str, dict[str, float]]:
+    """module name (peft-model key prefix) -> {active adapter: alpha / r scaling}."""
+    from peft.tuners.lora import LoraLayer
+
+    out: dict[str, dict[str, float]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer):
+            if getattr(module, "fan_in_fan_out", False):
+                raise ValueError(f"{name}: fan_in_fan_out LoRA layers are not supported")
+            out[name] = {a: float(module.scaling[a]) for a in module.active_adapters}
+    return out
+
+
+def merged_stream(
+    model: torch.nn.Module, tensors: Iterator[tuple[str, Tensor]]
+) -> Iterator[tuple[str, Tensor]]:
+    """``merged_state_dict`` of ``model`` as a stream: ``tensors`` are the peft model's
+    ``state_dict`` entries as full tensors, in order (e.g. gathered one at a time from FSDP2
+    shards); each adapted weight comes out as ``W + scaling * B @ A`` under the base model's
+    key once its ``base_layer.weight``, ``lora_A`` and ``lora_B`` have all arrived (peft lists
+    them consecutively), every other tensor as it arrives. Adapter tensors are not emitted.
+    At most one adapted module's tensors are held at a time in a peft layout."""
+    scalings = lora_scalings(model)
+    pending: dict[str, dict[str, Tensor]] = {}  # module -> its base weight, A's and B's
+
+    def plain(key: str) -> str:
+        key = key.removeprefix(PEFT_PREFIX)
+        return key.replace(".base_layer.", ".")
+
+    def ready(module: str) -> bool:
+        got = pending[module]
+        need = ["base"] + [f"{p}.{a}" for a in scalings[module] for p in ("A", "B")]
+        return all(k in got for k in need)
+
+    def merge(module: str) -> tuple[str, Tensor]:
+        got = pending.pop(module)
+        w = got["base"]
+        delta = None
+        ct = torch.float64 if w.dtype == torch.float64 else torch.float32
+        for a, s in scalings[module].items():
+            d = (got[f"B.{a}"].to(ct) @ got[f"A.{a}"].to(ct)) * s
+            delta = d if delta is None else delta + d
+        merged = w if delta is None else (w + delta.to(w.dtype))
+        return plain(f"{module}.base_layer.weight"), merged
+
+    for key, t in tensors:
+        module, kind = _lora_part(key, scalings)
+        if module is None:
+            if ".lora_" not in key:
+                yield plain(key), t
+            continue
+        pending.setdefault(module, {})[kind] = t
+        if ready(module):
+            yield merge(module)
+    for module in list(pending):
+        if "base" in pending[module]:  # adapters inactive: the base weight as it is
+            yield plain(f"{module}.base_layer.weight"), pending.pop(module)["base"]
+
+
+def _lora_part(key: str, scalings: dict[str, dict[str, float]]) -> tuple[str | None, str]:
+    """(module, part) of a peft key that takes part in a merge: ``base`` (the adapted layer's
+    base weight), ``A.<adapter>`` / ``B.<adapter>``; (None, '') otherwise."""
+    for marker, part in ((".base_layer.weight", "base"), (".lora_A.", "A"), (".lora_B.", "B")):
+        if marker in key:
+            module = key.split(marker)[0]
+            if module not in scalings:
+                return None, ""
+            if part == "base":
+                return module, part
+            adapter = key.split(marker)[1].removesuffix(".weight")
+            if adapter in scalings[module]:
+                return module, f"{part}.{adapter}"
+            return None, ""
+    return None, ""
+
+
+def merged_entries(model: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Key -> (shape, dtype) of ``merged_stream``'s output, from the model's own
+    ``state_dict`` (a sharded DTensor's global shape: nothing is gathered)."""
+    out: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+    for key, v in model.state_dict().items():
+        if ".lora_" in key:
+            continue
+        name = key.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
+        out[name] = (tuple(int(d) for d in v.shape), v.dtype)
+    return out

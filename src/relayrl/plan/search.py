@@ -29,12 +29,19 @@ and critic-inference copies are rebuilt each iteration). Per-call times (``S`` G
   ordered by what they hold, HybridFlow's grouping); time = largest receive / bandwidth
   (NVLink if both layouts sit in one node, else the network).
 
-Memory check, per GPU: trained models keep ``4 N/(tp pp)`` (bf16 weights and gradients) plus
-``12 N/(tp pp dp)`` (fp32 master + Adam, distributed optimizer) on their training mesh;
-frozen models keep ``2 N/(tp pp)`` on their inference mesh; on top, the largest transient
-of the calls that run there: a reallocated copy ``2 N/(tp pp)``, the KV cache
-``b (prompt + gen) kv/(tp pp)`` of generation, training activations
-``tokens_mb * h * (2 L/pp + 34) / tp``. It must fit ``memory_fraction`` of the device.
+Memory check, per GPU: trained models keep their fp32 master weights ``4 N/(tp pp dp')``
+(``dp' = dp`` when ``dp > 1``: FSDP2 shards them, else 1) plus the fixed part of the calibrated
+update cost of :class:`relayrl.plan.memory.TrainMemoryModel` (``train_bytes`` at 0 tokens:
+gradients, AdamW state and the step's temporaries, bf16 mixed precision, FSDP2 over ``dp``
+ranks when ``dp > 1``) on ``N/(tp pp)`` parameters of ``h/tp`` hidden units and ``L/pp``
+layers, on their training mesh; frozen models keep ``2 N/(tp pp)`` on their inference mesh; on
+top, the largest transient of the calls that run there: a reallocated copy ``2 N/(tp pp)``,
+the KV cache ``b (prompt + gen) kv/(tp pp)`` of generation, and for training the activation
+part of the same model (``train_bytes(tokens_mb) - train_bytes(0)``), so a training mesh holds
+exactly weights + ``train_bytes`` (:meth:`PPOProblem.train_memory`). The constants are the
+CPU calibration ``CALIBRATED`` (a 50M model at 256-512-token micro-batches): on GPUs and at
+other sizes an extrapolation until measured there. It must fit ``memory_fraction`` of the
+device.
 
 Search (:func:`search_plan`): simulated annealing (Metropolis-Hastings on
 ``exp(-cost / temperature)``, temperature decaying geometrically from ``t0 * cost0`` to
@@ -55,6 +62,7 @@ from fractions import Fraction
 from typing import Any
 
 from relayrl.plan.hardware import HardwareSpec
+from relayrl.plan.memory import CALIBRATED, TrainMemoryModel
 from relayrl.plan.models import ModelSpec
 from relayrl.plan.reshard import interval_length
 
@@ -144,6 +152,7 @@ class PPOProblem:
         micro_batches: pipeline micro-batches ``m``.
         micro_batch_tokens: tokens per training micro-batch (activation memory).
         memory_fraction: usable share of device memory.
+        memory_model: the training-memory model (``relayrl.plan.memory``; calibrated).
     """
 
     models: dict[str, ModelSpec]
@@ -158,6 +167,7 @@ class PPOProblem:
     micro_batches: int = 8
     micro_batch_tokens: int = 8192
     memory_fraction: float = 0.95
+    memory_model: TrainMemoryModel = CALIBRATED
     _cache: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -297,6 +307,27 @@ class PPOProblem:
         self._cache[key] = t
         return t
 
+    def train_memory(self, role: str, s: Strategy, tokens: int | None = None) -> float:
+        """Bytes one GPU of ``role``'s training mesh holds for it under ``s`` with micro-batches
+        of ``tokens`` (default ``micro_batch_tokens``; 0: the persistent part): its fp32
+        master weights ``4 N / (tp pp dp')`` plus ``memory_model.train_bytes`` of its
+        ``N / (tp pp)`` parameters (all trained), ``h / tp`` hidden, ``L / pp`` layers, bf16,
+        FSDP2 over ``dp`` ranks when ``dp > 1``."""
+        m = self.models[role]
+        tokens = self.micro_batch_tokens if tokens is None else tokens
+        n = m.params / (s.tp * s.pp)
+        sharded = s.dp if s.dp > 1 else 1
+        extra = self.memory_model.train_bytes(
+            n,
+            n,
+            max(1, m.hidden // s.tp),
+            max(1, math.ceil(m.layers / s.pp)),
+            tokens,
+            bf16=True,
+            fsdp_ranks=s.dp if s.dp > 1 else 0,
+        )
+        return 4.0 * n / sharded + extra
+
     def memory(self, plan: Plan) -> dict[int, float]:
         """Bytes needed on every GPU (persistent states + the largest transient)."""
         persist = [0.0] * self.n_gpus
@@ -305,7 +336,7 @@ class PPOProblem:
             mesh, s = plan[home]
             n = self.models[role].params
             per = (
-                (4 * n / (s.tp * s.pp) + 12 * n / (s.tp * s.pp * s.dp))
+                self.train_memory(role, s, tokens=0)
                 if role in ("actor", "critic")
                 else 2 * n / (s.tp * s.pp)
             )
@@ -321,7 +352,7 @@ class PPOProblem:
                 b = math.ceil(self.batch / s.dp)
                 x += b * (self.prompt_len + self.gen_len) * m.kv_bytes_per_token / (s.tp * s.pp)
             elif call.kind == "train":
-                x += self.micro_batch_tokens * m.hidden * (2 * m.layers / s.pp + 34) / s.tp
+                x += self.train_memory(call.role, s) - self.train_memory(call.role, s, tokens=0)
             for g in mesh.gpus:
                 trans[g] = max(trans[g], x)
         return {g: persist[g] + trans[g] for g in range(self.n_gpus)}

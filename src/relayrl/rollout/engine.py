@@ -335,19 +335,70 @@ class RolloutEngine:
         started with (a copy of the old module is kept until they are done); requests admitted
         from now on use the new weights.
         """
+        self._check_version(version)
+        state = dict(state_dict)
+        self._check_state_dict(state, strict)  # before touching anything: no half-loaded model
+        self._keep_old_model(interrupt)
+        with torch.no_grad():
+            self.model.load_state_dict(state, strict=strict)
+        self._commit_version(version, interrupt)
+
+    def update_weights_streamed(
+        self,
+        parts: Iterable[Mapping[str, Tensor]],
+        version: int,
+        shapes: Mapping[str, tuple[int, ...]],
+        interrupt: bool = True,
+    ) -> None:
+        """``update_weights`` from a stream of partial state dicts, each copied into the model
+        as it arrives (the caller never holds more than one part: bounded memory).
+
+        ``shapes`` names every key the stream will carry, with its shape: it must be exactly
+        the model's keys and shapes, checked before anything loads. Every key must then
+        arrive once; ``version`` becomes current after the last part. The caller holds the
+        engine (no ``step`` runs on the half-loaded model).
+        """
+        self._check_version(version)
+        current = self.model.state_dict()
+        self._check_state_dict(
+            {k: torch.empty(tuple(v), device="meta") for k, v in shapes.items()}, True
+        )
+        self._keep_old_model(interrupt)
+        seen: set[str] = set()
+        for part in parts:
+            unknown = sorted(k for k in part if k not in shapes or k in seen)
+            if unknown:
+                raise ValueError(f"weight stream: unannounced or repeated keys {unknown[:5]}")
+            for name, tensor in part.items():
+                if tuple(tensor.shape) != tuple(current[name].shape):
+                    raise ValueError(
+                        f"weight stream: {name!r} has shape {tuple(tensor.shape)}, "
+                        f"the model expects {tuple(current[name].shape)}"
+                    )
+            with torch.no_grad():
+                self.model.load_state_dict(dict(part), strict=False)
+            seen.update(part)
+        if len(seen) != len(current):
+            missing = sorted(set(current) - seen)
+            raise ValueError(f"weight stream ended without the keys {missing[:5]}")
+        self._commit_version(version, interrupt)
+
+    def _check_version(self, version: int) -> None:
         if version == self.version:
             raise ValueError(f"weights are already version {version}")
         if version in self._models:
             raise ValueError(f"version {version} is still in use by in-flight sequences")
-        state = dict(state_dict)
-        self._check_state_dict(state, strict)  # before touching anything: no half-loaded model
+
+    def _keep_old_model(self, interrupt: bool) -> None:
+        """Without an interrupt, in-flight sequences keep a copy of the weights they started
+        with."""
         old = self.version
         if not interrupt and old in self.scheduler.versions_in_use():
             self._models[old] = copy.deepcopy(self.model)
         else:
             self._models.pop(old, None)
-        with torch.no_grad():
-            self.model.load_state_dict(state, strict=strict)
+
+    def _commit_version(self, version: int, interrupt: bool) -> None:
         self.version = version
         self._models[version] = self.model
         if interrupt:

@@ -114,12 +114,10 @@ def build_actor(cfg: RunConfig, path: str, rank: int = 0, world: int = 1) -> Act
         resolve_device(cfg.model.device, rank),
     )
     if is_lora(model):
-        if cfg.model.fsdp.enabled:
-            raise ValueError(
-                "model.lora with model.fsdp.enabled is not supported (the engine's merged "
-                "weights would need the sharded base gathered per adapter layer); LoRA runs "
-                "data-parallel with replicas: set model.fsdp.enabled=false"
-            )
+        if cfg.model.fsdp.enabled and _distributed(cfg, world):
+            from relayrl.workers.fsdp_lora import FsdpLoraActorWorker
+
+            return FsdpLoraActorWorker.from_config(model, cfg)
         if world > 1:
             return LoraDataParallelActorWorker.from_config(model, cfg)
         return LoraActorWorker.from_config(model, cfg)
@@ -134,6 +132,10 @@ def build_reference(
     """The frozen reference: the actor with adapters disabled under LoRA, else ``model.path``
     in the compute dtype (bf16 weights under bf16: a frozen role needs no master copy)."""
     if actor is not None and is_lora(actor.model):
+        if getattr(actor, "sharded", False):
+            from relayrl.workers.fsdp_lora import FsdpAdapterDisabledReference
+
+            return FsdpAdapterDisabledReference(actor, cfg)  # type: ignore[arg-type]
         return AdapterDisabledReference(actor, cfg)
     precision = precision_for(cfg.model, trainable=False)
     model = apply_precision(

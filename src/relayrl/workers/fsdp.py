@@ -48,6 +48,7 @@ from torch.distributed.fsdp import (
 from relayrl.algos import LossNorm
 from relayrl.config import FsdpConfig, RunConfig
 from relayrl.model.device import Precision, model_device, set_compute_dtype
+from relayrl.model.lora import is_lora, merged_entries, merged_stream
 from relayrl.workers.actor import ReferenceWorker
 from relayrl.workers.data_parallel import DataParallelActorWorker, DataParallelCriticWorker
 from relayrl.workers.experience import Experience
@@ -137,18 +138,42 @@ def _to_float(norm: Tensor) -> float:
     return float(full() if full is not None else norm)
 
 
+def iter_full_tensors(
+    model: torch.nn.Module, to_cpu: bool = True, merged: bool = True
+) -> Iterator[tuple[str, Tensor]]:
+    """The model's state dict as full tensors, one at a time, in ``state_dict`` order (each
+    sharded one all-gathered when reached). A LoRA (peft) model with ``merged``: the engine's
+    weights, each adapted weight merged (``relayrl.model.lora.merged_stream``) under the base
+    model's keys; without: the peft model's own keys (the adapter checkpoint). A
+    collective: every rank must iterate."""
+
+    def raw() -> Iterator[tuple[str, Tensor]]:
+        for name, value in model.state_dict().items():
+            full = value.full_tensor() if hasattr(value, "full_tensor") else value
+            full = full.detach()
+            yield name, full.cpu() if to_cpu else full
+
+    if merged and is_lora(model):
+        yield from merged_stream(model, raw())
+    else:
+        yield from raw()
+
+
+def engine_entries(model: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Key -> (shape, dtype) of ``iter_full_tensors(model)`` without gathering anything."""
+    if is_lora(model):
+        return merged_entries(model)
+    return {k: (tuple(int(d) for d in v.shape), v.dtype) for k, v in model.state_dict().items()}
+
+
 def iter_full_state_buckets(
-    model: torch.nn.Module, bucket_bytes: int, to_cpu: bool = True
+    model: torch.nn.Module, bucket_bytes: int, to_cpu: bool = True, merged: bool = True
 ) -> Iterator[dict[str, Tensor]]:
     """The model's state dict as full tensors, in buckets of at most ``bucket_bytes`` (one
     tensor larger than that is a bucket alone). A collective: every rank must iterate."""
     bucket: dict[str, Tensor] = {}
     size = 0
-    for name, value in model.state_dict().items():
-        full = value.full_tensor() if hasattr(value, "full_tensor") else value
-        full = full.detach()
-        if to_cpu:
-            full = full.cpu()
+    for name, full in iter_full_tensors(model, to_cpu, merged):
         nbytes = full.numel() * full.element_size()
         if bucket and size + nbytes > bucket_bytes:
             yield bucket
@@ -160,13 +185,13 @@ def iter_full_state_buckets(
 
 
 def full_state_dict(
-    model: torch.nn.Module, bucket_bytes: int, keep: bool | None = None
+    model: torch.nn.Module, bucket_bytes: int, keep: bool | None = None, merged: bool = True
 ) -> dict[str, Tensor]:
-    """The full state dict, gathered bucket by bucket; ranks with ``keep`` False (default:
-    all but rank 0) drop each bucket and return ``{}``."""
+    """The full state dict (``merged``: see ``iter_full_tensors``), gathered bucket by bucket;
+    ranks with ``keep`` False (default: all but rank 0) drop each bucket and return ``{}``."""
     keep = dist.get_rank() == 0 if keep is None else keep
     out: dict[str, Tensor] = {}
-    for bucket in iter_full_state_buckets(model, bucket_bytes):
+    for bucket in iter_full_state_buckets(model, bucket_bytes, merged=merged):
         if keep:
             out.update(bucket)
     return out

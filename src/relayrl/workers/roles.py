@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,8 @@ class Roles:
     critic: CriticWorker | None = None
     teacher: ReferenceWorker | None = None
     """On-policy distillation's teacher (``algo.distill``; loaded by the controller)."""
+    on_close: Callable[[], None] | None = None
+    """Run last by ``close`` (the local cluster: leave the process group it started)."""
 
     def close(self) -> None:
         """Stop worker processes (an engine worker, when the rollout runs in one)."""
@@ -28,3 +31,5 @@ class Roles:
         if close is not None:
             close()
         self.reward.close()
+        if self.on_close is not None:
+            self.on_close()

@@ -1,0 +1,212 @@
+"""Weight sync over a process group of its own (``weight_sync.transport: collective``).
+
+Trainer rank 0 (rank 0 here) and each rollout replica (ranks 1..R) join a group created from a
+``TCPStore`` rendezvous on rank 0's node, separate from the trainer's data-parallel group, so
+no other process has to join it: ``ProcessGroupGloo`` on CPU, ``ProcessGroupNCCL`` on CUDA
+(the same calls; the NCCL branch has not run here). One sync is, all broadcasts from rank 0:
+
+1. the manifest: an int64 length, then a JSON document as uint8 bytes: ``version`` and
+   ``buckets``, a list of buckets, each a list of ``[name, shape, dtype]``;
+2. every bucket as ONE flat uint8 buffer: its tensors' bytes back to back, each starting at a
+   multiple of ``ALIGN`` bytes, so the receiver reads every tensor as a zero-copy view
+   (``buf[offset : offset + nbytes].view(dtype).view(shape)``).
+
+A bucket holds tensors in manifest order up to ``bucket_bytes`` (a tensor larger than that is
+a bucket alone), the rule of ``relayrl.workers.fsdp.iter_full_state_buckets``, so a sharded
+(FSDP2) actor can send each bucket as soon as its tensors are gathered: neither side holds
+more than one bucket of full tensors beyond the model itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+ALIGN = 16
+"""Byte alignment of each tensor inside a flat bucket (a ``view(dtype)`` needs the offset to
+be a multiple of the element size)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor of the manifest."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * _element_size(self.dtype)
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"weight manifest: unknown dtype {name!r}")
+    return dtype
+
+
+def entries_of(state: Mapping[str, Tensor]) -> list[Entry]:
+    """The manifest entries of a state dict (a DTensor's global shape: no gather)."""
+    return [Entry(k, tuple(int(d) for d in v.shape), v.dtype) for k, v in state.items()]
+
+
+def plan_buckets(entries: Sequence[Entry], bucket_bytes: int) -> list[list[Entry]]:
+    """Consecutive entries grouped while the bucket stays within ``bucket_bytes`` (a larger
+    tensor is a bucket alone): the rule of ``iter_full_state_buckets``."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    buckets: list[list[Entry]] = []
+    size = 0
+    for e in entries:
+        if buckets and buckets[-1] and size + e.nbytes <= bucket_bytes:
+            buckets[-1].append(e)
+            size += e.nbytes
+        else:
+            buckets.append([e])
+            size = e.nbytes
+    return buckets
+
+
+def layout(bucket: Sequence[Entry]) -> tuple[list[int], int]:
+    """Byte offset of each entry in the flat buffer (multiples of ``ALIGN``) and its size."""
+    offsets, total = [], 0
+    for e in bucket:
+        total = -(-total // ALIGN) * ALIGN
+        offsets.append(total)
+        total += e.nbytes
+    return offsets, total
+
+
+def pack(bucket: Sequence[Entry], tensors: Mapping[str, Tensor], device: torch.device) -> Tensor:
+    """The flat uint8 buffer of one bucket on ``device``."""
+    offsets, total = layout(bucket)
+    buf = torch.empty(total, dtype=torch.uint8, device=device)
+    for e, off in zip(bucket, offsets, strict=True):
+        t = tensors[e.name]
+        if tuple(t.shape) != e.shape or t.dtype != e.dtype:
+            raise ValueError(
+                f"weight sync: {e.name!r} is {tuple(t.shape)} {t.dtype}, the manifest says "
+                f"{e.shape} {e.dtype}"
+            )
+        view = buf[off : off + e.nbytes].view(e.dtype)
+        view.copy_(t.detach().reshape(-1))
+    return buf
+
+
+def unpack(buf: Tensor, bucket: Sequence[Entry]) -> dict[str, Tensor]:
+    """Zero-copy views of the tensors of one flat bucket."""
+    offsets, total = layout(bucket)
+    if buf.numel() != total:
+        raise ValueError(f"weight sync: bucket of {buf.numel()} bytes, the layout has {total}")
+    return {
+        e.name: buf[off : off + e.nbytes].view(e.dtype).view(e.shape)
+        for e, off in zip(bucket, offsets, strict=True)
+    }
+
+
+class WeightGroup:
+    """This process's membership of the weight-sync group (rank 0: the trainer's rank 0)."""
+
+    def __init__(self, addr: str, port: int, rank: int, world: int, backend: str, timeout_s: float):
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"weight_sync.backend: {backend!r} (gloo or nccl)")
+        timeout = timedelta(seconds=timeout_s)
+        self.rank, self.world, self.backend = rank, world, backend
+        self._store = dist.TCPStore(addr, port, world, is_master=rank == 0, timeout=timeout)
+        if backend == "nccl":  # pragma: no cover - needs CUDA (not run here)
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            self.pg: dist.ProcessGroup = dist.ProcessGroupNCCL(self._store, rank, world, opts)
+        else:
+            self.device = torch.device("cpu")
+            self.pg = dist.ProcessGroupGloo(self._store, rank, world, timeout)
+
+    def broadcast(self, tensor: Tensor) -> None:
+        """Rank 0's ``tensor`` into every member's (same shape and dtype), in place."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        self.pg.broadcast([tensor], opts).wait()
+
+    # ------------------------------------------------------------------ manifest
+    def send_manifest(self, version: int, buckets: Sequence[Sequence[Entry]]) -> None:
+        doc = {
+            "version": int(version),
+            "buckets": [
+                [[e.name, list(e.shape), str(e.dtype).removeprefix("torch.")] for e in b]
+                for b in buckets
+            ],
+        }
+        payload = json.dumps(doc).encode()
+        self.broadcast(torch.tensor([len(payload)], dtype=torch.int64, device=self.device))
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device)
+        self.broadcast(data)
+
+    def recv_manifest(self) -> tuple[int, list[list[Entry]]]:
+        n = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self.broadcast(n)
+        data = torch.empty(int(n.item()), dtype=torch.uint8, device=self.device)
+        self.broadcast(data)
+        doc = json.loads(bytes(data.cpu().tolist()).decode())
+        buckets = [
+            [Entry(name, tuple(int(d) for d in shape), _dtype(dt)) for name, shape, dt in b]
+            for b in doc["buckets"]
+        ]
+        return int(doc["version"]), buckets
+
+    # ------------------------------------------------------------------ one sync
+    def send(
+        self,
+        version: int,
+        buckets: Sequence[Sequence[Entry]],
+        tensors: Iterable[tuple[str, Tensor]],
+    ) -> None:
+        """Broadcast ``version`` and the weights: ``tensors`` yields (name, full tensor) in
+        manifest order (a sharded actor gathers each when it is reached)."""
+        self.send_manifest(version, buckets)
+        it = iter(tensors)
+        for bucket in buckets:
+            part: dict[str, Tensor] = {}
+            for e in bucket:
+                name, t = next(it, (None, None))
+                if name != e.name or t is None:
+                    raise RuntimeError(f"weight sync: expected {e.name!r}, the model gave {name!r}")
+                part[name] = t
+            self.broadcast(pack(bucket, part, self.device))
+        if next(it, None) is not None:
+            raise RuntimeError("weight sync: the model has tensors the manifest does not list")
+
+    def receive(self) -> tuple[int, list[list[Entry]], Iterator[dict[str, Tensor]]]:
+        """(version, manifest, the buckets): each bucket is received when the iterator is
+        advanced, and the iterator MUST be run to its end (the sender waits on every member;
+        ``drain`` it after an error)."""
+        version, buckets = self.recv_manifest()
+
+        def parts() -> Iterator[dict[str, Tensor]]:
+            for bucket in buckets:
+                buf = torch.empty(layout(bucket)[1], dtype=torch.uint8, device=self.device)
+                self.broadcast(buf)
+                yield unpack(buf, bucket)
+
+        return version, buckets, parts()
+
+
+def drain(parts: Iterator[dict[str, Tensor]]) -> None:
+    """Receive (and drop) the rest of a sync, so the sender is not left waiting."""
+    for _ in parts:
+        pass

@@ -1,0 +1,38 @@
+"""The weight-sync section of the run config (``weight_sync``): how the trainer's weights reach
+rollout replicas that do not share its process.
+
+A leaf like ``relayrl.config`` (it imports only ``config_base``; ``config`` imports it).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from relayrl.config_base import _Strict
+
+
+class WeightSyncConfig(_Strict):
+    """``cluster: ray``, rollout on a pool of its own (a colocated engine always copies the
+    actor's weights in-process).
+
+    ``object_store``: the trainer's rank 0 puts the full state dict in Ray's object store
+    once and every replica fetches it (an FSDP2 actor gathers it bucket by bucket first).
+    ``collective``: trainer rank 0 and every replica join a process group of their own (a
+    TCPStore rendezvous at build time, separate from the trainer's data-parallel group) and
+    rank 0 broadcasts a manifest (version, every key's shape and dtype, the bucket layout)
+    then the weights as flat buckets of at most ``model.fsdp.sync_bucket_mb``; each replica
+    loads a bucket as it arrives (one bucket in flight, every key checked against its model
+    before anything loads) and makes the version current after the last. gloo on CPU, NCCL
+    when the trainer's device is CUDA: the same code. A replica of a collective run that dies
+    is not restarted (its group cannot be re-formed mid-run): the run fails with a clear
+    error; ``object_store`` restarts it."""
+
+    transport: Literal["object_store", "collective"] = "object_store"
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """``collective``: ``auto`` = NCCL when the trainer's rank 0 computes on CUDA, else gloo
+    (NCCL has not run here: no GPU)."""
+    timeout_s: float = Field(600.0, gt=0)
+    """How long a member of the weight group waits for the others (rendezvous, each
+    broadcast) before failing."""
