@@ -5,15 +5,18 @@ TRL lives in its own environment, never in the main lock: on first use the scrip
 through a ``.pth`` file (torch, transformers, datasets, accelerate are the locked ones; nothing
 is downloaded but TRL), and installs ``bench/peer_trl.lock`` into it with ``--no-deps
 --require-hashes``, then runs ``pip check`` there. The TRL arm runs in that venv as a
-subprocess (``--trl-worker``); the relayrl arms run in this process's environment.
+subprocess (``bench/peer_trl_env.py``); the relayrl arms run in this process's environment.
 
 Every arm starts from the same warm-started tiny Llama (2-digit addition), trains on the same
 prompts in the same order (relayrl's ``PromptSource`` draws for steps 0..N-1 are TRL's dataset,
 unshuffled), with the same batch (``--prompts`` x ``--group``), lr (constant, no warm-up),
 Adam (0.9, 0.999, eps 1e-8), grad clip 1, token-mean loss (TRL ``loss_type=dapo``), std-scaled
 group advantages, no KL (``beta=0``), temperature 1, fp32, one update per step, the same
-completion cap and the same cores (``--threads``: TRL and sync relayrl get that many torch
-threads; async relayrl splits them, trainer 1 + engine ``threads - 1``). Checkpoints every
+completion cap and ``--threads`` torch threads per process (default 1: on this tiny model a
+second intra-op thread makes no op faster and, on a loaded machine, TRL's and sync relayrl's
+steps 2-5x slower: measured). TRL and sync relayrl are one process each (generation and
+training take turns); async relayrl is two (trainer and engine process), so it is the one arm
+that uses the machine's second core: that is what it is measured for. Checkpoints every
 ``--eval-every`` steps are scored afterwards by ONE shared greedy evaluation (relayrl's engine,
 greedy, 8 tokens, the arithmetic verifier) on held-out prompts that no arm trains on (relayrl
 gets them as ``data.eval_path``, which its prompt draws exclude).
@@ -43,7 +46,7 @@ time-to-common ratios against TRL.
 from __future__ import annotations
 
 import argparse
-import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -51,7 +54,6 @@ import random
 import shutil
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 from typing import Any
@@ -61,87 +63,25 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
 
 REPO = Path(__file__).resolve().parents[1]
-LOCK = REPO / "bench" / "peer_trl.lock"
-VENV = REPO / ".bench-venv" / "trl"
+
+
+def _env_module():
+    """``bench/peer_trl_env.py`` (TRL's venv and the TRL worker), loaded by path."""
+    path = Path(__file__).resolve().with_name("peer_trl_env.py")
+    spec = importlib.util.spec_from_file_location("peer_trl_env", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_ENV = _env_module()
+LOCK, VENV, WORKER = _ENV.LOCK, _ENV.VENV, _ENV.__file__
+lock_pins, venv_plan, ensure_venv = _ENV.lock_pins, _ENV.venv_plan, _ENV.ensure_venv
 ARITH = dict(min_operand=0, max_operand=99, operators=["+"], num_operands=2)
 MAX_LEN = {"short": 8, "long": 128}
 EVAL_TOKENS = 8
 ARMS = ("relayrl", "relayrl_async", "trl", "relayrl_defaults")
-
-
-# --- TRL's environment -------------------------------------------------------------------
-
-
-def lock_pins(lock: Path) -> list[str]:
-    """The ``name==version`` requirements of ``lock`` (comments and hashes dropped)."""
-    pins = []
-    for n, line in enumerate(lock.read_text().splitlines(), 1):
-        req = line.split("#", 1)[0].split("--hash", 1)[0].strip()
-        if not req:
-            continue
-        if "==" not in req:
-            raise SystemExit(f"{lock}:{n}: not pinned with ==: {line.strip()!r}")
-        pins.append(req)
-    if not pins:
-        raise SystemExit(f"{lock}: no requirements")
-    return pins
-
-
-def venv_plan(venv: Path, lock: Path) -> dict[str, Any]:
-    """What ``ensure_venv`` would do, without doing it: the venv's python, whether the stamp
-    matches the lock (sha256 of its text), the main site-packages the ``.pth`` points at."""
-    digest = hashlib.sha256(lock.read_bytes()).hexdigest()
-    stamp = venv / ".installed"
-    ready = stamp.exists() and stamp.read_text().strip() == digest
-    return {
-        "venv": str(venv),
-        "python": str(venv / "bin" / "python"),
-        "lock": str(lock),
-        "pins": lock_pins(lock),
-        "lock_sha256": digest,
-        "ready": ready,
-        "action": "reuse" if ready else "create venv, pip install --no-deps, pip check",
-        "main_site_packages": main_site_packages(),
-    }
-
-
-def main_site_packages() -> list[str]:
-    paths = sysconfig.get_paths()
-    return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
-
-
-def ensure_venv(venv: Path, lock: Path) -> Path:
-    """Create (or reuse) TRL's venv; return its python. Rebuilt whenever the lock changes."""
-    plan = venv_plan(venv, lock)
-    py = Path(plan["python"])
-    if plan["ready"]:
-        return py
-    shutil.rmtree(venv, ignore_errors=True)
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], "create the venv")
-    site = _run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
-    # addsitedir (not a bare path line) so the main site-packages' own .pth files apply too;
-    # appended after the venv's site-packages, so the venv's TRL wins over any main one
-    lines = "".join(f"import site; site.addsitedir({p!r})\n" for p in plan["main_site_packages"])
-    (Path(site.strip()) / "_relayrl_main_venv.pth").write_text(lines)
-    pip = [str(py), "-m", "pip", "--disable-pip-version-check"]  # the main venv's pip
-    _run([*pip, "install", "-q", "--no-deps", "--ignore-installed", "--require-hashes",
-          "-r", str(lock)], f"pip install -r {lock}")  # fmt: skip
-    _run([*pip, "check"], "pip check in the TRL venv")
-    for pin in plan["pins"]:
-        name, version = pin.split("==")
-        got = _run([str(py), "-c", f"import importlib.metadata as m; print(m.version({name!r}))"])
-        if got.strip() != version:
-            raise SystemExit(f"{venv}: {name} {got.strip()} installed, {lock} pins {version}")
-    (venv / ".installed").write_text(plan["lock_sha256"] + "\n")
-    return py
-
-
-def _run(cmd: list[str], what: str = "") -> str:
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"{what or cmd[0]} failed ({r.returncode}): {r.stderr.strip()[-2000:]}")
-    return r.stdout
 
 
 # --- models, prompts, the shared evaluation ----------------------------------------------
@@ -254,11 +194,9 @@ def relayrl_overrides(a: argparse.Namespace, mode: str, arm: str, held: Path) ->
     ]
     if arm != "relayrl_defaults":  # TRL's values for what relayrl's defaults set otherwise
         out += ["algo.mini_batches=1", "optim.warmup_steps=0", "optim.betas=[0.9,0.999]"]
-    if arm == "relayrl_async":
-        engine = max(a.threads - 1, 1)
-        out += ["schedule=async", f"async.eta={a.eta}", "threads=1", f"rollout.threads={engine}"]
-    else:
-        out += [f"threads={a.threads}"]
+    out += [f"threads={a.threads}"]
+    if arm == "relayrl_async":  # the engine's own process, with as many threads
+        out += ["schedule=async", f"async.eta={a.eta}", f"rollout.threads={a.threads}"]
     return out
 
 
@@ -335,7 +273,7 @@ def trl_config(a: argparse.Namespace, mode: str, seed: int, out: Path) -> dict[s
 
 
 def run_trl(a, mode: str, seed: int, model: Path, out: Path, held: Path, py: Path) -> dict:
-    """The TRL arm as a subprocess of TRL's venv (``--trl-worker``)."""
+    """The TRL arm as a subprocess of TRL's venv (``bench/peer_trl_env.py``)."""
     out.mkdir(parents=True, exist_ok=True)
     spec = {
         "model": str(model),
@@ -347,71 +285,13 @@ def run_trl(a, mode: str, seed: int, model: Path, out: Path, held: Path, py: Pat
     (out / "spec.json").write_text(json.dumps(spec))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO / "bench")]))
     env["OMP_NUM_THREADS"] = str(a.threads)
-    cmd = [str(py), str(Path(__file__).resolve()), "--trl-worker", str(out / "spec.json")]
+    cmd = [str(py), str(WORKER), str(out / "spec.json")]
     r = subprocess.run(cmd, env=env)
     if r.returncode != 0:
         raise SystemExit(f"the TRL arm failed ({r.returncode}): {' '.join(cmd)}")
     res = json.loads((out / "result.json").read_text())
     res["checkpoints"] = {int(k): Path(v) for k, v in res["checkpoints"].items()}
     return res
-
-
-def trl_worker(spec_path: str) -> None:
-    """Runs TRL's ``GRPOTrainer`` from a spec written by ``run_trl`` (in TRL's venv)."""
-    import torch
-    import trl
-    from datasets import Dataset
-    from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from relayrl.model import load_tokenizer
-    from relayrl.reward.functions import arithmetic
-
-    spec = json.loads(Path(spec_path).read_text())
-    torch.set_num_threads(spec["threads"])
-
-    def reward(prompts, completions, answer, **_: Any) -> list[float]:
-        return [
-            arithmetic(p, c, {"answer": x})
-            for p, c, x in zip(prompts, completions, answer, strict=True)
-        ]
-
-    step_times: list[float] = []
-
-    class Timer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            self.t = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            step_times.append(time.perf_counter() - self.t)
-
-    args = GRPOConfig(**spec["config"])
-    trainer = GRPOTrainer(
-        model=spec["model"],
-        reward_funcs=reward,
-        args=args,
-        train_dataset=Dataset.from_list(spec["prompts"]),
-        processing_class=load_tokenizer(spec["model"]),
-        callbacks=[Timer()],
-    )
-    t = time.perf_counter()
-    trainer.train()
-    wall = time.perf_counter() - t
-    out = Path(spec["config"]["output_dir"])
-    n = args.per_device_train_batch_size
-    lengths = [r["completions/mean_length"] for r in trainer.state.log_history
-               if "completions/mean_length" in r]  # fmt: skip
-    result = {
-        "wall_s": wall,
-        "step_times": step_times,
-        "gen_tokens": [x * n for x in lengths],
-        "checkpoints": {
-            p.name.split("-")[1]: str(p) for p in out.iterdir() if p.name.startswith("checkpoint-")
-        },
-        "trl_version": trl.__version__,
-        "torch_threads": torch.get_num_threads(),
-    }
-    Path(spec["result"]).write_text(json.dumps(result))
 
 
 # --- figures -----------------------------------------------------------------------------
@@ -442,6 +322,7 @@ def summarise(arm: str, mode: str, seed: int, res: dict, base: float, prompts, a
         "seed": seed,
         "steps": a.steps,
         "threads": a.threads,
+        "processes": 2 if arm == "relayrl_async" else 1,
         "s_per_step": round(s_per_step, 4),
         "gen_tokens_per_s": round(sum(gen) / sum(st), 1) if gen and st else None,
         "response_len_mean": round(sum(gen) / len(gen) / (a.prompts * a.group), 2) if gen else None,
@@ -470,7 +351,10 @@ def add_common(rows: list[dict]) -> None:
 
 
 def summary(rows: list[dict]) -> list[dict]:
-    """Per mode: each arm's means, and per seed its time to the common target over TRL's."""
+    """Per mode: each arm's means; per seed its time to the common target over TRL's; and on
+    the seed-mean curves (mean pass rate and mean summed step seconds at each evaluated step)
+    the same figure, ``mean_curve``: the lowest of the arms' best mean pass rates (if above
+    the warm start), the step and mean seconds each arm first reaches it, over TRL's."""
     out = []
     for mode in dict.fromkeys(r["mode"] for r in rows):
         mrows = [r for r in rows if r["mode"] == mode]
@@ -485,6 +369,10 @@ def summary(rows: list[dict]) -> list[dict]:
                 "response_len_mean": _mean(r["response_len_mean"] for r in ar),
                 "pass_rate": {str(s): _mean(r["pass_rate"].get(str(s)) for r in ar) for s in steps},
                 "wall_s_to_common": [r.get("wall_s_to_common") for r in ar],
+                "mean_wall_s": {
+                    str(s): _mean(sum(r["step_times"][:s]) for r in ar if str(s) in r["pass_rate"])
+                    for s in steps
+                },
             }
             trl = {r["seed"]: r for r in mrows if r["arm"] == "trl"}
             ratios = []
@@ -495,8 +383,23 @@ def summary(rows: list[dict]) -> list[dict]:
             if arm != "trl":
                 arms[arm]["s_per_step_over_trl"] = _ratio(ar, trl, "s_per_step")
                 arms[arm]["time_to_common_over_trl"] = ratios
-        out.append({"bench": "peer_trl", "summary": mode, "arms": arms})
+        out.append({"bench": "peer_trl", "summary": mode, "arms": arms, "mean_curve": _curve(arms)})
     return out
+
+
+def _curve(arms: dict[str, Any]) -> dict[str, Any]:
+    base = min(d["pass_rate"]["0"] for d in arms.values())
+    target = min(max(d["pass_rate"].values()) for d in arms.values())
+    if target <= base:
+        return {"target": None}
+    hit = {}
+    for arm, d in arms.items():
+        s = min(int(k) for k, v in d["pass_rate"].items() if v >= target - 1e-9)
+        hit[arm] = {"step": s, "wall_s": d["mean_wall_s"][str(s)]}
+    t = hit.get("trl", {}).get("wall_s")
+    for h in hit.values():
+        h["over_trl"] = round(h["wall_s"] / t, 3) if t else None
+    return {"target": target, "arms": hit}
 
 
 def _mean(xs) -> float | None:
@@ -522,7 +425,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--lr", type=float, default=1e-4, help="at 5e-4 every arm collapsed (s3)")
-    ap.add_argument("--threads", type=int, default=2, help="cores per arm (async: 1 + rest)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--eta", type=int, default=2, help="async.eta of relayrl_async")
     ap.add_argument("--target", type=float, default=None, help="a fixed pass rate to time too")
     ap.add_argument("--sft-target", type=float, default=0.35)
@@ -621,7 +524,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--trl-worker":
-        trl_worker(sys.argv[2])
-        sys.exit(0)
     sys.exit(main())

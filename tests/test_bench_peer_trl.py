@@ -40,7 +40,7 @@ def test_dry_run_prints_the_plan_and_creates_nothing(tmp_path: Path, capsys) -> 
     long = plan["modes"]["long"]
     assert long["max_completion_tokens"] == 128 and long["trl"]["max_completion_length"] == 128
     asy = long["relayrl"]["relayrl_async"]
-    assert {"schedule=async", "async.eta=1", "threads=1", "rollout.threads=1"} <= set(asy)
+    assert {"schedule=async", "async.eta=1", "threads=2", "rollout.threads=2"} <= set(asy)
     assert "threads=2" in long["relayrl"]["relayrl"] and "schedule=async" not in str(
         long["relayrl"]["relayrl"]
     )
@@ -109,6 +109,12 @@ def test_time_to_pass_rate_and_the_common_target() -> None:
     (s,) = bench.summary(rows)
     assert s["arms"]["a"]["time_to_common_over_trl"] == [0.25]
     assert s["arms"]["a"]["s_per_step_over_trl"] == [0.5, 1.0]
+    # seed-mean curves: a 0.3/0.4/0.45, trl 0.3/0.43/0.4; target 0.43: a at step 20 (seed 0
+    # alone reached step 20: 20 s), trl at step 10 (mean of 20 s and 10 s: 15 s)
+    curve = s["mean_curve"]
+    assert curve["target"] == pytest.approx(0.43)
+    assert curve["arms"]["a"] == {"step": 20, "wall_s": 20.0, "over_trl": 1.333}
+    assert curve["arms"]["trl"] == {"step": 10, "wall_s": 15.0, "over_trl": 1.0}
 
 
 def test_relayrl_side_runs_and_is_scored(tmp_path: Path) -> None:
@@ -142,7 +148,7 @@ def test_mini_head_to_head_all_arms(tmp_path: Path) -> None:
     bench = _bench()
     model = build_tiny_model(tmp_path / "m", hidden_size=16)
     a = bench.parse(["--steps", "1", "--eval-every", "1", "--prompts", "2", "--group", "2",
-                     "--threads", "2"])  # fmt: skip
+                     "--threads", "1"])  # fmt: skip
     held = bench.write_held_out(tmp_path / "held.jsonl", bench.held_out(model, 0, 200))
     py = bench.ensure_venv(bench.VENV, bench.LOCK)
     assert bench.venv_plan(bench.VENV, bench.LOCK)["ready"]
