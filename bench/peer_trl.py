@@ -236,6 +236,9 @@ def run_relayrl(a, mode: str, arm: str, seed: int, model: Path, out: Path, held:
         "checkpoints": ckpts,
         "step_times": [float(r["time/step"]) for r in steps],
         "gen_tokens": [float(r["response_length_mean"]) * n for r in steps],
+        # sync: generation's seconds per step; async: the trainer's wait for finished groups
+        "gen_times": [float(r.get("time/generate", r.get("time/wait", 0.0))) for r in steps],
+        "train_times": [float(r["time/train"]) for r in steps if "time/train" in r],
     }
 
 
@@ -327,6 +330,9 @@ def summarise(arm: str, mode: str, seed: int, res: dict, base: float, prompts, a
         "gen_tokens_per_s": round(sum(gen) / sum(st), 1) if gen and st else None,
         "response_len_mean": round(sum(gen) / len(gen) / (a.prompts * a.group), 2) if gen else None,
         "train_wall_s": round(res["wall_s"], 2),
+        # generation seconds per step (async: the trainer's wait) and the update's seconds
+        "gen_s_per_step": _mean(res.get("gen_times") or [None]),
+        "train_s_per_step": _mean(res.get("train_times") or [None]),
         "pass_rate": {str(k): round(v, 3) for k, v in rates.items()},
         "target": a.target,
         "wall_s_to_target": wall_to(rates, st, a.target),

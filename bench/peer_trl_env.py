@@ -148,6 +148,16 @@ def trl_worker(spec_path: str) -> None:
         processing_class=load_tokenizer(spec["model"]),
         callbacks=[Timer()],
     )
+    gen_times: list[float] = []
+    generate = trainer._generate  # timed: TRL's generation alone, per step
+
+    def timed_generate(*args: Any, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        out = generate(*args, **kw)
+        gen_times.append(time.perf_counter() - t0)
+        return out
+
+    trainer._generate = timed_generate
     t = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t
@@ -159,6 +169,7 @@ def trl_worker(spec_path: str) -> None:
         "wall_s": wall,
         "step_times": step_times,
         "gen_tokens": [x * n for x in lengths],
+        "gen_times": gen_times,
         "checkpoints": {
             p.name.split("-")[1]: str(p) for p in out.iterdir() if p.name.startswith("checkpoint-")
         },

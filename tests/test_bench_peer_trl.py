@@ -127,6 +127,9 @@ def test_relayrl_side_runs_and_is_scored(tmp_path: Path) -> None:
     assert sorted(res["checkpoints"]) == [1, 2]
     assert len(res["step_times"]) == 2 and all(t > 0 for t in res["step_times"])
     assert len(res["gen_tokens"]) == 2 and all(0 < g <= 2 * 2 * 8 for g in res["gen_tokens"])
+    assert len(res["gen_times"]) == len(res["train_times"]) == 2
+    assert all(0 < g + t <= s for g, t, s in zip(res["gen_times"], res["train_times"],
+                                                  res["step_times"], strict=True))  # fmt: skip
     cfg = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert cfg["algo"]["mini_batches"] == 1 and cfg["optim"]["warmup_steps"] == 0
     assert cfg["data"]["eval_path"] == str(held)
@@ -158,7 +161,9 @@ def test_mini_head_to_head_all_arms(tmp_path: Path) -> None:
         out = tmp_path / arm
         if arm == "trl":
             res = bench.run_trl(a, "short", 0, model, out, held, py)
-            assert json.loads((out / "result.json").read_text())["trl_version"] == "1.16.0"
+            result = json.loads((out / "result.json").read_text())
+            assert result["trl_version"] == "1.16.0" and len(result["gen_times"]) == 1
+            assert 0 < result["gen_times"][0] < result["step_times"][0]
         else:
             res = bench.run_relayrl(a, "short", arm, 0, model, out, held)
         assert sorted(res["checkpoints"]) == [1] and len(res["step_times"]) == 1
