@@ -30,7 +30,9 @@ and async keeps generating while the trainer trains).
 
 Arms: ``relayrl`` (sync, matched to TRL key by key), ``relayrl_async`` (``schedule=async``,
 ``async.eta=--eta``, its default decoupled PPO loss, otherwise matched), ``trl``; optional
-``relayrl_defaults`` (relayrl's own ``mini_batches=2``, ``warmup_steps=10``, betas (0.9, 0.99)).
+``relayrl_defaults`` (relayrl's own ``mini_batches=2``, ``warmup_steps=10``, betas (0.9, 0.99))
+and ``relayrl_async_naive`` (async with ``policy_loss=ppo``: the clip on the engine's logprobs,
+so no proximal-policy forward: what that forward costs async).
 
     OMP_NUM_THREADS=1 python bench/peer_trl.py --modes short long --seeds 0 1 2 --steps 40
     python bench/peer_trl.py --dry-run      # the plan: venv, lock, arms and settings; runs nothing
@@ -81,7 +83,7 @@ lock_pins, venv_plan, ensure_venv = _ENV.lock_pins, _ENV.venv_plan, _ENV.ensure_
 ARITH = dict(min_operand=0, max_operand=99, operators=["+"], num_operands=2)
 MAX_LEN = {"short": 8, "long": 128}
 EVAL_TOKENS = 8
-ARMS = ("relayrl", "relayrl_async", "trl", "relayrl_defaults")
+ARMS = ("relayrl", "relayrl_async", "trl", "relayrl_defaults", "relayrl_async_naive")
 
 
 # --- models, prompts, the shared evaluation ----------------------------------------------
@@ -195,8 +197,10 @@ def relayrl_overrides(a: argparse.Namespace, mode: str, arm: str, held: Path) ->
     if arm != "relayrl_defaults":  # TRL's values for what relayrl's defaults set otherwise
         out += ["algo.mini_batches=1", "optim.warmup_steps=0", "optim.betas=[0.9,0.999]"]
     out += [f"threads={a.threads}"]
-    if arm == "relayrl_async":  # the engine's own process, with as many threads
+    if arm.startswith("relayrl_async"):  # the engine's own process, with as many threads
         out += ["schedule=async", f"async.eta={a.eta}", f"rollout.threads={a.threads}"]
+    if arm == "relayrl_async_naive":  # clip on the engine's logprobs: no pi_prox forward
+        out += ["algo.policy_loss=ppo"]
     return out
 
 
@@ -325,7 +329,7 @@ def summarise(arm: str, mode: str, seed: int, res: dict, base: float, prompts, a
         "seed": seed,
         "steps": a.steps,
         "threads": a.threads,
-        "processes": 2 if arm == "relayrl_async" else 1,
+        "processes": 2 if arm.startswith("relayrl_async") else 1,
         "s_per_step": round(s_per_step, 4),
         "gen_tokens_per_s": round(sum(gen) / sum(st), 1) if gen and st else None,
         "response_len_mean": round(sum(gen) / len(gen) / (a.prompts * a.group), 2) if gen else None,

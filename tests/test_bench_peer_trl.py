@@ -47,6 +47,10 @@ def test_dry_run_prints_the_plan_and_creates_nothing(tmp_path: Path, capsys) -> 
     # the keys both sides set, in each one's names
     assert "optim.lr=0.0001" in asy and long["trl"]["learning_rate"] == 1e-4
     assert long["trl"]["loss_type"] == "dapo" and "algo.loss_agg=token-mean" in asy
+    # the naive async arm: async, the clip on the engine's logprobs (no pi_prox forward)
+    assert bench.main(["--dry-run", "--arms", "relayrl_async_naive", "--modes", "long"]) == 0
+    (naive,) = json.loads(capsys.readouterr().out)["plan"]["modes"]["long"]["relayrl"].values()
+    assert {"schedule=async", "algo.policy_loss=ppo"} <= set(naive)
     # without the TRL arm the plan has no TRL environment
     assert bench.main(["--dry-run", "--arms", "relayrl", "--venv", str(venv)]) == 0
     assert json.loads(capsys.readouterr().out)["plan"]["trl_env"] is None
