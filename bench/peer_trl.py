@@ -41,8 +41,11 @@ One JSON line per (mode, seed, arm): ``s_per_step``, ``gen_tokens_per_s`` (gener
 the steps' seconds), ``pass_rate`` by step (step 0: the warm start), ``wall_s_to_target``
 (summed step seconds up to the first evaluated step at or above ``--target``) and
 ``wall_s_to_common`` (the same for the highest pass rate every arm of that mode and seed
-reached above the warm start); then one summary line per mode with the means and the per-seed
-time-to-common ratios against TRL.
+reached above the warm start), ``gen_s_per_step`` (TRL's ``_generate``, relayrl's generation;
+async: the trainer's wait for groups) and ``train_s_per_step`` (relayrl's update); then one
+summary line per mode with the means, the per-seed ratios against TRL, and ``mean_curve`` (the
+time to a common pass rate on the seed-mean curves). Arms run one after another: on a shared
+machine compare replicates, the load moves absolute figures up to 2x within minutes.
 """
 
 from __future__ import annotations
