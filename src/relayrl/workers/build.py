@@ -56,6 +56,15 @@ class LoraActorWorker(ActorWorker):
         return merged_state_dict(self.model)
 
 
+def broadcast_trainable(model: torch.nn.Module) -> None:
+    """Every trainable parameter (the LoRA adapters) set to rank 0's values: peft draws
+    ``lora_A`` from each process's own RNG, so the ranks' adapters start different."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                dist.broadcast(p.data, src=0)
+
+
 class LoraDataParallelActorWorker(LoraActorWorker, DataParallelActorWorker):
     """A LoRA actor on one data-parallel rank: each rank holds the full frozen base and the
     adapters (replicas); only the adapters' gradients are all-reduced (SUM, over the global
@@ -64,10 +73,7 @@ class LoraDataParallelActorWorker(LoraActorWorker, DataParallelActorWorker):
 
     @classmethod
     def from_config(cls, model: torch.nn.Module, cfg: RunConfig) -> ActorWorker:
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.requires_grad:
-                    dist.broadcast(p.data, src=0)
+        broadcast_trainable(model)
         return super().from_config(model, cfg)
 
 

@@ -15,11 +15,10 @@ number of forwards on every rank as the actor.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from relayrl.config import RunConfig
-from relayrl.workers.build import AdapterDisabledReference
+from relayrl.workers.build import AdapterDisabledReference, broadcast_trainable
 from relayrl.workers.experience import Experience
 from relayrl.workers.fsdp import FsdpActorWorker, _count_micro, full_state_dict
 
@@ -30,10 +29,7 @@ class FsdpLoraActorWorker(FsdpActorWorker):
 
     @classmethod
     def from_config(cls, model: torch.nn.Module, cfg: RunConfig) -> FsdpLoraActorWorker:
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.requires_grad:
-                    dist.broadcast(p.data, src=0)
+        broadcast_trainable(model)
         worker = super().from_config(model, cfg)
         assert isinstance(worker, FsdpLoraActorWorker)
         return worker
