@@ -113,10 +113,11 @@ def hold_out_rows(
     prompts chosen already). Returns (every chosen prompt, the too-long ones included: their
     rows all leave training; the eval set). At most half of the distinct prompts are held out:
     more is an error naming both keys (``where`` is the file)."""
-    first: dict[str, int] = {}
-    for i in candidates:
-        first.setdefault(prompts[i], i)
-    distinct = list(first)
+    cand = prompts if len(candidates) == len(prompts) else [prompts[i] for i in candidates]
+    rows = candidates if len(candidates) == len(prompts) else list(candidates)
+    distinct = list(dict.fromkeys(cand))  # in order of first appearance
+    # each prompt's first row: later assignments win, so assign from the end
+    first = dict(zip(reversed(cand), reversed(rows), strict=True))
 
     def too_few(count: int) -> ValueError:
         return ValueError(

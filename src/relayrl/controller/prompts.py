@@ -19,6 +19,8 @@ those of tokenising everything first.
 
 from __future__ import annotations
 
+import itertools
+import operator
 import random
 from array import array
 from collections import OrderedDict
@@ -153,7 +155,11 @@ class PromptSource:
                 system_prompt=src.system_prompt,
                 source=cfg.train_path,
             )
-            blank = [i for i, p in enumerate(rows.prompts) if not p.strip() and rows.is_blank(i)]
+            blank = []
+            if not all(map(str.strip, rows.prompts)):
+                blank = [
+                    i for i, p in enumerate(rows.prompts) if not p.strip() and rows.is_blank(i)
+                ]
             if blank:
                 cache.get(blank)  # counted as empty, nothing to tokenise
                 blank_set = set(blank)
@@ -167,8 +173,13 @@ class PromptSource:
                 held, self._eval = hold_out_rows(
                     rows.prompts, candidates, cache, cfg.eval_size, seed, cfg.train_path
                 )
-                prompts = rows.prompts
-                candidates = [i for i in candidates if prompts[i] not in held]
+                out = map(held.__contains__, rows.prompts)
+                keep = set(candidates) if blank else None
+                candidates = [
+                    i
+                    for i in itertools.compress(range(len(rows)), map(operator.not_, out))
+                    if keep is None or i in keep
+                ]
             self._index = array("l", candidates)
             first = self._order(0)[: min(len(self._index), PRETOKENIZE)]
             if all(p is None for p in cache.get([self._index[i] for i in first])):
