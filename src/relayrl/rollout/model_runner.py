@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -389,13 +390,17 @@ class ModelRunner:
         dummy_mask = torch.zeros(1, 1, 1, 1, dtype=dtype)  # the real masks live in `state`
         ids_t = torch.tensor(ids).unsqueeze(1)
         direct = self._use_direct(model)  # (its first-use check runs split forwards itself)
-        with _split_attention_active(model, state):
-            if direct:
+        if direct:  # calls _split_attention itself: only the state to set, no config swap
+            _active.state = state
+            try:
                 logits = direct_forward.direct_logits(
                     model, ids_t, position_ids.clamp(min=0), cache, _split_attention, dummy_mask
                 )
-                self.num_forwards += 1
-            else:
+            finally:
+                _active.state = None
+            self.num_forwards += 1
+        else:
+            with _split_attention_active(model, state):
                 logits = self._call(model, cache, ids_t, position_ids.clamp(min=0), dummy_mask)
         if buckets is None and len(keep) == len(ids):  # rows already in the callers' order
             return logits
@@ -527,8 +532,18 @@ def _select(slots: list[int]) -> Tensor | slice:
     return torch.tensor(slots, dtype=torch.long)
 
 
+_FIRST_PARAM: weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Parameter] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def _dtype(model: torch.nn.Module) -> torch.dtype:
-    return next(model.parameters()).dtype
+    """The dtype of the model's first parameter (the object found once per model: ``.to()``
+    and ``load_state_dict`` change its data in place, not the object)."""
+    p = _FIRST_PARAM.get(model)
+    if p is None:
+        p = _FIRST_PARAM[model] = next(model.parameters())
+    return p.dtype
 
 
 def _causal_mask(position_ids: Tensor, kv_len: int, dtype: torch.dtype) -> Tensor:
