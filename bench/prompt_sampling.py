@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python bench/prompt_sampling.py --rows 2048 100000 1000000 --per-step 64
 
 Prints one JSON line per size: ``build_s`` (start-up: load + hold out + the rows tokenised at
-start), ``step0_s`` (the first step), ``step1_ms`` / ``step50_ms`` (one step each, in
+start; ``build_cpu_s`` the same in this process's CPU time, steadier on a shared machine), ``step0_s`` (the first step), ``step1_ms`` / ``step50_ms`` (one step each, in
 milliseconds), ``steps_ms_mean`` (mean of steps 1..``--steps``), ``fresh_steps_ms_mean`` /
 ``fresh_steps_ms_median``: steps past the rows tokenised at start (each tokenises its
 prompts on the first draw; the same as the others where everything was tokenised at start).
@@ -41,9 +41,9 @@ def main() -> None:
             path = Path(d) / f"train{rows}.jsonl"
             _write(path, rows)
             cfg = load_config(RunConfig, None, ["data.task=jsonl", f"data.train_path={path}"]).data
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             src = PromptSource(cfg, tok, seed=0)
-            build = time.perf_counter() - t
+            build, build_cpu = time.perf_counter() - t, time.process_time() - c
             times = []
             t_all = time.perf_counter()
             for step in range(a.steps + 1):
@@ -62,6 +62,7 @@ def main() -> None:
                 "rows": rows,
                 "per_step": a.per_step,
                 "build_s": round(build, 3),
+                "build_cpu_s": round(build_cpu, 3),
                 "step0_s": round(times[0], 4),
                 "step1_ms": round(1e3 * times[1], 3) if len(times) > 1 else None,
                 "step50_ms": round(1e3 * times[50], 3) if len(times) > 50 else None,
