@@ -4,7 +4,8 @@
 
 Prints one JSON line per size: ``build_s`` (start-up: load + hold out + the rows tokenised at
 start; ``build_cpu_s`` the same in this process's CPU time, steadier on a shared machine),
-``step0_s`` (the first step), ``step1_ms`` / ``step50_ms`` (one step each, in milliseconds), ``steps_ms_mean`` (mean of steps 1..``--steps``), ``fresh_steps_ms_mean`` /
+``step0_s`` (the first step), ``step1_ms`` / ``step50_ms`` (one step each, in milliseconds),
+``steps_ms_mean`` (mean of steps 1..``--steps``), ``fresh_steps_ms_mean`` /
 ``fresh_steps_ms_median``: steps past the rows tokenised at start (each tokenises its
 prompts on the first draw; the same as the others where everything was tokenised at start).
 """
