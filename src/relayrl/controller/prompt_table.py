@@ -12,6 +12,7 @@ usable, before the run starts, as before.
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,7 @@ class RowCache:
         self._cache: list[Any] = [_UNSEEN] * len(rows)
         self.report = SkipReport(max_tokens=max_tokens)
         self.seen = 0
+        self._lock = threading.Lock()  # a row is tokenised and counted once across threads
 
     @classmethod
     def of(cls, prompts: Sequence[TokenizedPrompt]) -> RowCache:
@@ -66,20 +68,30 @@ class RowCache:
         out.seen = out.report.total = len(prompts)
         return out
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def __len__(self) -> int:
         return len(self._cache)
 
     def get(self, rows: Sequence[int]) -> list[TokenizedPrompt | None]:
         """The rows, tokenising the ones not seen yet in one batch."""
         cache = self._cache
-        todo = sorted({i for i in rows if cache[i] is _UNSEEN})
-        if todo:
-            records = [self.rows[i] for i in todo]
-            encoded = encode_prompts(records, self.tokenizer, *self._encode_args)
-            for i, rec, ids in zip(todo, records, encoded, strict=True):
-                cache[i] = TokenizedPrompt(rec, ids) if self.report.note(rec, ids) else None
-            self.seen += len(todo)
-            self.report.total = self.seen
+        if any(cache[i] is _UNSEEN for i in rows):
+            with self._lock:
+                todo = sorted({i for i in rows if cache[i] is _UNSEEN})
+                records = [self.rows[i] for i in todo]
+                encoded = encode_prompts(records, self.tokenizer, *self._encode_args)
+                for i, rec, ids in zip(todo, records, encoded, strict=True):
+                    cache[i] = TokenizedPrompt(rec, ids) if self.report.note(rec, ids) else None
+                self.seen += len(todo)
+                self.report.total = self.seen
         return [cache[i] for i in rows]
 
     def tokenized(self) -> list[TokenizedPrompt]:

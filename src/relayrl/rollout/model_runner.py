@@ -448,7 +448,7 @@ class ModelRunner:
             ok = self._direct_ok[key] = direct_forward.supported(model) and self._check_direct(
                 model
             )
-        return ok and not direct_forward.has_hooks(model)
+        return ok and not model.training and not direct_forward.has_hooks(model)
 
     @torch.inference_mode()
     def _check_direct(self, model: torch.nn.Module) -> bool:
