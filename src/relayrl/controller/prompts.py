@@ -6,30 +6,43 @@ epochs over the file, epoch ``e`` the order ``random.Random(seed * 1_000_003 + e
 gives; step ``s`` of ``n`` prompts takes stream positions ``s * n .. s * n + n - 1``. Each
 epoch's permutation is built once (O(rows)) and kept (the last ``EPOCH_CACHE`` epochs), so a
 step costs O(n) amortised, whatever the file's size.
+
+Prompts are tokenised when first drawn (``relayrl.controller.prompt_table``): the file's rows
+are parsed and checked at start, not tokenised, so a million rows start in seconds. The
+permutation is over the training rows (the non-blank rows outside the held-out split); a drawn
+row that turns out longer than ``data.max_prompt_tokens`` is counted (``skipped``) and replaced
+by a row drawn at random: redraw ``k`` = 1, 2, ... of stream position ``p`` is row
+``random.Random(f"relayrl.redraw:{seed}:{p}")``'s ``k``-th ``randrange(rows)``, until a usable
+one (a pure function of (seed, p): resume stays exact). With no over-long prompt the draws are
+those of tokenising everything first.
 """
 
 from __future__ import annotations
 
+import itertools
+import operator
 import random
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from relayrl.config import ArithmeticConfig, DataConfig
+from relayrl.controller.prompt_table import (
+    PRETOKENIZE,
+    RowCache,
+    TokenizedPrompt,
+    hold_out_rows,
+)
 from relayrl.data import ArithmeticTask, DataError, PromptRecord, SkipReport, load_prompt_dataset
 from relayrl.data import tokenize_prompts as _tokenize
+from relayrl.data.rows import PromptRows, load_prompt_rows
 
+__all__ = ["EPOCH_CACHE", "MAX_REDRAWS", "PromptSource", "TokenizedPrompt", "epoch_order"]
 
-@dataclass
-class TokenizedPrompt:
-    record: PromptRecord
-    ids: list[int]
-
-    def fields(self) -> dict[str, Any]:
-        """Sample fields handed to the reward function."""
-        return {**self.record.extra, "prompt": self.record.prompt, "answer": self.record.answer}
+MAX_REDRAWS = 64
+"""Random redraws for one over-long prompt before the whole file is tokenised to find the
+usable rows (then the redraw picks among those, with the same generator)."""
 
 
 def arithmetic_task(a: ArithmeticConfig, seed: int) -> ArithmeticTask:
@@ -67,6 +80,18 @@ def tokenize_with_report(
     return [TokenizedPrompt(rec, ids) for rec, ids in kept], report
 
 
+def _rows(cfg: DataConfig, path: str) -> PromptRows:
+    """``_load``'s rows, records built on access (``relayrl.data.rows``)."""
+    s = cfg.source
+    return load_prompt_rows(
+        path,
+        prompt_key=s.prompt_key,
+        answer_key=s.answer_key,
+        require_answer=s.require_answer,
+        split=s.split,
+    )
+
+
 def _load(cfg: DataConfig, path: str) -> list[PromptRecord]:
     """JSONL, Parquet or a saved Hugging Face dataset (``relayrl.data.load_prompt_dataset``)."""
     s = cfg.source
@@ -77,29 +102,6 @@ def _load(cfg: DataConfig, path: str) -> list[PromptRecord]:
         require_answer=s.require_answer,
         split=s.split,
     )
-
-
-def hold_out(
-    train: list[TokenizedPrompt], cfg: DataConfig, seed: int
-) -> tuple[list[TokenizedPrompt], list[TokenizedPrompt]]:
-    """``data.eval_size`` distinct prompts of the training file, drawn with the run's seed,
-    as the eval set (in file order); every row with a held-out prompt leaves training
-    (duplicates too), so the evaluation is on prompts never trained on. At most half of
-    the distinct prompts are held out: more is an error naming both keys."""
-    n = cfg.eval_size
-    distinct = list(dict.fromkeys(p.record.prompt for p in train))
-    if len(distinct) < 2 * n:
-        raise ValueError(
-            f"{cfg.train_path}: {len(distinct)} distinct usable prompts; holding out "
-            f"data.eval_size={n} for the evaluation would leave {len(distinct) - n} to train "
-            "on: set data.eval_path or a smaller data.eval_size"
-        )
-    chosen = set(random.Random(f"relayrl.hold_out:{seed}").sample(distinct, n))
-    held: dict[str, TokenizedPrompt] = {}
-    for p in train:
-        if p.record.prompt in chosen:
-            held.setdefault(p.record.prompt, p)
-    return [p for p in train if p.record.prompt not in chosen], list(held.values())
 
 
 EPOCH_CACHE = 4
@@ -121,30 +123,71 @@ class PromptSource:
 
     ``with_train=False`` (``relayrl eval``) reads only the eval set: a command that does not
     train never opens, or reports errors about, ``data.train_path``, unless the eval set is
-    held out of it (``task: jsonl`` without ``data.eval_path``: ``hold_out``). A file whose every
-    prompt is dropped is a ``DataError`` saying why (``SkipReport.why_none``).
+    held out of it (``task: jsonl`` without ``data.eval_path``: ``hold_out_rows``). A file whose
+    every prompt is dropped is a ``DataError`` saying why (``SkipReport.why_none``): at start
+    for a file of at most ``PRETOKENIZE`` rows or when none of the first ones drawn is usable,
+    else when a draw finds none.
+
+    ``skipped`` counts the prompts skipped so far (blank rows at start; over-long ones as they
+    are first drawn, each row once; all of them at start for a small file).
     """
 
     def __init__(self, cfg: DataConfig, tokenizer: Any, seed: int, with_train: bool = True):
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.seed = seed
-        self.skipped = 0
-        self._train: list[TokenizedPrompt] | None = None
+        self._cache: RowCache | None = None
+        self._index: array | None = None
         self._eval: list[TokenizedPrompt] | None = None
         self._held_out: set[str] | None = None
+        self._usable: list[int] | None = None
         self._orders: OrderedDict[int, array] = OrderedDict()
         if cfg.task == "jsonl" and (with_train or cfg.eval_path is None):
             if cfg.train_path is None:
                 raise ValueError("data.train_path is required when data.task is 'jsonl'")
-            self._train, report = tokenize_with_report(
-                _load(cfg, cfg.train_path), tokenizer, cfg.max_prompt_tokens, cfg
+            rows = _rows(cfg, cfg.train_path)
+            src = cfg.source
+            cache = self._cache = RowCache(
+                rows,
+                tokenizer,
+                cfg.max_prompt_tokens,
+                use_chat_template=src.chat_template,
+                system_prompt=src.system_prompt,
+                source=cfg.train_path,
             )
-            self.skipped = report.skipped
-            if not self._train:
-                raise DataError(report.why_none(cfg.train_path))
+            blank = []
+            if not all(map(str.strip, rows.prompts)):
+                blank = [
+                    i for i, p in enumerate(rows.prompts) if not p.strip() and rows.is_blank(i)
+                ]
+            if blank:
+                cache.get(blank)  # counted as empty, nothing to tokenise
+                blank_set = set(blank)
+                candidates: Sequence[int] = [i for i in range(len(rows)) if i not in blank_set]
+            else:
+                candidates = range(len(rows))
+            if not candidates or len(rows) <= PRETOKENIZE:
+                cache.scan_all()  # a small file: every skip (or that none is usable) now
+            held: set[str] = set()
             if cfg.eval_path is None:
-                self._train, self._eval = hold_out(self._train, cfg, seed)
+                held, self._eval = hold_out_rows(
+                    rows.prompts, candidates, cache, cfg.eval_size, seed, cfg.train_path
+                )
+                out = map(held.__contains__, rows.prompts)
+                keep = set(candidates) if blank else None
+                candidates = [
+                    i
+                    for i in itertools.compress(range(len(rows)), map(operator.not_, out))
+                    if keep is None or i in keep
+                ]
+            self._index = array("l", candidates)
+            first = self._order(0)[: min(len(self._index), PRETOKENIZE)]
+            if all(p is None for p in cache.get([self._index[i] for i in first])):
+                self._usable_rows()  # none of the first drawn: is any usable at all?
+
+    @property
+    def skipped(self) -> int:
+        return self._cache.report.skipped if self._cache is not None else 0
 
     @classmethod
     def from_prompts(
@@ -160,15 +203,17 @@ class PromptSource:
         if not train:
             raise ValueError("PromptSource.from_prompts: no training prompts")
         src = cls.__new__(cls)
-        src.cfg, src.tokenizer, src.seed, src.skipped = cfg, tokenizer, seed, 0
-        src._train, src._eval, src._held_out = list(train), list(eval_set), None
+        src.cfg, src.tokenizer, src.seed = cfg, tokenizer, seed
+        src._cache = RowCache.of(train)
+        src._index = array("l", range(len(train)))
+        src._eval, src._held_out, src._usable = list(eval_set), None, None
         src._orders = OrderedDict()
         return src
 
     def for_step(self, step: int, n: int) -> list[TokenizedPrompt]:
-        if self._train is None and self.cfg.task == "jsonl":
+        if self._cache is None and self.cfg.task == "jsonl":
             raise ValueError("this PromptSource was built with_train=False")
-        if self._train is None:
+        if self._cache is None:
             # Held-out problems never appear in training: draw extra and filter them out.
             if self._held_out is None:
                 self._held_out = {p.record.prompt for p in self.eval_set()}
@@ -182,19 +227,51 @@ class PromptSource:
             )
             return kept
         # epochs over the file, each a seeded shuffle (module docstring)
-        out: list[TokenizedPrompt] = []
+        assert self._index is not None
+        index, rows = self._index, len(self._index)
         start = step * n
+        picked = []
         for pos in range(start, start + n):
-            epoch, i = divmod(pos, len(self._train))
-            out.append(self._train[self._order(epoch)[i]])
-        return out
+            epoch, i = divmod(pos, rows)
+            picked.append(index[self._order(epoch)[i]])
+        out = self._cache.get(picked)
+        for j, p in enumerate(out):
+            if p is None:
+                out[j] = self._redraw(start + j)
+        return out  # type: ignore[return-value]
+
+    def _redraw(self, pos: int) -> TokenizedPrompt:
+        """The replacement for an over-long prompt at stream position ``pos`` (module
+        docstring): ``MAX_REDRAWS`` random rows, then a random one of the usable rows."""
+        assert self._cache is not None and self._index is not None
+        rng = random.Random(f"relayrl.redraw:{self.seed}:{pos}")
+        index = self._index
+        for _ in range(MAX_REDRAWS):
+            p = self._cache.get([index[rng.randrange(len(index))]])[0]
+            if p is not None:
+                return p
+        usable = self._usable_rows()
+        p = self._cache.get([usable[rng.randrange(len(usable))]])[0]
+        assert p is not None
+        return p
+
+    def _usable_rows(self) -> list[int]:
+        """The training rows that are usable, tokenising the whole file once; none is a
+        ``DataError`` saying why."""
+        if self._usable is None:
+            assert self._cache is not None and self._index is not None
+            usable = set(self._cache.scan_all())
+            self._usable = [i for i in self._index if i in usable]
+            if not self._usable:
+                raise DataError(self._cache.report.why_none(str(self.cfg.train_path)))
+        return self._usable
 
     def _order(self, epoch: int) -> array:
         """``epoch_order`` for this file, built once per epoch (LRU of ``EPOCH_CACHE``)."""
         order = self._orders.get(epoch)
         if order is None:
-            assert self._train is not None
-            order = self._orders[epoch] = epoch_order(self.seed, epoch, len(self._train))
+            assert self._index is not None
+            order = self._orders[epoch] = epoch_order(self.seed, epoch, len(self._index))
             while len(self._orders) > EPOCH_CACHE:
                 self._orders.popitem(last=False)
         else:
@@ -224,11 +301,18 @@ class PromptSource:
 
     def prompt_lengths(self, sample_steps: int = 1, per_step: int = 64) -> dict[str, list[int]]:
         """Token counts of the kept prompts, per source (``data.train_path`` and the eval set;
-        for the arithmetic task the first ``sample_steps`` steps' draws): what the context
+        for a training file of over ``PRETOKENIZE`` rows the ones tokenised so far, those drawn
+        first; for the arithmetic task the first ``sample_steps`` steps' draws): what the context
         length check in ``relayrl.controller.preflight`` looks at."""
         out: dict[str, list[int]] = {}
-        if self._train is not None:
-            out[str(self.cfg.train_path)] = [len(p.ids) for p in self._train]
+        if self._cache is not None and self._index is not None:
+            # the training prompts tokenised so far: all of a small file, else the first
+            # PRETOKENIZE drawn (a sample: the rest are tokenised as they are drawn)
+            lengths = [len(p.ids) for p in self._cache.tokenized()]
+            name = str(self.cfg.train_path)
+            if self._cache.seen < len(self._cache):
+                name += f" (the first {len(lengths)} prompts drawn, of {len(self._cache)} rows)"
+            out[name] = lengths
         elif self.cfg.task == "arithmetic":
             out["the arithmetic task"] = [
                 len(p.ids) for s in range(sample_steps) for p in self.for_step(s, per_step)

@@ -15,7 +15,13 @@ from typing import Any
 
 from relayrl.data.records import PromptRecord
 
-__all__ = ["SkipReport", "has_chat_template", "render_prompt", "tokenize_prompts"]
+__all__ = [
+    "SkipReport",
+    "encode_prompts",
+    "has_chat_template",
+    "render_prompt",
+    "tokenize_prompts",
+]
 
 TOKENIZE_BATCH = 1024
 """Rendered prompts per tokenizer call in ``tokenize_prompts``."""
@@ -61,6 +67,20 @@ class SkipReport:
     """Token count of the longest prompt skipped for length (0 when none was)."""
     examples: list[str] = field(default_factory=list)
 
+    def note(self, rec: PromptRecord, ids: list[int]) -> bool:
+        """Count ``rec`` (tokenised to ``ids``) as kept (True) or skipped: empty, or longer
+        than ``max_tokens`` (False)."""
+        if not ids:
+            self.empty += 1
+            return False
+        if len(ids) > self.max_tokens:
+            self.too_long += 1
+            self.longest = max(self.longest, len(ids))
+            if len(self.examples) < 3:
+                self.examples.append(rec.prompt[:80])
+            return False
+        return True
+
     @property
     def skipped(self) -> int:
         return self.too_long + self.empty
@@ -91,6 +111,50 @@ class SkipReport:
         return f"{source}: no usable prompts"
 
 
+def encode_prompts(
+    records: Sequence[PromptRecord],
+    tokenizer: Any,
+    use_chat_template: bool = True,
+    system_prompt: str | None = None,
+) -> list[list[int]]:
+    """Each record's rendered prompt (``render_prompt``) as token ids, ``[]`` for a blank one
+    (an empty prompt without chat turns). With a chat template the rendered text already holds
+    the special tokens the template wants, so it is tokenised without adding more.
+
+    A ``transformers`` tokenizer gets one call per run of consecutive rows rendered the same
+    way (the same ids as a call per row, a third less time on a fast tokenizer); any other
+    tokenizer is called once per prompt."""
+    from transformers import PreTrainedTokenizerBase  # lazy: data loads without it
+
+    batched = isinstance(tokenizer, PreTrainedTokenizerBase)
+    out: list[list[int]] = [[] for _ in records]
+    run: list[tuple[int, str]] = []
+    run_templated = False
+
+    def flush() -> None:
+        if not run:
+            return
+        texts = [t for _, t in run]
+        if batched:
+            enc = tokenizer(texts, add_special_tokens=not run_templated).input_ids
+        else:
+            enc = [tokenizer(t, add_special_tokens=not run_templated).input_ids for t in texts]
+        for (i, _), ids in zip(run, enc, strict=True):
+            out[i] = list(ids)
+        run.clear()
+
+    for i, rec in enumerate(records):
+        if not rec.prompt.strip() and not rec.extra.get("messages"):
+            continue
+        text, templated = render_prompt(rec, tokenizer, use_chat_template, system_prompt)
+        if run and templated != run_templated:
+            flush()
+        run_templated = templated
+        run.append((i, text))
+    flush()
+    return out
+
+
 def tokenize_prompts(
     records: Sequence[PromptRecord],
     tokenizer: Any,
@@ -98,56 +162,16 @@ def tokenize_prompts(
     use_chat_template: bool = True,
     system_prompt: str | None = None,
 ) -> tuple[list[tuple[PromptRecord, list[int]]], SkipReport]:
-    """Render (chat template) and tokenise each prompt once; skip blank ones and those over
-    ``max_tokens`` tokens. Returns the kept (record, ids) pairs and the ``SkipReport``.
-
-    With a chat template the rendered text already holds the special tokens the template
-    wants, so it is tokenised without adding more.
-    """
+    """Render (chat template) and tokenise each prompt once (``encode_prompts``, in chunks of
+    ``TOKENIZE_BATCH``); skip blank ones and those over ``max_tokens`` tokens. Returns the
+    kept (record, ids) pairs and the ``SkipReport``."""
     report = SkipReport(total=len(records), max_tokens=max_tokens)
     kept: list[tuple[PromptRecord, list[int]]] = []
-    # rendered prompts are tokenised in batches (one tokenizer call per batch, not per row:
-    # the same ids, a third less time on a fast tokenizer); a tokenizer that is not a
-    # ``transformers`` one is called once per prompt
-    from transformers import PreTrainedTokenizerBase  # lazy: data loads without it
-
-    batched = isinstance(tokenizer, PreTrainedTokenizerBase)
-    pending: dict[bool, list[tuple[PromptRecord, str]]] = {True: [], False: []}
-
-    def flush(templated: bool) -> None:
-        rows = pending[templated]
-        if not rows:
-            return
-        if batched:
-            enc = tokenizer([t for _, t in rows], add_special_tokens=not templated).input_ids
-        else:
-            enc = [tokenizer(t, add_special_tokens=not templated).input_ids for _, t in rows]
-        for (rec, _), ids in zip(rows, enc, strict=True):
-            _keep(rec, list(ids))
-        rows.clear()
-
-    def _keep(rec: PromptRecord, ids: list[int]) -> None:
-        if not ids:
-            report.empty += 1
-            return
-        if len(ids) > max_tokens:
-            report.too_long += 1
-            report.longest = max(report.longest, len(ids))
-            if len(report.examples) < 3:
-                report.examples.append(rec.prompt[:80])
-            return
-        kept.append((rec, ids))
-
-    for rec in records:
-        if not rec.prompt.strip() and not rec.extra.get("messages"):
-            report.empty += 1
-            continue
-        text, templated = render_prompt(rec, tokenizer, use_chat_template, system_prompt)
-        if pending[not templated]:
-            flush(not templated)  # keep file order across a switch
-        pending[templated].append((rec, text))
-        if len(pending[templated]) >= TOKENIZE_BATCH:
-            flush(templated)
-    flush(True)
-    flush(False)
+    for lo in range(0, len(records), TOKENIZE_BATCH):
+        chunk = records[lo : lo + TOKENIZE_BATCH]
+        for rec, ids in zip(
+            chunk, encode_prompts(chunk, tokenizer, use_chat_template, system_prompt), strict=True
+        ):
+            if report.note(rec, ids):
+                kept.append((rec, ids))
     return kept, report
