@@ -646,6 +646,9 @@ def test_collective_weight_sync_into_a_vllm_replica_on_ray(tmp_path):
     )
     if ray.is_initialized():
         ray.shutdown()
+    # a cluster of this test's own, even when another Ray cluster runs on the machine (a
+    # plain ray.init() would join the newest one)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     roles = build_ray_roles(cfg, str(model), None)
     client = roles.rollout
     try:
