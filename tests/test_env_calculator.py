@@ -70,7 +70,10 @@ def test_grpo_raises_the_with_tool_pass_rate(tmp_path, outcome):
     """SFT on masked tool traces stopped at a with-tool validation pass rate of 0.3 (checked
     every 10 steps, one optimizer), then 30 GRPO steps (16 prompts x 8, lr 2e-4): the greedy
     held-out pass rate with the tool rises, the same model without the tool stays near 0.
-    Measured (issue 20's report, seeds 0-2): MEASURED. About 25 min on 2 busy cores."""
+    Measured (issue 20's report; held-out greedy with tool SFT -> GRPO, without tool SFT ->
+    GRPO; SFT steps): avx2 seed 0 0.27 -> 0.655, 0.01 -> 0.01 (310); seed 1 0.40 -> 0.76,
+    0.0 -> 0.0 (280); seed 2 0.275 -> 0.805, 0.0 -> 0.005 (450); rise min +0.36, median
+    +0.385. 25-45 min on 2 busy cores (the SFT takes 280-630 steps)."""
     from env_calculator import (
         GRPO,
         GRPO_STEPS,
