@@ -20,6 +20,10 @@ from relayrl.env.builtin.calculator import (
 from relayrl.env.registry import resolve_factory
 from relayrl.model.tiny import build_char_tokenizer
 
+RISE = 0.1
+"""Least rise of the held-out greedy with-tool pass rate over GRPO (measured: +0.15 minimum, +0.36
+median over seeds 0-4 and the default kernels, see the learning test)."""
+
 
 def test_calculator_tool_evaluates_integer_expressions_only():
     assert calculator("37*58") == "2146"
@@ -62,52 +66,50 @@ def test_without_the_tool_a_call_is_an_unknown_tool():
 
 @pytest.mark.slow
 @pytest.mark.learning
-@pytest.mark.skip(
-    reason="the SFT warm start is not reliable yet: 300 continuous steps gave a with-tool "
-    "pass rate of 0.835 on one run and 0.005 on others (seed 1; 200-280 steps: 0.0); needs an "
-    "SFT stopped at a quality (with a loss mask on observation tokens) before it can gate"
-)
-def test_grpo_raises_the_sampled_with_tool_pass_rate(tmp_path, outcome):
-    """SFT (300 continuous steps) on tool traces, then 30 GRPO steps (16 prompts x 8, lr 2e-4).
-    Measured (seed 0, issue 20's report): greedy held-out with the tool 0.835 -> 0.85, without
-    the tool 0.0 -> 0.0; the sampled (temperature 1) training pass rate 0.52 (steps 1-4) ->
-    0.705 (steps 21-30). The greedy rate starts near this model's ceiling: the rise GRPO makes
-    is in the sampled rate; the assertions hold that, with margins, and that greedy does not
-    fall. About 10 min on 2 busy cores."""
-    import json
-
-    from env_calculator import make_calculator_sft, pass_rate, run_grpo
+def test_grpo_raises_the_with_tool_pass_rate(tmp_path, outcome):
+    """SFT on masked tool traces stopped at a with-tool validation pass rate of 0.3 (checked
+    every 10 steps, one optimizer), then 30 GRPO steps (16 prompts x 8, lr 2e-4): the greedy
+    held-out pass rate with the tool rises, the same model without the tool stays near 0.
+    Measured (issue 20's report; held-out greedy with tool SFT -> GRPO, without tool SFT ->
+    GRPO; SFT steps): avx2 seed 0 0.27 -> 0.655, 0.01 -> 0.01 (310); seed 1 0.40 -> 0.76,
+    0.0 -> 0.0 (280); seed 2 0.275 -> 0.805, 0.0 -> 0.005 (450); ATEN_CPU_CAPABILITY=default
+    seed 0 0.335 -> 0.695, 0.0 -> 0.0 (630); avx2 seed 3 0.485 -> 0.635, 0.01 -> 0.0 (580: the
+    SFT overshot its target, 0.24 -> 0.42 in 10 steps, leaving less room); seed 4 0.61 ->
+    0.865, 0.0 -> 0.0 (570, overshot to 0.6); rise min +0.15, median +0.36. 10-45 min on 2
+    cores, by load (the SFT takes 280-630 steps; 624 s for seed 0 beside other work)."""
+    from env_calculator import (
+        GRPO,
+        GRPO_STEPS,
+        SFT_TARGET,
+        make_calculator_sft,
+        pass_rate,
+        run_grpo,
+    )
     from helpers import TEST_SEED
     from relayrl.controller.checkpoint import latest_checkpoint
 
-    sft, _ = make_calculator_sft(tmp_path, TEST_SEED, steps=300)
+    sft, sft_out = make_calculator_sft(tmp_path, TEST_SEED)
+    assert sft_out["sft/val_pass_rate"] >= SFT_TARGET, sft_out
     before = pass_rate(sft, TEST_SEED, True)
     without = pass_rate(sft, TEST_SEED, False)
     run_grpo(
         sft,
         tmp_path / "grpo",
         TEST_SEED,
-        "train.steps=30",
+        f"train.steps={GRPO_STEPS}",
         "train.save_every=0",
-        "algo.prompts_per_step=16",
-        "algo.group_size=8",
-        "optim.lr=2e-4",
+        *GRPO,
     )
     ckpt = latest_checkpoint(tmp_path / "grpo")
     assert ckpt is not None
     after = pass_rate(ckpt / "actor", TEST_SEED, True)
     after_without = pass_rate(ckpt / "actor", TEST_SEED, False)
-    lines = (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()
-    rewards = [r["reward_mean"] for r in map(json.loads, lines) if "reward_mean" in r]
-    early, late = sum(rewards[:4]) / 4, sum(rewards[-10:]) / 10
     outcome(
+        sft_steps=sft_out["sft/steps"],
         before=before,
         after=after,
         without_before=without,
         without_after=after_without,
-        sampled_early=early,
-        sampled_late=late,
     )
-    assert late >= early + 0.1, (early, late)
-    assert after >= before - 0.05, (before, after)
-    assert max(without, after_without) <= 0.05
+    assert after >= before + RISE, (before, after)
+    assert max(without, after_without) <= 0.05, (without, after_without)

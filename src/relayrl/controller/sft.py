@@ -1,7 +1,10 @@
 """Supervised fine-tuning on prompt/response pairs (the warm start before RL).
 
 Loss: token-mean negative log-likelihood of the response tokens (response + EOS), prompt
-tokens masked: L = -sum_t m_t log pi(y_t | x, y_<t) / sum_t m_t.
+tokens masked: L = -sum_t m_t log pi(y_t | x, y_<t) / sum_t m_t, where m_t = 1 on real response
+tokens, times 0 on the tokens of a record's untrained segments (an environment's observations
+in a multi-turn trace, ``SFTRecord.segments``), so, as with an RL trajectory's loss mask, only
+model-written tokens are learned; they are still inputs to the tokens after them.
 """
 
 from __future__ import annotations
@@ -41,15 +44,51 @@ def sft_records(cfg: SFTConfig) -> list[SFTRecord]:
     return task.sft_records(cfg.num_examples)
 
 
+def tokenize_record(tokenizer: Any, rec: SFTRecord) -> tuple[list[int], list[int], list[int]]:
+    """Prompt ids as the RL path tokenises them, response ids ending with EOS, and the loss mask
+    over the response ids (1: trained, 0: an untrained segment; EOS is trained). A record with
+    ``segments`` is tokenised segment by segment (as the runner renders turn by turn, never
+    across a turn's boundary); without, the response is one piece, all trained."""
+    prompt = list(tokenizer(rec.prompt).input_ids)
+    pieces = rec.segments if rec.segments is not None else ((rec.response, True),)
+    response: list[int] = []
+    mask: list[int] = []
+    for text, trained in pieces:
+        ids = list(tokenizer(text, add_special_tokens=False).input_ids) if text else []
+        response += ids
+        mask += [int(trained)] * len(ids)
+    return prompt, response + [tokenizer.eos_token_id], mask + [1]
+
+
 def tokenize_pair(tokenizer: Any, rec: SFTRecord) -> tuple[list[int], list[int]]:
     """Prompt ids as the RL path tokenises them; response ids end with EOS."""
-    prompt = list(tokenizer(rec.prompt).input_ids)
-    response = list(tokenizer(rec.response, add_special_tokens=False).input_ids)
-    return prompt, response + [tokenizer.eos_token_id]
+    prompt, response, _ = tokenize_record(tokenizer, rec)
+    return prompt, response
 
 
-def run_sft(cfg: SFTConfig, exclude_prompts: set[str] | None = None) -> dict[str, float]:
+def masked_nll(
+    logp: torch.Tensor, response_mask: torch.Tensor, loss_masks: list[list[int]]
+) -> torch.Tensor:
+    """L = -sum_t m_t logp_t / sum_t m_t with m = ``response_mask`` (``[B, R]``, 1 on real
+    tokens) times each row's ``loss_masks`` entry (right-padded with 0 to ``R``)."""
+    m = torch.zeros_like(response_mask)
+    for i, row in enumerate(loss_masks):
+        m[i, : len(row)] = torch.as_tensor(row, dtype=m.dtype)
+    m = m * response_mask
+    return -(logp * m).sum() / m.sum()
+
+
+def run_sft(
+    cfg: SFTConfig,
+    exclude_prompts: set[str] | None = None,
+    validate: Callable[[torch.nn.Module], float] | None = None,
+) -> dict[str, float]:
     """Fine-tune ``model_path`` and save it (HF format, atomically) to ``output_dir``.
+
+    Every ``eval_every`` steps the validation pass rate is measured (``sft/val_pass_rate``) and
+    the run stops once it reaches ``target_pass_rate``: by the built-in greedy single-turn
+    validator, or by ``validate(model)`` when given (e.g. multi-turn episodes with a tool; it
+    sees the live module, in eval mode, under no_grad). One optimizer runs throughout.
 
     Before the first step (one-line errors): the tokenizer files and vocabulary
     (``load_tokenizer``), and every example and validation prompt against the model's context
@@ -62,7 +101,8 @@ def run_sft(cfg: SFTConfig, exclude_prompts: set[str] | None = None) -> dict[str
     records = [
         r for r in sft_records(cfg) if not exclude_prompts or r.prompt not in exclude_prompts
     ]
-    pairs = [tokenize_pair(tokenizer, r) for r in records]
+    triples = [tokenize_record(tokenizer, r) for r in records]
+    pairs = [(p, r) for p, r, _ in triples]
     if not pairs:
         raise ValueError("no SFT examples")
     source = cfg.train_path if cfg.task == "jsonl" else "the arithmetic task"
@@ -72,19 +112,23 @@ def run_sft(cfg: SFTConfig, exclude_prompts: set[str] | None = None) -> dict[str
         list(model.parameters()), cfg.lr, cfg.weight_decay, (0.9, 0.99), cfg.warmup_steps, decay
     )
     rng = random.Random(cfg.seed)
-    validate = _validator(cfg, model, tokenizer, exclude_prompts) if cfg.eval_every else None
+    if validate is not None:
+        if not cfg.eval_every:
+            raise ValueError("run_sft: a validate callback needs eval_every >= 1")
+        check = _live(validate, model)
+    else:
+        check = _validator(cfg, model, tokenizer, exclude_prompts) if cfg.eval_every else None
     model.train()
     loss_val = float("nan")
     out: dict[str, float] = {}
     with StepProgress(cfg.steps, "sft", enabled=cfg.progress) as bar:
         for step in range(cfg.steps):
-            chosen = [pairs[rng.randrange(len(pairs))] for _ in range(cfg.batch_size)]
+            chosen = [triples[rng.randrange(len(triples))] for _ in range(cfg.batch_size)]
             batch = pack_batch(
-                [p for p, _ in chosen], [r for _, r in chosen], tokenizer.pad_token_id
+                [p for p, _, _ in chosen], [r for _, r, _ in chosen], tokenizer.pad_token_id
             )
             logp, _ = forward_logprobs(model, batch)
-            mask = batch.response_mask
-            loss = -(logp * mask).sum() / mask.sum()
+            loss = masked_nll(logp, batch.response_mask, [m for _, _, m in chosen])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip is not None:
@@ -93,8 +137,8 @@ def run_sft(cfg: SFTConfig, exclude_prompts: set[str] | None = None) -> dict[str
             sched.step()
             loss_val = float(loss.detach())
             out = {"sft/loss": loss_val, "sft/steps": float(step + 1)}
-            if validate is not None and (step + 1) % cfg.eval_every == 0:
-                out["sft/val_pass_rate"] = validate()
+            if check is not None and (step + 1) % cfg.eval_every == 0:
+                out["sft/val_pass_rate"] = check()
                 model.train()
                 bar.update(step + 1, loss=loss_val, val_pass=out["sft/val_pass_rate"])
                 if (
@@ -106,6 +150,15 @@ def run_sft(cfg: SFTConfig, exclude_prompts: set[str] | None = None) -> dict[str
                 bar.update(step + 1, loss=loss_val)
     save_model_atomic(model, tokenizer, cfg.output_dir)
     return {**out, "sft/examples": float(len(pairs))}
+
+
+def _live(validate: Callable[[torch.nn.Module], float], model: Any) -> Callable[[], float]:
+    def check() -> float:
+        model.eval()
+        with torch.no_grad():
+            return float(validate(model))
+
+    return check
 
 
 def _validator(

@@ -97,10 +97,26 @@ def _prompt_row(row: dict[str, Any], where: str) -> PromptRecord:
 
 
 def _sft_row(row: dict[str, Any], where: str) -> SFTRecord:
-    return SFTRecord(
-        prompt=_required_str(row, "prompt", where),
-        response=_required_str(row, "response", where),
-    )
+    prompt = _required_str(row, "prompt", where)
+    if "segments" not in row:
+        return SFTRecord(prompt=prompt, response=_required_str(row, "response", where))
+    raw = row["segments"]
+    if not isinstance(raw, list) or not raw:
+        raise DataError(where + "field 'segments' must be a non-empty array of {text, train}")
+    segments = []
+    for i, seg in enumerate(raw):
+        at = where + f"segments[{i}]: "
+        if not isinstance(seg, dict):
+            raise DataError(at + f"expected an object {{text, train}}, got {_json_type(seg)}")
+        text = _required_str(seg, "text", at)
+        train = seg.get("train", True)
+        if not isinstance(train, bool):
+            raise DataError(at + f"field 'train' must be a boolean, got {_json_type(train)}")
+        segments.append((text, train))
+    joined = "".join(t for t, _ in segments)
+    if "response" in row and _required_str(row, "response", where) != joined:
+        raise DataError(where + "field 'response' differs from the segments' texts joined")
+    return SFTRecord(prompt, joined, tuple(segments))
 
 
 def load_prompts_jsonl(path: str | Path) -> list[PromptRecord]:
@@ -115,7 +131,10 @@ def load_prompts_jsonl(path: str | Path) -> list[PromptRecord]:
 
 def load_sft_jsonl(path: str | Path) -> list[SFTRecord]:
     """Load SFT pairs: ``prompt`` and ``response`` (strings, required); other fields are
-    ignored. Errors as for ``load_prompts_jsonl``."""
+    ignored. Optional ``segments``: ``[{"text": str, "train": bool}, ...]`` splitting the
+    response into pieces the loss covers (``train``, default true) or skips (an environment's
+    observations); ``response`` may then be left out, and if given must equal the texts joined.
+    Errors as for ``load_prompts_jsonl``."""
     return _load(path, _sft_row)
 
 

@@ -78,10 +78,12 @@ def tool_call_text(expression: str) -> str:
 def sft_traces(
     rows: Sequence[Any], eos: str, tool_fraction: float = 0.5, seed: int = 0
 ) -> list[dict]:
-    """Synthetic SFT traces (``prompt`` / ``response`` JSONL records for ``relayrl sft``) in
-    the plain rendering: with the tool (call, result, answer) for ``tool_fraction`` of the
-    rows, else the direct answer without the tools line. ``eos``: the EOS token's text (it
-    ends the model's first turn inside the response; SFT appends the last)."""
+    """Synthetic SFT traces (``prompt`` / ``response`` / ``segments`` JSONL records for
+    ``relayrl sft``) in the plain rendering: with the tool (call, result, answer) for
+    ``tool_fraction`` of the rows, else the direct answer without the tools line. ``eos``: the
+    EOS token's text (it ends the model's first turn inside the response; SFT appends the last).
+    The tool result and the next turn's header (``T:2146\nA:``) are the environment's
+    observation: its segment has ``train: false``, so SFT learns only what the model writes."""
     rng = random.Random(f"relayrl.calculator.sft:{seed}")
     out = []
     for r in rows:
@@ -89,8 +91,18 @@ def sft_traces(
         if rng.random() < tool_fraction:
             prompt = f"S:{TOOLS_LINE}\nU:{r.prompt}\nA:"
             expr = r.prompt.rstrip("=")
-            response = f"{tool_call_text(expr)}{eos}T:{calculator(expr)}\nA:{answer}"
+            segments = [
+                (f"{tool_call_text(expr)}{eos}", True),
+                (f"T:{calculator(expr)}\nA:", False),
+                (answer, True),
+            ]
         else:
-            prompt, response = f"U:{r.prompt}\nA:", answer
-        out.append({"prompt": prompt, "response": response})
+            prompt, segments = f"U:{r.prompt}\nA:", [(answer, True)]
+        out.append(
+            {
+                "prompt": prompt,
+                "response": "".join(t for t, _ in segments),
+                "segments": [{"text": t, "train": m} for t, m in segments],
+            }
+        )
     return out
