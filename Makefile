@@ -28,10 +28,10 @@ demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/relayrl demo
 
 # two pytest-xdist workers, one per core (each test process uses one torch thread); whole test
-# modules per worker, the groups and their order in tests/conftest.py. TEST_WORKERS=0: in-process.
+# modules per worker (the scheduler, groups and order in tests/conftest.py). TEST_WORKERS=0: in-process.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # A few GRPO steps of a ~50M Llama with bf16 + FSDP2 + the own engine (tools/gpu_check.py): on a
 # CUDA machine 1 rank (and 2 with two GPUs); `make gpu-check DEVICE=cpu` runs it on the CPU.

@@ -48,12 +48,15 @@ def outcome(request: pytest.FixtureRequest):
     return record
 
 
-# ``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup
-# --no-loadscope-reorder``): each worker takes whole groups, one group per test module, except
-# the modules below that must not run beside each other (two Ray clusters on one machine; the
-# sandbox tests compare the host's System V IPC objects and mounts before and after). Heavy
+# ``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadfile
+# --no-loadscope-reorder``) with the scheduler below: each worker takes whole groups, one group
+# per test module (module fixtures are built once), except the modules below that must not run
+# beside each other (two Ray clusters on one machine: a plain ``ray.init()`` can join the other;
+# the sandbox tests compare the host's System V IPC objects and mounts before and after). Heavy
 # groups go first so that neither worker is left with a long one at the end (seconds measured
-# on 2 busy cores, session 4: ray 383, train_integration 337, async 325, rlhf_lab 275).
+# on 2 busy cores, session 4: ray 383, train_integration 337, async 325, rlhf_lab 275). (xdist's
+# own ``--dist loadgroup`` does not group under pytest 9.2: it renames ``item._nodeid``, which
+# pytest 9 no longer reads.)
 _SHARED_GROUPS = {
     "test_ray_backend": "ray",
     "test_ray_multinode": "ray",
@@ -75,15 +78,25 @@ _HEAVY_FIRST = [
 ]
 
 
+def _group(nodeid: str) -> str:
+    """A test's scheduling group: its module's stem, or the shared group of that module."""
+    module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return _SHARED_GROUPS.get(module, module)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Give every test its xdist group (its module's, or a shared one) and put the heavy
-    groups first; within a group the collection order is kept."""
+    """Put the heavy groups first; within a group the collection order is kept."""
     rank = {g: i for i, g in enumerate(_HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(_group(item.nodeid), len(rank)))
 
-    def group(item: pytest.Item) -> str:
-        module = item.path.stem
-        return _SHARED_GROUPS.get(module, module)
 
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group(item)))
-    items.sort(key=lambda item: rank.get(group(item), len(rank)))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Whole groups (``_group``) per worker, in collection order (``--no-loadscope-reorder``)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return GroupScheduling(config, log)
