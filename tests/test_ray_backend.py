@@ -262,9 +262,11 @@ def _logged_steps(run_dir):
     return sum(1 for x in path.read_text().splitlines() if '"reward_mean"' in x)
 
 
+@pytest.mark.slow
 def test_async_run_survives_a_killed_replica(sft_model, tmp_path):
     """Overlap schedule, two replicas; one is killed mid-run: every step still gets its full
-    groups (a lost sample would hang the group, a duplicate would be dropped and counted)."""
+    groups (a lost sample would hang the group, a duplicate would be dropped and counted).
+    Slow: the default run keeps the async kill-and-restart test above (~17 s each on 2 cores)."""
     run = tmp_path / "survive"
     cfg = run_config(
         sft_model,

@@ -123,10 +123,17 @@ def sigint_self(prompt: str, completion: str, sample: dict) -> float:
 
 
 def test_the_trainers_own_interrupt_still_propagates() -> None:
-    with RewardService(RewardMix([f"{M}:sigint_self"]), num_workers=0) as svc:
-        with pytest.raises(KeyboardInterrupt):
-            svc.submit_text("q", "c", {}).result()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    """With Python's own SIGINT handler in place (set here: a test process may have been left
+    with SIGINT ignored, under which no Ctrl-C reaches Python at all), a Ctrl-C that arrives
+    during a reward call is the trainer's and propagates; the guard restores the handler."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with RewardService(RewardMix([f"{M}:sigint_self"]), num_workers=0) as svc:
+            with pytest.raises(KeyboardInterrupt):
+                svc.submit_text("q", "c", {}).result()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_workers_are_recycled_after_n_calls_and_above_rss() -> None:
