@@ -80,28 +80,25 @@ def tokenize_with_report(
     return [TokenizedPrompt(rec, ids) for rec, ids in kept], report
 
 
+def _source_keys(cfg: DataConfig) -> dict[str, Any]:
+    """The ``data.source`` keys every prompt loader takes."""
+    s = cfg.source
+    return {
+        "prompt_key": s.prompt_key,
+        "answer_key": s.answer_key,
+        "require_answer": s.require_answer,
+        "split": s.split,
+    }
+
+
 def _rows(cfg: DataConfig, path: str) -> PromptRows:
     """``_load``'s rows, records built on access (``relayrl.data.rows``)."""
-    s = cfg.source
-    return load_prompt_rows(
-        path,
-        prompt_key=s.prompt_key,
-        answer_key=s.answer_key,
-        require_answer=s.require_answer,
-        split=s.split,
-    )
+    return load_prompt_rows(path, **_source_keys(cfg))
 
 
 def _load(cfg: DataConfig, path: str) -> list[PromptRecord]:
     """JSONL, Parquet or a saved Hugging Face dataset (``relayrl.data.load_prompt_dataset``)."""
-    s = cfg.source
-    return load_prompt_dataset(
-        path,
-        prompt_key=s.prompt_key,
-        answer_key=s.answer_key,
-        require_answer=s.require_answer,
-        split=s.split,
-    )
+    return load_prompt_dataset(path, **_source_keys(cfg))
 
 
 EPOCH_CACHE = 4
