@@ -290,8 +290,9 @@ def test_decoupled_ppo_proximal_logprobs_from_the_update_forward_are_exact(tmp_p
     assert gs.keys() == gr.keys() and len(gs) > 0
     for k in gs:
         torch.testing.assert_close(gr[k], gs[k], atol=1e-12, rtol=0)
-    for (k, v), w in zip(separate.model.state_dict().items(), reused.model.state_dict().values()):
-        torch.testing.assert_close(w, v, atol=1e-12, rtol=0, msg=k)
+    after = reused.model.state_dict()
+    for k, v in separate.model.state_dict().items():
+        torch.testing.assert_close(after[k], v, atol=1e-12, rtol=0)
     moved = [
         k
         for k, v in separate.model.state_dict().items()
@@ -366,9 +367,9 @@ def test_async_decoupled_step_makes_no_separate_forward_with_one_update(batch):
             }
         )
         actor = ActorWorker.from_config(copy.deepcopy(roles.actor.model), c)
-        calls = []
+        calls: list[int] = []
         real = actor.compute_logprobs
-        actor.compute_logprobs = lambda e, real=real: calls.append(len(e)) or real(e)
+        actor.compute_logprobs = lambda e, real=real, calls=calls: calls.append(len(e)) or real(e)
         step_roles = Roles(actor, roles.rollout, roles.reward, roles.tokenizer)
         kl = make_kl_controller(c)
         step_exp = make_experience(step_roles, exp.samples, scores, c, kl)
