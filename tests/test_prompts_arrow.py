@@ -44,9 +44,12 @@ def _write_all(tmp_path, rows: list[dict]) -> dict[str, object]:
     pq.write_table(pa.Table.from_pylist(rows[:half]), tmp_path / "pq" / "a.parquet")
     pq.write_table(pa.Table.from_pylist(rows[half:]), tmp_path / "pq" / "b.parquet")
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "hf"))
+    # row groups of 7 rows: the table is many record batches (a row is found by bisection)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "g.parquet", row_group_size=7)
     return {
         "jsonl": j,
         "parquet": tmp_path / "t.parquet",
+        "parquet_groups": tmp_path / "g.parquet",
         "parquet_dir": tmp_path / "pq",
         "hf": tmp_path / "hf",
     }
@@ -66,6 +69,8 @@ def test_arrow_rows_are_the_records_of_the_row_reader(tmp_path) -> None:
         assert list(rows) == expected, name
         assert rows.records([29, 0, 5]) == [expected[29], expected[0], expected[5]], name
         assert rows[-1] == expected[-1] and rows[3:6] == expected[3:6]
+        if name == "parquet_groups":
+            assert len(rows._table.to_batches()) == 5  # 30 rows in groups of 7
         assert load_prompt_dataset(path) == expected, name
 
 

@@ -24,6 +24,8 @@ through ``load_prompt_dataset``, which raises the exact ``path[row N]: ...`` err
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import json.scanner
 from collections.abc import Iterator, Sequence
@@ -62,7 +64,14 @@ class PromptRows(Sequence[PromptRecord]):
         self._rows = rows
         self._records = records
         self._table = table
+        self._batches: list[Any] | None = None  # the table's record batches, on first use
+        self._starts: list[int] = []  # row count up to and including each batch
         self._keys = (prompt_key, answer_key)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_batches"], state["_starts"] = None, []  # views of the table: rebuilt on use
+        return state
 
     @classmethod
     def of(cls, records: list[PromptRecord]) -> PromptRows:
@@ -85,25 +94,27 @@ class PromptRows(Sequence[PromptRecord]):
         return prompt_from_row(self._row(i), "", *self._keys)
 
     def records(self, indices: Sequence[int]) -> list[PromptRecord]:
-        """The records of rows ``indices`` (an Arrow table converts them in one call)."""
+        """The records of rows ``indices``."""
         if self._records is not None:
             return [self._records[i] for i in indices]
-        if self._table is not None:
-            if not len(indices):
-                return []
-            rows = self._table.take(list(indices)).to_pylist()
-        else:
-            assert self._rows is not None
-            rows = [self._rows[i] for i in indices]
-        return [prompt_from_row(row, "", *self._keys) for row in rows]
+        return [prompt_from_row(self._row(i), "", *self._keys) for i in indices]
 
     def _row(self, i: int) -> dict[str, Any]:
-        if self._table is not None:
-            if not -len(self) <= i < len(self):
-                raise IndexError(f"row {i} of {len(self)}")
-            return self._table.slice(i % len(self), 1).to_pylist()[0]
-        assert self._rows is not None
-        return self._rows[i]
+        """Row ``i`` as a dict; of a table, a one-row slice of the record batch holding it
+        (``Table.take`` concatenates a column's chunks first: O(rows) a call, measured 3-5 ms
+        for 64 rows of 1M; a slice of the batch is O(log batches), ~10 us a row)."""
+        if self._table is None:
+            assert self._rows is not None
+            return self._rows[i]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"row {i} of {len(self)}")
+        i %= len(self)
+        if self._batches is None:
+            self._batches = self._table.to_batches()  # zero-copy
+            self._starts = list(itertools.accumulate(b.num_rows for b in self._batches))
+        k = bisect.bisect_right(self._starts, i)
+        start = self._starts[k - 1] if k else 0
+        return self._batches[k].slice(i - start, 1).to_pylist()[0]
 
     def __iter__(self) -> Iterator[PromptRecord]:
         for i in range(len(self)):
