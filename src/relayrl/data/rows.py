@@ -19,7 +19,9 @@ table (``relayrl.data.arrow_rows``): the prompt column is read once as a list of
 the column types are checked, so no row needs a check of its own; a row becomes a dict and a
 record when it is drawn. A table that needs per-row checks (nulls in the prompt column, an
 answer column of another type, chat ``messages`` rows, features ``datasets`` decodes) goes
-through ``load_prompt_dataset``, which raises the exact ``path[row N]: ...`` error.
+through ``load_prompt_dataset``, which raises the exact ``path[row N]: ...`` error. Measured
+(``bench/prompt_sampling.py --format parquet`` / ``hf``, CPU time of the whole start-up): 1M
+rows 2.5-2.7 s against 21 s for a record per row through ``datasets``.
 """
 
 from __future__ import annotations
