@@ -301,8 +301,10 @@ def update_roles(
     """One training step on ``exp``: rollout correction, critic first (PPO), then the actor;
     adapt beta. With ``mismatch`` the train/inference mismatch of the tokens generated under
     the trainer's weights (``version``) is logged (``mismatch/*``, a warning when it jumps)
-    whenever the step has the trainer's logprobs (decoupled PPO, several mini-batches or
-    epochs, ``recompute_old_logprobs: always``, a rollout correction)."""
+    whenever the step has the trainer's logprobs before the update (several mini-batches or
+    epochs, ``recompute_old_logprobs: always``, a rollout correction); with one update per
+    step, decoupled PPO's included, pi_old comes from the update's own forward and there is
+    none to compare (``old_logprobs``)."""
     stats: dict[str, float] = correct_rollout(roles, exp, cfg)
     naive = cfg.policy_loss == "ppo" and cfg.schedule != "sync"  # pi_old is the engine's
     if mismatch is not None and "old_logprobs" in exp and not naive:
