@@ -31,8 +31,11 @@ and async keeps generating while the trainer trains).
 Arms: ``relayrl`` (sync, matched to TRL key by key), ``relayrl_async`` (``schedule=async``,
 ``async.eta=--eta``, its default decoupled PPO loss, otherwise matched), ``trl``; optional
 ``relayrl_defaults`` (relayrl's own ``mini_batches=2``, ``warmup_steps=10``, betas (0.9, 0.99))
-and ``relayrl_async_naive`` (async with ``policy_loss=ppo``: the clip on the engine's logprobs,
-so no proximal-policy forward: what that forward costs async).
+``relayrl_async_naive`` (async with ``policy_loss=ppo``: the clip on the engine's logprobs)
+and ``relayrl_async_prox`` (async with ``algo.recompute_old_logprobs=always``: decoupled PPO's
+pi_prox from a separate actor forward before the update, which ``relayrl_async`` takes from
+the update's own forward: with one update per step they are the same numbers; this arm
+measures what the forward costs).
 
     OMP_NUM_THREADS=1 python bench/peer_trl.py --modes short long --seeds 0 1 2 --steps 40
     python bench/peer_trl.py --dry-run      # the plan: venv, lock, arms and settings; runs nothing
@@ -86,7 +89,14 @@ lock_pins, venv_plan, ensure_venv = _ENV.lock_pins, _ENV.venv_plan, _ENV.ensure_
 ARITH = dict(min_operand=0, max_operand=99, operators=["+"], num_operands=2)
 MAX_LEN = {"short": 8, "long": 128}
 EVAL_TOKENS = 8
-ARMS = ("relayrl", "relayrl_async", "trl", "relayrl_defaults", "relayrl_async_naive")
+ARMS = (
+    "relayrl",
+    "relayrl_async",
+    "trl",
+    "relayrl_defaults",
+    "relayrl_async_naive",
+    "relayrl_async_prox",
+)
 
 
 # --- models, prompts, the shared evaluation ----------------------------------------------
@@ -202,8 +212,10 @@ def relayrl_overrides(a: argparse.Namespace, mode: str, arm: str, held: Path) ->
     out += [f"threads={a.threads}"]
     if arm.startswith("relayrl_async"):  # the engine's own process, with as many threads
         out += ["schedule=async", f"async.eta={a.eta}", f"rollout.threads={a.threads}"]
-    if arm == "relayrl_async_naive":  # clip on the engine's logprobs: no pi_prox forward
+    if arm == "relayrl_async_naive":  # clip on the engine's logprobs
         out += ["algo.policy_loss=ppo"]
+    if arm == "relayrl_async_prox":  # pi_prox from a separate forward before the update
+        out += ["algo.recompute_old_logprobs=always"]
     return out
 
 

@@ -2,6 +2,9 @@
 
     OMP_NUM_THREADS=1 python bench/prompt_sampling.py --rows 2048 100000 1000000 --per-step 64
 
+``--format``: the training file as JSONL (default), one Parquet file, or a directory written
+by ``datasets.Dataset.save_to_disk`` (``hf``); the rows are the same in every format.
+
 Prints one JSON line per size: ``build_s`` (start-up: load + hold out + the rows tokenised at
 start; ``build_cpu_s`` the same in this process's CPU time, steadier on a shared machine),
 ``step0_s`` (the first step), ``step1_ms`` / ``step50_ms`` (one step each, in milliseconds),
@@ -29,18 +32,42 @@ def _write(path: Path, rows: int) -> None:
             f.write(json.dumps({"prompt": f"{i % 1000}+{i // 1000}=", "answer": i}) + "\n")
 
 
+def _write_format(d: Path, rows: int, fmt: str) -> Path:
+    """The training file of ``rows`` rows in ``fmt`` (jsonl, parquet or hf)."""
+    if fmt == "jsonl":
+        path = d / f"train{rows}.jsonl"
+        _write(path, rows)
+        return path
+    import pyarrow as pa
+
+    table = pa.table(
+        {"prompt": [f"{i % 1000}+{i // 1000}=" for i in range(rows)], "answer": list(range(rows))}
+    )
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        path = d / f"train{rows}.parquet"
+        pq.write_table(table, path)
+        return path
+    import datasets
+
+    path = d / f"train{rows}_hf"
+    datasets.Dataset(table).save_to_disk(str(path))
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, nargs="+", default=[2048, 100_000, 1_000_000])
     ap.add_argument("--per-step", type=int, default=64)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--max-step-s", type=float, default=60.0, help="stop timing steps after this")
+    ap.add_argument("--format", choices=["jsonl", "parquet", "hf"], default="jsonl")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tok = load_tokenizer(build_tiny_model(Path(d) / "m", hidden_size=16))
         for rows in a.rows:
-            path = Path(d) / f"train{rows}.jsonl"
-            _write(path, rows)
+            path = _write_format(Path(d), rows, a.format)
             cfg = load_config(RunConfig, None, ["data.task=jsonl", f"data.train_path={path}"]).data
             t, c = time.perf_counter(), time.process_time()
             src = PromptSource(cfg, tok, seed=0)
@@ -61,6 +88,7 @@ def main() -> None:
                 fresh.append(time.perf_counter() - t)
             out = {
                 "rows": rows,
+                "format": a.format,
                 "per_step": a.per_step,
                 "build_s": round(build, 3),
                 "build_cpu_s": round(build_cpu, 3),

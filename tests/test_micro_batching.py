@@ -12,7 +12,7 @@ from relayrl.cluster.local import build_local_roles
 from relayrl.controller.algorithms import make_requests, old_logprobs
 from relayrl.controller.prompts import PromptSource
 from relayrl.rollout.types import Sample
-from relayrl.workers import ActorWorker, Experience
+from relayrl.workers import ActorWorker, Experience, ReferenceWorker
 
 
 def _exp(lengths: list[int], prompt_lengths: list[int] | None = None) -> Experience:
@@ -198,3 +198,182 @@ def test_zero_advantage_rows_are_trained_when_the_loss_has_other_terms(batch):
         zero = copy.copy(exp)
         zero.tensors = dict(exp.tensors, advantages=torch.zeros_like(exp["advantages"]))
         assert len(actor._rows_with_gradient(zero)) == len(exp)
+
+
+class _GradRecordingActor(ActorWorker):
+    """The actor, keeping each optimizer step's gradients (before clipping) for comparison."""
+
+    grads: list[dict[str, torch.Tensor]]
+
+    def _clip_and_step(self) -> float:
+        self.grads = getattr(self, "grads", [])
+        self.grads.append(
+            {n: p.grad.clone() for n, p in self.model.named_parameters() if p.grad is not None}
+        )
+        return super()._clip_and_step()
+
+
+def _async_decoupled(tmp_path, *extra: str):
+    from relayrl.config import RunConfig, load_config
+
+    cfg = load_config(
+        RunConfig,
+        None,
+        ["schedule=async", "algo.mini_batches=1", "algo.micro_batch_size=3", *extra],
+    )
+    assert cfg.policy_loss == "decoupled_ppo" and cfg.algo.epochs == 1
+    return cfg
+
+
+def _float64_batch(tmp_path, rows: int = 8) -> tuple[torch.nn.Module, Experience]:
+    """A tiny Llama in float64 and a batch of random responses: behaviour logprobs away from
+    the model's own (weights on both sides of 1, some over the cap 5), a quarter of the rows
+    with zero advantages (left out of the forward)."""
+    from relayrl.model import build_tiny_model, load_causal_lm
+
+    model = load_causal_lm(build_tiny_model(tmp_path / "m", hidden_size=32), torch.float64)
+    g = torch.Generator().manual_seed(3)
+    samples = []
+    for i in range(rows):
+        p, n = 2 + i % 3, 3 + (5 * i) % 7
+        samples.append(
+            Sample(
+                request_id=i,
+                prompt_ids=torch.randint(3, 20, (p,), generator=g).tolist(),
+                response_ids=torch.randint(3, 20, (n,), generator=g).tolist(),
+                behaviour_logprobs=[0.0] * n,
+                versions=[0] * n,
+                finish_reason="eos",
+                group_id=i // 2,
+            )
+        )
+    exp = Experience.from_samples(samples, pad_id=0)
+    mask = exp.response_mask
+    prox = ReferenceWorker(model, 64).compute_logprobs(exp)
+    exp["behaviour_logprobs"] = (
+        prox + torch.randn(mask.shape, generator=g, dtype=prox.dtype)
+    ) * mask
+    adv = torch.randn(mask.shape, generator=g, dtype=torch.float64) * mask
+    adv[::4] = 0.0
+    exp["advantages"] = adv
+    model.requires_grad_(True)
+    return model, exp
+
+
+def test_decoupled_ppo_proximal_logprobs_from_the_update_forward_are_exact(tmp_path):
+    """Async decoupled PPO with one update per step: pi_prox taken from the update's own
+    forward (micro-batch by micro-batch, no separate forward) gives the loss, gradients,
+    weights after the step and every stat (behaviour weights, capped fraction, clip fractions)
+    of a separate eval-mode forward first, in float64 to 1e-12."""
+    cfg = _async_decoupled(tmp_path)
+    model, exp = _float64_batch(tmp_path)
+
+    def run(with_prox: bool) -> _GradRecordingActor:
+        actor = _GradRecordingActor(
+            copy.deepcopy(model), cfg.algo, cfg.optim, 16, seed=0, policy_loss="decoupled_ppo"
+        )
+        batch = copy.copy(exp)
+        if with_prox:  # the separate forward, as with mini_batches > 1
+            batch.tensors = dict(exp.tensors, old_logprobs=actor.compute_logprobs(exp))
+        actor.stats = actor.update(batch)
+        return actor
+
+    separate, reused = run(True), run(False)
+    s, r = separate.stats, reused.stats
+    assert s.keys() == r.keys()
+    for k in s:
+        assert r[k] == pytest.approx(s[k], abs=1e-12, rel=0), k
+    # the behaviour weights are not trivial: some tokens capped, their mean away from 1
+    assert 0 < s["actor/pg_capped_frac"] < 0.5 and abs(s["actor/pg_behav_weight_mean"] - 1) > 0.1
+    assert s["actor/zero_adv_skipped_frac"] == 0.25 and s["actor/loss"] != 0.0
+    (gs,), (gr,) = separate.grads, reused.grads
+    assert gs.keys() == gr.keys() and len(gs) > 0
+    for k in gs:
+        torch.testing.assert_close(gr[k], gs[k], atol=1e-12, rtol=0)
+    after = reused.model.state_dict()
+    for k, v in separate.model.state_dict().items():
+        torch.testing.assert_close(after[k], v, atol=1e-12, rtol=0)
+    moved = [
+        k
+        for k, v in separate.model.state_dict().items()
+        if not torch.equal(v, model.state_dict()[k])
+    ]
+    assert moved  # the step did move the weights
+
+
+def test_a_model_with_dropout_keeps_the_separate_proximal_forward(tmp_path, monkeypatch):
+    """With dropout in train mode the update's own logprobs are a dropout sample, not pi_prox:
+    the actor then computes pi_prox in eval mode first, which is the separate forward's update
+    (the same dropout draws: same gradients and stats), and not the shortcut's (whose ratio
+    would be 1 and whose behaviour weights would be taken of the dropout sample)."""
+    from relayrl.model.loading import has_train_dropout
+
+    cfg = _async_decoupled(tmp_path)
+    model, exp = _float64_batch(tmp_path)
+    assert not has_train_dropout(model)
+    for m in model.modules():
+        if "attention_dropout" in m.__dict__:
+            m.attention_dropout = 0.3  # HF attention's functional dropout
+    assert has_train_dropout(model)
+
+    def run(with_prox: bool, shortcut: bool = False) -> dict[str, torch.Tensor]:
+        actor = _GradRecordingActor(
+            copy.deepcopy(model), cfg.algo, cfg.optim, 16, seed=0, policy_loss="decoupled_ppo"
+        )
+        batch = copy.copy(exp)
+        if with_prox:
+            batch.tensors = dict(exp.tensors, old_logprobs=actor.compute_logprobs(exp))
+        torch.manual_seed(11)  # the same dropout masks in every run
+        if shortcut:  # what the update would do without the dropout check
+            monkeypatch.setattr("relayrl.workers.actor.has_train_dropout", lambda m: False)
+        stats = actor.update(batch)
+        monkeypatch.undo()
+        return actor.grads[0], stats
+
+    (separate, s_stats), (auto, a_stats), (_, shortcut) = run(True), run(False), run(False, True)
+    for k, v in separate.items():
+        torch.testing.assert_close(auto[k], v, atol=1e-12, rtol=0)
+    for k, v in s_stats.items():
+        assert a_stats[k] == pytest.approx(v, abs=1e-12, rel=0), k
+    # the dropout sample is not pi_prox: the ratio to the eval-mode pi_prox is not 1
+    assert shortcut["actor/approx_kl"] == 0.0 and abs(s_stats["actor/approx_kl"]) > 1e-4
+    assert shortcut["actor/pg_behav_weight_mean"] != pytest.approx(
+        s_stats["actor/pg_behav_weight_mean"], abs=1e-6
+    )
+    # loading disables both kinds of dropout (modules and the functional attention dropout)
+    from relayrl.model.loading import disable_dropout
+
+    model.model.layers[0].mlp.add_module("drop", torch.nn.Dropout(0.1))
+    assert has_train_dropout(disable_dropout(model)) is False
+    assert all(
+        m.attention_dropout == 0.0 for m in model.modules() if hasattr(m, "attention_dropout")
+    )
+
+
+def test_async_decoupled_step_makes_no_separate_forward_with_one_update(batch):
+    """The whole step (``make_experience`` + ``update_roles``) on the async schedule: with
+    mini_batches = 1 the actor runs no logprob forward outside the update, with 2 it runs one
+    (pi_prox before the first optimizer step)."""
+    from relayrl.controller.algorithms import make_experience, make_kl_controller, update_roles
+    from relayrl.workers import Roles
+
+    cfg, roles, exp = batch
+    scores = torch.tensor([float(i % 2) for i in range(len(exp))])
+    for mini_batches, forwards in ((1, 0), (2, 1)):
+        c = cfg.model_copy(
+            update={
+                "schedule": "async",
+                "algo": cfg.algo.model_copy(update={"mini_batches": mini_batches}),
+            }
+        )
+        actor = ActorWorker.from_config(copy.deepcopy(roles.actor.model), c)
+        calls: list[int] = []
+        real = actor.compute_logprobs
+        actor.compute_logprobs = lambda e, real=real, calls=calls: calls.append(len(e)) or real(e)
+        step_roles = Roles(actor, roles.rollout, roles.reward, roles.tokenizer)
+        kl = make_kl_controller(c)
+        step_exp = make_experience(step_roles, exp.samples, scores, c, kl)
+        stats = update_roles(step_roles, step_exp, c, kl)
+        assert len(calls) == forwards, mini_batches
+        assert stats["actor/optimizer_steps"] == mini_batches
+        assert "actor/pg_behav_weight_mean" in stats

@@ -96,8 +96,13 @@ def old_logprobs(roles: Roles, exp: Experience, cfg: RunConfig) -> Tensor | None
     - naive PPO on possibly stale data (``policy_loss: ppo`` in ``overlap`` / ``async``):
       the behaviour policy's logprobs, as the engine reported them (the clip is centred on
       the policy that generated the tokens: AReaL's "naive PPO" baseline);
-    - one update per step (``recompute_old_logprobs: auto``): None, and the actor takes its
-      own detached logprobs in the update's forward: they are the pre-update policy's;
+    - one update per step (``recompute_old_logprobs: auto``, epochs = mini_batches = 1):
+      None, and the actor takes its own detached logprobs in the update's forward, micro-batch
+      by micro-batch: they are the pre-update policy's (``ActorWorker.update``; it computes
+      them first itself when its model has dropout). This holds for decoupled PPO's pi_prox
+      off the sync schedule too: its ratio pi_theta / pi_prox is then exactly 1 at the
+      forward, its behaviour weight exp(pi_prox - pi_behav) the same numbers, one forward
+      fewer per step;
     - otherwise the pre-update actor's logprobs, recomputed here (decoupled PPO's proximal
       policy pi_prox; on fresh data equal to the behaviour logprobs).
     """
@@ -296,8 +301,10 @@ def update_roles(
     """One training step on ``exp``: rollout correction, critic first (PPO), then the actor;
     adapt beta. With ``mismatch`` the train/inference mismatch of the tokens generated under
     the trainer's weights (``version``) is logged (``mismatch/*``, a warning when it jumps)
-    whenever the step has the trainer's logprobs (decoupled PPO, several mini-batches or
-    epochs, ``recompute_old_logprobs: always``, a rollout correction)."""
+    whenever the step has the trainer's logprobs before the update (several mini-batches or
+    epochs, ``recompute_old_logprobs: always``, a rollout correction); with one update per
+    step, decoupled PPO's included, pi_old comes from the update's own forward and there is
+    none to compare (``old_logprobs``)."""
     stats: dict[str, float] = correct_rollout(roles, exp, cfg)
     naive = cfg.policy_loss == "ppo" and cfg.schedule != "sync"  # pi_old is the engine's
     if mismatch is not None and "old_logprobs" in exp and not naive:

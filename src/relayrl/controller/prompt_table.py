@@ -1,7 +1,8 @@
 """A training file's prompts, tokenised when first drawn, and the held-out split over its rows.
 
 Tokenising a million prompts once costs ~45 s on one core (~45 us a prompt); a run draws
-``steps x prompts_per_step`` of them. ``RowCache`` tokenises a row the first time it is
+``steps x prompts_per_step`` of them (a JSONL, Parquet or saved-dataset file: its rows are
+``relayrl.data.rows.PromptRows``). ``RowCache`` tokenises a row the first time it is
 asked for (one tokenizer call per batch of rows) and keeps the result: a ``TokenizedPrompt``,
 or ``None`` for a row that is skipped (blank, or longer than ``data.max_prompt_tokens``),
 counted in its ``SkipReport`` once per row. A file of at most ``PRETOKENIZE`` rows is
@@ -86,7 +87,8 @@ class RowCache:
         if any(cache[i] is _UNSEEN for i in rows):
             with self._lock:
                 todo = sorted({i for i in rows if cache[i] is _UNSEEN})
-                records = [self.rows[i] for i in todo]
+                batch = getattr(self.rows, "records", None)  # PromptRows: in one call
+                records = batch(todo) if batch is not None else [self.rows[i] for i in todo]
                 encoded = encode_prompts(records, self.tokenizer, *self._encode_args)
                 for i, rec, ids in zip(todo, records, encoded, strict=True):
                     cache[i] = TokenizedPrompt(rec, ids) if self.report.note(rec, ids) else None

@@ -34,7 +34,7 @@ from relayrl.controller.prompt_table import (
     TokenizedPrompt,
     hold_out_rows,
 )
-from relayrl.data import ArithmeticTask, DataError, PromptRecord, SkipReport, load_prompt_dataset
+from relayrl.data import ArithmeticTask, DataError, PromptRecord, SkipReport
 from relayrl.data import tokenize_prompts as _tokenize
 from relayrl.data.rows import PromptRows, load_prompt_rows
 
@@ -92,13 +92,9 @@ def _source_keys(cfg: DataConfig) -> dict[str, Any]:
 
 
 def _rows(cfg: DataConfig, path: str) -> PromptRows:
-    """``_load``'s rows, records built on access (``relayrl.data.rows``)."""
+    """JSONL, Parquet or a saved Hugging Face dataset (the formats and errors of
+    ``relayrl.data.load_prompt_dataset``), records built on access (``relayrl.data.rows``)."""
     return load_prompt_rows(path, **_source_keys(cfg))
-
-
-def _load(cfg: DataConfig, path: str) -> list[PromptRecord]:
-    """JSONL, Parquet or a saved Hugging Face dataset (``relayrl.data.load_prompt_dataset``)."""
-    return load_prompt_dataset(path, **_source_keys(cfg))
 
 
 EPOCH_CACHE = 4
@@ -282,7 +278,7 @@ class PromptSource:
 
     def _load_eval(self) -> list[TokenizedPrompt]:
         if self.cfg.eval_path is not None:
-            records = _load(self.cfg, self.cfg.eval_path)[: self.cfg.eval_size]
+            records = _rows(self.cfg, self.cfg.eval_path)[: self.cfg.eval_size]
         elif self.cfg.task == "arithmetic":
             records = arithmetic_task(self.cfg.arithmetic, seed=self.seed).held_out(
                 self.cfg.eval_size, seed=self.seed

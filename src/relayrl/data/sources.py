@@ -4,7 +4,7 @@
 
 - a directory written by ``datasets.Dataset.save_to_disk`` (or a ``DatasetDict``: then
   ``split`` chooses, default ``"train"``) -> ``datasets.load_from_disk``;
-- a ``.parquet`` file, or a directory of them -> ``datasets`` Parquet builder;
+- a ``.parquet`` file, or a directory of them -> ``pyarrow.parquet`` (files sorted by path);
 - anything else -> JSONL (``relayrl.data.jsonl``), with ``file:line`` errors.
 
 Each row becomes a ``PromptRecord``: ``prompt_key`` (a string; or, when the row has no prompt
@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from relayrl.data.arrow_rows import hf_dataset, is_hf_dir, parquet_files, read_parquet
 from relayrl.data.jsonl import DataError, _json_type, iter_jsonl_objects
 from relayrl.data.records import PromptRecord
 
@@ -75,42 +76,14 @@ def prompt_from_row(
     return PromptRecord(prompt=prompt, answer=answer, extra=extra)
 
 
-def _is_hf_dir(p: Path) -> bool:
-    return p.is_dir() and any(
-        (p / name).is_file() for name in ("dataset_info.json", "state.json", "dataset_dict.json")
-    )
-
-
-def _parquet_files(p: Path) -> list[Path]:
-    if p.is_file() and p.suffix == ".parquet":
-        return [p]
-    if p.is_dir():
-        return sorted(p.rglob("*.parquet"))
-    return []
-
-
 def _hf_rows(path: Path, split: str | None) -> Iterator[dict[str, Any]]:
-    try:
-        import datasets
-    except ImportError as e:  # pragma: no cover - a declared dependency
-        raise DataError(f"{path}: reading it needs the 'datasets' package") from e
-    if _is_hf_dir(path):
-        try:
-            ds = datasets.load_from_disk(str(path))
-        except Exception as e:
-            raise DataError(f"{path}: cannot load the dataset: {e}") from e
-        if isinstance(ds, datasets.DatasetDict):
-            name = split or ("train" if "train" in ds else None)
-            if name is None or name not in ds:
-                raise DataError(f"{path}: no split {split!r} (has {sorted(ds)}); set data.split")
-            ds = ds[name]
-    else:
-        files = [str(f) for f in _parquet_files(path)]
-        try:
-            ds = datasets.load_dataset("parquet", data_files=files, split="train")
-        except Exception as e:
-            raise DataError(f"{path}: cannot read Parquet: {e}") from e
-    yield from ds
+    """The rows of a saved dataset (as ``datasets`` yields them) or of Parquet file(s) (as
+    ``pyarrow`` converts them: the same Python values), in order."""
+    if is_hf_dir(path):
+        yield from hf_dataset(path, split)
+        return
+    for batch in read_parquet(path).to_batches(max_chunksize=4096):
+        yield from batch.to_pylist()
 
 
 def load_prompt_dataset(
@@ -127,7 +100,7 @@ def load_prompt_dataset(
     if not p.exists():
         raise DataError(f"{path}: file not found")
     records: list[PromptRecord] = []
-    if _is_hf_dir(p) or _parquet_files(p):
+    if is_hf_dir(p) or parquet_files(p):
         for i, row in enumerate(_hf_rows(p, split)):
             records.append(
                 prompt_from_row(row, f"{path}[row {i}]: ", prompt_key, answer_key, require_answer)

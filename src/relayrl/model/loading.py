@@ -142,13 +142,38 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tok
 
 
+FUNCTIONAL_DROPOUT_ATTRS = ("attention_dropout",)
+"""Float attributes of Hugging Face modules that are a dropout probability applied in train
+mode without a dropout module (Llama / Qwen2 / Mistral attention: ``config.attention_dropout``)."""
+
+
 def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
     """Set every dropout probability to 0 (as TRL and veRL do for RL): the logprobs of a
-    training forward must equal the rollout's, and runs must be reproducible from the seed."""
+    training forward must equal the rollout's, and runs must be reproducible from the seed.
+    Covers ``nn.Dropout`` modules and the attention dropout applied functionally
+    (``FUNCTIONAL_DROPOUT_ATTRS``)."""
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
+        for attr in FUNCTIONAL_DROPOUT_ATTRS:
+            if isinstance(module.__dict__.get(attr), float):
+                setattr(module, attr, 0.0)
     return model
+
+
+def has_train_dropout(model: torch.nn.Module) -> bool:
+    """Whether a train-mode forward of ``model`` differs from its eval-mode forward by dropout:
+    a dropout module (``nn.Dropout`` and its kinds, e.g. LoRA's ``lora_dropout``) with p > 0,
+    or a functional attention dropout > 0 (``FUNCTIONAL_DROPOUT_ATTRS``). Without it the two
+    forwards compute the same logprobs (what the actor's single-update shortcut relies on)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0:
+            return True
+        for attr in FUNCTIONAL_DROPOUT_ATTRS:
+            value = module.__dict__.get(attr)
+            if isinstance(value, float) and value > 0:
+                return True
+    return False
 
 
 def load_causal_lm(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:

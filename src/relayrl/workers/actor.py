@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -11,6 +12,7 @@ from torch import Tensor
 from relayrl.algos import POLICY_LOSSES, LossNorm, aggregate_loss, kl_penalty
 from relayrl.config import AlgoConfig, OptimConfig, RunConfig
 from relayrl.model import forward_logprobs
+from relayrl.model.loading import has_train_dropout
 from relayrl.model.lora import is_lora
 from relayrl.workers.experience import Experience
 from relayrl.workers.optim import TrainState, make_optimizer
@@ -103,13 +105,20 @@ class ActorWorker(TrainState, ReferenceWorker):
 
         Reads ``old_logprobs`` (pi_old, recomputed at the start of the step: the proximal policy),
         ``behaviour_logprobs`` (the engine's), ``advantages`` and optionally ``ref_logprobs``.
-        Without ``old_logprobs`` and with a single update per step, pi_old is the current
-        policy itself: the update's own logprobs, detached (see ``single_update``).
+        Without ``old_logprobs`` and with a single update per step, pi_old (decoupled PPO's
+        pi_prox) is the current policy itself: the update's own logprobs, detached, micro-batch
+        by micro-batch (see ``single_update``), unless the model has dropout in train mode
+        (``has_train_dropout``): then they are computed first, in eval mode, as a separate
+        forward would (the train-mode forward's are a dropout sample, not pi_old).
         Loss = policy loss + kl_coef * agg(KL(pi || pi_ref)) - entropy_coef * agg(H).
         """
         a = self.algo
-        if "old_logprobs" not in exp and not self.single_update:
-            raise ValueError("old_logprobs missing and the step makes more than one update")
+        if "old_logprobs" not in exp:
+            if not self.single_update:
+                raise ValueError("old_logprobs missing and the step makes more than one update")
+            if has_train_dropout(self.model):
+                old = self.compute_logprobs(exp)
+                exp = replace(exp, tensors={**exp.tensors, "old_logprobs": old})
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
         weights: dict[str, float] = defaultdict(float)
