@@ -7,15 +7,20 @@ global batch). Each configuration runs in its own process (peak RSS is per proce
 the larger rank). Ratios are within one run of this script, so the machine's speed cancels.
 
 Next to each measured ``train_peak_mb`` (peak RSS above the RSS after loading) it prints
-``planner_mb``, the calibrated training-memory model of ``relayrl.plan.memory``, and
-``planner_uncalibrated_mb``, the guess it replaces (``4N + 12N/dp`` bytes of training state
-+ ``tokens * hidden * (2 layers + 34)`` of activations, ``Planner.memory``). The model's
-constants are fitted from two runs of this script at two micro-batch sizes (``--fit``).
+``planner_mb``, the two-phase training-memory model of ``relayrl.plan.memory`` (its peak less
+the weights), and ``planner_uncalibrated_mb``, the first guess (``4N + 12N/dp`` bytes of
+training state + ``tokens * hidden * (2 layers + 34)`` of activations).
+
+``--memory`` measures what that model is fitted on: for each model size (``--sizes``
+``HxLxV``) and configuration, in a fresh process, the live bytes of torch's CPU allocator (the
+profiler's memory events) at the peak of the backward phase (AdamW state present, the
+gradients of an earlier micro-batch held) and of the optimizer step, at each micro-batch size
+of ``--tokens``; it fits the coefficients on ``--fit-sizes`` x ``--fit-tokens`` (the
+``--holdout-configs`` never), prints the table and one JSON line with the out-of-sample error.
 
     PYTHONPATH=src python bench/scale.py            # one JSON line
     PYTHONPATH=src python bench/scale.py --hidden 128 --layers 2   # a quick smoke
-    PYTHONPATH=src python bench/scale.py --micro 8 > b8.json   # (and --micro 4 > b4.json)
-    PYTHONPATH=src python bench/scale.py --fit b4.json b8.json # the fitted constants
+    OMP_NUM_THREADS=1 PYTHONPATH=src python bench/scale.py --memory --rows-file rows.jsonl
 """
 
 from __future__ import annotations
@@ -339,11 +344,15 @@ def memory_main(args: argparse.Namespace) -> None:
     rows: list[dict] = []
     if args.rows_file and Path(args.rows_file).is_file():
         rows = [json.loads(x) for x in Path(args.rows_file).read_text().splitlines() if x]
-    done = {(r["hidden"], r["layers"], r["vocab"], r["config"]) for r in rows}
+    share = args.response / (args.prompt + args.response)
+    done = {
+        (r["hidden"], r["layers"], r["vocab"], r["config"], round(r["response_share"], 4))
+        for r in rows
+    }
     for h, layers, vocab in sizes:
         model = None
         for name in args.memory_configs.split(","):
-            if (h, layers, vocab, name) in done:
+            if (h, layers, vocab, name, round(share, 4)) in done:
                 continue
             if model is None:
                 model, _ = build_model(work / f"m{h}x{layers}x{vocab}", h, layers, vocab)
@@ -364,7 +373,9 @@ def memory_main(args: argparse.Namespace) -> None:
                     f.writelines(json.dumps(g) + "\n" for g in got)
 
     def in_fit(r: dict) -> bool:
-        return (r["hidden"], r["layers"], r["vocab"]) in fit_sizes and r["tokens"] in fit_tokens
+        size = (r["hidden"], r["layers"], r["vocab"])
+        same_share = abs(r["response_share"] - share) < 1e-4
+        return size in fit_sizes and r["tokens"] in fit_tokens and same_share
 
     from relayrl.plan.memory import bench_shape
 
