@@ -441,7 +441,7 @@ def main() -> None:
     p.add_argument("--tokens", default="128,256,512,1024", help="micro-batch tokens (--memory)")
     p.add_argument("--fit-tokens", default="256,1024")
     p.add_argument("--memory-configs", default="fp32,bf16,fp32_ckpt,lora,fp32_foreach,bf16_ckpt")
-    p.add_argument("--holdout-configs", default="fp32_foreach,bf16_ckpt")
+    p.add_argument("--holdout-configs", default="fp32_foreach,bf16_ckpt,fsdp2_x2")
     p.add_argument("--rows-file", default=None, help="append measured rows here; reuse them")
     p.add_argument("--phase-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()

@@ -21,7 +21,7 @@ from relayrl.plan.memory import (
     fit,
 )
 
-M = TrainMemoryModel(a_fp32=10.0, a_bf16=6.0, k_ckpt=4.0, v=8.0, overhead=100.0)
+M = TrainMemoryModel(a_fp32=10.0, a_bf16=6.0, k_ckpt=4.0, a0=3.0, v=8.0, overhead=100.0)
 # N 1000, h 4, L 2, V 10, T 5, r 0.6: E = V h = 40, P_l = (1000 - 40) / 2 = 480, P_max = 40
 BASE = dict(params=1000, trainable=1000, hidden=4, layers=2, vocab=10, tokens=5)
 
@@ -33,35 +33,42 @@ def shape(**kw) -> TrainShape:
 def test_fp32_by_hand():
     s = shape()
     t = M.terms(s)
-    # W 4N, G 4N, S 8N; A = T h a L = 5*4*10*2; X = T V 4 + v r T V = 200 + 8*0.6*50
+    # W 4N, G 4N, S 8N; A = T h (a L + a0) = 5*4*(10*2 + 3); X = T V 4 + v r T V = 200 + 8*0.6*50
     assert (t["W"], t["G"], t["S"], t["B16"]) == (4000, 4000, 8000, 0)
-    assert t["A"] == 400 and t["X"] == pytest.approx(440)
-    assert t["F"] == 0 and t["U"] == 8 * 40 and t["C"] == 100
-    assert M.backward_bytes(s) == pytest.approx(16000 + 400 + 440 + 100)  # 16940
+    assert t["A"] == 460 and t["X"] == pytest.approx(440)
+    assert t["F"] == 0 and t["U"] == 8 * 40 and t["C"] == 100 and t["D"] == 16 * 40
+    assert M.loss_bytes(s) == pytest.approx(16000 + 460 + 440 + 100)  # 17000
+    assert M.embedding_bytes(s) == pytest.approx(16000 + 640 + 100)  # 16740
+    assert M.backward_bytes(s) == pytest.approx(17000)
     assert M.optimizer_bytes(s) == pytest.approx(16000 + 320 + 100)  # 16420
-    assert M.peak_bytes(s) == pytest.approx(16940)
+    assert M.peak_bytes(s) == pytest.approx(17000)
     assert M.persistent_bytes(s) == pytest.approx(4000 + 8000 + 100)
-    # no tokens: the optimizer step sets the peak (16100 < 16420)
-    assert M.backward_bytes(shape(tokens=0)) == pytest.approx(16100)
-    assert M.peak_bytes(shape(tokens=0)) == pytest.approx(16420)
+    # no tokens: the loss point is 16100, the embedding's gradient (16740) sets the peak
+    assert M.loss_bytes(shape(tokens=0)) == pytest.approx(16100)
+    assert M.peak_bytes(shape(tokens=0)) == pytest.approx(16740)
+    # no tokens under LoRA (D = 0): the optimizer step sets it
+    lo = shape(tokens=0, trainable=50, lora=True, largest_trained=10)
+    assert M.peak_bytes(lo) == M.optimizer_bytes(lo) == pytest.approx(4600 + 80 + 100)
 
 
 def test_precision_checkpointing_lora_fsdp_by_hand():
-    # bf16: B16 = 2N; A = 20 * 6 * 2 = 240; X = T V 2 + 240 = 340
-    assert M.backward_bytes(shape(bf16=True)) == pytest.approx(16000 + 2000 + 240 + 340 + 100)
-    # checkpointing: A = T h (k L + a) = 20 * (8 + 10) = 360
-    assert M.backward_bytes(shape(checkpointing=True)) == pytest.approx(16000 + 360 + 440 + 100)
-    # both: B16 = 2 (E + P_l) = 1040; A = 20 * (8 + 6) = 280
+    # bf16: B16 = 2N; A = 20 * (6 * 2 + 3) = 300; X = T V 2 + 240 = 340
+    assert M.backward_bytes(shape(bf16=True)) == pytest.approx(16000 + 2000 + 300 + 340 + 100)
+    # checkpointing: A = T h (k L + a0) = 20 * (8 + 3) = 220 (the embedding point: 16740)
+    assert M.loss_bytes(shape(checkpointing=True)) == pytest.approx(16000 + 220 + 440 + 100)
+    # both: B16 = 2 (E + P_l) = 1040; A = 220
     both = shape(bf16=True, checkpointing=True)
-    assert M.backward_bytes(both) == pytest.approx(16000 + 1040 + 280 + 340 + 100)
+    assert M.backward_bytes(both) == pytest.approx(16000 + 1040 + 220 + 340 + 100)
     # LoRA, 50 trained, largest adapter 10: W 4000, G 200, S 400; U = 80
     lora = shape(trainable=50, lora=True, largest_trained=10)
-    assert M.backward_bytes(lora) == pytest.approx(4600 + 400 + 440 + 100)
+    assert M.backward_bytes(lora) == pytest.approx(4600 + 460 + 440 + 100)
     assert M.optimizer_bytes(lora) == pytest.approx(4600 + 80 + 100)
     # FSDP2 over 4 ranks, foreach AdamW: W, G, S / 4; F = (2*4 + 4) P_l = 5760; U = 4N / 4
     sh = shape(dp=4, optimizer="foreach")
-    assert M.backward_bytes(sh) == pytest.approx(4000 + 400 + 440 + 5760 + 100)
+    assert M.backward_bytes(sh) == pytest.approx(4000 + 460 + 440 + 5760 + 100)
     assert M.optimizer_bytes(shape(dp=4)) == pytest.approx(4000 + 320 / 4 + 100)
+    # ... and its embedding point: D = (16 + 4) E (the gathered fp32 root) = 800
+    assert M.embedding_bytes(sh) == pytest.approx(4000 + 800 + 100)
     assert M.optimizer_bytes(sh) == pytest.approx(4000 + 1000 + 100)
     assert M.optimizer_bytes(shape(optimizer="fused")) == pytest.approx(16100)
     # tensor parallel: the embedding shard E given explicitly sets P_l and P_max

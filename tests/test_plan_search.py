@@ -38,13 +38,16 @@ def test_search_beats_heuristic_and_fits(example):
     heur = pb.evaluate(heuristic_plan(pb))
     assert heur.fits
     assert best.fits and pb.fits(best.plan)
-    # 0.85 under the old 16-bytes/param guess; the calibrated memory model (plan/memory.py:
-    # ~22 bytes/param + activations, FSDP2 sharding 1/dp + 0.27) leaves less room: seed 0 finds
-    # 0.873, seed 1 0.805, 4000 steps 0.867 (peaks 72.5-75.1 GB of the 76 GB cap)
-    assert best.iteration_s < 0.9 * heur.iteration_s
+    # the two-phase memory model (plan/memory.py: 16 bytes/param of weights, gradients and
+    # AdamW sharded by FSDP2, bf16 copies, activations and logit buffers; weights + AdamW
+    # persistent, the rest transient) and the search started from the better of the greedy
+    # descents from the heuristic and the symmetric plan: seeds 0 and 1 at 1500 steps and
+    # seed 0 at 4000 all find 0.732 (peak 70.3 GB of the 76 GB cap); 0.9 under the previous
+    # one-phase calibration (0.873 measured)
+    assert best.iteration_s < 0.75 * heur.iteration_s
     sym = pb.evaluate(symmetric_plan(pb))
-    # under the calibrated model the symmetric plan (dp 4 x tp 8) needs ~95 GB per GPU
-    assert best.iteration_s <= sym.iteration_s or not sym.fits
+    # the symmetric plan (dp 4 x tp 8) fits (50 GB per GPU); the best plan is 0.972 of it
+    assert sym.fits and best.iteration_s <= sym.iteration_s
     assert 0 <= best.realloc_share < 0.1
     assert set(best.plan) == {c.name for c in CALLS}
 
@@ -148,7 +151,7 @@ def test_search_memory_is_the_calibrated_training_memory_model():
     e = a7.vocab * a7.hidden / 4
     p_l = (n - e) / L
     wgs = 16 * n / 2  # W 4 + G 4 + S 8 bytes per parameter, over 2 ranks
-    act = T * h * c.a_bf16 * L
+    act = T * h * (c.a_bf16 * L + c.a0)
     logits = T * V * 2 + c.v * r * T * V
     fsdp = (2 * 2 + 4) * p_l  # two gathered bf16 layers + one fp32 layer gradient
     backward = wgs + act + logits + fsdp + c.overhead

@@ -48,9 +48,9 @@ Search (:func:`search_plan`): simulated annealing (Metropolis-Hastings on
 ``exp(-cost / temperature)``, temperature decaying geometrically from ``t0 * cost0`` to
 ``t_end * cost0``), each move re-draws one call's (mesh, strategy); plans failing the memory
 check have their cost multiplied by a large penalty and are never returned. The chain starts
-from a greedy plan (coordinate descent from the heuristic plan) and keeps the best feasible
-plan it sees. Baselines: :func:`heuristic_plan` (every call on all GPUs, tensor parallel
-inside nodes, pipeline across nodes), :func:`symmetric_plan` (every call on all GPUs,
+from a greedy plan (the cheaper of the coordinate descents from the heuristic and from the
+symmetric plan) and keeps the best feasible plan it sees. Baselines: :func:`heuristic_plan`
+(every call on all GPUs, tensor parallel inside nodes, pipeline across nodes), :func:`symmetric_plan` (every call on all GPUs,
 data parallel across nodes) and :func:`asymmetric_plan` (OpenRLHF-like disjoint meshes).
 """
 
@@ -531,7 +531,11 @@ def search_plan(
     if steps < 0:
         raise ValueError("steps must be >= 0")
     rng = random.Random(seed)
-    cur = greedy_plan(pb, start)
+    if start is None:  # the cheaper of the greedy descents from the two all-GPU baselines
+        starts = [greedy_plan(pb, heuristic_plan(pb)), greedy_plan(pb, symmetric_plan(pb))]
+        cur = min(starts, key=lambda p: _cost(pb, p, penalty)[0])
+    else:
+        cur = greedy_plan(pb, start)
     cur_c, cur_ok = _cost(pb, cur, penalty)
     best, best_c = (dict(cur), cur_c) if cur_ok else (None, math.inf)
     scale = cur_c if cur_ok else _cost(pb, cur, 1.0)[0]
