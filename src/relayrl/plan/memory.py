@@ -307,6 +307,7 @@ def compare(model: TrainMemoryModel, rows: Sequence[Mapping[str, Any]]) -> list[
         out.append(
             {
                 **{k: r[k] for k in ("config", "hidden", "layers", "vocab", "tokens")},
+                "response_share": round(float(r["response_share"]), 4),
                 "backward_mb": round(float(r["backward_mb"]), 2),
                 "backward_pred_mb": round(pb, 2),
                 "optimizer_mb": round(float(r["optimizer_mb"]), 2),

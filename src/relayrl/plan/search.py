@@ -41,7 +41,7 @@ activations, logits, the foreach AdamW temporary), so a training mesh holds exac
 ``L/pp`` layers, ``V/tp`` vocabulary (vocab-parallel logits), an lm_head shard ``V h/tp``,
 bf16 mixed precision, foreach AdamW (CUDA's default), micro-batches of
 ``micro_batch_tokens`` with the response share ``gen/(prompt + gen)``. The coefficients are the
-CPU fit ``CALIBRATED`` (four model sizes): on GPUs an extrapolation until measured there. It
+CPU fit ``CALIBRATED`` (three model sizes, a fourth held out): on GPUs an extrapolation. It
 must fit ``memory_fraction`` of the device (the rest for the CUDA context and NCCL buffers).
 
 Search (:func:`search_plan`): simulated annealing (Metropolis-Hastings on
@@ -50,8 +50,9 @@ Search (:func:`search_plan`): simulated annealing (Metropolis-Hastings on
 check have their cost multiplied by a large penalty and are never returned. The chain starts
 from a greedy plan (the cheaper of the coordinate descents from the heuristic and from the
 symmetric plan) and keeps the best feasible plan it sees. Baselines: :func:`heuristic_plan`
-(every call on all GPUs, tensor parallel inside nodes, pipeline across nodes), :func:`symmetric_plan` (every call on all GPUs,
-data parallel across nodes) and :func:`asymmetric_plan` (OpenRLHF-like disjoint meshes).
+(every call on all GPUs, tensor parallel inside nodes, pipeline across nodes),
+:func:`symmetric_plan` (every call on all GPUs, data parallel across nodes) and
+:func:`asymmetric_plan` (OpenRLHF-like disjoint meshes).
 """
 
 from __future__ import annotations
