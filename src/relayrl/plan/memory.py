@@ -47,7 +47,10 @@ with ``P_l = (N - V h) / L`` parameters per layer. LoRA: ``N_t`` is the adapters
 ``P_max`` the largest adapter. Six coefficients are fitted (:class:`TrainMemoryModel`:
 ``a_fp32``, ``a_bf16``, ``k_ckpt``, ``a0``, ``v`` and ``overhead``); everything else is
 counted. Tensor and pipeline parallelism are the caller's: pass the per-rank ``N / (tp pp)``,
-``h / tp``, ``L / pp``, ``V / tp``.
+``h / tp``, ``L / pp``, ``V / tp``. With a single micro-batch per optimizer step the gradients
+only build up during the backward, so the full ``G`` is an upper bound there. Not modelled: an
+attention-score term (the fit ran SDPA on 64-token rows; eager attention at long sequences
+keeps ``heads x seq`` per token and layer) and the recomputation point under checkpointing.
 
 Measured quantity (``bench/scale.py --memory``): the live bytes of torch's CPU allocator (the
 profiler's memory events, every allocation and free) at each phase's peak, in the second step
