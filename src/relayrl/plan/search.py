@@ -29,28 +29,30 @@ and critic-inference copies are rebuilt each iteration). Per-call times (``S`` G
   ordered by what they hold, HybridFlow's grouping); time = largest receive / bandwidth
   (NVLink if both layouts sit in one node, else the network).
 
-Memory check, per GPU: trained models keep their fp32 master weights ``4 N/(tp pp dp')``
-(``dp' = dp`` when ``dp > 1``: FSDP2 shards them, else 1) plus the fixed part of the calibrated
-update cost of :class:`relayrl.plan.memory.TrainMemoryModel` (``train_bytes`` at 0 tokens:
-gradients, AdamW state and the step's temporaries, bf16 mixed precision, FSDP2 over ``dp``
-ranks when ``dp > 1``) on ``N/(tp pp)`` parameters of ``h/tp`` hidden units and ``L/pp``
-layers, on their training mesh; frozen models keep ``2 N/(tp pp)`` on their inference mesh; on
-top, the largest transient of the calls that run there: a reallocated copy ``2 N/(tp pp)``,
-the KV cache ``b (prompt + gen) kv/(tp pp)`` of generation, and for training the activation
-part of the same model (``train_bytes(tokens_mb) - train_bytes(0)``), so a training mesh holds
-exactly weights + ``train_bytes`` (:meth:`PPOProblem.train_memory`). The constants are the
-CPU calibration ``CALIBRATED`` (a 50M model at 256-512-token micro-batches): on GPUs and at
-other sizes an extrapolation until measured there. It must fit ``memory_fraction`` of the
-device.
+Memory check, per GPU: a trained model keeps, on its training mesh, what
+:meth:`relayrl.plan.memory.TrainMemoryModel.persistent_bytes` counts between updates (fp32
+master weights and AdamW state, sharded over ``dp`` by FSDP2 when ``dp > 1``) of its
+``N/(tp pp)`` parameters; frozen models keep ``2 N/(tp pp)`` on their inference mesh; on top,
+the largest transient of the calls that run there: a reallocated copy ``2 N/(tp pp)``, the KV
+cache ``b (prompt + gen) kv/(tp pp)`` of generation, and for training the rest of the
+two-phase peak (``peak_bytes - persistent_bytes``: gradients, bf16 weight copies,
+activations, logits, the foreach AdamW temporary), so a training mesh holds exactly
+``peak_bytes`` (:meth:`PPOProblem.train_memory`) of the per-rank shape: ``h/tp`` hidden,
+``L/pp`` layers, ``V/tp`` vocabulary (vocab-parallel logits), an lm_head shard ``V h/tp``,
+bf16 mixed precision, foreach AdamW (CUDA's default), micro-batches of
+``micro_batch_tokens`` with the response share ``gen/(prompt + gen)``. The coefficients are the
+CPU fit ``CALIBRATED`` (three model sizes, a fourth held out): on GPUs an extrapolation. It
+must fit ``memory_fraction`` of the device (the rest for the CUDA context and NCCL buffers).
 
 Search (:func:`search_plan`): simulated annealing (Metropolis-Hastings on
 ``exp(-cost / temperature)``, temperature decaying geometrically from ``t0 * cost0`` to
 ``t_end * cost0``), each move re-draws one call's (mesh, strategy); plans failing the memory
 check have their cost multiplied by a large penalty and are never returned. The chain starts
-from a greedy plan (coordinate descent from the heuristic plan) and keeps the best feasible
-plan it sees. Baselines: :func:`heuristic_plan` (every call on all GPUs, tensor parallel
-inside nodes, pipeline across nodes), :func:`symmetric_plan` (every call on all GPUs,
-data parallel across nodes) and :func:`asymmetric_plan` (OpenRLHF-like disjoint meshes).
+from a greedy plan (the cheaper of the coordinate descents from the heuristic and from the
+symmetric plan) and keeps the best feasible plan it sees. Baselines: :func:`heuristic_plan`
+(every call on all GPUs, tensor parallel inside nodes, pipeline across nodes),
+:func:`symmetric_plan` (every call on all GPUs, data parallel across nodes) and
+:func:`asymmetric_plan` (OpenRLHF-like disjoint meshes).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ from fractions import Fraction
 from typing import Any
 
 from relayrl.plan.hardware import HardwareSpec
-from relayrl.plan.memory import CALIBRATED, TrainMemoryModel
+from relayrl.plan.memory import CALIBRATED, TrainMemoryModel, TrainShape
 from relayrl.plan.models import ModelSpec
 from relayrl.plan.reshard import interval_length
 
@@ -307,26 +309,35 @@ class PPOProblem:
         self._cache[key] = t
         return t
 
-    def train_memory(self, role: str, s: Strategy, tokens: int | None = None) -> float:
-        """Bytes one GPU of ``role``'s training mesh holds for it under ``s`` with micro-batches
-        of ``tokens`` (default ``micro_batch_tokens``; 0: the persistent part): its fp32
-        master weights ``4 N / (tp pp dp')`` plus ``memory_model.train_bytes`` of its
-        ``N / (tp pp)`` parameters (all trained), ``h / tp`` hidden, ``L / pp`` layers, bf16,
-        FSDP2 over ``dp`` ranks when ``dp > 1``."""
+    def train_shape(self, role: str, s: Strategy, tokens: int | None = None) -> TrainShape:
+        """One GPU's share of ``role``'s update under ``s`` (module docstring): micro-batches of
+        ``tokens`` (default ``micro_batch_tokens``). The critic's head has one output: its
+        logits term is ``T`` values, not ``T V``."""
         m = self.models[role]
-        tokens = self.micro_batch_tokens if tokens is None else tokens
-        n = m.params / (s.tp * s.pp)
-        sharded = s.dp if s.dp > 1 else 1
-        extra = self.memory_model.train_bytes(
-            n,
-            n,
-            max(1, m.hidden // s.tp),
-            max(1, math.ceil(m.layers / s.pp)),
-            tokens,
+        tp = s.tp
+        n = m.params / (tp * s.pp)
+        return TrainShape(
+            params=n,
+            trainable=n,
+            hidden=max(1, m.hidden // tp),
+            layers=max(1, math.ceil(m.layers / s.pp)),
+            vocab=1 if role == "critic" else max(1, m.vocab // tp),
+            tokens=self.micro_batch_tokens if tokens is None else tokens,
+            response_share=self.gen_len / (self.prompt_len + self.gen_len),
             bf16=True,
-            fsdp_ranks=s.dp if s.dp > 1 else 0,
+            dp=s.dp,
+            optimizer="foreach",
+            embedding_params=min(n, m.vocab * m.hidden / tp),
         )
-        return 4.0 * n / sharded + extra
+
+    def train_memory(self, role: str, s: Strategy, tokens: int | None = None) -> float:
+        """Bytes one GPU of ``role``'s training mesh holds for it at the peak of an update:
+        ``memory_model.peak_bytes`` of :meth:`train_shape`."""
+        return self.memory_model.peak_bytes(self.train_shape(role, s, tokens))
+
+    def train_persistent(self, role: str, s: Strategy) -> float:
+        """What stays between updates: ``memory_model.persistent_bytes`` (weights + AdamW)."""
+        return self.memory_model.persistent_bytes(self.train_shape(role, s))
 
     def memory(self, plan: Plan) -> dict[int, float]:
         """Bytes needed on every GPU (persistent states + the largest transient)."""
@@ -336,7 +347,7 @@ class PPOProblem:
             mesh, s = plan[home]
             n = self.models[role].params
             per = (
-                self.train_memory(role, s, tokens=0)
+                self.train_persistent(role, s)
                 if role in ("actor", "critic")
                 else 2 * n / (s.tp * s.pp)
             )
@@ -352,7 +363,7 @@ class PPOProblem:
                 b = math.ceil(self.batch / s.dp)
                 x += b * (self.prompt_len + self.gen_len) * m.kv_bytes_per_token / (s.tp * s.pp)
             elif call.kind == "train":
-                x += self.train_memory(call.role, s) - self.train_memory(call.role, s, tokens=0)
+                x += self.train_memory(call.role, s) - self.train_persistent(call.role, s)
             for g in mesh.gpus:
                 trans[g] = max(trans[g], x)
         return {g: persist[g] + trans[g] for g in range(self.n_gpus)}
@@ -521,7 +532,11 @@ def search_plan(
     if steps < 0:
         raise ValueError("steps must be >= 0")
     rng = random.Random(seed)
-    cur = greedy_plan(pb, start)
+    if start is None:  # the cheaper of the greedy descents from the two all-GPU baselines
+        starts = [greedy_plan(pb, heuristic_plan(pb)), greedy_plan(pb, symmetric_plan(pb))]
+        cur = min(starts, key=lambda p: _cost(pb, p, penalty)[0])
+    else:
+        cur = greedy_plan(pb, start)
     cur_c, cur_ok = _cost(pb, cur, penalty)
     best, best_c = (dict(cur), cur_c) if cur_ok else (None, math.inf)
     scale = cur_c if cur_ok else _cost(pb, cur, 1.0)[0]
