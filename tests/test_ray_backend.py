@@ -382,3 +382,154 @@ def test_collective_weight_sync_equals_the_object_store_payload(sft_model, tmp_p
         assert all(set(s.versions) == {1} for s in after)
     finally:
         roles.close()
+
+
+COLLECTIVE_TWO_REPLICAS = [
+    "cluster=ray",
+    "weight_sync.transport=collective",
+    "weight_sync.timeout_s=60",
+    "model.fsdp.sync_bucket_mb=0.05",  # several buckets
+    "ray.pools={trainer: {bundles: 1, cpus_per_bundle: 0.5}, "
+    "rollout: {bundles: 2, cpus_per_bundle: 0.5}}",
+    "ray.placement={actor: trainer, rollout: rollout}",
+    "ray.rollout_replicas=2",
+    "rollout.max_slots=4",  # requests finish in waves: many still in flight at the kill
+]
+
+
+def _update_actor(roles, cfg, step):
+    """One actor update on a fresh batch (random advantages): the actor's weights change."""
+    tok = roles.tokenizer
+    prompts = PromptSource(cfg.data, tok, 0).for_step(step, 4)
+    samples = roles.rollout.generate(make_requests(prompts, cfg, step, [tok.eos_token_id]))
+    exp = Experience.from_samples(samples, tok.pad_token_id)
+    exp["old_logprobs"] = roles.actor.compute_logprobs(exp)
+    exp["advantages"] = torch.randn(
+        exp.response_mask.shape, generator=torch.Generator().manual_seed(step)
+    )
+    roles.actor.update(exp)
+
+
+def _wait_for(predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def _assert_engines_hold_the_actor(roles, version):
+    want = ray.get(roles.actor.state_dict().ref)
+    for i in range(roles.rollout.num_replicas):
+        got = ray.get(roles.rollout.replica(i).engine_state.remote())
+        assert int(got.pop("__version__")) == version, i
+        assert got.keys() == want.keys()
+        for k, v in want.items():
+            assert torch.equal(got[k], v), (i, k)
+
+
+def test_killed_replica_rejoins_the_collective_weight_group(sft_model, tmp_path):
+    """``weight_sync.transport=collective``, two replicas. (1) Replica 0 is killed with
+    requests in flight while the actor still holds the version last sent: it is restarted,
+    the weight group formed again (generation + 1) and the new replica loads version 1 over it
+    before it gets a request: every sample carries version 1, none is lost or duplicated, and
+    both engines equal the actor (torch.equal). (2) The actor is updated, then replica 1 is
+    killed and the next sync starts at once: the sync finds it dead (through Ray), waits for
+    its restart and the re-formed group, and delivers version 2 to both engines."""
+    cfg = run_config(
+        sft_model,
+        tmp_path / "kc",
+        *COLLECTIVE_TWO_REPLICAS,
+        "algo.prompts_per_step=4",
+        "algo.group_size=2",
+    )
+    roles = build_ray_roles(cfg, str(sft_model), None)
+    client = roles.rollout
+    try:
+        members = client._members
+        assert members is not None and members.generation == 0
+        _update_actor(roles, cfg, 0)
+        client.update_weights(roles.actor.state_dict(), version=1, interrupt=False)
+        prompt = roles.tokenizer.encode("12+34=")
+        n = 48
+        params = SamplingParams(max_tokens=32, ignore_eos=True, seed=7)
+        client.submit_many(
+            [GenerationRequest(prompt, params, metadata={"uid": i}) for i in range(n)]
+        )
+        got: list[int] = []
+        versions: set[int] = set()
+        killed = False
+        deadline = time.monotonic() + 120
+        while len(got) < n and time.monotonic() < deadline:
+            for s in client.poll(timeout=0.2):
+                got.append(s.metadata["uid"])
+                versions.update(s.versions)
+                assert s.error is None and len(s.response_ids) == 32
+            if not killed and len(got) >= 4 and client.outstanding_tokens()[0] > 0:
+                ray.kill(client.replica(0), no_restart=True)
+                killed = True
+        assert killed and sorted(got) == list(range(n)), "a sample was lost or duplicated"
+        _wait_for(client.replicas_ready)  # the re-formation may outlast the requests
+        assert client.restarts == 1 and client.resubmitted > 0
+        assert versions == {1}  # the restarted replica sampled only after loading version 1
+        assert members.generation == 1
+        _assert_engines_hold_the_actor(roles, 1)
+        before = ray.get(client.replica(0).rollout_stats.remote())[0]["tokens_generated"]
+        more = client.generate(
+            [GenerationRequest(prompt, params, metadata={"uid": i}) for i in range(8)]
+        )
+        assert all(set(s.versions) == {1} for s in more)
+        after = ray.get(client.replica(0).rollout_stats.remote())[0]["tokens_generated"]
+        assert after > before  # the restarted replica serves requests again
+        # (2) the actor moved on since the last sync: the re-formation cannot send it; the
+        # next update_weights (started right after the kill) does, to both replicas
+        _update_actor(roles, cfg, 1)
+        dead = client.replica(1)
+        ray.kill(dead, no_restart=True)
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(dead.ready.remote(), timeout=30)
+        client.update_weights(roles.actor.state_dict(), version=2, interrupt=False)
+        assert client.restarts == 2 and members.generation == 2
+        _assert_engines_hold_the_actor(roles, 2)
+        last = client.generate(
+            [GenerationRequest(prompt, params, metadata={"uid": i}) for i in range(8)]
+        )
+        assert all(set(s.versions) == {2} for s in last)
+        assert client.report().counters["version"] == 2
+    finally:
+        roles.close()
+
+
+@pytest.mark.slow
+def test_collective_run_survives_a_killed_replica(sft_model, tmp_path):
+    """Overlap schedule, ``weight_sync.transport=collective``, two replicas; one is killed
+    (os.kill of its pid) mid-run: the run completes every step with one restart and no
+    duplicate, and the replicas end at the final version."""
+    run = tmp_path / "csurvive"
+    cfg = run_config(
+        sft_model,
+        run,
+        *COLLECTIVE_TWO_REPLICAS,
+        "schedule=overlap",
+        "train.steps=10",
+        "algo.prompts_per_step=8",
+        "algo.group_size=4",
+        "data.eval_size=8",
+    )
+    built = []
+
+    def build(a, c):
+        built.append(build_ray_roles(cfg, a, c))
+        return built[-1]
+
+    def kill_replica_0():
+        pid = ray.get(built[0].rollout.replica(0).ready.remote())["pid"]
+        os.kill(pid, 9)
+
+    killer = _when(lambda: _logged_steps(run) >= 3, kill_replica_0)
+    out = train(cfg, build)
+    killer.join()
+    assert _logged_steps(run) == 10
+    assert out["engine"]["replica_restarts"] == 1
+    assert out["engine"]["duplicates_dropped"] == 0
+    assert out["engine"]["version"] == 10
+    assert built[0].rollout._members.generation == 1
