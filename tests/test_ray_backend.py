@@ -192,6 +192,30 @@ def test_data_parallel_actor_of_two_gives_the_gradients_of_one(sft_model, tmp_pa
         roles.close()
 
 
+def _submit_killing_replica_0(client, prompt, n, length):
+    """Submit ``n`` requests (balanced over the two replicas) and poll until their samples
+    arrived, killing replica 0 once 4 are in while it still has requests in flight:
+    (uids, versions of every token)."""
+    params = SamplingParams(max_tokens=length, ignore_eos=True, seed=7)
+    client.submit_many([GenerationRequest(prompt, params, metadata={"uid": i}) for i in range(n)])
+    load = client.outstanding_tokens()
+    assert len(load) == 2 and load[0] == load[1] > 0  # balanced by outstanding tokens
+    got: list[int] = []
+    versions: set[int] = set()
+    killed = False
+    deadline = time.monotonic() + 180
+    while len(got) < n and time.monotonic() < deadline:
+        for s in client.poll(timeout=0.2):
+            got.append(s.metadata["uid"])
+            versions.update(s.versions)
+            assert s.error is None and len(s.response_ids) == length
+        if not killed and len(got) >= 4 and client.outstanding_tokens()[0] > 0:
+            ray.kill(client.replica(0), no_restart=True)
+            killed = True
+    assert killed
+    return got, versions
+
+
 def test_killed_rollout_replica_is_restarted_without_losing_or_duplicating(sft_model, tmp_path):
     cfg = run_config(
         sft_model,
@@ -207,29 +231,10 @@ def test_killed_rollout_replica_is_restarted_without_losing_or_duplicating(sft_m
     client = roles.rollout
     try:
         client.update_weights(roles.actor.state_dict(), version=1, interrupt=False)
-        prompt = roles.tokenizer.encode("12+34=")
         n = 96
-        params = SamplingParams(max_tokens=48, ignore_eos=True, seed=7)
-        client.submit_many(
-            [GenerationRequest(prompt, params, metadata={"uid": i}) for i in range(n)]
-        )
-        load = client.outstanding_tokens()
-        assert len(load) == 2 and load[0] == load[1] > 0  # balanced by outstanding tokens
-        got: list[int] = []
-        versions: set[int] = set()
-        killed = False
-        deadline = time.monotonic() + 180
-        while len(got) < n and time.monotonic() < deadline:
-            for s in client.poll(timeout=0.2):
-                got.append(s.metadata["uid"])
-                versions.update(s.versions)
-                assert s.error is None and len(s.response_ids) == 48
-            if not killed and len(got) >= 4 and client.outstanding_tokens()[0] > 0:
-                ray.kill(client.replica(0), no_restart=True)
-                killed = True
+        got, versions = _submit_killing_replica_0(client, roles.tokenizer.encode("12+34="), n, 48)
         time.sleep(0.5)
         got.extend(s.metadata["uid"] for s in client.poll(timeout=0.2))
-        assert killed
         assert sorted(got) == list(range(n)), "a sample was lost or duplicated"
         assert client.restarts == 1 and client.resubmitted > 0
         assert versions == {1}  # the restarted replica came back with the current weights
@@ -263,14 +268,18 @@ def _logged_steps(run_dir):
 
 
 @pytest.mark.slow
-def test_async_run_survives_a_killed_replica(sft_model, tmp_path):
+@pytest.mark.parametrize("transport", ["object_store", "collective"])
+def test_async_run_survives_a_killed_replica(sft_model, tmp_path, transport):
     """Overlap schedule, two replicas; one is killed mid-run: every step still gets its full
     groups (a lost sample would hang the group, a duplicate would be dropped and counted).
-    Slow: the default run keeps the async kill-and-restart test above (~17 s each on 2 cores)."""
+    ``collective``: killed by os.kill of its pid; the weight group is formed again once
+    (generation 1) and the replicas end at the final version.
+    Slow: the default run keeps the async kill-and-restart tests (~17 s each on 2 cores)."""
     run = tmp_path / "survive"
     cfg = run_config(
         sft_model,
         run,
+        f"weight_sync.transport={transport}",
         "cluster=ray",
         "schedule=overlap",
         "train.steps=10",
@@ -288,15 +297,22 @@ def test_async_run_survives_a_killed_replica(sft_model, tmp_path):
         built.append(build_ray_roles(cfg, a, c))
         return built[-1]
 
-    killer = _when(
-        lambda: _logged_steps(run) >= 3,
-        lambda: ray.kill(built[0].rollout.replica(0), no_restart=True),
-    )
+    def kill_replica_0():
+        replica = built[0].rollout.replica(0)
+        if transport == "collective":
+            os.kill(ray.get(replica.ready.remote())["pid"], 9)
+        else:
+            ray.kill(replica, no_restart=True)
+
+    killer = _when(lambda: _logged_steps(run) >= 3, kill_replica_0)
     out = train(cfg, build)
     killer.join()
     assert _logged_steps(run) == 10
     assert out["engine"]["replica_restarts"] == 1
     assert out["engine"]["duplicates_dropped"] == 0
+    if transport == "collective":
+        assert built[0].rollout._members.generation == 1
+        assert out["engine"]["version"] == 10
     # No staleness assertion here: with ``async.in_order: false`` a resubmitted group
     # completes late and is consumed after younger ones, so its early samples can be one step
     # staler than eta; in order (the default) the trainer waits for it instead.
@@ -451,23 +467,9 @@ def test_killed_replica_rejoins_the_collective_weight_group(sft_model, tmp_path)
         client.update_weights(roles.actor.state_dict(), version=1, interrupt=False)
         prompt = roles.tokenizer.encode("12+34=")
         n = 48
+        got, versions = _submit_killing_replica_0(client, prompt, n, 32)
         params = SamplingParams(max_tokens=32, ignore_eos=True, seed=7)
-        client.submit_many(
-            [GenerationRequest(prompt, params, metadata={"uid": i}) for i in range(n)]
-        )
-        got: list[int] = []
-        versions: set[int] = set()
-        killed = False
-        deadline = time.monotonic() + 120
-        while len(got) < n and time.monotonic() < deadline:
-            for s in client.poll(timeout=0.2):
-                got.append(s.metadata["uid"])
-                versions.update(s.versions)
-                assert s.error is None and len(s.response_ids) == 32
-            if not killed and len(got) >= 4 and client.outstanding_tokens()[0] > 0:
-                ray.kill(client.replica(0), no_restart=True)
-                killed = True
-        assert killed and sorted(got) == list(range(n)), "a sample was lost or duplicated"
+        assert sorted(got) == list(range(n)), "a sample was lost or duplicated"
         _wait_for(client.replicas_ready)  # the re-formation may outlast the requests
         assert client.restarts == 1 and client.resubmitted > 0
         assert versions == {1}  # the restarted replica sampled only after loading version 1
@@ -497,39 +499,3 @@ def test_killed_replica_rejoins_the_collective_weight_group(sft_model, tmp_path)
         assert client.report().counters["version"] == 2
     finally:
         roles.close()
-
-
-@pytest.mark.slow
-def test_collective_run_survives_a_killed_replica(sft_model, tmp_path):
-    """Overlap schedule, ``weight_sync.transport=collective``, two replicas; one is killed
-    (os.kill of its pid) mid-run: the run completes every step with one restart and no
-    duplicate, and the replicas end at the final version."""
-    run = tmp_path / "csurvive"
-    cfg = run_config(
-        sft_model,
-        run,
-        *COLLECTIVE_TWO_REPLICAS,
-        "schedule=overlap",
-        "train.steps=10",
-        "algo.prompts_per_step=8",
-        "algo.group_size=4",
-        "data.eval_size=8",
-    )
-    built = []
-
-    def build(a, c):
-        built.append(build_ray_roles(cfg, a, c))
-        return built[-1]
-
-    def kill_replica_0():
-        pid = ray.get(built[0].rollout.replica(0).ready.remote())["pid"]
-        os.kill(pid, 9)
-
-    killer = _when(lambda: _logged_steps(run) >= 3, kill_replica_0)
-    out = train(cfg, build)
-    killer.join()
-    assert _logged_steps(run) == 10
-    assert out["engine"]["replica_restarts"] == 1
-    assert out["engine"]["duplicates_dropped"] == 0
-    assert out["engine"]["version"] == 10
-    assert built[0].rollout._members.generation == 1
