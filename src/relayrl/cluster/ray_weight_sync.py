@@ -305,8 +305,8 @@ class WeightGroupMembers:
                 raise  # the trainer died: the run stops
             except Exception as exc:  # noqa: BLE001 - classified below
                 trainer_error = exc
-        if trainer_error is not None:
-            errors.append(trainer_error)
+        if trainer_error is not None:  # the sender's own error first: it names the cause
+            errors.insert(0, trainer_error)
         if errors and not dead:
             dead = dead_among(replicas)  # it may have died after its own part completed
         if errors and not dead:
