@@ -155,12 +155,13 @@ class WeightGroup:
             self.pg = dist.ProcessGroupGloo(store, rank, world, timeout)
 
     def close(self) -> None:
-        """Leave the group (its generation ends): shut the process group down and drop the
-        store (rank 0's holds the rendezvous server). Idempotent."""
+        """Leave the group (its generation ends): abort the process group (NCCL: a
+        collective still waiting on a dead peer returns instead of running to the timeout)
+        and drop the store (rank 0's holds the rendezvous server). Idempotent."""
         pg, self.pg = self.pg, None
         if pg is not None:
             try:
-                pg.shutdown()
+                pg.abort()
             except Exception:  # noqa: BLE001 - a group whose peer died may refuse; it is dropped
                 pass
         self._tcp = None  # type: ignore[assignment]
