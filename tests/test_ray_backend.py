@@ -350,56 +350,6 @@ def test_trainer_death_stops_the_run_and_resume_continues(sft_model, tmp_path):
     assert steps == sorted(set(steps)) and steps[-1] == done + 2
 
 
-def test_collective_weight_sync_equals_the_object_store_payload(sft_model, tmp_path):
-    """``weight_sync.transport=collective`` on split pools: trainer rank 0 and the replica in a
-    gloo group of their own, weights broadcast in small buckets after one actor update; the
-    replica's engine then holds exactly (torch.equal) the state dict the object-store path
-    ships (rank 0's ``RemoteStateDict``), at the client's version, and samples carry it
-    (several receivers: tests/test_weight_collective.py)."""
-    cfg = run_config(
-        sft_model,
-        tmp_path / "coll",
-        "cluster=ray",
-        "weight_sync.transport=collective",
-        "model.fsdp.sync_bucket_mb=0.05",  # several buckets
-        "algo.prompts_per_step=4",
-        "algo.group_size=2",
-        "ray.pools={trainer: {bundles: 1, cpus_per_bundle: 0.5}, "
-        "rollout: {bundles: 1, cpus_per_bundle: 0.5}}",
-        "ray.placement={actor: trainer, rollout: rollout}",
-    )
-    roles = build_ray_roles(cfg, str(sft_model), None)
-    client = roles.rollout
-    try:
-        assert client._collective
-        tok = roles.tokenizer
-        prompts = PromptSource(cfg.data, tok, 0).for_step(0, 4)
-        samples = client.generate(make_requests(prompts, cfg, 0, [tok.eos_token_id]))
-        exp = Experience.from_samples(samples, tok.pad_token_id)
-        exp["old_logprobs"] = roles.actor.compute_logprobs(exp)
-        exp["advantages"] = torch.randn(
-            exp.response_mask.shape, generator=torch.Generator().manual_seed(0)
-        )
-        roles.actor.update(exp)
-        client.update_weights(roles.actor.state_dict(), version=1, interrupt=True)
-        assert client.version == 1 and client.last_sync_s > 0
-        want = ray.get(roles.actor.state_dict().ref)  # what object_store would have shipped
-        initial = roles.actor._load_shadow().state_dict()
-        for i in range(client.num_replicas):
-            got = ray.get(client.replica(i).engine_state.remote())
-            assert int(got.pop("__version__")) == 1
-            assert got.keys() == want.keys()
-            changed = 0
-            for k, v in want.items():
-                assert torch.equal(got[k], v), k
-                changed += int(not torch.equal(v, initial[k]))
-            assert changed > 0  # the update moved weights: the sync carried new values
-        after = client.generate(make_requests(prompts, cfg, 1, [tok.eos_token_id]))
-        assert all(set(s.versions) == {1} for s in after)
-    finally:
-        roles.close()
-
-
 COLLECTIVE_TWO_REPLICAS = [
     "cluster=ray",
     "weight_sync.transport=collective",
@@ -443,14 +393,88 @@ def _assert_engines_hold_the_actor(roles, version):
             assert torch.equal(got[k], v), (i, k)
 
 
+def test_collective_weight_sync_equals_the_object_store_payload(sft_model, tmp_path):
+    """``weight_sync.transport=collective`` on split pools: trainer rank 0 and the replica in a
+    gloo group of their own, weights broadcast in small buckets after one actor update; the
+    replica's engine then holds exactly (torch.equal) the state dict the object-store path
+    ships (rank 0's ``RemoteStateDict``), at the client's version, and samples carry it
+    (several receivers: tests/test_weight_collective.py). Then the replica is killed and
+    comes back through a re-formed group with the same weights."""
+    cfg = run_config(
+        sft_model,
+        tmp_path / "coll",
+        "cluster=ray",
+        "weight_sync.transport=collective",
+        "model.fsdp.sync_bucket_mb=0.05",  # several buckets
+        "algo.prompts_per_step=4",
+        "algo.group_size=2",
+        "ray.pools={trainer: {bundles: 1, cpus_per_bundle: 0.5}, "
+        "rollout: {bundles: 1, cpus_per_bundle: 0.5}}",
+        "ray.placement={actor: trainer, rollout: rollout}",
+    )
+    roles = build_ray_roles(cfg, str(sft_model), None)
+    client = roles.rollout
+    try:
+        assert client._collective
+        tok = roles.tokenizer
+        prompts = PromptSource(cfg.data, tok, 0).for_step(0, 4)
+        samples = client.generate(make_requests(prompts, cfg, 0, [tok.eos_token_id]))
+        exp = Experience.from_samples(samples, tok.pad_token_id)
+        exp["old_logprobs"] = roles.actor.compute_logprobs(exp)
+        exp["advantages"] = torch.randn(
+            exp.response_mask.shape, generator=torch.Generator().manual_seed(0)
+        )
+        roles.actor.update(exp)
+        client.update_weights(roles.actor.state_dict(), version=1, interrupt=True)
+        assert client.version == 1 and client.last_sync_s > 0
+        want = ray.get(roles.actor.state_dict().ref)  # what object_store would have shipped
+        initial = roles.actor._load_shadow().state_dict()
+        for i in range(client.num_replicas):
+            got = ray.get(client.replica(i).engine_state.remote())
+            assert int(got.pop("__version__")) == 1
+            assert got.keys() == want.keys()
+            changed = 0
+            for k, v in want.items():
+                assert torch.equal(got[k], v), k
+                changed += int(not torch.equal(v, initial[k]))
+            assert changed > 0  # the update moved weights: the sync carried new values
+        after = client.generate(make_requests(prompts, cfg, 1, [tok.eos_token_id]))
+        assert all(set(s.versions) == {1} for s in after)
+        # the replica dies (the only one: none serves meanwhile): it is restarted from the
+        # initial weights as version -1, the group formed again (generation 1) and its first
+        # sync loads version 1; requests wait for it, so every sample carries version 1
+        ray.kill(client.replica(0), no_restart=True)
+        again = client.generate(make_requests(prompts, cfg, 2, [tok.eos_token_id]))
+        assert all(set(s.versions) == {1} for s in again)
+        assert client.restarts == 1 and client._members.generation == 1
+        _assert_engines_hold_the_actor(roles, 1)
+    finally:
+        roles.close()
+
+
+def _generate_on(client, index, n, version):
+    """``n`` samples, all at ``version``; replica ``index`` produced some of their tokens."""
+    params = SamplingParams(max_tokens=16, ignore_eos=True, seed=3)
+    before = ray.get(client.replica(index).rollout_stats.remote())[0]["tokens_generated"]
+    out = client.generate([GenerationRequest([3, 4, 5], params) for _ in range(n)])
+    assert all(set(s.versions) == {version} for s in out)
+    after = ray.get(client.replica(index).rollout_stats.remote())[0]["tokens_generated"]
+    assert after > before  # the replica serves requests
+
+
+@pytest.mark.slow
 def test_killed_replica_rejoins_the_collective_weight_group(sft_model, tmp_path):
-    """``weight_sync.transport=collective``, two replicas. (1) Replica 0 is killed with
-    requests in flight while the actor still holds the version last sent: it is restarted,
-    the weight group formed again (generation + 1) and the new replica loads version 1 over it
-    before it gets a request: every sample carries version 1, none is lost or duplicated, and
-    both engines equal the actor (torch.equal). (2) The actor is updated, then replica 1 is
-    killed and the next sync starts at once: the sync finds it dead (through Ray), waits for
-    its restart and the re-formed group, and delivers version 2 to both engines."""
+    """``weight_sync.transport=collective``, two replicas, the actor updated and synced as
+    version 1. (1) Replica 0 is killed with requests in flight while the actor still holds
+    the version last sent: it is restarted (from the initial weights, as version -1), the
+    weight group formed again (generation 1, the same ranks) and the new replica loads
+    version 1 as the new group's first sync before it gets a request: none is lost or
+    duplicated, every sample carries version 1, both engines equal the actor (torch.equal).
+    (2) The actor is updated, then replica 1 is killed and the next sync starts at once: it
+    finds the replica dead (through Ray), waits for its restart and the re-formed group
+    (which could not send the changed weights), and delivers version 2 to both engines.
+    Slow (~40 s on 2 loaded cores); the default run restarts a replica in
+    ``test_collective_weight_sync_equals_the_object_store_payload``."""
     cfg = run_config(
         sft_model,
         tmp_path / "kc",
@@ -461,27 +485,18 @@ def test_killed_replica_rejoins_the_collective_weight_group(sft_model, tmp_path)
     roles = build_ray_roles(cfg, str(sft_model), None)
     client = roles.rollout
     try:
-        members = client._members
-        assert members is not None and members.generation == 0
+        assert client._members.generation == 0
         _update_actor(roles, cfg, 0)
         client.update_weights(roles.actor.state_dict(), version=1, interrupt=False)
-        prompt = roles.tokenizer.encode("12+34=")
         n = 48
-        got, versions = _submit_killing_replica_0(client, prompt, n, 32)
-        params = SamplingParams(max_tokens=32, ignore_eos=True, seed=7)
+        got, versions = _submit_killing_replica_0(client, roles.tokenizer.encode("12+34="), n, 32)
         assert sorted(got) == list(range(n)), "a sample was lost or duplicated"
         _wait_for(client.replicas_ready)  # the re-formation may outlast the requests
         assert client.restarts == 1 and client.resubmitted > 0
-        assert versions == {1}  # the restarted replica sampled only after loading version 1
-        assert members.generation == 1
+        assert versions == {1}
+        assert client._members.generation == 1
         _assert_engines_hold_the_actor(roles, 1)
-        before = ray.get(client.replica(0).rollout_stats.remote())[0]["tokens_generated"]
-        more = client.generate(
-            [GenerationRequest(prompt, params, metadata={"uid": i}) for i in range(8)]
-        )
-        assert all(set(s.versions) == {1} for s in more)
-        after = ray.get(client.replica(0).rollout_stats.remote())[0]["tokens_generated"]
-        assert after > before  # the restarted replica serves requests again
+        _generate_on(client, 0, 8, 1)
         # (2) the actor moved on since the last sync: the re-formation cannot send it; the
         # next update_weights (started right after the kill) does, to both replicas
         _update_actor(roles, cfg, 1)
@@ -490,12 +505,9 @@ def test_killed_replica_rejoins_the_collective_weight_group(sft_model, tmp_path)
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(dead.ready.remote(), timeout=30)
         client.update_weights(roles.actor.state_dict(), version=2, interrupt=False)
-        assert client.restarts == 2 and members.generation == 2
+        assert client.restarts == 2 and client._members.generation == 2
         _assert_engines_hold_the_actor(roles, 2)
-        last = client.generate(
-            [GenerationRequest(prompt, params, metadata={"uid": i}) for i in range(8)]
-        )
-        assert all(set(s.versions) == {2} for s in last)
+        _generate_on(client, 1, 8, 2)
         assert client.report().counters["version"] == 2
     finally:
         roles.close()
