@@ -192,6 +192,30 @@ def test_data_parallel_actor_of_two_gives_the_gradients_of_one(sft_model, tmp_pa
         roles.close()
 
 
+def _submit_killing_replica_0(client, prompt, n, length):
+    """Submit ``n`` requests (balanced over the two replicas) and poll until their samples
+    arrived, killing replica 0 once 4 are in while it still has requests in flight:
+    (uids, versions of every token)."""
+    params = SamplingParams(max_tokens=length, ignore_eos=True, seed=7)
+    client.submit_many([GenerationRequest(prompt, params, metadata={"uid": i}) for i in range(n)])
+    load = client.outstanding_tokens()
+    assert len(load) == 2 and load[0] == load[1] > 0  # balanced by outstanding tokens
+    got: list[int] = []
+    versions: set[int] = set()
+    killed = False
+    deadline = time.monotonic() + 180
+    while len(got) < n and time.monotonic() < deadline:
+        for s in client.poll(timeout=0.2):
+            got.append(s.metadata["uid"])
+            versions.update(s.versions)
+            assert s.error is None and len(s.response_ids) == length
+        if not killed and len(got) >= 4 and client.outstanding_tokens()[0] > 0:
+            ray.kill(client.replica(0), no_restart=True)
+            killed = True
+    assert killed
+    return got, versions
+
+
 def test_killed_rollout_replica_is_restarted_without_losing_or_duplicating(sft_model, tmp_path):
     cfg = run_config(
         sft_model,
@@ -207,29 +231,10 @@ def test_killed_rollout_replica_is_restarted_without_losing_or_duplicating(sft_m
     client = roles.rollout
     try:
         client.update_weights(roles.actor.state_dict(), version=1, interrupt=False)
-        prompt = roles.tokenizer.encode("12+34=")
         n = 96
-        params = SamplingParams(max_tokens=48, ignore_eos=True, seed=7)
-        client.submit_many(
-            [GenerationRequest(prompt, params, metadata={"uid": i}) for i in range(n)]
-        )
-        load = client.outstanding_tokens()
-        assert len(load) == 2 and load[0] == load[1] > 0  # balanced by outstanding tokens
-        got: list[int] = []
-        versions: set[int] = set()
-        killed = False
-        deadline = time.monotonic() + 180
-        while len(got) < n and time.monotonic() < deadline:
-            for s in client.poll(timeout=0.2):
-                got.append(s.metadata["uid"])
-                versions.update(s.versions)
-                assert s.error is None and len(s.response_ids) == 48
-            if not killed and len(got) >= 4 and client.outstanding_tokens()[0] > 0:
-                ray.kill(client.replica(0), no_restart=True)
-                killed = True
+        got, versions = _submit_killing_replica_0(client, roles.tokenizer.encode("12+34="), n, 48)
         time.sleep(0.5)
         got.extend(s.metadata["uid"] for s in client.poll(timeout=0.2))
-        assert killed
         assert sorted(got) == list(range(n)), "a sample was lost or duplicated"
         assert client.restarts == 1 and client.resubmitted > 0
         assert versions == {1}  # the restarted replica came back with the current weights
@@ -263,14 +268,18 @@ def _logged_steps(run_dir):
 
 
 @pytest.mark.slow
-def test_async_run_survives_a_killed_replica(sft_model, tmp_path):
+@pytest.mark.parametrize("transport", ["object_store", "collective"])
+def test_async_run_survives_a_killed_replica(sft_model, tmp_path, transport):
     """Overlap schedule, two replicas; one is killed mid-run: every step still gets its full
     groups (a lost sample would hang the group, a duplicate would be dropped and counted).
-    Slow: the default run keeps the async kill-and-restart test above (~17 s each on 2 cores)."""
+    ``collective``: killed by os.kill of its pid; the weight group is formed again once
+    (generation 1) and the replicas end at the final version.
+    Slow: the default run keeps the async kill-and-restart tests (~17 s each on 2 cores)."""
     run = tmp_path / "survive"
     cfg = run_config(
         sft_model,
         run,
+        f"weight_sync.transport={transport}",
         "cluster=ray",
         "schedule=overlap",
         "train.steps=10",
@@ -288,15 +297,22 @@ def test_async_run_survives_a_killed_replica(sft_model, tmp_path):
         built.append(build_ray_roles(cfg, a, c))
         return built[-1]
 
-    killer = _when(
-        lambda: _logged_steps(run) >= 3,
-        lambda: ray.kill(built[0].rollout.replica(0), no_restart=True),
-    )
+    def kill_replica_0():
+        replica = built[0].rollout.replica(0)
+        if transport == "collective":
+            os.kill(ray.get(replica.ready.remote())["pid"], 9)
+        else:
+            ray.kill(replica, no_restart=True)
+
+    killer = _when(lambda: _logged_steps(run) >= 3, kill_replica_0)
     out = train(cfg, build)
     killer.join()
     assert _logged_steps(run) == 10
     assert out["engine"]["replica_restarts"] == 1
     assert out["engine"]["duplicates_dropped"] == 0
+    if transport == "collective":
+        assert built[0].rollout._members.generation == 1
+        assert out["engine"]["version"] == 10
     # No staleness assertion here: with ``async.in_order: false`` a resubmitted group
     # completes late and is consumed after younger ones, so its early samples can be one step
     # staler than eta; in order (the default) the trainer waits for it instead.
@@ -334,12 +350,56 @@ def test_trainer_death_stops_the_run_and_resume_continues(sft_model, tmp_path):
     assert steps == sorted(set(steps)) and steps[-1] == done + 2
 
 
+COLLECTIVE_TWO_REPLICAS = [
+    "cluster=ray",
+    "weight_sync.transport=collective",
+    "weight_sync.timeout_s=60",
+    "model.fsdp.sync_bucket_mb=0.05",  # several buckets
+    "ray.pools={trainer: {bundles: 1, cpus_per_bundle: 0.5}, "
+    "rollout: {bundles: 2, cpus_per_bundle: 0.5}}",
+    "ray.placement={actor: trainer, rollout: rollout}",
+    "ray.rollout_replicas=2",
+    "rollout.max_slots=4",  # requests finish in waves: many still in flight at the kill
+]
+
+
+def _update_actor(roles, cfg, step):
+    """One actor update on a fresh batch (random advantages): the actor's weights change."""
+    tok = roles.tokenizer
+    prompts = PromptSource(cfg.data, tok, 0).for_step(step, 4)
+    samples = roles.rollout.generate(make_requests(prompts, cfg, step, [tok.eos_token_id]))
+    exp = Experience.from_samples(samples, tok.pad_token_id)
+    exp["old_logprobs"] = roles.actor.compute_logprobs(exp)
+    exp["advantages"] = torch.randn(
+        exp.response_mask.shape, generator=torch.Generator().manual_seed(step)
+    )
+    roles.actor.update(exp)
+
+
+def _wait_for(predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def _assert_engines_hold_the_actor(roles, version):
+    want = ray.get(roles.actor.state_dict().ref)
+    for i in range(roles.rollout.num_replicas):
+        got = ray.get(roles.rollout.replica(i).engine_state.remote())
+        assert int(got.pop("__version__")) == version, i
+        assert got.keys() == want.keys()
+        for k, v in want.items():
+            assert torch.equal(got[k], v), (i, k)
+
+
 def test_collective_weight_sync_equals_the_object_store_payload(sft_model, tmp_path):
     """``weight_sync.transport=collective`` on split pools: trainer rank 0 and the replica in a
     gloo group of their own, weights broadcast in small buckets after one actor update; the
     replica's engine then holds exactly (torch.equal) the state dict the object-store path
     ships (rank 0's ``RemoteStateDict``), at the client's version, and samples carry it
-    (several receivers: tests/test_weight_collective.py)."""
+    (several receivers: tests/test_weight_collective.py). Then the replica is killed and
+    comes back through a re-formed group with the same weights."""
     cfg = run_config(
         sft_model,
         tmp_path / "coll",
@@ -380,5 +440,74 @@ def test_collective_weight_sync_equals_the_object_store_payload(sft_model, tmp_p
             assert changed > 0  # the update moved weights: the sync carried new values
         after = client.generate(make_requests(prompts, cfg, 1, [tok.eos_token_id]))
         assert all(set(s.versions) == {1} for s in after)
+        # the replica dies (the only one: none serves meanwhile): it is restarted from the
+        # initial weights as version -1, the group formed again (generation 1) and its first
+        # sync loads version 1; requests wait for it, so every sample carries version 1
+        ray.kill(client.replica(0), no_restart=True)
+        again = client.generate(make_requests(prompts, cfg, 2, [tok.eos_token_id]))
+        assert all(set(s.versions) == {1} for s in again)
+        assert client.restarts == 1 and client._members.generation == 1
+        _assert_engines_hold_the_actor(roles, 1)
+    finally:
+        roles.close()
+
+
+def _generate_on(client, index, n, version):
+    """``n`` samples, all at ``version``; replica ``index`` produced some of their tokens."""
+    params = SamplingParams(max_tokens=16, ignore_eos=True, seed=3)
+    before = ray.get(client.replica(index).rollout_stats.remote())[0]["tokens_generated"]
+    out = client.generate([GenerationRequest([3, 4, 5], params) for _ in range(n)])
+    assert all(set(s.versions) == {version} for s in out)
+    after = ray.get(client.replica(index).rollout_stats.remote())[0]["tokens_generated"]
+    assert after > before  # the replica serves requests
+
+
+@pytest.mark.slow
+def test_killed_replica_rejoins_the_collective_weight_group(sft_model, tmp_path):
+    """``weight_sync.transport=collective``, two replicas, the actor updated and synced as
+    version 1. (1) Replica 0 is killed with requests in flight while the actor still holds
+    the version last sent: it is restarted (from the initial weights, as version -1), the
+    weight group formed again (generation 1, the same ranks) and the new replica loads
+    version 1 as the new group's first sync before it gets a request: none is lost or
+    duplicated, every sample carries version 1, both engines equal the actor (torch.equal).
+    (2) The actor is updated, then replica 1 is killed and the next sync starts at once: it
+    finds the replica dead (through Ray), waits for its restart and the re-formed group
+    (which could not send the changed weights), and delivers version 2 to both engines.
+    Slow (~40 s on 2 loaded cores); the default run restarts a replica in
+    ``test_collective_weight_sync_equals_the_object_store_payload``."""
+    cfg = run_config(
+        sft_model,
+        tmp_path / "kc",
+        *COLLECTIVE_TWO_REPLICAS,
+        "algo.prompts_per_step=4",
+        "algo.group_size=2",
+    )
+    roles = build_ray_roles(cfg, str(sft_model), None)
+    client = roles.rollout
+    try:
+        assert client._members.generation == 0
+        _update_actor(roles, cfg, 0)
+        client.update_weights(roles.actor.state_dict(), version=1, interrupt=False)
+        n = 48
+        got, versions = _submit_killing_replica_0(client, roles.tokenizer.encode("12+34="), n, 32)
+        assert sorted(got) == list(range(n)), "a sample was lost or duplicated"
+        _wait_for(client.replicas_ready)  # the re-formation may outlast the requests
+        assert client.restarts == 1 and client.resubmitted > 0
+        assert versions == {1}
+        assert client._members.generation == 1
+        _assert_engines_hold_the_actor(roles, 1)
+        _generate_on(client, 0, 8, 1)
+        # (2) the actor moved on since the last sync: the re-formation cannot send it; the
+        # next update_weights (started right after the kill) does, to both replicas
+        _update_actor(roles, cfg, 1)
+        dead = client.replica(1)
+        ray.kill(dead, no_restart=True)
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(dead.ready.remote(), timeout=30)
+        client.update_weights(roles.actor.state_dict(), version=2, interrupt=False)
+        assert client.restarts == 2 and client._members.generation == 2
+        _assert_engines_hold_the_actor(roles, 2)
+        _generate_on(client, 1, 8, 2)
+        assert client.report().counters["version"] == 2
     finally:
         roles.close()

@@ -25,9 +25,14 @@ class WeightSyncConfig(_Strict):
     then the weights as flat buckets of at most ``model.fsdp.sync_bucket_mb``; each replica
     loads a bucket as it arrives (one bucket in flight, every key checked against its model
     before anything loads) and makes the version current after the last. gloo on CPU, NCCL
-    when the trainer's device is CUDA: the same code. A replica of a collective run that dies
-    is not restarted (its group cannot be re-formed mid-run): the run fails with a clear
-    error; ``object_store`` restarts it."""
+    when the trainer's device is CUDA: the same code. A replica that dies is restarted under
+    both transports (``ray.max_replica_restarts``). Under ``collective`` every survivor and
+    trainer rank 0 leave the group and all, the new replica in the dead one's rank, form a new
+    generation (a fresh rendezvous, the same world size); the new replica then gets the
+    current weights and version as the first sync over it (at once if the actor has not
+    changed since the last sync, else at the next one) and no request before. A member's
+    death makes a pending broadcast fail (gloo: at once; NCCL: after ``timeout_s``); the
+    replicas are probed through Ray before each sync."""
 
     transport: Literal["object_store", "collective"] = "object_store"
     backend: Literal["auto", "gloo", "nccl"] = "auto"

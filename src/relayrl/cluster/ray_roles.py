@@ -22,6 +22,7 @@ import torch
 
 from relayrl.cluster.ray_pools import ResourcePool, create_pools, ensure_ray, role_pools
 from relayrl.cluster.ray_rollout import RayRolloutClient
+from relayrl.cluster.ray_weight_sync import WeightGroupMembers
 from relayrl.cluster.ray_workers import HostSpec, RemoteRole, RoleHostActor, WorkerGroup
 from relayrl.config import RunConfig
 from relayrl.model import load_causal_lm, load_critic, load_tokenizer, resolve_threads
@@ -68,19 +69,6 @@ def _admission_version(cfg: RunConfig) -> Callable[[GenerationRequest], int] | N
 
 def group_of_actor(groups: dict[str, WorkerGroup], by_pool: dict[str, list[str]]) -> WorkerGroup:
     return groups[next(n for n, rs in by_pool.items() if "actor" in rs)]
-
-
-def _join_weight_group(trainer: Any, replicas: list[Any]) -> None:
-    """``weight_sync.transport: collective``: trainer rank 0 (rank 0, the rendezvous on its
-    node) and each replica (ranks 1..R) join a process group of their own."""
-    backend = ray.get(trainer.weights_backend.remote())
-    addr, port = ray.get(trainer.free_address.remote())
-    world = 1 + len(replicas)
-    calls = [trainer.weights_join.remote(addr, port, 0, world, backend)]
-    calls += [
-        h.weights_join.remote(addr, port, i + 1, world, backend) for i, h in enumerate(replicas)
-    ]
-    ray.get(calls, timeout=300)
 
 
 def _start_host(pool: ResourcePool, rank: int, spec: HostSpec, weights: Any = None) -> Any:
@@ -172,10 +160,17 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
         hosts.append(handle)
         return handle
 
-    collective = cfg.weight_sync.transport == "collective" and not colocated
-    if collective:
+    members = None
+    if cfg.weight_sync.transport == "collective" and not colocated:
+        # trainer rank 0 (rank 0, the rendezvous on its node) and each replica (ranks 1..R)
+        # in a process group of their own, formed again when a replica is restarted
+        members = WeightGroupMembers(
+            group_of_actor(groups, by_pool).hosts,
+            cfg.model.fsdp.enabled,
+            cfg.weight_sync.timeout_s,
+        )
         try:
-            _join_weight_group(group_of_actor(groups, by_pool).hosts[0], rollout_hosts)
+            members.form(rollout_hosts)
         except BaseException:
             stop_all()
             raise
@@ -187,7 +182,7 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
         version=0,
         on_close=stop_all,
         min_version=_admission_version(cfg),
-        collective=collective,
+        members=members,
     )
 
     def group_of(role: str) -> WorkerGroup:

@@ -8,7 +8,15 @@ are broadcast bucket by bucket over a process group of trainer rank 0 and the re
 (:mod:`relayrl.cluster.weight_collective`), or are copied in-process when the replica hosts the
 actor itself (an FSDP2 actor: every rank of its group joins the bucketed gather, the replica
 ranks load each bucket); a dead replica is restarted with the current weights and its
-in-flight requests resubmitted.
+in-flight requests resubmitted (to the live replicas at once).
+
+Under ``collective`` the restarted replica takes the dead one's rank in a re-formed weight
+group (:class:`~relayrl.cluster.ray_weight_sync.WeightGroupMembers`: every member leaves,
+all join the next generation) and gets no request until a sync over the new group has loaded
+the current weights: at once when the actor's weights are still the version last sent, else
+at the next ``update_weights``. Before each sync the replicas are probed through Ray; a
+replica that dies during one makes the sync fail (gloo: at once; NCCL: after
+``weight_sync.timeout_s``), and ``update_weights`` waits for the restart and sends again.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from ray.exceptions import RayActorError
 from torch import Tensor
 
 from relayrl.cluster.engine_process import drain_queue
+from relayrl.cluster.ray_weight_sync import ReplicaLost, WeightGroupMembers, dead_among
 from relayrl.cluster.ray_workers import TICKET, RemoteStateDict
 from relayrl.rollout import EngineReport, GenerationRequest, Sample
 
@@ -52,9 +61,14 @@ class RayRolloutClient:
         version: int = 0,
         on_close: Callable[[], None] | None = None,
         min_version: Callable[[GenerationRequest], int] | None = None,
-        collective: bool = False,
+        members: WeightGroupMembers | None = None,
     ):
-        self._collective = collective  # replicas joined the trainer's weight group
+        self._members = members  # the weight group of trainer rank 0 and the replicas
+        self._collective = members is not None
+        self._sync_lock = threading.Lock()  # one sync or re-formation of the group at a time
+        self._group_ok = True  # the group holds the current replicas (False: being re-formed)
+        self._group_version: int | None = version  # what the current group last delivered
+        self._routable = [True] * len(replicas)  # has the current weights: may get requests
         self._min_version = min_version
         self._loaded_version = version  # what every replica has acknowledged loading
         self._held: list[tuple[int, GenerationRequest]] = []
@@ -92,6 +106,12 @@ class RayRolloutClient:
     def num_replicas(self) -> int:
         return len(self._replicas)
 
+    def replicas_ready(self) -> bool:
+        """Every replica may get requests (``collective``: false while the weight group is
+        re-formed or a restarted replica waits for its first sync)."""
+        with self._lock:
+            return self._group_ok and all(self._routable)
+
     def replica(self, index: int) -> Any:
         """The Ray actor handle of replica ``index`` (tests kill it)."""
         return self._replicas[index]
@@ -117,8 +137,12 @@ class RayRolloutClient:
                     held = self._min_version(item[1]) > self._loaded_version
                     (self._held if held else ready).append(item)
                 tagged = ready
+            live = [j for j in range(len(self._replicas)) if self._routable[j]]
+            if not live:  # every replica is waiting for its first sync after a restart
+                self._held.extend(tagged)
+                tagged = []
             for ticket, req in tagged:
-                i = min(range(len(self._replicas)), key=lambda j: self._outstanding[j])
+                i = min(live, key=lambda j: self._outstanding[j])
                 self._inflight[i][ticket] = req
                 self._outstanding[i] += self._cost(req)
                 per.setdefault(i, []).append(req)
@@ -162,13 +186,8 @@ class RayRolloutClient:
         self._samples.put(sample)
 
     def _restart(self, index: int, cause: BaseException) -> None:
-        """Replace a dead replica and resubmit what was in flight on it."""
-        if self._collective:
-            raise RolloutReplicaDied(
-                f"rollout replica {index} died and cannot be restarted under "
-                "weight_sync.transport=collective (the weight group cannot be re-formed "
-                f"mid-run; object_store restarts replicas): {cause}"
-            )
+        """Replace a dead replica and resubmit what was in flight on it (to the live replicas;
+        ``collective``: then re-form the weight group with the new one)."""
         if self._colocated[index] or self._factory is None:
             raise RolloutReplicaDied(
                 f"rollout replica {index} died and cannot be restarted "
@@ -184,11 +203,51 @@ class RayRolloutClient:
             lost = list(self._inflight[index].items())
             self._inflight[index] = {}
             self._outstanding[index] = 0
-            handle = self._factory(index, self._weights_ref, self.version)
+            if self._collective:
+                # its weights come over the re-formed group; version -1: any sync loads
+                self._group_ok = False
+                self._routable[index] = False
+                handle = self._factory(index, None, -1)
+            else:
+                handle = self._factory(index, self._weights_ref, self.version)
             self._replicas[index] = handle
-        ray.get(handle.ready.remote())
+        resubmit = [(t, self._retag(r, t)) for t, r in lost]
         self.resubmitted += len(lost)
-        self._dispatch([(t, self._retag(r, t)) for t, r in lost])
+        if self._collective:  # the live replicas take them now, the new one after its sync
+            self._dispatch(resubmit)
+            ray.get(handle.ready.remote())
+            self._reform()
+            return
+        ray.get(handle.ready.remote())
+        self._dispatch(resubmit)
+
+    def _reform(self) -> None:
+        """Form the weight group again with the current replicas, then (if the actor's
+        weights are still the version last sent) a full sync, after which every replica may
+        get requests. A replica dead meanwhile: its own restart re-forms the group."""
+        assert self._members is not None
+        with self._sync_lock:
+            handles = list(self._replicas)
+            if dead_among(handles):
+                return
+            try:
+                self._members.form(handles)
+                version = self._members.sync_current(handles)
+            except ReplicaLost:
+                return
+            with self._lock:
+                self._group_ok = True
+                self._group_version = version
+                if version is not None:
+                    self._routable = [True] * len(handles)
+                self._eval_cv.notify_all()
+        if version is not None:
+            log.info(
+                "weight group generation %d: every replica at version %d",
+                self._members.generation,
+                version,
+            )
+            self._release_held()
 
     @staticmethod
     def _retag(req: GenerationRequest, ticket: int) -> GenerationRequest:
@@ -287,20 +346,50 @@ class RayRolloutClient:
 
     def _update_collective(self, state: RemoteStateDict, version: int, interrupt: bool) -> None:
         """One broadcast over the weight group: every trainer rank of an FSDP2 actor (the
-        gathers), rank 0 alone otherwise, and every replica at once."""
-        trainers = state.group.hosts if state.sharded else state.group.hosts[:1]
+        gathers), rank 0 alone otherwise, and every replica at once. The replicas are probed
+        through Ray first; if one is dead (or dies during the broadcast), wait for its
+        restart and the re-formed group, then send again (a re-formation that already
+        delivered ``version`` ends it)."""
+        assert self._members is not None
         with self._lock:
-            calls = [h.weights_send.remote(version) for h in trainers]
-            calls += [h.weights_receive.remote(interrupt) for h in self._replicas]
             self.version = version
-        ray.get(calls)  # a dead member fails the sync (no restart under this transport)
+        failed = False
+        while True:
+            with self._eval_cv:
+                while not self._group_ok:
+                    self._check()
+                    self._eval_cv.wait(timeout=0.5)
+            with self._sync_lock:
+                if not self._group_ok:
+                    continue
+                if failed and self._group_version == version:
+                    break  # the re-formation's full sync delivered this version
+                handles = list(self._replicas)
+                try:
+                    if dead_among(handles):
+                        raise ReplicaLost([])
+                    self._members.sync(handles, version, interrupt)
+                except ReplicaLost:
+                    failed = True
+                    with self._lock:
+                        if self._replicas == handles:  # not re-formed yet: wait for it
+                            self._group_ok = False
+                    continue
+                self._group_version = version
+                break
+        with self._lock:
+            self._routable = [True] * len(self._replicas)
+
+    def _release_held(self) -> None:
+        with self._lock:
+            held, self._held = self._held, []
+        if held:
+            self._dispatch(held)
 
     def _finish_update(self, version: int, t0: float) -> None:
         with self._lock:
             self._loaded_version = version
-            held, self._held = self._held, []
-        if held:
-            self._dispatch(held)
+        self._release_held()
         self.last_sync_s = time.perf_counter() - t0
         self.sync_times.append(self.last_sync_s)
 
@@ -309,12 +398,16 @@ class RayRolloutClient:
         self._check()
         with self._lock:
             handles = list(self._replicas)
+            routable = list(self._routable)
         results = []
-        for h in handles:
+        for h, ok in zip(handles, routable, strict=True):
             try:
-                results.append(ray.get(h.rollout_stats.remote()))
+                st, sp = ray.get(h.rollout_stats.remote())
             except RayActorError:
                 continue
+            if not ok:  # restarted, not yet synced: its version is not the pool's
+                st = {k: v for k, v in st.items() if k != "version"}
+            results.append((st, sp))
         merged: dict[str, Any] = {}
         spans: list[tuple[float, float]] = []
         for st, sp in results:
@@ -325,7 +418,9 @@ class RayRolloutClient:
         n = max(len(results), 1)
         if results:
             merged["mean_slot_utilisation"] = merged.get("mean_slot_utilisation", 0.0) / n
-            merged["version"] = min(st["version"] for st, _ in results)
+            versions = [st["version"] for st, _ in results if "version" in st]
+            if versions:
+                merged["version"] = min(versions)
         merged.setdefault("tokens_per_s", 0.0)
         merged.setdefault("mean_slot_utilisation", 0.0)
         merged["replicas"] = len(handles)

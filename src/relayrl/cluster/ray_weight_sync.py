@@ -8,17 +8,32 @@ bucket into its engine as it arrives (``RolloutEngine.update_weights_streamed``:
 shapes checked against the manifest before anything loads, the version made current after
 the last bucket). The vLLM backend takes the whole dict at once (``update_weights``: its
 deferred-update contract keeps the dict), so there the buckets are assembled first.
+
+When a replica dies the group is re-formed (:class:`WeightGroupMembers`, the controller side):
+every member ``weights_leave``s, the restarted replica takes the dead one's rank and all
+``weights_join`` the next generation. Its first sync is a full one: the weights of the version
+trainer rank 0 last sent, if the actor has not changed since (``weights_hold``: an actor
+update or checkpoint load marks the weights unsent, and holds the same lock for its duration,
+so a sync never reads a half-updated model); otherwise the next ``update_weights`` sends them.
+A replica whose receive failed part-way (a peer died) stops stepping its engine until a sync
+completes, so it never samples from a half-loaded model.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
+import ray
 import torch
+from ray.exceptions import RayActorError
 from torch import Tensor
 
 from relayrl.cluster.weight_collective import Entry, WeightGroup, drain, entries_of, plan_buckets
+
+MUTATES_ACTOR = frozenset({"update", "load_train_state", "load_sharded"})
+"""Actor methods after which its weights are no longer the version last sent."""
 
 
 def _sync_bytes(cfg: Any) -> int:
@@ -33,6 +48,22 @@ class CollectiveWeightSync:
     roles: dict[str, Any]
     engine: Any
     _weight_group: WeightGroup | None = None
+    _torn = False  # a receive failed part-way: the engine is paused until a sync completes
+    _weights_lock: threading.Lock
+    _weights_version: int | None = 0  # the version the actor's weights are (None: changed)
+
+    def _init_weight_sync(self) -> None:
+        self._weights_lock = threading.Lock()
+        self._weights_version = 0  # the actor as built: what every replica starts with
+
+    def actor_call(self, method: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn`` (a method of the actor); one that changes its weights holds the weights
+        lock (no sync reads them meanwhile) and marks them unsent."""
+        if method not in MUTATES_ACTOR:
+            return fn(*args, **kwargs)
+        with self._weights_lock:
+            self._weights_version = None
+            return fn(*args, **kwargs)
 
     def weights_backend(self) -> str:
         """gloo or nccl for the weight group (``weight_sync.backend``; ``auto``: NCCL when
@@ -45,15 +76,52 @@ class CollectiveWeightSync:
         device = resolve_device(self.spec.cfg.model.device, self.spec.rank)
         return "nccl" if device.type == "cuda" else "gloo"
 
-    def weights_join(self, addr: str, port: int, rank: int, world: int, backend: str) -> None:
-        """Join the weight group (every member at once: the rendezvous waits for all)."""
+    def weights_join(
+        self, addr: str, port: int, rank: int, world: int, backend: str, generation: int = 0
+    ) -> None:
+        """Join generation ``generation`` of the weight group (every member at once: the
+        rendezvous waits for all), leaving an older one first."""
+        self.weights_leave()
         self._weight_group = WeightGroup(
-            addr, port, rank, world, backend, self.spec.cfg.weight_sync.timeout_s
+            addr, port, rank, world, backend, self.spec.cfg.weight_sync.timeout_s, generation
         )
 
-    def weights_send(self, version: int) -> float:
-        """One sync from the actor (seconds). Under FSDP2 every rank of the pool calls it (the
-        gathers are collectives of the trainer group); only the weight group's rank 0 sends."""
+    def weights_leave(self) -> None:
+        """Leave the weight group (a member died: the group is formed again)."""
+        group, self._weight_group = self._weight_group, None
+        if group is not None:
+            group.close()
+
+    def weights_hold(self) -> int | None:
+        """Trainer side of a restart's full sync: the version the actor's weights are, with
+        the weights lock held until ``weights_release`` (an actor update waits meanwhile), or
+        None (lock not taken) while an update runs or since one ran (the next
+        ``update_weights`` sends them)."""
+        if not self._weights_lock.acquire(blocking=False):
+            return None
+        if self._weights_version is None:
+            self._weights_lock.release()
+            return None
+        return self._weights_version
+
+    def weights_release(self) -> None:
+        self._weights_lock.release()
+
+    def weights_send(self, version: int, held: bool = False) -> float:
+        """One sync from the actor (seconds): its weights ARE ``version`` (the caller's
+        contract). Under FSDP2 every rank of the pool calls it (the gathers are collectives of
+        the trainer group); only the weight group's rank 0 sends. ``held``: the weights lock
+        is already held (``weights_hold``)."""
+        if not held:
+            self._weights_lock.acquire()
+        try:
+            self._weights_version = version
+            return self._send(version)
+        finally:
+            if not held:
+                self._weights_lock.release()
+
+    def _send(self, version: int) -> float:
         t0 = time.perf_counter()
         actor = self.roles["actor"]
         group = self._weight_group
@@ -78,17 +146,24 @@ class CollectiveWeightSync:
             state: dict[str, Tensor] = actor.state_dict()  # LoRA: merged
             entries = entries_of(state)
             tensors = iter(state.items())
-        group.send(version, plan_buckets(entries, bucket_bytes), tensors)
+        try:
+            group.send(version, plan_buckets(entries, bucket_bytes), tensors)
+        except BaseException:
+            for _ in tensors:  # FSDP2: the other ranks' gathers still need this rank
+                pass
+            raise
         return time.perf_counter() - t0
 
     def weights_receive(self, interrupt: bool) -> float:
         """One sync into this replica's engine (seconds)."""
         t0 = time.perf_counter()
         group = self._weight_group
-        assert group is not None and self.engine is not None
-        version, buckets, parts = group.receive()
+        if group is None or self.engine is None:
+            raise RuntimeError("weights_receive: this replica is not in the weight group")
         engine = self.engine
+        version, buckets, parts = group.receive()  # a failure here has loaded nothing
         self._updates += 1  # type: ignore[has-type]
+        ok = False
         try:
             with self._cv:  # type: ignore[has-type]
                 if version == engine.version:
@@ -104,9 +179,17 @@ class CollectiveWeightSync:
                     for part in parts:
                         state.update(part)
                     engine.update_weights(state, version, interrupt=interrupt)
+            ok = True
         finally:
             with self._cv:  # type: ignore[has-type]
-                self._updates -= 1  # type: ignore[has-type]
+                # A failed receive may have loaded part of the weights: the engine keeps this
+                # update counted (no step runs) until a sync completes.
+                release = 1
+                if not ok and not self._torn:
+                    self._torn, release = True, 0
+                elif ok and self._torn:
+                    self._torn, release = False, 2
+                self._updates -= release  # type: ignore[has-type]
                 self._cv.notify_all()  # type: ignore[has-type]
         return time.perf_counter() - t0
 
@@ -120,3 +203,113 @@ class CollectiveWeightSync:
             state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             state["__version__"] = torch.tensor(self.engine.version)
             return state
+
+
+class ReplicaLost(RuntimeError):
+    """A member of the weight group died (``dead``: replica indices): the group must be
+    formed again."""
+
+    def __init__(self, dead: list[int], cause: BaseException | None = None):
+        super().__init__(f"weight group: replica(s) {dead} died ({cause!r})")
+        self.dead = dead
+
+
+def dead_among(handles: list[Any], timeout_s: float = 30.0) -> list[int]:
+    """Indices of the Ray actors among ``handles`` that are dead (a cheap call to each)."""
+    refs = [h.ready.remote() for h in handles]
+    dead = []
+    for i, ref in enumerate(refs):
+        try:
+            ray.get(ref, timeout=timeout_s)
+        except RayActorError:
+            dead.append(i)
+    return dead
+
+
+class WeightGroupMembers:
+    """The controller side of the collective transport: forms the weight group of trainer
+    rank 0 (rank 0) and the replicas (ranks 1..R), one generation at a time, and runs a
+    sync over it.
+
+    ``trainers``: the actor's hosts (an FSDP2 actor: every rank joins the gathers of a sync;
+    otherwise rank 0 alone sends).
+    """
+
+    def __init__(self, trainers: list[Any], sharded: bool, timeout_s: float):
+        self.trainers = list(trainers) if sharded else list(trainers[:1])
+        self.timeout_s = timeout_s
+        self.generation = -1
+        self._backend: str | None = None
+
+    def form(self, replicas: list[Any]) -> None:
+        """Every member leaves its group and joins the next generation (same world size and
+        ranks; a fresh rendezvous port)."""
+        head = self.trainers[0]
+        if self._backend is None:
+            self._backend = str(ray.get(head.weights_backend.remote()))
+        members = [head, *replicas]
+        for ref in [h.weights_leave.remote() for h in members]:
+            try:
+                ray.get(ref, timeout=self.timeout_s)
+            except RayActorError:
+                pass  # a dead member: the caller sees it at the join
+        self.generation += 1
+        addr, port = ray.get(head.free_address.remote())
+        world = len(members)
+        refs = [
+            h.weights_join.remote(addr, port, r, world, self._backend, self.generation)
+            for r, h in enumerate(members)
+        ]
+        self._collect(replicas, refs[1:], refs[:1])
+
+    def sync(self, replicas: list[Any], version: int, interrupt: bool, held: bool = False) -> None:
+        """One broadcast of the actor's weights as ``version`` to every replica (the actor's
+        weights must be ``version``). Raises :class:`ReplicaLost` if a replica died."""
+        refs = [h.weights_send.remote(version, held) for h in self.trainers]
+        self._collect(replicas, [h.weights_receive.remote(interrupt) for h in replicas], refs)
+
+    def sync_current(self, replicas: list[Any]) -> int | None:
+        """A full sync of the version the actor's weights are now (after a re-formation), or
+        None without a sync when they changed since the last one (every trainer rank is
+        asked; the next ``update_weights`` sends them)."""
+        holds = ray.get([h.weights_hold.remote() for h in self.trainers])
+        held = [h for h, v in zip(self.trainers, holds, strict=True) if v is not None]
+        try:
+            if len(held) < len(self.trainers) or len(set(holds)) != 1:
+                return None
+            version = int(holds[0])
+            self.sync(replicas, version, interrupt=False, held=True)
+            return version
+        finally:
+            ray.get([h.weights_release.remote() for h in held])
+
+    def _collect(
+        self, replicas: list[Any], replica_refs: list[Any], trainer_refs: list[Any]
+    ) -> None:
+        """Wait for every call; a dead replica -> ReplicaLost, a dead trainer -> its error;
+        another failure with no dead replica (probed through Ray) is raised as it is."""
+        dead, errors = [], []
+        for i, ref in enumerate(replica_refs):
+            try:
+                ray.get(ref)
+            except RayActorError as exc:
+                dead.append(i)
+                errors.append(exc)
+            except Exception as exc:  # noqa: BLE001 - classified below
+                errors.append(exc)
+        trainer_error = None
+        for ref in trainer_refs:
+            try:
+                ray.get(ref)
+            except RayActorError:
+                raise  # the trainer died: the run stops
+            except Exception as exc:  # noqa: BLE001 - classified below
+                trainer_error = exc
+        if trainer_error is not None:  # the sender's own error first: it names the cause
+            errors.insert(0, trainer_error)
+        if errors and not dead:
+            dead = dead_among(replicas)  # it may have died after its own part completed
+        if errors and not dead:
+            raise errors[0]
+        if dead:
+            raise ReplicaLost(dead, errors[0])

@@ -100,6 +100,7 @@ class RoleHost(CollectiveWeightSync):
         self.spec = spec
         self.roles: dict[str, Any] = {}
         self.engine: Any = None  # RolloutEngine | VllmEngine: the rollout interface
+        self._init_weight_sync()
         if not spec.grouped:
             self.build(weights)
 
@@ -202,7 +203,10 @@ class RoleHost(CollectiveWeightSync):
         ``full_state``)."""
         if method == "state_dict":
             return self.full_state(role)
-        return getattr(self.roles[role], method)(*args, **kwargs)
+        fn = getattr(self.roles[role], method)
+        if role == "actor":  # an update marks its weights unsent (a restart's sync waits)
+            return self.actor_call(method, fn, *args, **kwargs)
+        return fn(*args, **kwargs)
 
     def full_state(self, role: str) -> dict[str, Tensor]:
         """The full weights of ``role`` (the engine's keys: merged under LoRA); FSDP2: a

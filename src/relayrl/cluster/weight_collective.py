@@ -15,6 +15,12 @@ A bucket holds tensors in manifest order up to ``bucket_bytes`` (a tensor larger
 a bucket alone), the rule of ``relayrl.workers.fsdp.iter_full_state_buckets``, so a sharded
 (FSDP2) actor can send each bucket as soon as its tensors are gathered: neither side holds
 more than one bucket of full tensors beyond the model itself.
+
+A group lives for one *generation*: when a replica dies, every survivor and rank 0
+``close`` theirs and all members (the restarted replica in the dead one's rank, the same world
+size) form the next generation on a fresh ``TCPStore`` (a new port; its keys prefixed with the
+generation, so nothing of an older rendezvous is read). A member that died makes the others'
+pending broadcasts fail (gloo: at once, the connection closes; NCCL: after ``timeout_s``).
 """
 
 from __future__ import annotations
@@ -122,23 +128,48 @@ def unpack(buf: Tensor, bucket: Sequence[Entry]) -> dict[str, Tensor]:
 class WeightGroup:
     """This process's membership of the weight-sync group (rank 0: the trainer's rank 0)."""
 
-    def __init__(self, addr: str, port: int, rank: int, world: int, backend: str, timeout_s: float):
+    def __init__(
+        self,
+        addr: str,
+        port: int,
+        rank: int,
+        world: int,
+        backend: str,
+        timeout_s: float,
+        generation: int = 0,
+    ):
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"weight_sync.backend: {backend!r} (gloo or nccl)")
         timeout = timedelta(seconds=timeout_s)
         self.rank, self.world, self.backend = rank, world, backend
-        self._store = dist.TCPStore(addr, port, world, is_master=rank == 0, timeout=timeout)
+        self.generation = generation
+        self._tcp = dist.TCPStore(addr, port, world, is_master=rank == 0, timeout=timeout)
+        store = dist.PrefixStore(f"weights/{generation}/", self._tcp)
         if backend == "nccl":  # pragma: no cover - needs CUDA (not run here)
             self.device = torch.device("cuda", torch.cuda.current_device())
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
-            self.pg: dist.ProcessGroup = dist.ProcessGroupNCCL(self._store, rank, world, opts)
+            self.pg: dist.ProcessGroup | None = dist.ProcessGroupNCCL(store, rank, world, opts)
         else:
             self.device = torch.device("cpu")
-            self.pg = dist.ProcessGroupGloo(self._store, rank, world, timeout)
+            self.pg = dist.ProcessGroupGloo(store, rank, world, timeout)
+
+    def close(self) -> None:
+        """Leave the group (its generation ends): abort the process group (NCCL: a
+        collective still waiting on a dead peer returns instead of running to the timeout)
+        and drop the store (rank 0's holds the rendezvous server). Idempotent."""
+        pg, self.pg = self.pg, None
+        if pg is not None:
+            try:
+                pg.abort()
+            except Exception:  # noqa: BLE001 - a group whose peer died may refuse; it is dropped
+                pass
+        self._tcp = None  # type: ignore[assignment]
 
     def broadcast(self, tensor: Tensor) -> None:
         """Rank 0's ``tensor`` into every member's (same shape and dtype), in place."""
+        if self.pg is None:
+            raise RuntimeError(f"weight group generation {self.generation} is closed")
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         self.pg.broadcast([tensor], opts).wait()

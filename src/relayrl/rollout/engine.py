@@ -338,7 +338,7 @@ class RolloutEngine:
         self._check_version(version)
         state = dict(state_dict)
         self._check_state_dict(state, strict)  # before touching anything: no half-loaded model
-        self._keep_old_model(interrupt)
+        interrupt = self._keep_old_model(interrupt)
         with torch.no_grad():
             self.model.load_state_dict(state, strict=strict)
         self._commit_version(version, interrupt)
@@ -356,14 +356,17 @@ class RolloutEngine:
         ``shapes`` names every key the stream will carry, with its shape: it must be exactly
         the model's keys and shapes, checked before anything loads. Every key must then
         arrive once; ``version`` becomes current after the last part. The caller holds the
-        engine (no ``step`` runs on the half-loaded model).
+        engine (no ``step`` runs on the half-loaded model). A stream that fails part-way (a
+        sender died) leaves the model half-loaded at the old version: the caller must not
+        step it until an update completes; in-flight sequences keep the copy of the old
+        weights kept for them (``interrupt=False``), or re-prefill under the next weights.
         """
         self._check_version(version)
         current = self.model.state_dict()
         self._check_state_dict(
             {k: torch.empty(tuple(v), device="meta") for k, v in shapes.items()}, True
         )
-        self._keep_old_model(interrupt)
+        interrupt = self._keep_old_model(interrupt)
         seen: set[str] = set()
         for part in parts:
             unknown = sorted(k for k in part if k not in shapes or k in seen)
@@ -389,14 +392,21 @@ class RolloutEngine:
         if version in self._models:
             raise ValueError(f"version {version} is still in use by in-flight sequences")
 
-    def _keep_old_model(self, interrupt: bool) -> None:
+    def _keep_old_model(self, interrupt: bool) -> bool:
         """Without an interrupt, in-flight sequences keep a copy of the weights they started
-        with."""
+        with; the interrupt to commit with is returned. After a streamed update that failed
+        part-way the model is half-loaded: a copy kept then stays the old weights, and
+        without one (that update interrupted) the in-flight sequences are interrupted."""
         old = self.version
         if not interrupt and old in self.scheduler.versions_in_use():
-            self._models[old] = copy.deepcopy(self.model)
-        else:
-            self._models.pop(old, None)
+            kept = self._models.get(old)
+            if kept is self.model:
+                self._models[old] = copy.deepcopy(self.model)
+            elif kept is None:  # dropped by a failed interrupting update: nothing intact
+                return True
+            return False
+        self._models.pop(old, None)
+        return interrupt
 
     def _commit_version(self, version: int, interrupt: bool) -> None:
         self.version = version
