@@ -21,6 +21,7 @@ from relayrl.cluster.engine_process import (
     shared_weights,
 )
 from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
+from relayrl.rollout.transfer import to_host
 from test_rollout_helpers import EOS, PAD, random_prompts, tiny_model
 
 CUDA = torch.cuda.is_available()
@@ -142,6 +143,17 @@ def test_one_device_to_host_transfer_per_forward(models, monkeypatch) -> None:
     forwards = engine.runner.num_forwards - forwards
     assert n == 5 and forwards >= 10
     assert calls == ["tolist"] * forwards
+
+
+def test_to_host_is_exact_for_every_token_id_and_logprob() -> None:
+    """One tensor back, nothing rounded: ids up to 2^24 - 1 through fp32, larger ids (a
+    vocabulary over 2^24) through float64; the logprobs are the fp32 values themselves."""
+    lp = torch.tensor([-0.1, -1e-8, -17.25], dtype=torch.float32)
+    ids = torch.tensor([0, 7, (1 << 24) - 1])
+    assert to_host(ids, lp, 1 << 24) == ([0, 7, 16777215], lp.tolist())
+    big = torch.tensor([(1 << 24) + 1, 3, (1 << 30) + 7])  # 2^24 + 1 is not an fp32 number
+    assert to_host(big, lp, 1 << 31) == ([16777217, 3, 1073741831], lp.tolist())
+    assert float(torch.tensor(16777217.0, dtype=torch.float32)) == 16777216.0  # why the switch
 
 
 def test_device_argument_is_checked_against_the_model(models) -> None:

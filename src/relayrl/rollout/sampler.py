@@ -94,7 +94,7 @@ def sample(
     if all(s.greedy for s in settings):
         tokens = logits.argmax(dim=-1)
         logp = torch.log_softmax(logits, dim=-1)
-        return to_host(tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1))
+        return to_host(tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1), logits.shape[-1])
     temps = [s.temperature for s in settings]
     scaled = logits
     if any(t != 1.0 for t in temps):
@@ -115,4 +115,4 @@ def sample(
     greedy = [s.greedy for s in settings]
     if any(greedy):
         tokens = torch.where(device_tensor(greedy, torch.bool, dev), logits.argmax(dim=-1), tokens)
-    return to_host(tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1))
+    return to_host(tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1), logits.shape[-1])

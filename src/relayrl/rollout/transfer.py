@@ -34,13 +34,18 @@ def device_tensor(values: Sequence[object], dtype: torch.dtype, device: torch.de
     return t.to(device, non_blocking=True)
 
 
-def to_host(tokens: Tensor, logprobs: Tensor) -> tuple[list[int], list[float]]:
-    """Sampled ``tokens`` (int64 ``[n]``) and their ``logprobs`` (fp32 ``[n]``) as Python lists
-    in ONE device -> host transfer: both as float64 rows of one ``[2, n]`` tensor. Exact: token
-    ids < 2^53 and fp32 values are float64 numbers, and ``tolist`` of an fp32 tensor gives the
-    same Python floats as of its float64 copy."""
-    both = torch.stack((tokens.to(torch.float64), logprobs.to(torch.float64))).tolist()
-    return [int(t) for t in both[0]], both[1]
+def to_host(tokens: Tensor, logprobs: Tensor, vocab: int) -> tuple[list[int], list[float]]:
+    """Sampled ``tokens`` (int64 ``[n]``, ids < ``vocab``) and their ``logprobs`` (fp32
+    ``[n]``) as Python lists in ONE device -> host transfer: the rows of one ``[2, n]`` float
+    tensor, fp32 while ``vocab <= 2^24`` (every id below 2^24 is an fp32 number), else float64.
+    Exact: the logprobs keep their own dtype (or widen), and ``tolist`` gives the same Python
+    floats as of the logprobs alone."""
+    dtype = torch.float32 if vocab <= _FP32_EXACT_INTS else torch.float64
+    both = torch.stack((tokens.to(dtype), logprobs.to(dtype))).tolist()
+    return list(map(int, both[0])), both[1]
+
+
+_FP32_EXACT_INTS = 1 << 24
 
 
 def model_device(model: torch.nn.Module, device: torch.device | str | None = None) -> torch.device:
