@@ -391,17 +391,19 @@ class ModelRunner:
             prefill_mask = torch.zeros(1, 1, len(seg), len(seg), dtype=dtype, device=dev)
             prefill_mask.masked_fill_(~allowed, torch.finfo(dtype).min)
             cache.ensure_capacity(max(len(t) for t in pre_tokens))
-        position_ids = device_tensor(positions, torch.long, dev).unsqueeze(1)  # [N, 1]
+        # ids, positions, arena rows: one host -> device copy, three [N, 1] views
+        ids_t, position_ids, rows_t = device_tensor(
+            [ids, positions, write_rows], torch.long, dev
+        ).unsqueeze(2)
         cache.plan(
             slice(0, 0),  # reads are per bucket
-            device_tensor(write_rows, torch.long, dev).unsqueeze(1),
+            rows_t,
             position_ids,  # dummies have -1: trash column
             kv_len,
             buckets=arena_buckets,
         )
         state = _SplitState(cache, n_decode, dec_buckets, prefill_mask)
         dummy_mask = torch.zeros(1, 1, 1, 1, dtype=dtype, device=dev)  # real masks: `state`
-        ids_t = device_tensor(ids, torch.long, dev).unsqueeze(1)
         direct = self._use_direct(model)  # (its first-use check runs split forwards itself)
         if direct:  # calls _split_attention itself: only the state to set, no config swap
             _active.state = state
