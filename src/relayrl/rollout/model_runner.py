@@ -307,13 +307,14 @@ class ModelRunner:
             ids[r][q - len(toks) :] = toks
             start_col[r] = starts[i]
             num_new[r] = len(toks)
-        start = device_tensor(start_col, torch.long, dev).unsqueeze(1)  # [n, 1]
-        k = device_tensor(num_new, torch.long, dev).unsqueeze(1)  # [n, 1]
+        # starts, new-token counts, arena rows: one host -> device copy, [n, 1] each
+        start, k, write_rows = device_tensor(
+            [start_col, num_new, arena_rows], torch.long, dev
+        ).unsqueeze(2)
         i = torch.arange(q, dtype=torch.long, device=dev).unsqueeze(0) - (q - k)  # < 0: pad
         position_ids = start + i.clamp(min=0)  # [n, q]
         write_pos = torch.where(i >= 0, position_ids, -1)
         kv_len = max(1, max(s + t for s, t in zip(start_col, num_new, strict=True)))
-        write_rows = device_tensor(arena_rows, torch.long, dev).unsqueeze(1)  # [n, 1]
         cache.plan(rows, write_rows, write_pos, kv_len)
         mask = _causal_mask(position_ids.unsqueeze(1), kv_len, _dtype(model))  # [n, 1, q, L]
         logits = self._call(model, cache, device_tensor(ids, torch.long, dev), position_ids, mask)
@@ -340,9 +341,9 @@ class ModelRunner:
         write_rows: list[int] = []
         keep: list[int] = []
         kv_len = 1
-        # per decode bucket: the arena rows and columns it reads; its batch rows and mask
+        # per decode bucket: the arena rows and columns it reads; its batch rows and columns
         arena_buckets: list[tuple[Tensor | slice, int]] = []
-        dec_buckets: list[tuple[int, int, Tensor]] = []
+        dec_ranges: list[tuple[int, int, int]] = []
         buckets = self._decode_buckets([s + 1 for s in dec_starts]) if dec_slots else None
         if buckets is not None:
             # rows in bucket order; ``keep`` maps them back to the order of ``dec_slots``
@@ -355,8 +356,7 @@ class ModelRunner:
                     positions.append(dec_starts[i])
                     write_rows.append(dec_slots[i])
                 cols = max(dec_starts[i] for i in bucket) + 1
-                pos = device_tensor([dec_starts[i] for i in bucket], torch.long, dev)
-                dec_buckets.append((lo, len(ids), _causal_mask(pos.view(-1, 1, 1), cols, dtype)))
+                dec_ranges.append((lo, len(ids), cols))
                 arena_buckets.append((_select([dec_slots[i] for i in bucket], dev), cols))
                 kv_len = max(kv_len, cols)
         elif dec_slots:
@@ -370,31 +370,40 @@ class ModelRunner:
                     positions.append(dec_starts[i])
                     keep.append(r)
             kv_len = max(dec_starts) + 1
-            dec_pos = device_tensor(positions, torch.long, dev).view(-1, 1, 1)
             arena_buckets.append((rows, kv_len))  # one bucket: every row reads kv_len columns
-            dec_buckets.append((0, len(ids), _causal_mask(dec_pos.clamp(min=0), kv_len, dtype)))
+            dec_ranges.append((0, len(ids), kv_len))
         n_decode = len(ids)
+        segment = [-1] * n_decode  # per batch row its prefill sequence (-1: a decode row)
+        for k, (slot, toks) in enumerate(zip(pre_slots, pre_tokens, strict=True)):
+            ids.extend(toks)
+            positions.extend(range(len(toks)))
+            write_rows.extend([slot] * len(toks))
+            segment.extend([k] * len(toks))
+            keep.append(len(ids) - 1)
+        # One host -> device copy of every index of the step, as rows of one [R, N] tensor:
+        # ids, positions, arena rows, [output rows (padded)], [prefill segments].
+        reorder = not (buckets is None and len(keep) == len(ids))
+        host = [ids, positions, write_rows]
+        if reorder:
+            host.append(keep + [0] * (len(ids) - len(keep)))
+        if pre_slots:
+            host.append(segment)
+        packed = device_tensor(host, torch.long, dev)
+        ids_t, position_ids, rows_t = packed[:3].unsqueeze(2)  # [N, 1] each
+        pos = packed[1]
+        dec_buckets = [  # (first row, end row, additive mask [rows, 1, 1, columns])
+            (lo, hi, _causal_mask(pos[lo:hi].clamp(min=0).view(-1, 1, 1), cols, dtype))
+            for lo, hi, cols in dec_ranges
+        ]
         prefill_mask = None
         if pre_slots:
-            segment: list[int] = []
-            for k, (slot, toks) in enumerate(zip(pre_slots, pre_tokens, strict=True)):
-                ids.extend(toks)
-                positions.extend(range(len(toks)))
-                write_rows.extend([slot] * len(toks))
-                segment.extend([k] * len(toks))
-                keep.append(len(ids) - 1)
-            seg = device_tensor(segment, torch.long, dev)
-            pos = device_tensor(positions[n_decode:], torch.long, dev)
+            seg, ppos = packed[-1, n_decode:], pos[n_decode:]
             allowed = (seg.unsqueeze(1) == seg.unsqueeze(0)) & (
-                pos.unsqueeze(0) <= pos.unsqueeze(1)
+                ppos.unsqueeze(0) <= ppos.unsqueeze(1)
             )
             prefill_mask = torch.zeros(1, 1, len(seg), len(seg), dtype=dtype, device=dev)
             prefill_mask.masked_fill_(~allowed, torch.finfo(dtype).min)
             cache.ensure_capacity(max(len(t) for t in pre_tokens))
-        # ids, positions, arena rows: one host -> device copy, three [N, 1] views
-        ids_t, position_ids, rows_t = device_tensor(
-            [ids, positions, write_rows], torch.long, dev
-        ).unsqueeze(2)
         cache.plan(
             slice(0, 0),  # reads are per bucket
             rows_t,
@@ -417,9 +426,9 @@ class ModelRunner:
         else:
             with _split_attention_active(model, state):
                 logits = self._call(model, cache, ids_t, position_ids.clamp(min=0), dummy_mask)
-        if buckets is None and len(keep) == len(ids):  # rows already in the callers' order
+        if not reorder:  # rows already in the callers' order
             return logits
-        return logits.index_select(0, device_tensor(keep, torch.long, dev))
+        return logits.index_select(0, packed[3, : len(keep)])
 
     def _decode_buckets(self, lengths: Sequence[int]) -> list[list[int]] | None:
         """Decode rows grouped by cache length (indices into ``lengths``), or None for one group.
