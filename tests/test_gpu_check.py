@@ -24,6 +24,7 @@ def test_gpu_check_runs_on_cpu(world):
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["ok"] and res["world"] == world and res["device"] == "cpu"
+    assert res["engine_device"] == "cpu"  # rank 0's device: the model's
     assert res["logprob_abs_diff_mean"] <= res["tol_mean"]
     for key in ("gen_tokens_per_s", "train_tokens_per_s", "weight_sync_s"):
         assert res[key] > 0, key

@@ -9,10 +9,9 @@ sampled tokens (FSDP2, bf16 compute, fp32 master weights) and updates, then the 
 are gathered bucket by bucket and loaded into the engine. Asserted: the behaviour logprobs of
 the engine and the trainer's agree in bf16 (mean |diff| <= --tol-mean, max <= --tol-max over
 response tokens) and every step's loss is finite. Prints one JSON line per world size:
-generation and training tokens/s, peak GPU memory (CUDA), weight-sync seconds.
-
-The built-in engine creates its tensors on the CPU, so on a CUDA machine it runs its model on
-the CPU (its figures are then the CPU's); the vLLM backend is used when it is importable.
+generation and training tokens/s, peak GPU memory (CUDA), weight-sync seconds, and the
+device the engine computed on (``engine_device``: rank 0's, where its model, KV cache and
+sampler are). The vLLM backend is not exercised yet (``vllm`` says whether it is installed).
 """
 
 from __future__ import annotations
@@ -74,10 +73,11 @@ def run_rank(rank: int, world: int, port: int, args: argparse.Namespace, out: st
     tok = load_tokenizer(args.model)
     actor = build_actor(cfg, args.model, rank, world)
     engine = None
-    gen_model = engine_model(cfg, actor, args.model)  # a collective: every rank gathers
+    # a collective: every rank gathers; the model lands on this rank's device
+    gen_model = engine_model(cfg, actor, args.model, rank=rank)
     if rank == 0:
         engine = RolloutEngine(
-            gen_model.cpu(), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+            gen_model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
         )
     target = tok.convert_tokens_to_ids("1")
     g = torch.Generator().manual_seed(1)
@@ -127,6 +127,7 @@ def run_rank(rank: int, world: int, port: int, args: argparse.Namespace, out: st
         res = {
             "world": world,
             "device": args.device,
+            "engine_device": str(engine.device) if engine is not None else None,
             "gen_tokens_per_s": round(sum(figures["gen_tps"]) / args.steps, 1),
             "train_tokens_per_s": round(_mean(figures["train_tps"][1:] or figures["train_tps"]), 1),
             "weight_sync_s": round(max(figures["sync_s"]), 4),

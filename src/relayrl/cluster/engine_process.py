@@ -7,6 +7,12 @@ tensor per state-dict entry; an update copies the new weights in and sends only 
 the worker copies them into its model and acknowledges, and the next update waits for that
 acknowledgement before it overwrites the shared tensors.
 
+The shared tensors live on the engine's device (``EngineSpec.device``): on the CPU in shared
+memory; on CUDA ``torch.multiprocessing`` hands them to the worker as CUDA IPC handles (the
+same GPU memory in both processes, no copy through host memory). The code is the same; a
+CUDA copy is asynchronous, so each side synchronises its device before it tells the other
+that the shared tensors are written (update) or read (ack).
+
 A background thread in the client drains the worker's results into queues, so generation
 never stalls on a full pipe while the trainer is busy. If the worker dies, every client call
 raises :class:`RolloutWorkerDied` naming its pid and exit code.
@@ -78,6 +84,70 @@ class EngineSpec:
     backend: str = "own"  # rollout.backend, and its vLLM knobs
     vllm_interrupt: str = "reprefill"
     vllm_kv_cache_gib: float = 0.25
+    device: str = "cpu"
+    """Where the own engine computes and the shared weights live (``cpu``, ``cuda:<i>``); the
+    vLLM backend places itself (its shared weights stay on the CPU)."""
+
+    def shared_device(self) -> torch.device:
+        """The device of the shared weight tensors (CPU for the vLLM backend)."""
+        return torch.device(self.device if self.backend == "own" else "cpu")
+
+
+def shared_weights(state_dict: Mapping[str, Tensor], device: torch.device) -> dict[str, Tensor]:
+    """One contiguous copy per entry on ``device``, ready to pass to a spawned process: CPU:
+    moved to shared memory; CUDA: as is (``share_memory_`` is a no-op there; the process
+    receives a CUDA IPC handle). Synchronised: the copies are complete when this returns."""
+    out = {
+        k: v.detach().to(device, copy=True).contiguous().share_memory_()
+        for k, v in state_dict.items()
+    }
+    synchronize(device)
+    return out
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA); nothing on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def check_device(device: torch.device) -> None:
+    """A clear error before spawning a worker for a device this machine lacks."""
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"EngineSpec.device={str(device)!r}: the engine runs on cpu or cuda")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (device.index is not None and device.index >= count):
+            raise ValueError(
+                f"EngineSpec.device={str(device)!r} but this machine has {count} CUDA "
+                f"device(s) (torch {torch.__version__})"
+            )
+
+
+def build_own_engine(spec: EngineSpec, shared: Mapping[str, Tensor]) -> Any:
+    """The worker's own engine: the model of ``spec`` on ``spec.device``, the shared weights
+    loaded into it."""
+    from relayrl.model import load_causal_lm
+    from relayrl.rollout import RolloutEngine
+
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+    device = torch.device(spec.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    model = load_causal_lm(spec.model_path, dtype[spec.dtype]).to(device)
+    model = model.eval().requires_grad_(False)
+    with torch.no_grad():
+        model.load_state_dict(shared)
+    synchronize(device)  # the shared tensors are read before the client may overwrite them
+    return RolloutEngine(
+        model,
+        eos_token_id=spec.eos_token_id,
+        pad_token_id=spec.pad_token_id,
+        max_slots=spec.max_slots,
+        version=spec.version,
+        urgent_steps=spec.urgent_steps,
+        device=device,
+    )
 
 
 TERM_GRACE_S = 15.0
@@ -118,27 +188,14 @@ def _serve(
     """The worker's loop: take commands, step the engine while it has work, ship samples."""
     os.environ["OMP_NUM_THREADS"] = str(spec.threads)
     torch.set_num_threads(spec.threads)
-    from relayrl.model import load_causal_lm
-    from relayrl.rollout import RolloutEngine
-
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+    device = spec.shared_device()
     try:
         if spec.backend == "vllm":  # rollout.backend: vllm (same interface, same loop)
             from relayrl.rollout.vllm_backend import VllmEngine
 
             engine: Any = VllmEngine.from_spec(spec, shared)
         else:
-            model = load_causal_lm(spec.model_path, dtype[spec.dtype]).eval().requires_grad_(False)
-            with torch.no_grad():
-                model.load_state_dict(shared)
-            engine = RolloutEngine(
-                model,
-                eos_token_id=spec.eos_token_id,
-                pad_token_id=spec.pad_token_id,
-                max_slots=spec.max_slots,
-                version=spec.version,
-                urgent_steps=spec.urgent_steps,
-            )
+            engine = build_own_engine(spec, shared)
     except Exception:
         out_conn.send(("fatal", traceback.format_exc()))
         return
@@ -168,6 +225,7 @@ def _serve(
                 elif kind == "update":
                     _, version, interrupt = msg
                     engine.update_weights(shared, version, interrupt=interrupt)
+                    synchronize(device)  # read before the ack lets the client overwrite
                     out_conn.send(("updated", version))
                 elif kind == "prioritize":
                     engine.prioritize(msg[1])
@@ -220,9 +278,9 @@ class EngineProcess:
     ):
         self.spec = spec
         self.version = spec.version
-        self._shared = {
-            k: v.detach().clone().contiguous().share_memory_() for k, v in state_dict.items()
-        }
+        self.device = spec.shared_device()
+        check_device(self.device)
+        self._shared = shared_weights(state_dict, self.device)
         self._cmd_recv, self._cmd_send = _CTX.Pipe(duplex=False)
         self._out_recv, self._out_send = _CTX.Pipe(duplex=False)
         self.process = _CTX.Process(
@@ -380,13 +438,15 @@ class EngineProcess:
     def update_weights(
         self, state_dict: Mapping[str, Tensor], version: int, interrupt: bool = True
     ) -> None:
-        """Copy weights into shared memory and tell the worker to load them as ``version``."""
+        """Copy weights into the shared tensors and tell the worker to load them as
+        ``version``."""
         while not self._acked.wait(timeout=0.5):  # the previous update must have been read
             self._check_alive()
         self._check_alive()
         with torch.no_grad():
             for k, v in state_dict.items():
                 self._shared[k].copy_(v)
+        synchronize(self.device)  # written before the worker reads
         self._acked.clear()
         self._send(("update", version, interrupt))
         self.version = version

@@ -1,5 +1,9 @@
 """The ``local`` cluster: every role in this process, on the CPU (or one local device).
 
+The own rollout engine runs on ``model.device`` too (``engine_device``: rank 0's device): in
+this process under ``schedule: sync``, in its own process otherwise, with the weights shared
+on that device (CUDA IPC on a GPU, shared memory on the CPU).
+
 ``model.fsdp.enabled`` runs the FSDP2 workers over a process group of this process alone
 (world 1, started here and left by ``roles.close()``): nothing is sharded, but the FSDP2 code
 path runs (CPU offload of parameters and optimizer state, the sharded checkpoint). Sharding
@@ -19,7 +23,13 @@ from relayrl.reward import build_reward_service
 from relayrl.reward.rm_scorer import build_reward_fn, reward_model_scorers
 from relayrl.rollout import RolloutEngine
 from relayrl.workers import RewardWorker, Roles
-from relayrl.workers.build import build_actor, build_critic, build_reference, engine_model
+from relayrl.workers.build import (
+    build_actor,
+    build_critic,
+    build_reference,
+    engine_device,
+    engine_model,
+)
 
 
 def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) -> Roles:
@@ -72,6 +82,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
             backend=cfg.rollout.backend,
             vllm_interrupt=cfg.rollout.vllm_interrupt,
             vllm_kv_cache_gib=cfg.rollout.vllm_kv_cache_gib,
+            device=str(engine_device(cfg)),
         )
         rollout = EngineProcess(spec, actor.state_dict())
     reference = None

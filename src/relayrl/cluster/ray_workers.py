@@ -149,7 +149,7 @@ class RoleHost(CollectiveWeightSync):
         from relayrl.model.device import apply_precision, precision_for
         from relayrl.model.lora import is_lora
         from relayrl.rollout import RolloutEngine
-        from relayrl.workers.build import ENGINE_DEVICE
+        from relayrl.workers.build import engine_device
 
         spec, cfg = self.spec, self.spec.cfg
         tok = load_tokenizer(cfg.model.path)
@@ -178,7 +178,8 @@ class RoleHost(CollectiveWeightSync):
         if state is not None:
             with torch.no_grad():
                 model.load_state_dict(dict(state))
-        model = apply_precision(model, precision, ENGINE_DEVICE)  # the engine is CPU-only
+        # this rank's device (rank r -> local CUDA device r, as its process group's)
+        model = apply_precision(model, precision, engine_device(cfg, spec.rank))
         self.engine = RolloutEngine(
             model.eval().requires_grad_(False),
             eos_token_id=tok.eos_token_id,

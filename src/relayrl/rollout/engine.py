@@ -15,6 +15,15 @@ not disturbed. ``generate`` (the list convenience) instead returns, in that requ
 a ``Sample`` with ``finish_reason='abort'`` and ``error`` set, and completes the others.
 
 The engine is single-threaded: call ``submit`` / ``step`` / ``update_weights`` from one thread.
+
+Device. The engine computes where its model is (``next(model.parameters()).device``, or an
+explicit ``device=`` that must agree): the KV arenas, each step's ids / positions / masks /
+write indices and the sampler's tensors are made there, the slot table, lengths and tokens
+stay Python lists. A step moves its inputs host -> device without a stream sync and brings
+back one ``[2, rows]`` tensor (sampled tokens and logprobs): one device -> host sync per
+forward (``relayrl.rollout.transfer``). On CUDA the step's timings (``prefill_time_s``,
+``decode_time_s``) then measure the launch, and ``sample_time_s`` includes the wait for the
+forward's kernels.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from relayrl.rollout.kv_cache import SlotKVCache
 from relayrl.rollout.model_runner import ModelRunner
 from relayrl.rollout.sampler import SamplingSettings, sample
 from relayrl.rollout.scheduler import ScheduledGroup, Scheduler, Sequence
+from relayrl.rollout.transfer import model_device
 from relayrl.rollout.types import EngineReport, FinishReason, GenerationRequest, Sample
 
 
@@ -54,6 +64,8 @@ class RolloutEngine:
             ``max_position_embeddings``.
         version: policy version of the initial weights.
         seed: seeds the per-request seeds of requests that do not give one.
+        device: where the engine computes; default (None) the model's device. Given, it must
+            be the model's (``ValueError`` otherwise): the engine never moves the model.
     """
 
     def __init__(
@@ -67,6 +79,7 @@ class RolloutEngine:
         version: int = 0,
         seed: int = 0,
         urgent_steps: int = 4,
+        device: torch.device | str | None = None,
     ) -> None:
         config = getattr(model, "config", None)
         if max_model_len is None:
@@ -82,6 +95,7 @@ class RolloutEngine:
         if urgent_steps < 0:
             raise ValueError(f"urgent_steps must be >= 0, got {urgent_steps}")
         _check_supported(config)
+        self.device = model_device(model, device)
         self.model = model.eval()
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
@@ -90,9 +104,9 @@ class RolloutEngine:
         self.version = version
         self.input_vocab = _input_vocab_size(model)
         self.output_vocab = _output_vocab_size(model)
-        self.kv_cache = SlotKVCache(max_slots, self.max_model_len)
+        self.kv_cache = SlotKVCache(max_slots, self.max_model_len, device=self.device)
         self.scheduler = Scheduler(self.kv_cache)
-        self.runner = ModelRunner(pad_token_id, max_slots)
+        self.runner = ModelRunner(pad_token_id, max_slots, device=self.device)
         self._models: dict[int, torch.nn.Module] = {version: self.model}
         self._ids = itertools.count()
         self._seed_rng = random.Random(seed)

@@ -15,6 +15,8 @@ mask ever reads it, so padding never touches live data.
 - A forward runs either on a contiguous range of slots (the arena rows are a view: zero copy;
   free slots inside the range are dummy rows whose writes go to the trash column) or on an
   arbitrary list of slots (rows are gathered: one copy per layer). See :meth:`plan`.
+- The arenas live on the model's device (made from a layer's first keys); the slot table and
+  lengths are Python, on the host.
 
 It implements the ``transformers`` ``Cache`` protocol (``update(key, value, layer_idx)``), so
 any Hugging Face causal LM that routes its attention through ``cache.update`` and accepts a
@@ -33,21 +35,30 @@ from transformers.cache_utils import Cache
 class SlotKVCache(Cache):
     """KV storage for ``num_slots`` concurrent sequences of at most ``max_len`` tokens each."""
 
-    def __init__(self, num_slots: int, max_len: int, initial_capacity: int = 128) -> None:
+    def __init__(
+        self,
+        num_slots: int,
+        max_len: int,
+        initial_capacity: int = 128,
+        device: torch.device | str = "cpu",
+    ) -> None:
         super().__init__(layers=[])
         if num_slots <= 0:
             raise ValueError(f"num_slots must be > 0, got {num_slots}")
         self.num_slots = num_slots
         self.max_len = max_len
         self.capacity = max(1, min(initial_capacity, max_len))
+        # where the arenas live: the model's device (an arena is made from a layer's first
+        # keys, ``new_zeros``, so it follows the model whatever this says)
+        self.device = torch.device(device)
         self._keys: list[Tensor | None] = []
         self._values: list[Tensor | None] = []
         self._free: list[int] = list(range(num_slots))  # min-heap: lowest free slot first
         self._is_free = [True] * num_slots
         # The plan of the forward in flight (set by ``plan``, read by ``update``).
         self._rows: Tensor | slice = slice(0, 0)
-        self._write_rows: Tensor = torch.zeros(0, 1, dtype=torch.long)
-        self._write_pos: Tensor = torch.zeros(0, 1, dtype=torch.long)
+        self._write_rows: Tensor = torch.zeros(0, 1, dtype=torch.long, device=self.device)
+        self._write_pos: Tensor = torch.zeros(0, 1, dtype=torch.long, device=self.device)
         self._kv_len = 0
         self._buckets: list[tuple[Tensor | slice, int]] | None = None
         self.split_buckets: list[tuple[Tensor, Tensor]] | None = None

@@ -29,6 +29,10 @@ Two ways to run a step:
   mask): rows right-aligned in an ``[n, q]`` window, the last column is every row's last
   token, leading pad columns write to the cache's trash column. Decode rows and prefills run
   as two forwards so decode rows are never padded to the prompt width.
+
+Device: every tensor of a step (ids, positions, write rows, masks, row selections) is made on
+the runner's ``device``, the model's, from the host-side lists (``relayrl.rollout.transfer``:
+non-blocking copies, no stream sync); nothing comes back to the host here.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from relayrl.rollout import direct_forward
 from relayrl.rollout.kv_cache import SlotKVCache
+from relayrl.rollout.transfer import CPU, device_tensor
 
 SPLIT_ATTENTION = "relayrl_split_sdpa"
 GROUPED_DECODE = True
@@ -137,8 +142,10 @@ class ModelRunner:
         bucket_overhead: int = 4096,
         bucket_min_len: int = 32,
         direct: bool = True,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.pad_token_id = pad_token_id
+        self.device = torch.device(device)  # the model's: every step tensor is made there
         self.max_slots = max_slots
         # Prefill tokens per split forward (the block-diagonal mask is P x P).
         self.max_prefill_tokens = max_prefill_tokens
@@ -215,7 +222,7 @@ class ModelRunner:
         for idx, logits in pieces:
             if out is None:
                 out = logits.new_empty(len(slots), logits.shape[1])
-            out[idx] = logits
+            out.index_copy_(0, device_tensor(idx, torch.long, self.device), logits)
         assert out is not None
         return out
 
@@ -248,23 +255,23 @@ class ModelRunner:
             self._signatures[key] = (cache_arg, "logits_to_keep" in params)
         return self._signatures[key]
 
-    def _choose_rows(self, slots: Sequence[int]) -> tuple[Tensor | slice, list[int], Tensor]:
+    def _choose_rows(self, slots: Sequence[int]) -> tuple[Tensor | slice, list[int], list[int]]:
         """Arena rows of a forward over distinct sorted ``slots``.
 
         Returns the read selector, per batch row the index into ``slots`` (``-1`` = dummy
         row: an idle or prefilling slot inside a contiguous range, all its writes go to the
-        trash column) and the arena row of each batch row ``[n, 1]``.
+        trash column) and the arena row of each batch row (a host list).
         """
         lo, hi = slots[0], slots[-1] + 1
         span = hi - lo
         if span == len(slots):
-            return slice(lo, hi), list(range(len(slots))), torch.arange(lo, hi).unsqueeze(1)
+            return slice(lo, hi), list(range(len(slots))), list(range(lo, hi))
         if len(slots) >= self.dense_fraction * span:
             member = {s: i for i, s in enumerate(slots)}
             row_map = [member.get(s, -1) for s in range(lo, hi)]
-            return slice(lo, hi), row_map, torch.arange(lo, hi).unsqueeze(1)
-        idx = torch.tensor(list(slots), dtype=torch.long)
-        return idx, list(range(len(slots))), idx.unsqueeze(1)
+            return slice(lo, hi), row_map, list(range(lo, hi))
+        rows = list(slots)
+        return device_tensor(rows, torch.long, self.device), list(range(len(slots))), rows
 
     def _call(
         self, model: torch.nn.Module, cache: SlotKVCache, ids: Tensor, pos: Tensor, mask: Tensor
@@ -286,7 +293,8 @@ class ModelRunner:
         new_tokens: Sequence[Sequence[int]],
     ) -> Tensor:
         """One forward over rows right-aligned in an ``[n, q]`` window."""
-        rows, row_map, write_rows = self._choose_rows(slots)
+        dev = self.device
+        rows, row_map, arena_rows = self._choose_rows(slots)
         n = len(row_map)
         q = max(len(t) for t in new_tokens)
         ids = [[self.pad_token_id] * q for _ in range(n)]
@@ -299,17 +307,20 @@ class ModelRunner:
             ids[r][q - len(toks) :] = toks
             start_col[r] = starts[i]
             num_new[r] = len(toks)
-        start = torch.tensor(start_col, dtype=torch.long).unsqueeze(1)  # [n, 1]
-        k = torch.tensor(num_new, dtype=torch.long).unsqueeze(1)  # [n, 1]
-        i = torch.arange(q, dtype=torch.long).unsqueeze(0) - (q - k)  # < 0 on padding
+        # starts, new-token counts, arena rows: one host -> device copy, [n, 1] each
+        start, k, write_rows = device_tensor(
+            [start_col, num_new, arena_rows], torch.long, dev
+        ).unsqueeze(2)
+        i = torch.arange(q, dtype=torch.long, device=dev).unsqueeze(0) - (q - k)  # < 0: pad
         position_ids = start + i.clamp(min=0)  # [n, q]
         write_pos = torch.where(i >= 0, position_ids, -1)
         kv_len = max(1, max(s + t for s, t in zip(start_col, num_new, strict=True)))
         cache.plan(rows, write_rows, write_pos, kv_len)
         mask = _causal_mask(position_ids.unsqueeze(1), kv_len, _dtype(model))  # [n, 1, q, L]
-        logits = self._call(model, cache, torch.tensor(ids), position_ids, mask)
+        logits = self._call(model, cache, device_tensor(ids, torch.long, dev), position_ids, mask)
         if n != len(slots):
-            logits = logits[[r for r, i in enumerate(row_map) if i >= 0]]
+            live = [r for r, i in enumerate(row_map) if i >= 0]
+            logits = logits.index_select(0, device_tensor(live, torch.long, dev))
         return logits
 
     def _forward_split(
@@ -324,15 +335,15 @@ class ModelRunner:
     ) -> Tensor:
         """One split-attention forward: decode rows, then every prefill token (each prefill
         sequence starts from an empty slot)."""
-        dtype = _dtype(model)
+        dtype, dev = _dtype(model), self.device
         ids: list[int] = []
         positions: list[int] = []
         write_rows: list[int] = []
         keep: list[int] = []
         kv_len = 1
-        # per decode bucket: the arena rows and columns it reads; its batch rows and mask
+        # per decode bucket: the arena rows and columns it reads; its batch rows and columns
         arena_buckets: list[tuple[Tensor | slice, int]] = []
-        dec_buckets: list[tuple[int, int, Tensor]] = []
+        dec_ranges: list[tuple[int, int, int]] = []
         buckets = self._decode_buckets([s + 1 for s in dec_starts]) if dec_slots else None
         if buckets is not None:
             # rows in bucket order; ``keep`` maps them back to the order of ``dec_slots``
@@ -345,13 +356,11 @@ class ModelRunner:
                     positions.append(dec_starts[i])
                     write_rows.append(dec_slots[i])
                 cols = max(dec_starts[i] for i in bucket) + 1
-                pos = torch.tensor([dec_starts[i] for i in bucket], dtype=torch.long)
-                dec_buckets.append((lo, len(ids), _causal_mask(pos.view(-1, 1, 1), cols, dtype)))
-                arena_buckets.append((_select([dec_slots[i] for i in bucket]), cols))
+                dec_ranges.append((lo, len(ids), cols))
+                arena_buckets.append((_select([dec_slots[i] for i in bucket], dev), cols))
                 kv_len = max(kv_len, cols)
         elif dec_slots:
-            rows, row_map, dec_rows = self._choose_rows(dec_slots)
-            write_rows = dec_rows.squeeze(1).tolist()
+            rows, row_map, write_rows = self._choose_rows(dec_slots)
             for r, i in enumerate(row_map):
                 if i < 0:
                     ids.append(self.pad_token_id)
@@ -361,38 +370,49 @@ class ModelRunner:
                     positions.append(dec_starts[i])
                     keep.append(r)
             kv_len = max(dec_starts) + 1
-            dec_pos = torch.tensor(positions, dtype=torch.long).view(-1, 1, 1)
             arena_buckets.append((rows, kv_len))  # one bucket: every row reads kv_len columns
-            dec_buckets.append((0, len(ids), _causal_mask(dec_pos.clamp(min=0), kv_len, dtype)))
+            dec_ranges.append((0, len(ids), kv_len))
         n_decode = len(ids)
+        segment = [-1] * n_decode  # per batch row its prefill sequence (-1: a decode row)
+        for k, (slot, toks) in enumerate(zip(pre_slots, pre_tokens, strict=True)):
+            ids.extend(toks)
+            positions.extend(range(len(toks)))
+            write_rows.extend([slot] * len(toks))
+            segment.extend([k] * len(toks))
+            keep.append(len(ids) - 1)
+        # One host -> device copy of every index of the step, as rows of one [R, N] tensor:
+        # ids, positions, arena rows, [output rows (padded)], [prefill segments].
+        reorder = not (buckets is None and len(keep) == len(ids))
+        host = [ids, positions, write_rows]
+        if reorder:
+            host.append(keep + [0] * (len(ids) - len(keep)))
+        if pre_slots:
+            host.append(segment)
+        packed = device_tensor(host, torch.long, dev)
+        ids_t, position_ids, rows_t = packed[:3].unsqueeze(2)  # [N, 1] each
+        pos = packed[1]
+        dec_buckets = [  # (first row, end row, additive mask [rows, 1, 1, columns])
+            (lo, hi, _causal_mask(pos[lo:hi].clamp(min=0).view(-1, 1, 1), cols, dtype))
+            for lo, hi, cols in dec_ranges
+        ]
         prefill_mask = None
         if pre_slots:
-            segment: list[int] = []
-            for k, (slot, toks) in enumerate(zip(pre_slots, pre_tokens, strict=True)):
-                ids.extend(toks)
-                positions.extend(range(len(toks)))
-                write_rows.extend([slot] * len(toks))
-                segment.extend([k] * len(toks))
-                keep.append(len(ids) - 1)
-            seg = torch.tensor(segment)
-            pos = torch.tensor(positions[n_decode:])
+            seg, ppos = packed[-1, n_decode:], pos[n_decode:]
             allowed = (seg.unsqueeze(1) == seg.unsqueeze(0)) & (
-                pos.unsqueeze(0) <= pos.unsqueeze(1)
+                ppos.unsqueeze(0) <= ppos.unsqueeze(1)
             )
-            prefill_mask = torch.zeros(1, 1, len(seg), len(seg), dtype=dtype)
+            prefill_mask = torch.zeros(1, 1, len(seg), len(seg), dtype=dtype, device=dev)
             prefill_mask.masked_fill_(~allowed, torch.finfo(dtype).min)
             cache.ensure_capacity(max(len(t) for t in pre_tokens))
-        position_ids = torch.tensor(positions, dtype=torch.long).unsqueeze(1)  # [N, 1]
         cache.plan(
             slice(0, 0),  # reads are per bucket
-            torch.tensor(write_rows, dtype=torch.long).unsqueeze(1),
+            rows_t,
             position_ids,  # dummies have -1: trash column
             kv_len,
             buckets=arena_buckets,
         )
         state = _SplitState(cache, n_decode, dec_buckets, prefill_mask)
-        dummy_mask = torch.zeros(1, 1, 1, 1, dtype=dtype)  # the real masks live in `state`
-        ids_t = torch.tensor(ids).unsqueeze(1)
+        dummy_mask = torch.zeros(1, 1, 1, 1, dtype=dtype, device=dev)  # real masks: `state`
         direct = self._use_direct(model)  # (its first-use check runs split forwards itself)
         if direct:  # calls _split_attention itself: only the state to set, no config swap
             _active.state = state
@@ -406,9 +426,9 @@ class ModelRunner:
         else:
             with _split_attention_active(model, state):
                 logits = self._call(model, cache, ids_t, position_ids.clamp(min=0), dummy_mask)
-        if buckets is None and len(keep) == len(ids):  # rows already in the callers' order
+        if not reorder:  # rows already in the callers' order
             return logits
-        return logits[keep]
+        return logits.index_select(0, packed[3, : len(keep)])
 
     def _decode_buckets(self, lengths: Sequence[int]) -> list[list[int]] | None:
         """Decode rows grouped by cache length (indices into ``lengths``), or None for one group.
@@ -464,14 +484,16 @@ class ModelRunner:
         try:
             vocab = model.get_input_embeddings().num_embeddings
             g = torch.Generator().manual_seed(1)
-            seqs = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (3, 40, 4)]
+            seqs = [
+                torch.randint(0, vocab, (n,), generator=g, device=CPU).tolist() for n in (3, 40, 4)
+            ]
             self.bucket_min_len, self.bucket_overhead = 2, 1  # force several decode buckets
             got = []
             for direct in (False, True):
                 self._force_direct = direct
-                cache = SlotKVCache(3, 64)
+                cache = SlotKVCache(3, 64, device=self.device)
                 first = self._forward_split(model, cache, [], [], [], [0, 1], seqs[:2])
-                nxt = [int(x) for x in first.argmax(-1)]
+                nxt = first.argmax(-1).tolist()
                 second = self._forward_split(
                     model, cache, [0, 1], [3, 40], [[nxt[0]], [nxt[1]]], [2], seqs[2:]
                 )
@@ -495,17 +517,20 @@ class ModelRunner:
         try:
             vocab = model.get_input_embeddings().num_embeddings
             g = torch.Generator().manual_seed(0)
-            seqs = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (5, 3, 4)]
-            cache = SlotKVCache(3, 16)
+            seqs = [
+                torch.randint(0, vocab, (n,), generator=g, device=CPU).tolist() for n in (5, 3, 4)
+            ]
+            cache = SlotKVCache(3, 16, device=self.device)
             first = self._forward_split(model, cache, [], [], [], [0, 1], seqs[:2])
-            nxt = [int(x) for x in first.argmax(-1)]
+            nxt = first.argmax(-1).tolist()
             second = self._forward_split(
                 model, cache, [0, 1], [5, 3], [[nxt[0]], [nxt[1]]], [2], seqs[2:]
             )
             refs = [seqs[0], seqs[1], seqs[0] + [nxt[0]], seqs[1] + [nxt[1]], seqs[2]]
             got = [first[0], first[1], second[0], second[1], second[2]]
             for ids, logits in zip(refs, got, strict=True):
-                ref = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].float()
+                ids_t = device_tensor([ids], torch.long, self.device)
+                ref = model(input_ids=ids_t, use_cache=False).logits[0, -1].float()
                 if not torch.allclose(logits, ref, atol=1e-4 * max(1.0, ref.abs().max().item())):
                     return False
             return True
@@ -529,11 +554,11 @@ def _split_attention_active(model: torch.nn.Module, state: _SplitState) -> Itera
         config._attn_implementation = previous
 
 
-def _select(slots: list[int]) -> Tensor | slice:
+def _select(slots: list[int], device: torch.device) -> Tensor | slice:
     """Arena rows of sorted distinct ``slots``: a slice (a view) when contiguous."""
     if slots[-1] - slots[0] + 1 == len(slots):
         return slice(slots[0], slots[-1] + 1)
-    return torch.tensor(slots, dtype=torch.long)
+    return device_tensor(slots, torch.long, device)
 
 
 _FIRST_PARAM: weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Parameter] = (
@@ -552,7 +577,8 @@ def _dtype(model: torch.nn.Module) -> torch.dtype:
 
 def _causal_mask(position_ids: Tensor, kv_len: int, dtype: torch.dtype) -> Tensor:
     """Additive mask ``[n, 1, q, kv_len]`` from ``position_ids`` ``[n, 1, q]``: query at
-    position p sees cache columns ``j <= p``."""
-    allowed = torch.arange(kv_len).view(1, 1, 1, kv_len) <= position_ids.unsqueeze(-1)
-    mask = torch.zeros(allowed.shape, dtype=dtype)
+    position p sees cache columns ``j <= p`` (on ``position_ids``' device)."""
+    dev = position_ids.device
+    allowed = torch.arange(kv_len, device=dev).view(1, 1, 1, kv_len) <= position_ids.unsqueeze(-1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=dev)
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)

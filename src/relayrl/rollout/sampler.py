@@ -15,7 +15,12 @@ one uniform ``u = U(seed, t)`` from a counter-based generator (SplitMix64 of the
 and the token index). A request's samples therefore depend only on its seed, its prompt and
 the weights, never on which other requests share the batch, which slot it sits in, or
 whether it was interrupted and re-prefilled. It is the stateless equivalent of one
-``torch.Generator`` per request, without a Python-level draw per row per step.
+``torch.Generator`` per request, without a Python-level draw per row per step, and it needs
+no generator on the logits' device: the uniforms are computed on the host (the same numbers
+on every device) and copied with the step's other inputs.
+
+Device. Every tensor is made on the logits' device (``relayrl.rollout.transfer``); the
+tokens and logprobs come back in one transfer, the step's only device -> host sync.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from relayrl.rollout.transfer import device_tensor, to_host
 
 _MASK64 = (1 << 64) - 1
 
@@ -59,13 +66,13 @@ class SamplingSettings:
 
 def _filter_top_k_top_p(scaled: Tensor, top_k: Sequence[int], top_p: Sequence[float]) -> Tensor:
     """Set logits outside each row's top-k, then outside its top-p nucleus, to -inf."""
-    vocab = scaled.shape[-1]
+    vocab, dev = scaled.shape[-1], scaled.device
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
-    ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_k], dtype=torch.long)
-    rank = torch.arange(vocab).unsqueeze(0)
+    ks = device_tensor([k if 0 < k < vocab else vocab for k in top_k], torch.long, dev)
+    rank = torch.arange(vocab, device=dev).unsqueeze(0)
     remove = rank >= ks.unsqueeze(1)
     sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
-    ps = torch.tensor(list(top_p), dtype=torch.float32).unsqueeze(1)
+    ps = device_tensor(list(top_p), torch.float32, dev).unsqueeze(1)
     probs = sorted_logits.softmax(dim=-1)
     # Drop a token when the mass strictly before it already reaches top_p (the top-1 token
     # is always kept).
@@ -80,30 +87,32 @@ def sample(
 ) -> tuple[list[int], list[float]]:
     """Draw one token per row. Returns (token ids, behaviour logprobs) as Python lists.
 
-    ``logits`` is fp32 ``[n, vocab]``; ``token_index[i]`` is the index of the token being
-    drawn within row ``i``'s response (the counter of its random stream).
+    ``logits`` is fp32 ``[n, vocab]`` on any device; ``token_index[i]`` is the index of the
+    token being drawn within row ``i``'s response (the counter of its random stream).
     """
+    dev = logits.device
     if all(s.greedy for s in settings):
         tokens = logits.argmax(dim=-1)
         logp = torch.log_softmax(logits, dim=-1)
-        return tokens.tolist(), logp.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+        return to_host(tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1), logits.shape[-1])
     temps = [s.temperature for s in settings]
     scaled = logits
     if any(t != 1.0 for t in temps):
-        scaled = logits / torch.tensor(temps, dtype=logits.dtype).unsqueeze(1)
+        scaled = logits / device_tensor(temps, logits.dtype, dev).unsqueeze(1)
     if any(s.filters for s in settings):
         scaled = _filter_top_k_top_p(
             scaled, [s.top_k for s in settings], [s.top_p for s in settings]
         )
     logp = torch.log_softmax(scaled, dim=-1)
     cdf = logp.exp().double().cumsum(dim=-1)
-    u = torch.tensor(
+    u = device_tensor(
         [uniform(s.seed, t) for s, t in zip(settings, token_index, strict=True)],
-        dtype=torch.float64,
+        torch.float64,
+        dev,
     ).unsqueeze(1)
     tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
     tokens.clamp_(max=logits.shape[-1] - 1)
     greedy = [s.greedy for s in settings]
     if any(greedy):
-        tokens = torch.where(torch.tensor(greedy), logits.argmax(dim=-1), tokens)
-    return tokens.tolist(), logp.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+        tokens = torch.where(device_tensor(greedy, torch.bool, dev), logits.argmax(dim=-1), tokens)
+    return to_host(tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1), logits.shape[-1])

@@ -55,7 +55,7 @@ def engine_timings(
     gen = torch.Generator().manual_seed(seed)
 
     def prompt(n: int) -> list[int]:
-        return torch.randint(0, vocab, (n,), generator=gen).tolist()
+        return torch.randint(0, vocab, (n,), generator=gen, device="cpu").tolist()
 
     def submit(b: int, length: int, max_tokens: int) -> None:
         for _ in range(b):

@@ -31,11 +31,6 @@ from relayrl.workers.critic import CriticWorker
 from relayrl.workers.data_parallel import DataParallelActorWorker, DataParallelCriticWorker
 from relayrl.workers.experience import Experience
 
-ENGINE_DEVICE = torch.device("cpu")
-"""Where the own rollout engine computes: its KV cache, sampler and batches are CPU tensors
-(the engine is not device-aware yet), so its model stays on the CPU whatever ``model.device``
-(the vLLM backend places itself)."""
-
 
 def _distributed(cfg: RunConfig, world: int) -> bool:
     """Whether the role runs over a process group (world > 1, or FSDP on any world)."""
@@ -168,15 +163,22 @@ def build_critic(cfg: RunConfig, path: str, rank: int = 0, world: int = 1) -> Cr
     return CriticWorker.from_config(model, cfg)
 
 
+def engine_device(cfg: RunConfig, rank: int = 0) -> torch.device:
+    """Where the own rollout engine of ``rank`` computes: ``model.device`` as the trainer's
+    roles resolve it (rank r -> local CUDA device r). The engine follows its model there (KV
+    cache, sampler, batches); the vLLM backend places itself."""
+    return resolve_device(cfg.model.device, rank)
+
+
 def engine_model(
-    cfg: RunConfig, actor: ActorWorker, path: str, keep: bool | None = None
+    cfg: RunConfig, actor: ActorWorker, path: str, keep: bool | None = None, rank: int = 0
 ) -> torch.nn.Module:
     """The rollout engine's own model: the actor's weights (merged under LoRA) as a plain HF
-    model in the compute dtype on ``ENGINE_DEVICE``, frozen. Under FSDP2 every rank must call
-    (the full weights are gathered bucket by bucket); ranks with ``keep`` False (default: all
-    but rank 0) get the unloaded model."""
+    model in the compute dtype on ``engine_device(cfg, rank)``, frozen. Under FSDP2 every rank
+    must call (the full weights are gathered bucket by bucket); ranks with ``keep`` False
+    (default: all but rank 0) get the unloaded model."""
     precision = precision_for(cfg.model, trainable=False)
-    device = ENGINE_DEVICE
+    device = engine_device(cfg, rank)
     if is_lora(actor.model) or cfg.model.fsdp.enabled:
         model = load_causal_lm(
             cfg.model.path if is_lora(actor.model) else path, precision.param_dtype
