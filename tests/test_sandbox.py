@@ -444,8 +444,13 @@ def test_killed_reward_worker_takes_its_sandbox_along(mode: str) -> None:
         fut = svc.submit_text("", "```python\nimport time\ntime.sleep(60)\n```", TESTS)
         r = fut.result(timeout=30)
         assert r.failed and "timeout" in r.error
+        # The sandbox dies with its worker (asynchronously: the kernel's parent-death signal
+        # reaches it after the worker is reaped) and its directory goes with the cleanup
+        # that follows; both are waited for, neither is skipped.
         deadline = time.monotonic() + 5
-        while _sandbox_processes() and time.monotonic() < deadline:
+        while (_sandbox_processes() or not _sandbox_dirs() <= before) and (
+            time.monotonic() < deadline
+        ):
             time.sleep(0.05)
         assert _sandbox_processes() == []
         assert _sandbox_dirs() <= before
