@@ -191,6 +191,33 @@ def test_drgrpo_and_rloo_count_an_episode_once() -> None:
     assert _per_seq(rl) == pytest.approx([1.0, 1.0, -0.5, -0.5, 1.0, -1.0, -1.0, -1.0])
 
 
+def test_reinforce_plus_plus_baseline_counts_an_episode_once() -> None:
+    # group means over episodes: group 0 [1, 0, 0] -> 1/3, group 1 [1, 0] -> 1/2 (per row
+    # they would be 1/2 and 1/4). Before whitening every token of a row carries s - mean:
+    # A 2/3 (both segments), B = C -1/3; D 1/2, E -1/2 (all three segments).
+    third = 1 / 3
+    raw_seq = torch.tensor([2 * third, 2 * third, -third, -third, 0.5, -0.5, -0.5, -0.5], dtype=D)
+    raw = raw_seq[:, None] * EP_MASK
+    expected = masked_whiten(raw, EP_MASK.bool())
+    for target in ("return", "score"):  # gamma 1, the score on the last token: they agree
+        adv, _ = compute_reinforce_plus_plus_baseline(
+            EP_REWARDS, EP_MASK, EP_GROUPS, target=target, episode_index=EPISODES
+        )
+        assert torch.allclose(adv, expected, atol=1e-12)
+    rows, _ = compute_reinforce_plus_plus_baseline(EP_REWARDS, EP_MASK, EP_GROUPS)
+    assert not torch.allclose(rows, expected, atol=1e-3)  # the per-row count differs
+    via, _ = compute_advantages(
+        "reinforce_plus_plus_baseline",
+        token_rewards=EP_REWARDS,
+        response_mask=EP_MASK,
+        group_index=torch.tensor(EP_GROUPS),
+        episode_index=torch.tensor([0, 0, 1, 2, 3, 4, 4, 4]),
+    )
+    assert torch.equal(via, compute_reinforce_plus_plus_baseline(
+        EP_REWARDS, EP_MASK, EP_GROUPS, episode_index=EPISODES
+    )[0])  # fmt: skip
+
+
 def test_an_episode_scores_as_its_last_sequence_and_keeps_one_group() -> None:
     # row 1 (A's final turn) scores 0 instead: A = 0 like B and C, group 0 all equal -> 0
     rewards = EP_REWARDS.clone()

@@ -9,7 +9,8 @@ Conventions shared by every estimator:
   are placed on the last valid token, see ``kl.apply_kl_to_rewards``).
 - ``group_index`` ([B] int tensor, or a list of any hashable ids) names each sequence's
   group (e.g. its prompt); groups need not be contiguous.
-- ``episode_index`` (optional, same forms as ``group_index``; GRPO, Dr.GRPO, RLOO) names
+- ``episode_index`` (optional, same forms as ``group_index``; GRPO, Dr.GRPO, RLOO,
+  REINFORCE++-baseline) names
   the episode each sequence belongs to: a multi-turn episode trained as several sequences
   (segments of a prefix break) shares one score and one group, and counts once in its
   group's mean and std; every one of its sequences gets the episode's advantage.
@@ -273,9 +274,12 @@ def compute_reinforce_plus_plus_baseline(
     gamma: float = 1.0,
     target: str = "return",
     singleton: str = "zero",
+    episode_index: GroupIndex | None = None,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++-baseline (Hu 2025, arXiv:2501.03262): A_t = whiten(G_t - mean_g s) over the
     batch, s_i = G at sequence i's first valid token (= its score when gamma = 1).
+    With ``episode_index`` the group mean and size run over episodes (an episode's s is its
+    last sequence's), each sequence keeping its own G_t / s_i (module docstring).
 
     ``target="return"`` (relayrl) subtracts the group mean from the return-to-go G_t;
     ``target="score"`` (veRL) from the sequence score s_i on every token: the two agree when
@@ -296,12 +300,16 @@ def compute_reinforce_plus_plus_baseline(
     else:
         start = returns.new_zeros(batch)
     scores = torch.where(has_tokens, start, torch.zeros_like(start))
-    centred, counts = _group_centre(scores, _group_inverse(group_index, batch, scores.device))
-    baseline = scores - centred  # the group mean, exactly equal to s_i for equal scores
+    row_inverse = _group_inverse(group_index, batch, scores.device)
+    ep_scores, ep_inverse, back = _per_episode(scores, row_inverse, episode_index)
+    centred, counts = _group_centre(ep_scores, ep_inverse)
+    baseline = ep_scores - centred  # the group mean, exactly equal to s_i for equal scores
     if singleton == "score":
         baseline = torch.where(counts >= 2, baseline, torch.zeros_like(baseline))
     elif singleton != "zero":
         raise ValueError(f"unknown singleton convention {singleton!r}; known: ['zero', 'score']")
+    if back is not None:
+        baseline = baseline[back]
     if target == "return":
         raw = returns - baseline[:, None]
     elif target == "score":
