@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -68,7 +67,7 @@ def reference_logprobs(model_dir: Path, rank: int, world: int) -> torch.Tensor:
     return ref.compute_logprobs(exp)
 
 
-def rank_main(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> None:
+def rank_main(rank: int, world: int, init_file: str, model_dir: str, out_dir: str) -> None:
     """Actor and critic steps on this rank's shard; rank 0 saves the full results; then a
     sharded checkpoint after step 1, step 2 trained on, and a fresh actor resumed from it;
     then a LoRA actor data-parallel and an FSDP2 actor with CPU offload (``dp_ranks``)."""
@@ -76,9 +75,10 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, out_dir: str) ->
     from relayrl.controller.sharded_checkpoint import load_sharded, save_sharded
     from relayrl.workers.fsdp import full_state_dict, iter_full_state_buckets
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # A file rendezvous, not a TCP port: a port picked free here can be taken by another
+    # test process (the other xdist worker) before rank 0 listens on it.
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     d, out = Path(model_dir), Path(out_dir)
     actor, stats = train_actor(d, rank, world)
     weights = actor.state_dict()  # a collective: full tensors on rank 0

@@ -8,8 +8,6 @@ gives the weights of one process without it."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -21,17 +19,12 @@ from relayrl.model import build_tiny_model, load_causal_lm
 TOL = 1e-9
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp")
     model = build_tiny_model(root / "m", hidden_size=16)
-    mp.spawn(rank_main, args=(2, _free_port(), str(model), str(root)), nprocs=2, join=True)
+    rendezvous = str(root / "rendezvous")
+    mp.spawn(rank_main, args=(2, rendezvous, str(model), str(root)), nprocs=2, join=True)
     return model, torch.load(root / "rank0.pt", weights_only=False)
 
 
