@@ -182,14 +182,10 @@ class CollectiveWeightSync:
             ok = True
         finally:
             with self._cv:  # type: ignore[has-type]
-                # A failed receive may have loaded part of the weights: the engine keeps this
-                # update counted (no step runs) until a sync completes.
-                release = 1
-                if not ok and not self._torn:
-                    self._torn, release = True, 0
-                elif ok and self._torn:
-                    self._torn, release = False, 2
-                self._updates -= release  # type: ignore[has-type]
+                # A failed receive may have loaded part of the weights: the engine loop
+                # stays paused (``_torn``) until a sync completes.
+                self._torn = not ok
+                self._updates -= 1  # type: ignore[has-type]
                 self._cv.notify_all()  # type: ignore[has-type]
         return time.perf_counter() - t0
 

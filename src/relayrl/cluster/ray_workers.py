@@ -267,7 +267,9 @@ class RoleHost(CollectiveWeightSync):
         busy_since: float | None = None
         while True:
             with self._cv:
-                while not self._stop and (self._updates or not self.engine.has_unfinished()):
+                while not self._stop and (
+                    self._updates or self._torn or not self.engine.has_unfinished()
+                ):
                     if busy_since is not None:
                         self._spans.append((busy_since, time.perf_counter()))
                         busy_since = None

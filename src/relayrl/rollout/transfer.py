@@ -40,7 +40,8 @@ def to_host(tokens: Tensor, logprobs: Tensor, vocab: int) -> tuple[list[int], li
     tensor, fp32 while ``vocab <= 2^24`` (every id below 2^24 is an fp32 number), else float64.
     Exact: the logprobs keep their own dtype (or widen), and ``tolist`` gives the same Python
     floats as of the logprobs alone."""
-    dtype = torch.float32 if vocab <= _FP32_EXACT_INTS else torch.float64
+    ids = torch.float32 if vocab <= _FP32_EXACT_INTS else torch.float64
+    dtype = torch.promote_types(ids, logprobs.dtype)  # float64 logprobs stay float64
     both = torch.stack((tokens.to(dtype), logprobs.to(dtype))).tolist()
     return list(map(int, both[0])), both[1]
 
