@@ -293,6 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     matched_len = max(1, round(sum(t * t for t in targets) / sum(targets)))
     n_matched = max(args.slots, round(sum(targets) / matched_len))
     matched_prompts = [prompts[i % len(prompts)] for i in range(n_matched)]
+    matched_runs: list[float] = []
 
     def ceiling() -> tuple[float, dict]:
         tps, _, stats = run_engine(
@@ -302,8 +303,6 @@ def main(argv: list[str] | None = None) -> None:
             run_engine(model, matched_prompts, [matched_len] * n_matched, args.slots, max_len)[0]
         )
         return tps, stats
-
-    matched_runs: list[float] = []
 
     # The ceiling is measured just before and just after each engine run: on a shared
     # machine a single phase can land in a quiet or a busy spell; the ratio of an engine run
