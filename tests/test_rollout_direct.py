@@ -58,3 +58,69 @@ def test_other_classes_and_hooked_models_use_the_module_path(models: dict) -> No
     assert calls  # the hook ran: the forward went through the modules
     plain, _ = _run(model, direct=False)
     assert [s.response_ids for s in hooked] == [s.response_ids for s in plain]
+
+
+@pytest.mark.parametrize("path", ["direct", "modules"])
+def test_the_lm_head_projects_only_the_rows_whose_logits_are_used(models: dict, path: str) -> None:
+    """A step with two prompts of 9 and 12 tokens and one decode row: the LM head sees 3
+    rows (each sequence's last token), not 22 (every prompt token), on both forward paths."""
+    from relayrl.rollout.kv_cache import SlotKVCache
+
+    model = models["llama"]
+    runner = RolloutEngine(model, eos_token_id=EOS, pad_token_id=PAD, max_slots=3).runner
+    seen: list[int] = []
+    real_lin = direct_forward._lin
+
+    def lin(x: torch.Tensor, layer: torch.nn.Module) -> torch.Tensor:
+        if layer is model.lm_head:
+            seen.append(x.reshape(-1, x.shape[-1]).shape[0])
+        return real_lin(x, layer)
+
+    handle = None
+    if path == "direct":
+        direct_forward._lin = lin
+    else:  # a hook on the head: the runner stands aside from the direct path
+        handle = model.lm_head.register_forward_hook(
+            lambda m, i, o: seen.append(i[0].reshape(-1, i[0].shape[-1]).shape[0])
+        )
+    try:
+        cache = SlotKVCache(3, 64)
+        prompts = random_prompts([5, 9, 12], seed=22)
+        first = runner._forward_split(model, cache, [], [], [], [0], prompts[:1])
+        seen.clear()
+        nxt = first.argmax(-1).tolist()
+        logits = runner._forward_split(model, cache, [0], [5], [nxt], [1, 2], prompts[1:])
+    finally:
+        direct_forward._lin = real_lin
+        if handle is not None:
+            handle.remove()
+    assert seen == [3]
+    assert logits.shape == (3, model.config.vocab_size)
+    # the rows are each sequence's last token: the same logits as full forwards
+    for ids, row in zip([prompts[0] + nxt, prompts[1], prompts[2]], logits, strict=True):
+        with torch.no_grad():
+            ref = model(input_ids=torch.tensor([ids])).logits[0, -1]
+        torch.testing.assert_close(row, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("prompts", [1, 3])
+def test_prefill_attention_is_bitwise_sdpa_attention_forward(prompts: int) -> None:
+    """Grouped-query prefill attention through SDPA's enable_gqa (and plain causal for one
+    prompt) equals transformers' repeat_kv path bit for bit."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from relayrl.rollout.model_runner import _prefill_attention
+
+    g = torch.Generator().manual_seed(3)
+    lens = [7, 3, 11][:prompts]
+    p = sum(lens)
+    q, k, v = (torch.randn(1, h, p, 16, generator=g) for h in (4, 2, 2))
+    seg = torch.cat([torch.full((n,), i) for i, n in enumerate(lens)])
+    pos = torch.cat([torch.arange(n) for n in lens])
+    allowed = (seg[:, None] == seg[None, :]) & (pos[None, :] <= pos[:, None])
+    mask = torch.zeros(1, 1, p, p).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 2, True
+    ref, _ = sdpa_attention_forward(module, q, k, v, mask, dropout=0.0, scaling=0.25)
+    got = _prefill_attention(q, k, v, mask if prompts > 1 else None, 0.25)
+    assert torch.equal(got, ref)

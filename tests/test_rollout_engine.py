@@ -420,3 +420,13 @@ def test_urgent_steps_off_and_bad_value(models: dict) -> None:
     assert engine.stats()["urgent_steps"] == 0
     with pytest.raises(ValueError, match="urgent_steps"):
         make_engine(model, urgent_steps=-1)
+
+
+def test_kv_cache_reads_gather_with_index_select_as_advanced_indexing() -> None:
+    from relayrl.rollout.kv_cache import _read
+
+    arena = torch.randn(6, 2, 9, 4)
+    rows = torch.tensor([0, 2, 5])
+    assert torch.equal(_read(arena, rows, 7), arena[rows, :, :7])
+    view = _read(arena, slice(1, 4), 5)
+    assert view.data_ptr() == arena[1].data_ptr() and torch.equal(view, arena[1:4, :, :5])

@@ -107,10 +107,13 @@ def direct_logits(
     cache: object,
     attention: Callable[..., tuple[Tensor, object]],
     mask: Tensor,
+    rows: Tensor | None = None,
 ) -> Tensor:
     """fp32 logits ``[N, vocab]`` of ``ids`` ``[N, 1]`` at ``position_ids`` ``[N, 1]``, each row
     one token, keys/values written through ``cache.update``, attention by ``attention`` (the
-    runner's split attention), as ``model(..., logits_to_keep=1).logits[:, -1]`` computes."""
+    runner's split attention), as ``model(..., logits_to_keep=1).logits[:, -1]`` computes;
+    with ``rows`` (indices) only those rows' logits ``[len(rows), vocab]``: the final norm
+    runs on every row, the LM head on those alone."""
     inner = model.model
     h = inner.embed_tokens(ids)
     # LlamaRotaryEmbedding.forward (default rope), then apply_rotary_pos_emb's unsqueeze(1)
@@ -139,5 +142,7 @@ def direct_logits(
         x = _rms(h, layer.post_attention_layernorm)
         mlp = layer.mlp
         h = residual + _lin(F.silu(_lin(x, mlp.gate_proj)) * _lin(x, mlp.up_proj), mlp.down_proj)
-    h = _rms(h, inner.norm)
-    return _lin(h[:, -1:, :], model.lm_head)[:, -1].float()
+    h = _rms(h, inner.norm)[:, -1]
+    if rows is not None:
+        h = h.index_select(0, rows)
+    return _lin(h, model.lm_head).float()
