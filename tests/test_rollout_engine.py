@@ -298,6 +298,7 @@ def test_iter_finished_and_group_metadata(models: dict) -> None:
         {"dense_fraction": 1.01},  # slot rows always gathered, never a view with dummies
         # decode rows in length buckets from 2 tokens up, every class its own bucket
         {"bucket_overhead": 1, "bucket_min_len": 2},
+        {"prefill_call_cost": 0},  # a step's prompts attend one call each, never one block
     ],
 )
 def test_every_runner_path_matches_recompute(models: dict, arch: str, runner_opts: dict) -> None:
@@ -430,3 +431,14 @@ def test_kv_cache_reads_gather_with_index_select_as_advanced_indexing() -> None:
     assert torch.equal(_read(arena, rows, 7), arena[rows, :, :7])
     view = _read(arena, slice(1, 4), 5)
     assert view.data_ptr() == arena[1].data_ptr() and torch.equal(view, arena[1:4, :, :5])
+
+
+def test_prompt_by_prompt_prefill_attention_hand_case() -> None:
+    """One block-diagonal call costs c + P^2 query-key pairs, a call per prompt c + p^2 each."""
+    from relayrl.rollout.model_runner import ModelRunner
+
+    runner = ModelRunner(PAD, 8, prefill_call_cost=2048)
+    assert not runner._prompt_by_prompt([20, 20])  # 4096 + 800 >= 2048 + 1600
+    assert runner._prompt_by_prompt([20] * 32)  # 32 x 2048 + 12800 < 2048 + 409600
+    assert not runner._prompt_by_prompt([20] * 4)  # 8192 + 1600 >= 2048 + 6400
+    assert runner._prompt_by_prompt([20] * 8)  # 16384 + 3200 < 2048 + 25600

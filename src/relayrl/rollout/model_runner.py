@@ -66,9 +66,11 @@ class _SplitState:
     # the decode rows' length buckets (one when lengths are alike): (first row, end row,
     # additive mask [rows, 1, 1, columns]); their keys/values are ``cache.split_buckets``
     decode_buckets: list[tuple[int, int, Tensor]]
-    # [1, 1, P, P] additive, block-diagonal causal; None: no prefill, or a single prompt
-    # (plain causal)
+    # [1, 1, P, P] additive, block-diagonal causal; None: no prefill, a single prompt (plain
+    # causal) or prompts attended one by one (``prefill_lengths``)
     prefill_mask: Tensor | None
+    # set when the prompts' attention runs prompt by prompt (plain causal each): their lengths
+    prefill_lengths: list[int] | None = None
 
 
 _active = threading.local()
@@ -101,7 +103,22 @@ def _split_attention(
     if query.shape[0] > n:
         # The prefill tokens as one sequence [1, H, P, D] with a block-diagonal causal mask.
         q, k, v = (t[n:].transpose(0, 2) for t in (query, key, value))
-        if grouped:
+        if grouped and state.prefill_lengths is not None:  # prompt by prompt, causal each
+            outs, start = [], 0
+            for length in state.prefill_lengths:
+                end = start + length
+                outs.append(
+                    _prefill_attention(
+                        q[:, :, start:end],
+                        k[:, :, start:end],
+                        v[:, :, start:end],
+                        None,
+                        kwargs.get("scaling"),
+                    )
+                )
+                start = end
+            out = torch.cat(outs, dim=1)
+        elif grouped:
             out = _prefill_attention(q, k, v, state.prefill_mask, kwargs.get("scaling"))
         else:
             out, _ = sdpa_attention_forward(module, q, k, v, state.prefill_mask, **kwargs)
@@ -167,6 +184,7 @@ class ModelRunner:
         split_attention: bool = True,
         bucket_overhead: int = 4096,
         bucket_min_len: int = 32,
+        prefill_call_cost: int = 2048,
         direct: bool = True,
         device: torch.device | str = "cpu",
     ) -> None:
@@ -184,6 +202,9 @@ class ModelRunner:
         # 0 turns bucketing off.
         self.bucket_overhead = bucket_overhead
         self.bucket_min_len = bucket_min_len  # the shortest class: lengths <= this
+        # What one more prefill attention call costs, in query-key pairs (on this CPU ~12 us,
+        # ~2000 pairs of a 4-head, 16-dim layer); see ``_prompt_by_prompt``.
+        self.prefill_call_cost = prefill_call_cost
         # split forwards of supported models through ``direct_forward`` (no module calls)
         self.direct = direct
         self.num_forwards = 0
@@ -452,9 +473,13 @@ class ModelRunner:
             for lo, hi, cols in dec_ranges
         ]
         prefill_mask = None
+        prefill_lengths = None
         if pre_slots:
             cache.ensure_capacity(max(len(t) for t in pre_tokens))
-        if len(pre_slots) > 1 or (pre_slots and not GROUPED_DECODE):
+            lengths = [len(t) for t in pre_tokens]
+            if GROUPED_DECODE and len(lengths) > 1 and self._prompt_by_prompt(lengths):
+                prefill_lengths = lengths
+        if prefill_lengths is None and (len(pre_slots) > 1 or (pre_slots and not GROUPED_DECODE)):
             seg, ppos = packed[-1, n_decode:], pos[n_decode:]
             allowed = (seg.unsqueeze(1) == seg.unsqueeze(0)) & (
                 ppos.unsqueeze(0) <= ppos.unsqueeze(1)
@@ -471,7 +496,7 @@ class ModelRunner:
         # the batch rows whose logits are wanted, in the callers' order (None: every row):
         # the LM head runs on these alone, not on every prompt token of the step
         out_rows = packed[3, : len(keep)] if reorder else None
-        state = _SplitState(cache, n_decode, dec_buckets, prefill_mask)
+        state = _SplitState(cache, n_decode, dec_buckets, prefill_mask, prefill_lengths)
         dummy_mask = torch.zeros(1, 1, 1, 1, dtype=dtype, device=dev)  # real masks: `state`
         direct = self._use_direct(model)  # (its first-use check runs split forwards itself)
         if direct:  # calls _split_attention itself: only the state to set, no config swap
@@ -525,6 +550,18 @@ class ModelRunner:
             buckets.append(sorted(pending))
             pending = []
         return buckets if len(buckets) > 1 else None
+
+    def _prompt_by_prompt(self, lengths: Sequence[int]) -> bool:
+        """Whether a step's prompts attend one call each rather than as one block-diagonal
+        sequence. In query-key pairs: one call over all ``P = sum(lengths)`` tokens costs
+        ``prefill_call_cost + P^2`` (most of the block-diagonal mask is masked-out pairs, and
+        building the ``P x P`` mask is quadratic too), a call per prompt ``prefill_call_cost +
+        p^2`` each. 32 prompts of 20 tokens at once (a wave of admissions: the start of an RL
+        step): 2048 + 409600 against 32 x (2048 + 400); two of 20: 2048 + 1600 against 4896.
+        """
+        c = self.prefill_call_cost
+        total = sum(lengths)
+        return len(lengths) * c + sum(p * p for p in lengths) < c + total * total
 
     def _use_direct(self, model: torch.nn.Module) -> bool:
         """Whether this split forward goes through ``direct_forward`` (see its docstring)."""
