@@ -26,6 +26,11 @@ temperature 1 and run in the same process, one after the other, on the same prom
   median of pairs like ``engine_vs_ceiling``) is what scheduling alone leaves on the table.
 - ``steady``: the engine's own rate on the heavy-tailed run over the steps where every slot
   was busy (queue not empty): the all-slots-full rate of the same workload.
+- ``*_step_kinds``: the engine run's and the (last) ceiling run's steps by kind, with their
+  count, seconds, ms per step and mean rows: ``admit`` (requests admitted: their prefills
+  ride next to the decode rows), ``decode`` (every slot busy, nothing admitted), ``tail``
+  (the queue is empty and slots drain). The heavy-tailed run admits in most steps and ends
+  in a tail of nearly-empty steps; the ceiling admits in waves and has no tail.
 - ``vllm``: :class:`relayrl.rollout.vllm_backend.VllmEngine` (vLLM's ``LLMEngine`` in this
   process, ``max_num_seqs`` = ``--slots``) on the same requests, when ``import vllm`` works
   (``make vllm-venv``; ``--skip-vllm`` to skip). vLLM's CPU attention needs a head size of 32,
@@ -99,18 +104,35 @@ def run_engine(model, prompts, targets, slots: int, max_len: int) -> tuple[float
     got = 0
     full_tokens, full_time = 0, 0.0
     sched = engine.scheduler
+    kinds: dict[str, list[float]] = {}  # kind -> [steps, seconds, rows]
     while engine.has_unfinished():
-        full = len(sched.waiting) >= slots - len(sched.running)  # every slot busy this step
+        free = slots - len(sched.running)
+        full = len(sched.waiting) >= free  # every slot busy this step
+        rows = len(sched.running) + min(len(sched.waiting), free)
+        kind = "admit" if sched.waiting and free else ("decode" if full else "tail")
         before = engine.stats()["tokens_generated"] if full else 0
         ts = clock()
         got += sum(len(s.response_ids) for s in engine.step())
+        step_s = clock() - ts
+        k = kinds.setdefault(kind, [0, 0.0, 0])
+        k[0], k[1], k[2] = k[0] + 1, k[1] + step_s, k[2] + rows
         if full:
-            full_time += clock() - ts
+            full_time += step_s
             full_tokens += engine.stats()["tokens_generated"] - before
     dt = clock() - t0
     assert got == sum(targets), (got, sum(targets))
     steady = full_tokens / full_time if full_time > 0 else float("nan")
-    return got / dt, steady, engine.stats()
+    stats = engine.stats()
+    stats["step_kinds"] = {
+        kind: {
+            "steps": n,
+            "s": round(t, 4),
+            "ms_per_step": round(1e3 * t / n, 3),
+            "rows": round(r / n, 1),
+        }
+        for kind, (n, t, r) in sorted(kinds.items())
+    }
+    return got / dt, steady, stats
 
 
 @torch.no_grad()
@@ -397,6 +419,10 @@ def main(argv: list[str] | None = None) -> None:
         "ceiling_slot_utilisation": r(st_ceiling["mean_slot_utilisation"]),
         "static_useful_fraction": r(static_util),
         "engine_steps": st["steps"],
+        # where the run's time went: steps that admit requests (prefills next to decode rows),
+        # all-slots-busy decode steps, and the tail (queue empty, slots draining)
+        "engine_step_kinds": st["step_kinds"],
+        "ceiling_step_kinds": st_ceiling["step_kinds"],
         "engine_kv_cache_mb": r(st["kv_cache_bytes"] / 2**20),
         "peak_rss_mb": {
             "after_engine": r(rss_engine),
