@@ -1,4 +1,4 @@
-"""The decode rows' grouped-query attention (``model_runner._decode_attention``): the G query
+"""The decode rows' grouped-query attention (``split_attention.decode_attention``): the G query
 heads of a kv head as G query positions, on a strided view of the cache arena, equal plain
 softmax attention with the keys repeated G times (``repeat_kv``), computed here by hand."""
 
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from relayrl.rollout.model_runner import _decode_attention
+from relayrl.rollout.split_attention import decode_attention as _decode_attention
 
 
 def _by_hand(q, k, v, lengths, scale):

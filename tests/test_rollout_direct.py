@@ -109,7 +109,7 @@ def test_prefill_attention_is_bitwise_sdpa_attention_forward(prompts: int) -> No
     prompt) equals transformers' repeat_kv path bit for bit."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from relayrl.rollout.model_runner import _prefill_attention
+    from relayrl.rollout.split_attention import prefill_attention
 
     g = torch.Generator().manual_seed(3)
     lens = [7, 3, 11][:prompts]
@@ -122,5 +122,5 @@ def test_prefill_attention_is_bitwise_sdpa_attention_forward(prompts: int) -> No
     module = torch.nn.Module()
     module.num_key_value_groups, module.is_causal = 2, True
     ref, _ = sdpa_attention_forward(module, q, k, v, mask, dropout=0.0, scaling=0.25)
-    got = _prefill_attention(q, k, v, mask if prompts > 1 else None, 0.25)
+    got = prefill_attention(q, k, v, mask if prompts > 1 else None, 0.25)
     assert torch.equal(got, ref)

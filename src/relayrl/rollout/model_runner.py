@@ -11,11 +11,11 @@ Two ways to run a step:
   one forward whose batch rows each hold ONE token: first the decode rows (one per live slot
   in a contiguous range, so attention reads a zero-copy view of the arena), then every
   prefill token, flat. The model's linear layers see ``n_decode + n_prefill_tokens`` rows
-  with no padding. Attention is split in two SDPA calls, through a ``transformers``
-  attention function swapped in for the duration of the forward: decode rows attend to their
-  slot's cache, prefill tokens attend causally within their own prompt (a block-diagonal
-  mask; a prefill always starts from an empty slot). On CPU, where per-forward overhead
-  dominates small models, this makes a step with admissions cost about as much as a plain
+  with no padding. Attention is split (``relayrl.rollout.split_attention``, a
+  ``transformers`` attention function swapped in for the duration of the forward): decode
+  rows attend to their slot's cache, prefill tokens attend causally within their own prompt
+  (a block-diagonal mask, or a call per prompt; a prefill always starts from an empty slot).
+  On CPU, where per-forward overhead dominates small models, this makes a step with admissions cost about as much as a plain
   decode step instead of several times more. Decode rows of very different lengths (fresh
   short answers next to a long straggler, the normal state of continuous batching under a
   heavy tail) are grouped in length buckets (powers of two, merged while merging is cheaper
@@ -37,139 +37,23 @@ non-blocking copies, no stream sync); nothing comes back to the host here.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import threading
 import weakref
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from relayrl.rollout import direct_forward
+from relayrl.rollout import split_attention as attention
 from relayrl.rollout.kv_cache import SlotKVCache
+from relayrl.rollout.split_attention import (
+    ACTIVE,
+    SplitState,
+    causal_mask,
+    split_attention_active,
+)
 from relayrl.rollout.transfer import CPU, device_tensor
-
-SPLIT_ATTENTION = "relayrl_split_sdpa"
-GROUPED_DECODE = True
-"""Decode rows attend through ``_decode_attention`` (no ``repeat_kv`` copy of the cache);
-False: through ``transformers``' ``sdpa_attention_forward`` (benchmarks compare the two)."""
-
-
-@dataclass
-class _SplitState:
-    cache: SlotKVCache
-    n_decode: int  # batch rows [0, n_decode) are decode rows; the rest are prefill tokens
-    # the decode rows' length buckets (one when lengths are alike): (first row, end row,
-    # additive mask [rows, 1, 1, columns]); their keys/values are ``cache.split_buckets``
-    decode_buckets: list[tuple[int, int, Tensor]]
-    # [1, 1, P, P] additive, block-diagonal causal; None: no prefill, a single prompt (plain
-    # causal) or prompts attended one by one (``prefill_lengths``)
-    prefill_mask: Tensor | None
-    # set when the prompts' attention runs prompt by prompt (plain causal each): their lengths
-    prefill_lengths: list[int] | None = None
-
-
-_active = threading.local()
-
-
-def _split_attention(
-    module: torch.nn.Module,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attention_mask: Tensor | None,
-    **kwargs: object,
-) -> tuple[Tensor, None]:
-    """Attention of a split step: decode rows on the cache, prefill tokens on their prompt."""
-    state: _SplitState | None = getattr(_active, "state", None)
-    if state is None:  # not inside an engine forward: plain SDPA
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    n = state.n_decode
-    parts = []
-    assert state.cache.split_buckets is not None
-    grouped = (
-        GROUPED_DECODE and "position_bias" not in kwargs and not kwargs.get("output_attentions")
-    )
-    for (lo, hi, mask), (k, v) in zip(state.decode_buckets, state.cache.split_buckets, strict=True):
-        if grouped:
-            parts.append(_decode_attention(query[lo:hi], k, v, mask, kwargs.get("scaling")))
-        else:
-            out, _ = sdpa_attention_forward(module, query[lo:hi], k, v, mask, **kwargs)
-            parts.append(out)  # [rows, 1, H, D]
-    if query.shape[0] > n:
-        # The prefill tokens as one sequence [1, H, P, D] with a block-diagonal causal mask.
-        q, k, v = (t[n:].transpose(0, 2) for t in (query, key, value))
-        if grouped and state.prefill_lengths is not None:  # prompt by prompt, causal each
-            outs, start = [], 0
-            for length in state.prefill_lengths:
-                end = start + length
-                outs.append(
-                    _prefill_attention(
-                        q[:, :, start:end],
-                        k[:, :, start:end],
-                        v[:, :, start:end],
-                        None,
-                        kwargs.get("scaling"),
-                    )
-                )
-                start = end
-            out = torch.cat(outs, dim=1)
-        elif grouped:
-            out = _prefill_attention(q, k, v, state.prefill_mask, kwargs.get("scaling"))
-        else:
-            out, _ = sdpa_attention_forward(module, q, k, v, state.prefill_mask, **kwargs)
-        parts.append(out.transpose(0, 1))  # [P, 1, H, D]
-    return (parts[0] if len(parts) == 1 else torch.cat(parts)), None
-
-
-def _decode_attention(
-    query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scaling: object
-) -> Tensor:
-    """Decode rows' attention on their cache read, without copying the cache.
-
-    ``query`` ``[n, H, 1, D]``, ``key``/``value`` ``[n, Hkv, L, D]`` (a strided view of the
-    arena), ``mask`` ``[n, 1, 1, L]``. With grouped-query attention (``G = H / Hkv`` query
-    heads share kv head ``h // G``, as ``repeat_kv`` pairs them) the ``G`` heads of a group
-    become ``G`` query positions of one kv head: ``[n, Hkv, G, D]`` against ``[n, Hkv, L, D]``,
-    the same dot products as repeating the keys ``G`` times, without the copy of every
-    layer's whole cache read that ``repeat_kv`` makes (the largest cost of a wide decode
-    step). Returns ``[n, 1, H, D]`` like ``sdpa_attention_forward``.
-    """
-    n, heads, _, dim = query.shape
-    kv_heads = key.shape[1]
-    q = query.reshape(n, kv_heads, heads // kv_heads, dim)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q, key, value, attn_mask=mask, scale=scaling if isinstance(scaling, float) else None
-    )
-    return out.reshape(n, 1, heads, dim)
-
-
-def _prefill_attention(
-    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scaling: object
-) -> Tensor:
-    """The prefill tokens' attention as one sequence: ``query`` ``[1, H, P, D]``,
-    ``key``/``value`` ``[1, Hkv, P, D]``, ``mask`` ``[1, 1, P, P]`` additive block-diagonal
-    causal, or None for a single prompt (plain causal, no mask built). Grouped-query heads
-    through SDPA's ``enable_gqa`` instead of ``repeat_kv``'s copies of the keys and values:
-    the same outputs bit for bit, 2.6x less time for one 20-token prompt on the CPU (13 us
-    against 34 us a layer). Returns ``[1, P, H, D]`` like ``sdpa_attention_forward``."""
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query,
-        key,
-        value,
-        attn_mask=mask,
-        is_causal=mask is None,
-        scale=scaling if isinstance(scaling, float) else None,
-        enable_gqa=query.shape[1] != key.shape[1],
-    )
-    return out.transpose(1, 2)
-
-
-AttentionInterface.register(SPLIT_ATTENTION, _split_attention)
 
 
 class ModelRunner:
@@ -393,7 +277,7 @@ class ModelRunner:
         write_pos = torch.where(i >= 0, position_ids, -1)
         kv_len = max(1, max(s + t for s, t in zip(start_col, num_new, strict=True)))
         cache.plan(rows, write_rows, write_pos, kv_len)
-        mask = _causal_mask(position_ids.unsqueeze(1), kv_len, _dtype(model))  # [n, 1, q, L]
+        mask = causal_mask(position_ids.unsqueeze(1), kv_len, _dtype(model))  # [n, 1, q, L]
         logits = self._call(model, cache, device_tensor(ids, torch.long, dev), position_ids, mask)
         if n != len(slots):
             live = [r for r, i in enumerate(row_map) if i >= 0]
@@ -469,7 +353,7 @@ class ModelRunner:
         ids_t, position_ids, rows_t = packed[:3].unsqueeze(2)  # [N, 1] each
         pos = packed[1]
         dec_buckets = [  # (first row, end row, additive mask [rows, 1, 1, columns])
-            (lo, hi, _causal_mask(pos[lo:hi].clamp(min=0).view(-1, 1, 1), cols, dtype))
+            (lo, hi, causal_mask(pos[lo:hi].clamp(min=0).view(-1, 1, 1), cols, dtype))
             for lo, hi, cols in dec_ranges
         ]
         prefill_mask = None
@@ -477,9 +361,11 @@ class ModelRunner:
         if pre_slots:
             cache.ensure_capacity(max(len(t) for t in pre_tokens))
             lengths = [len(t) for t in pre_tokens]
-            if GROUPED_DECODE and len(lengths) > 1 and self._prompt_by_prompt(lengths):
+            if attention.GROUPED_DECODE and len(lengths) > 1 and self._prompt_by_prompt(lengths):
                 prefill_lengths = lengths
-        if prefill_lengths is None and (len(pre_slots) > 1 or (pre_slots and not GROUPED_DECODE)):
+        if prefill_lengths is None and (
+            len(pre_slots) > 1 or (pre_slots and not attention.GROUPED_DECODE)
+        ):
             seg, ppos = packed[-1, n_decode:], pos[n_decode:]
             allowed = (seg.unsqueeze(1) == seg.unsqueeze(0)) & (
                 ppos.unsqueeze(0) <= ppos.unsqueeze(1)
@@ -496,26 +382,26 @@ class ModelRunner:
         # the batch rows whose logits are wanted, in the callers' order (None: every row):
         # the LM head runs on these alone, not on every prompt token of the step
         out_rows = packed[3, : len(keep)] if reorder else None
-        state = _SplitState(cache, n_decode, dec_buckets, prefill_mask, prefill_lengths)
+        state = SplitState(cache, n_decode, dec_buckets, prefill_mask, prefill_lengths)
         dummy_mask = torch.zeros(1, 1, 1, 1, dtype=dtype, device=dev)  # real masks: `state`
         direct = self._use_direct(model)  # (its first-use check runs split forwards itself)
-        if direct:  # calls _split_attention itself: only the state to set, no config swap
-            _active.state = state
+        if direct:  # calls attention.split_attention itself: only the state to set, no config swap
+            ACTIVE.state = state
             try:
                 logits = direct_forward.direct_logits(
                     model,
                     ids_t,
                     position_ids.clamp(min=0),
                     cache,
-                    _split_attention,
+                    attention.split_attention,
                     dummy_mask,
                     rows=out_rows,
                 )
             finally:
-                _active.state = None
+                ACTIVE.state = None
             self.num_forwards += 1
         else:
-            with _split_attention_active(model, state):
+            with split_attention_active(model, state):
                 logits = self._call_rows(
                     model, cache, ids_t, position_ids.clamp(min=0), dummy_mask, out_rows
                 )
@@ -643,20 +529,6 @@ class ModelRunner:
             self.num_forwards = forwards
 
 
-@contextlib.contextmanager
-def _split_attention_active(model: torch.nn.Module, state: _SplitState) -> Iterator[None]:
-    """Route the model's attention through ``_split_attention`` for one forward."""
-    config = model.config
-    previous = config._attn_implementation
-    config._attn_implementation = SPLIT_ATTENTION
-    _active.state = state
-    try:
-        yield
-    finally:
-        _active.state = None
-        config._attn_implementation = previous
-
-
 def _select(slots: list[int], device: torch.device) -> Tensor | slice:
     """Arena rows of sorted distinct ``slots``: a slice (a view) when contiguous."""
     if slots[-1] - slots[0] + 1 == len(slots):
@@ -676,12 +548,3 @@ def _dtype(model: torch.nn.Module) -> torch.dtype:
     if p is None:
         p = _FIRST_PARAM[model] = next(model.parameters())
     return p.dtype
-
-
-def _causal_mask(position_ids: Tensor, kv_len: int, dtype: torch.dtype) -> Tensor:
-    """Additive mask ``[n, 1, q, kv_len]`` from ``position_ids`` ``[n, 1, q]``: query at
-    position p sees cache columns ``j <= p`` (on ``position_ids``' device)."""
-    dev = position_ids.device
-    allowed = torch.arange(kv_len, device=dev).view(1, 1, 1, kv_len) <= position_ids.unsqueeze(-1)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=dev)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
