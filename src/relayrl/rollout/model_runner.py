@@ -15,16 +15,17 @@ Two ways to run a step:
   ``transformers`` attention function swapped in for the duration of the forward): decode
   rows attend to their slot's cache, prefill tokens attend causally within their own prompt
   (a block-diagonal mask, or a call per prompt; a prefill always starts from an empty slot).
-  On CPU, where per-forward overhead dominates small models, this makes a step with admissions cost about as much as a plain
-  decode step instead of several times more. Decode rows of very different lengths (fresh
-  short answers next to a long straggler, the normal state of continuous batching under a
-  heavy tail) are grouped in length buckets (powers of two, merged while merging is cheaper
-  than another attention call), each reading only its own columns of the cache: without
-  them every row would read, and attend over, as many columns as the longest sequence.
-  For Llama, Qwen2 and Mistral models the split forward itself runs without ``nn.Module``
-  calls (``relayrl.rollout.direct_forward``: the same operations, bitwise the same logits,
-  checked at first use; ``direct=False`` turns it off): 1.4-1.6x less time per decode step
-  at 1-32 rows on the bench model, where a step is mostly Python overhead.
+  On CPU, where per-forward overhead dominates small models, this makes a step with
+  admissions cost about as much as a plain decode step instead of several times more. Decode
+  rows of very different lengths (fresh short answers next to a long straggler, the normal
+  state of continuous batching under a heavy tail) are grouped in length buckets (powers of
+  two, merged while merging is cheaper than another attention call), each reading only its
+  own columns of the cache: without them every row would read, and attend over, as many
+  columns as the longest sequence. For Llama, Qwen2 and Mistral models the split forward
+  itself runs without ``nn.Module`` calls (``relayrl.rollout.direct_forward``: the same
+  operations, bitwise the same logits, checked at first use; ``direct=False`` turns it off):
+  1.4-1.6x less time per decode step at 1-32 rows on the bench model, where a step is mostly
+  Python overhead.
 - **Padded** (the fallback, any model whose attention goes through ``cache.update`` and a 4D
   mask): rows right-aligned in an ``[n, q]`` window, the last column is every row's last
   token, leading pad columns write to the cache's trash column. Decode rows and prefills run
