@@ -180,8 +180,9 @@ def test_agent_rollouts_record_the_engines_tokens(chat_model, tmp_path):
             params = SamplingParams(temperature=cfg.rollout.temperature, max_tokens=6, seed=seed)
             out = engine.generate([GenerationRequest(ids[: start + a], params)])[0]
             assert out.response_ids == s.response_ids[a:b]
-            # batched there, alone here: fp32 numerics of a different batch (measured 2e-6)
-            assert out.behaviour_logprobs == pytest.approx(s.behaviour_logprobs[a:b], abs=1e-5)
+            # batched there, alone here: fp32 numerics of a different batch (measured 2e-6 on
+            # AMD; 3.3e-5 on an Intel AVX-512 CPU under default kernels): the recompute's bound
+            assert out.behaviour_logprobs == pytest.approx(s.behaviour_logprobs[a:b], abs=5e-5)
 
 
 def test_an_openai_agent_trains_for_grpo_steps(chat_model, tmp_path):
