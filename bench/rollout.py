@@ -105,10 +105,12 @@ def run_engine(model, prompts, targets, slots: int, max_len: int) -> tuple[float
     full_tokens, full_time = 0, 0.0
     sched = engine.scheduler
     kinds: dict[str, list[float]] = {}  # kind -> [steps, seconds, rows]
+    step_rows: list[int] = []
     while engine.has_unfinished():
         free = slots - len(sched.running)
         full = len(sched.waiting) >= free  # every slot busy this step
         rows = len(sched.running) + min(len(sched.waiting), free)
+        step_rows.append(rows)
         kind = "admit" if sched.waiting and free else ("decode" if full else "tail")
         before = engine.stats()["tokens_generated"] if full else 0
         ts = clock()
@@ -123,6 +125,7 @@ def run_engine(model, prompts, targets, slots: int, max_len: int) -> tuple[float
     assert got == sum(targets), (got, sum(targets))
     steady = full_tokens / full_time if full_time > 0 else float("nan")
     stats = engine.stats()
+    stats["step_rows"] = step_rows  # rows of every step, in order
     stats["step_kinds"] = {
         kind: {
             "steps": n,

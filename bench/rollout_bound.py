@@ -3,7 +3,8 @@
 ``bench/rollout.py`` compares the engine on heavy-tailed requests with a ceiling: the same
 useful tokens as uniform requests of the mean length, every slot busy, no tail. This replays
 both runs' schedules (rows per step) against one cost line measured on plain decode steps,
-``t(b) = t(1) + (b - 1) (t(32) - t(1)) / 31`` (``b`` rows, context ~40, nothing admitted):
+``t(b) = t(1) + (b - 1) (t(32) - t(1)) / 31`` (``b`` rows, context 40, nothing admitted;
+``relayrl.rollout.timing.engine_timings``):
 ``bound = sum_ceiling t(b) / sum_engine t(b)`` is the ratio the engine would reach if every
 step cost what a decode step with as many rows costs, i.e. what the tail alone leaves (a step
 is mostly fixed cost on a small model, so nearly-empty tail steps cost nearly full ones).
@@ -17,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -30,49 +29,8 @@ import rollout as bench  # noqa: E402
 
 from relayrl.model.loading import load_causal_lm  # noqa: E402
 from relayrl.model.tiny import build_tiny_model  # noqa: E402
-from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams  # noqa: E402
-
-
-def schedule(model, prompts, targets, slots: int, max_len: int) -> tuple[list[int], float]:
-    """Rows of every step of one run, and the run's seconds."""
-    engine = RolloutEngine(
-        model,
-        eos_token_id=bench.EOS,
-        pad_token_id=bench.PAD,
-        max_slots=slots,
-        max_model_len=max_len,
-    )
-    for i, (p, t) in enumerate(zip(prompts, targets, strict=True)):
-        engine.submit(GenerationRequest(p, SamplingParams(max_tokens=t, ignore_eos=True, seed=i)))
-    rows, total = [], 0.0
-    sched = engine.scheduler
-    while engine.has_unfinished():
-        rows.append(len(sched.running) + min(len(sched.waiting), slots - len(sched.running)))
-        t0 = time.perf_counter()
-        engine.step()
-        total += time.perf_counter() - t0
-    return rows, total
-
-
-def decode_step_s(model, rows: int, slots: int, max_len: int, steps: int = 15) -> float:
-    engine = RolloutEngine(
-        model,
-        eos_token_id=bench.EOS,
-        pad_token_id=bench.PAD,
-        max_slots=slots,
-        max_model_len=max_len,
-    )
-    for i in range(rows):
-        prompt = [4 + (j % 60) for j in range(40)]
-        params = SamplingParams(max_tokens=steps + 3, ignore_eos=True, seed=i)
-        engine.submit(GenerationRequest(prompt, params))
-    engine.step()  # the prefill
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from relayrl.rollout import RolloutEngine  # noqa: E402
+from relayrl.rollout.timing import engine_timings  # noqa: E402
 
 
 def main() -> None:
@@ -95,16 +53,24 @@ def main() -> None:
         )
         model = load_causal_lm(path).eval()
         prompts, targets = bench.workload(args.requests, 24.0, 1.0, 256, 0)
-        schedule(model, prompts[:8], [4] * 8, args.slots, max_len)  # warm-up
+        bench.run_engine(model, prompts[:8], [4] * 8, args.slots, max_len)  # warm-up
         mean_len = max(1, round(sum(targets) / len(targets)))
-        engine_rows, engine_s = schedule(model, prompts, targets, args.slots, max_len)
-        ceiling_rows, ceiling_s = schedule(
-            model, prompts, [mean_len] * len(prompts), args.slots, max_len
+        uniform = [mean_len] * len(prompts)
+        engine_tps, _, engine = bench.run_engine(model, prompts, targets, args.slots, max_len)
+        ceiling_tps, _, ceiling = bench.run_engine(model, prompts, uniform, args.slots, max_len)
+        idle = RolloutEngine(
+            model,
+            eos_token_id=bench.EOS,
+            pad_token_id=bench.PAD,
+            max_slots=args.slots,
+            max_model_len=max_len,
         )
-        t1 = decode_step_s(model, 1, args.slots, max_len)
-        tn = decode_step_s(model, args.slots, args.slots, max_len)
+        vocab = model.get_input_embeddings().num_embeddings
+        steps = engine_timings(idle, vocab, batches=(1, args.slots), context=40)["decode_step_s"]
+    t1, tn = steps[1], steps[args.slots]  # type: ignore[index]
     per_row = (tn - t1) / (args.slots - 1)
     cost = lambda rows: sum(t1 + (b - 1) * per_row for b in rows)  # noqa: E731
+    engine_rows, ceiling_rows = engine["step_rows"], ceiling["step_rows"]
     r = lambda x: round(x, 3)  # noqa: E731
     print(
         json.dumps(
@@ -116,7 +82,8 @@ def main() -> None:
                 "ceiling_steps": len(ceiling_rows),
                 "slot_utilisation": r(sum(engine_rows) / (args.slots * len(engine_rows))),
                 "decode_step_ms": {"1": r(1e3 * t1), str(args.slots): r(1e3 * tn)},
-                "measured_ratio": r(ceiling_s / engine_s),
+                # the same useful tokens in both runs: the ratio of rates is the ratio of times
+                "measured_ratio": r(engine_tps / ceiling_tps),
                 "bound_same_step_costs": r(cost(ceiling_rows) / cost(engine_rows)),
             }
         )

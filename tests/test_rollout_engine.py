@@ -442,3 +442,4 @@ def test_prompt_by_prompt_prefill_attention_hand_case() -> None:
     assert runner._prompt_by_prompt([20] * 32)  # 32 x 2048 + 12800 < 2048 + 409600
     assert not runner._prompt_by_prompt([20] * 4)  # 8192 + 1600 >= 2048 + 6400
     assert runner._prompt_by_prompt([20] * 8)  # 16384 + 3200 < 2048 + 25600
+    assert runner._prompt_by_prompt([20])  # one prompt: one call either way, no mask

@@ -48,12 +48,6 @@ from torch import Tensor
 from relayrl.rollout import direct_forward
 from relayrl.rollout import split_attention as attention
 from relayrl.rollout.kv_cache import SlotKVCache
-from relayrl.rollout.split_attention import (
-    ACTIVE,
-    SplitState,
-    causal_mask,
-    split_attention_active,
-)
 from relayrl.rollout.transfer import CPU, device_tensor
 
 
@@ -278,7 +272,9 @@ class ModelRunner:
         write_pos = torch.where(i >= 0, position_ids, -1)
         kv_len = max(1, max(s + t for s, t in zip(start_col, num_new, strict=True)))
         cache.plan(rows, write_rows, write_pos, kv_len)
-        mask = causal_mask(position_ids.unsqueeze(1), kv_len, _dtype(model))  # [n, 1, q, L]
+        mask = attention.causal_mask(
+            position_ids.unsqueeze(1), kv_len, _dtype(model)
+        )  # [n, 1, q, L]
         logits = self._call(model, cache, device_tensor(ids, torch.long, dev), position_ids, mask)
         if n != len(slots):
             live = [r for r, i in enumerate(row_map) if i >= 0]
@@ -354,7 +350,7 @@ class ModelRunner:
         ids_t, position_ids, rows_t = packed[:3].unsqueeze(2)  # [N, 1] each
         pos = packed[1]
         dec_buckets = [  # (first row, end row, additive mask [rows, 1, 1, columns])
-            (lo, hi, causal_mask(pos[lo:hi].clamp(min=0).view(-1, 1, 1), cols, dtype))
+            (lo, hi, attention.causal_mask(pos[lo:hi].clamp(min=0).view(-1, 1, 1), cols, dtype))
             for lo, hi, cols in dec_ranges
         ]
         prefill_mask = None
@@ -362,11 +358,9 @@ class ModelRunner:
         if pre_slots:
             cache.ensure_capacity(max(len(t) for t in pre_tokens))
             lengths = [len(t) for t in pre_tokens]
-            if attention.GROUPED_DECODE and len(lengths) > 1 and self._prompt_by_prompt(lengths):
+            if self._prompt_by_prompt(lengths):
                 prefill_lengths = lengths
-        if prefill_lengths is None and (
-            len(pre_slots) > 1 or (pre_slots and not attention.GROUPED_DECODE)
-        ):
+        if pre_slots and prefill_lengths is None:
             seg, ppos = packed[-1, n_decode:], pos[n_decode:]
             allowed = (seg.unsqueeze(1) == seg.unsqueeze(0)) & (
                 ppos.unsqueeze(0) <= ppos.unsqueeze(1)
@@ -383,11 +377,11 @@ class ModelRunner:
         # the batch rows whose logits are wanted, in the callers' order (None: every row):
         # the LM head runs on these alone, not on every prompt token of the step
         out_rows = packed[3, : len(keep)] if reorder else None
-        state = SplitState(cache, n_decode, dec_buckets, prefill_mask, prefill_lengths)
+        state = attention.SplitState(cache, n_decode, dec_buckets, prefill_mask, prefill_lengths)
         dummy_mask = torch.zeros(1, 1, 1, 1, dtype=dtype, device=dev)  # real masks: `state`
         direct = self._use_direct(model)  # (its first-use check runs split forwards itself)
-        if direct:  # calls attention.split_attention itself: only the state to set, no config swap
-            ACTIVE.state = state
+        if direct:  # calls the split attention itself: only the state to set, no config swap
+            attention.ACTIVE.state = state
             try:
                 logits = direct_forward.direct_logits(
                     model,
@@ -399,10 +393,10 @@ class ModelRunner:
                     rows=out_rows,
                 )
             finally:
-                ACTIVE.state = None
+                attention.ACTIVE.state = None
             self.num_forwards += 1
         else:
-            with split_attention_active(model, state):
+            with attention.split_attention_active(model, state):
                 logits = self._call_rows(
                     model, cache, ids_t, position_ids.clamp(min=0), dummy_mask, out_rows
                 )
@@ -445,10 +439,11 @@ class ModelRunner:
         building the ``P x P`` mask is quadratic too), a call per prompt ``prefill_call_cost +
         p^2`` each. 32 prompts of 20 tokens at once (a wave of admissions: the start of an RL
         step): 2048 + 409600 against 32 x (2048 + 400); two of 20: 2048 + 1600 against 4896.
+        One prompt is one call either way: it attends alone, with no mask built.
         """
         c = self.prefill_call_cost
         total = sum(lengths)
-        return len(lengths) * c + sum(p * p for p in lengths) < c + total * total
+        return len(lengths) * c + sum(p * p for p in lengths) <= c + total * total
 
     def _use_direct(self, model: torch.nn.Module) -> bool:
         """Whether this split forward goes through ``direct_forward`` (see its docstring)."""
