@@ -236,3 +236,18 @@ def test_metrics_rewrite_on_resume_only_when_needed_and_atomic(tmp_path, monkeyp
     monkeypatch.undo()
     MetricsLogger(tmp_path, tensorboard=False, resume_step=1).close()
     assert path.read_text() == "".join(text.splitlines(keepends=True)[:2])
+
+
+def test_a_refused_claim_waits_briefly_for_the_holders_pid(tmp_path):
+    """The holder writes its pid just after taking the lock: a process refused in between
+    reads again instead of naming "pid unknown" (a two-process start saw exactly that)."""
+    import threading
+
+    from relayrl.controller.run_dir import _holder
+
+    lock = tmp_path / ".lock"
+    lock.write_text("")
+    threading.Timer(0.05, lambda: lock.write_text("4321\n")).start()
+    assert _holder(lock) == "4321"
+    lock.write_text("")
+    assert _holder(lock, wait_s=0.05) == "unknown"

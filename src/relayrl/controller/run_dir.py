@@ -30,6 +30,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -97,15 +98,33 @@ def _lock(path: Path) -> int:
         os.close(fd)
         if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             raise _not_writable(path, exc) from exc
-        try:
-            holder = lock.read_text().strip() or "unknown"
-        except OSError:
-            holder = "unknown"
         raise RunDirError(
-            f"run directory {path} is in use by another relayrl run (pid {holder}); wait for it "
-            "to end, or choose another run_dir=..."
+            f"run directory {path} is in use by another relayrl run (pid {_holder(lock)}); wait "
+            "for it to end, or choose another run_dir=..."
         ) from None
+    try:  # the holder's pid, written at once: a process refused now can name it
+        pid = f"{os.getpid()}\n".encode()
+        os.pwrite(fd, pid, 0)
+        os.ftruncate(fd, len(pid))
+    except OSError as exc:
+        os.close(fd)
+        raise _not_writable(path, exc) from exc
     return fd
+
+
+def _holder(lock: Path, wait_s: float = 0.5) -> str:
+    """The pid in a held lock file. The holder writes it just after taking the lock, so a
+    process refused in between finds the file empty (or a finished run's pid being
+    overwritten): read again for up to ``wait_s`` before saying "unknown"."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            text = lock.read_text().strip()
+        except OSError:
+            text = ""
+        if text.isdigit() or time.monotonic() >= deadline:
+            return text if text.isdigit() else "unknown"
+        time.sleep(0.01)
 
 
 def _contents(path: Path) -> list[str]:
@@ -191,8 +210,6 @@ def claim_run_dir(
             for tmp in [*path.glob(".config.yaml.*.tmp"), *path.glob(".metrics.jsonl.tmp")]:
                 tmp.unlink()
                 run.removed.append(tmp)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         except OSError as exc:
             raise _not_writable(path, exc) from exc
     except BaseException:
