@@ -62,6 +62,7 @@ class SlotKVCache(Cache):
         self._kv_len = 0
         self._buckets: list[tuple[Tensor | slice, int]] | None = None
         self.split_buckets: list[tuple[Tensor, Tensor]] | None = None
+        self.split_arenas: tuple[Tensor, Tensor] | None = None
 
     # ----------------------------------------------------------------- slot table
     def allocate(self) -> int:
@@ -161,6 +162,7 @@ class SlotKVCache(Cache):
         keys.permute(0, 2, 1, 3)[rows, pos] = key_states.transpose(1, 2).to(keys.dtype)
         values.permute(0, 2, 1, 3)[rows, pos] = value_states.transpose(1, 2).to(values.dtype)
         if self._buckets is not None:
+            self.split_arenas = (keys, values)  # this layer's, for ``varlen_decode``
             self.split_buckets = [
                 (_read(keys, sel, cols), _read(values, sel, cols)) for sel, cols in self._buckets
             ]

@@ -21,7 +21,10 @@ Two ways to run a step:
   state of continuous batching under a heavy tail) are grouped in length buckets (powers of
   two, merged while merging is cheaper than another attention call), each reading only its
   own columns of the cache: without them every row would read, and attend over, as many
-  columns as the longest sequence. For Llama, Qwen2 and Mistral models the split forward
+  columns as the longest sequence. In float32 on the CPU the decode rows need neither:
+  ``relayrl.rollout.varlen_decode`` walks each row's own columns of the arena in one call per
+  layer (no gathers, masks or buckets; ``varlen_decode=False`` turns it off). For Llama,
+  Qwen2 and Mistral models the split forward
   itself runs without ``nn.Module`` calls (``relayrl.rollout.direct_forward``: the same
   operations, bitwise the same logits, checked at first use; ``direct=False`` turns it off):
   1.4-1.6x less time per decode step at 1-32 rows on the bench model, where a step is mostly
@@ -45,7 +48,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from relayrl.rollout import direct_forward
+from relayrl.rollout import direct_forward, varlen_decode
 from relayrl.rollout import split_attention as attention
 from relayrl.rollout.kv_cache import SlotKVCache
 from relayrl.rollout.transfer import CPU, device_tensor
@@ -65,6 +68,7 @@ class ModelRunner:
         bucket_min_len: int = 32,
         prefill_call_cost: int = 2048,
         direct: bool = True,
+        varlen_decode: bool = True,
         device: torch.device | str = "cpu",
     ) -> None:
         self.pad_token_id = pad_token_id
@@ -86,6 +90,9 @@ class ModelRunner:
         self.prefill_call_cost = prefill_call_cost
         # split forwards of supported models through ``direct_forward`` (no module calls)
         self.direct = direct
+        # decode rows through ``varlen_decode`` (float32 on the CPU, when its kernel builds):
+        # each row reads its own cache length, no buckets, no gathers, no masks
+        self.varlen_decode = varlen_decode
         self.num_forwards = 0
         self._signatures: dict[type, tuple[str, bool]] = {}
         self._split_ok: dict[type, bool] = {}
@@ -302,8 +309,17 @@ class ModelRunner:
         # per decode bucket: the arena rows and columns it reads; its batch rows and columns
         arena_buckets: list[tuple[Tensor | slice, int]] = []
         dec_ranges: list[tuple[int, int, int]] = []
-        buckets = self._decode_buckets([s + 1 for s in dec_starts]) if dec_slots else None
-        if buckets is not None:
+        varlen = bool(dec_slots) and self._use_varlen(model)
+        buckets = None
+        if dec_slots and not varlen:
+            buckets = self._decode_buckets([s + 1 for s in dec_starts])
+        if varlen:  # rows in slot order, each reads its own length straight from the arena
+            ids.extend(t[0] for t in dec_tokens)
+            positions.extend(dec_starts)
+            write_rows.extend(dec_slots)
+            keep = list(range(len(dec_slots)))
+            kv_len = max(dec_starts) + 1
+        elif buckets is not None:
             # rows in bucket order; ``keep`` maps them back to the order of ``dec_slots``
             keep = [0] * len(dec_slots)
             for bucket in buckets:
@@ -344,6 +360,9 @@ class ModelRunner:
         host = [ids, positions, write_rows]
         if reorder:
             host.append(keep + [0] * (len(ids) - len(keep)))
+        lens_row = len(host)
+        if varlen:  # columns each decode row attends to: its position + 1
+            host.append([s + 1 for s in dec_starts] + [0] * (len(ids) - n_decode))
         if pre_slots:
             host.append(segment)
         packed = device_tensor(host, torch.long, dev)
@@ -378,6 +397,8 @@ class ModelRunner:
         # the LM head runs on these alone, not on every prompt token of the step
         out_rows = packed[3, : len(keep)] if reorder else None
         state = attention.SplitState(cache, n_decode, dec_buckets, prefill_mask, prefill_lengths)
+        if varlen:
+            state.decode_varlen = (packed[2, :n_decode], packed[lens_row, :n_decode], kv_len)
         dummy_mask = torch.zeros(1, 1, 1, 1, dtype=dtype, device=dev)  # real masks: `state`
         direct = self._use_direct(model)  # (its first-use check runs split forwards itself)
         if direct:  # calls the split attention itself: only the state to set, no config swap
@@ -401,6 +422,15 @@ class ModelRunner:
                     model, cache, ids_t, position_ids.clamp(min=0), dummy_mask, out_rows
                 )
         return logits
+
+    def _use_varlen(self, model: torch.nn.Module) -> bool:
+        return (
+            self.varlen_decode
+            and attention.GROUPED_DECODE
+            and self.device.type == "cpu"
+            and _dtype(model) == torch.float32
+            and varlen_decode.available()
+        )
 
     def _decode_buckets(self, lengths: Sequence[int]) -> list[list[int]] | None:
         """Decode rows grouped by cache length (indices into ``lengths``), or None for one group.

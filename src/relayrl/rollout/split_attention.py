@@ -27,6 +27,7 @@ from torch import Tensor
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from relayrl.rollout import varlen_decode
 from relayrl.rollout.kv_cache import SlotKVCache
 
 SPLIT_ATTENTION = "relayrl_split_sdpa"
@@ -47,6 +48,9 @@ class SplitState:
     # set when the prompts attend prompt by prompt (one plain-causal call each, no mask; a
     # single prompt always does): their lengths, in batch order
     prefill_lengths: list[int] | None = None
+    # set when the decode rows attend through ``varlen_decode`` (no buckets): their arena
+    # rows, the columns each reads (int64 ``[n_decode]``) and the most any reads
+    decode_varlen: tuple[Tensor, Tensor, int] | None = None
 
 
 ACTIVE = threading.local()
@@ -70,6 +74,8 @@ def split_attention(
     grouped = (
         GROUPED_DECODE and "position_bias" not in kwargs and not kwargs.get("output_attentions")
     )
+    if state.decode_varlen is not None and n:
+        parts.append(_varlen_decode(module, query[:n], state, grouped, kwargs))
     for (lo, hi, mask), (k, v) in zip(state.decode_buckets, state.cache.split_buckets, strict=True):
         if grouped:
             parts.append(decode_attention(query[lo:hi], k, v, mask, kwargs.get("scaling")))
@@ -97,6 +103,26 @@ def split_attention(
             out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         parts.append(out.transpose(0, 1))  # [P, 1, H, D]
     return (parts[0] if len(parts) == 1 else torch.cat(parts)), None
+
+
+def _varlen_decode(
+    module: torch.nn.Module, query: Tensor, state: SplitState, grouped: bool, kwargs: dict
+) -> Tensor:
+    """The decode rows on their own cache lengths: ``varlen_decode``'s kernel, or (an
+    attention that needs ``sdpa_attention_forward``'s extras) one masked read of them all."""
+    assert state.decode_varlen is not None and state.cache.split_arenas is not None
+    rows, lens, max_len = state.decode_varlen
+    keys, values = state.cache.split_arenas
+    scaling = kwargs.get("scaling")
+    if grouped and varlen_decode.usable(keys) and varlen_decode.usable(values):
+        scale = scaling if isinstance(scaling, float) else query.shape[-1] ** -0.5
+        return varlen_decode.decode_attention(query, keys, values, rows, lens, max_len, scale)
+    mask = causal_mask((lens - 1).view(-1, 1, 1), max_len, query.dtype)
+    k = keys[:, :, :max_len].index_select(0, rows)
+    v = values[:, :, :max_len].index_select(0, rows)
+    if grouped:
+        return decode_attention(query, k, v, mask, scaling)
+    return sdpa_attention_forward(module, query, k, v, mask, **kwargs)[0]
 
 
 def decode_attention(

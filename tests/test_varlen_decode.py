@@ -1,0 +1,126 @@
+"""The CPU varlen decode attention (``rollout.varlen_decode``): the formula by hand, SDPA's
+outputs on ragged rows read straight from the arena, the engine's tokens and logprobs with it
+and without it, and the fallback when no C compiler is there."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams, varlen_decode
+from relayrl.rollout.split_attention import causal_mask
+from test_rollout_helpers import random_prompts, tiny_model
+
+pytestmark = pytest.mark.skipif(
+    not varlen_decode.available(), reason=f"no kernel: {varlen_decode.unavailable_reason()}"
+)
+
+
+def test_one_row_by_hand() -> None:
+    # q = [1, 0] against keys [1, 0], [0, 1] (scale 1): scores 1 and 0, weights e/(e+1) and
+    # 1/(e+1) on values [1, 2] and [3, 4]; the third column is past the row's length.
+    keys = torch.tensor([[[[1.0, 0.0], [0.0, 1.0], [9.0, 9.0]]]])  # [S=1, Hkv=1, C=3, D=2]
+    values = torch.tensor([[[[1.0, 2.0], [3.0, 4.0], [9.0, 9.0]]]])
+    q = torch.tensor([[[[1.0, 0.0]]]])  # [n=1, H=1, 1, D]
+    out = varlen_decode.decode_attention(
+        q, keys, values, torch.tensor([0]), torch.tensor([2]), 2, 1.0
+    )
+    w0, w1 = math.e / (math.e + 1), 1 / (math.e + 1)
+    want = torch.tensor([w0 * 1 + w1 * 3, w0 * 2 + w1 * 4])
+    assert out.shape == (1, 1, 1, 2)
+    torch.testing.assert_close(out[0, 0, 0], want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim"), [(4, 2, 16), (4, 4, 16), (8, 1, 64), (6, 3, 20)]
+)
+def test_equals_sdpa_on_ragged_rows(heads: int, kv_heads: int, dim: int) -> None:
+    g = torch.Generator().manual_seed(heads * 100 + dim)
+    slots, cols = 7, 41
+    keys = torch.randn(slots, kv_heads, cols, dim, generator=g)
+    values = torch.randn(slots, kv_heads, cols, dim, generator=g)
+    rows = torch.tensor([5, 0, 3, 6, 1])  # not in order, not contiguous
+    lens = torch.tensor([1, 41, 17, 2, 30])  # one column .. the whole arena
+    n, max_len = len(rows), int(lens.max())
+    q = torch.randn(n, heads, 1, dim, generator=g)
+    got = varlen_decode.decode_attention(q, keys, values, rows, lens, max_len, dim**-0.5)
+    # reference: the rows' padded reads, repeat_kv and a masked SDPA
+    k = keys[:, :, :max_len].index_select(0, rows).repeat_interleave(heads // kv_heads, 1)
+    v = values[:, :, :max_len].index_select(0, rows).repeat_interleave(heads // kv_heads, 1)
+    mask = causal_mask((lens - 1).view(-1, 1, 1), max_len, torch.float32)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2)
+    assert got.shape == (n, 1, heads, dim)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
+
+
+def test_rejects_a_read_past_the_arena() -> None:
+    keys = torch.zeros(2, 1, 4, 8)
+    with pytest.raises(ValueError, match="arena holds 4"):
+        varlen_decode.decode_attention(
+            torch.zeros(1, 1, 1, 8), keys, keys, torch.tensor([0]), torch.tensor([5]), 5, 1.0
+        )
+
+
+def _run(model, varlen: bool, requests) -> list:
+    engine = RolloutEngine(model, eos_token_id=2, pad_token_id=0, max_slots=4, max_model_len=96)
+    engine.runner.varlen_decode = varlen
+    engine.runner.bucket_min_len, engine.runner.bucket_overhead = 2, 1  # buckets when off
+    calls = {"n": 0}
+    real = varlen_decode.decode_attention
+
+    def counting(*a):
+        calls["n"] += 1
+        return real(*a)
+
+    varlen_decode.decode_attention = counting
+    try:
+        for r in requests:
+            engine.submit(r)
+        done = sorted(engine.drain(), key=lambda s: s.request_id)  # ids in submit order
+    finally:
+        varlen_decode.decode_attention = real
+    assert (calls["n"] > 0) == varlen
+    return done
+
+
+def test_engine_gives_the_same_tokens_with_and_without_it(tmp_path) -> None:
+    """Ragged rows (short answers next to long ones, admissions between): the same greedy
+    tokens and behaviour logprobs as the bucketed SDPA path."""
+    model = tiny_model(tmp_path, "llama")
+    lengths = [1, 40, 3, 17, 60, 2, 9]
+    prompts = random_prompts([5, 12, 8, 20, 6, 9, 14], seed=3)
+
+    def requests():
+        return [
+            GenerationRequest(p, SamplingParams(max_tokens=t, ignore_eos=True, temperature=0.0))
+            for p, t in zip(prompts, lengths, strict=True)
+        ]
+
+    on, off = _run(model, True, requests()), _run(model, False, requests())
+    for a, b in zip(on, off, strict=True):
+        assert len(a.response_ids) == len(b.response_ids) > 0
+        assert a.response_ids == b.response_ids
+        torch.testing.assert_close(
+            torch.tensor(a.behaviour_logprobs),
+            torch.tensor(b.behaviour_logprobs),
+            rtol=0,
+            atol=1e-5,
+        )
+
+
+def test_no_compiler_means_sdpa_and_a_reason(tmp_path) -> None:
+    code = (
+        "from relayrl.rollout import varlen_decode as v\n"
+        "print(v.available(), v.unavailable_reason())\n"
+    )
+    env = {**os.environ, "CC": "no-such-cc", "RELAYRL_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert out.startswith("False") and "no-such-cc" in out, out
