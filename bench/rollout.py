@@ -26,6 +26,16 @@ temperature 1 and run in the same process, one after the other, on the same prom
   median of pairs like ``engine_vs_ceiling``) is what scheduling alone leaves on the table.
 - ``steady``: the engine's own rate on the heavy-tailed run over the steps where every slot
   was busy (queue not empty): the all-slots-full rate of the same workload.
+- ``oracle_lpt``: the engine on the same requests submitted longest first (LPT list
+  scheduling), which needs every length in advance: here the bench's ``max_tokens`` are the
+  targets, but an RL engine's requests all carry the same ``max_tokens``, so no engine can
+  order them so. ``oracle_lpt_vs_ceiling`` (median of pairs, like ``engine_vs_ceiling``) is
+  what the heavy-tailed run would reach with the lengths known (no tail; ``--skip-oracle``).
+- ``steps``: the run's step counts from its lengths alone (:func:`step_bounds`): ideal (the
+  ceiling's), FIFO (the engine's), LPT, and the mean over random orders, i.e. what an engine
+  that does not know the lengths gets on average; ``oblivious_ratio`` = ideal / that mean is
+  the share of the ceiling such an engine reaches where a step costs the same however many
+  rows it holds (a small model's decode step on a GPU).
 - ``*_step_kinds``: the engine run's and the (last) ceiling run's steps by kind, with their
   count, seconds, ms per step and mean rows: ``admit`` (requests admitted: their prefills
   ride next to the decode rows), ``decode`` (every slot busy, nothing admitted), ``tail``
@@ -51,10 +61,12 @@ in the order engine, ceiling, static, hf_cb, so a later phase only shows if it r
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import logging
 import math
 import os
+import random
 import resource
 import sys
 import tempfile
@@ -90,6 +102,37 @@ def workload(n: int, median: float, sigma: float, cap: int, seed: int) -> tuple[
     z = torch.randn(n, generator=g, dtype=torch.float64)
     targets = [max(1, min(cap, round(median * math.exp(sigma * float(x))))) for x in z]
     return prompts, targets
+
+
+def makespan(lengths: list[int], slots: int) -> int:
+    """Steps to run requests of these lengths, admitted in this order to the first free of
+    ``slots`` slots (list scheduling; a request admitted in a step makes its first token there)."""
+    free_at = [0] * slots
+    for n in lengths:
+        heapq.heappush(free_at, heapq.heappop(free_at) + n)
+    return max(free_at)
+
+
+def step_bounds(targets: list[int], slots: int, shuffles: int = 500, seed: int = 0) -> dict:
+    """Steps of the heavy-tailed run: ``ideal`` (every step full: ceil(sum / slots), the
+    ceiling's count), ``fifo`` (submission order, what the engine runs), ``lpt`` (longest first:
+    needs the lengths), ``oblivious_mean`` (mean over random orders: what any order chosen
+    without the lengths gets on average; in RL every request has the same ``max_tokens``).
+    ``oblivious_ratio`` = ideal / oblivious_mean: the share of the ceiling an engine that does
+    not know the lengths reaches on average where a step costs the same however many rows it
+    holds (a small model's decode step on a GPU)."""
+    rng = random.Random(seed)
+    spans = [makespan(rng.sample(targets, len(targets)), slots) for _ in range(shuffles)]
+    ideal = -(-sum(targets) // slots)
+    mean = sum(spans) / len(spans)
+    return {
+        "ideal": ideal,
+        "fifo": makespan(targets, slots),
+        "lpt": makespan(sorted(targets, reverse=True), slots),
+        "oblivious_mean": round(mean, 1),
+        "oblivious_p5_p95": [sorted(spans)[len(spans) // 20], sorted(spans)[-len(spans) // 20]],
+        "oblivious_ratio": round(ideal / mean, 3),
+    }
 
 
 def run_engine(model, prompts, targets, slots: int, max_len: int) -> tuple[float, float, dict]:
@@ -280,6 +323,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--skip-hf-cb", action="store_true")
+    ap.add_argument("--skip-oracle", action="store_true", help="no longest-first oracle run")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     ap.add_argument(
         "--repeats", type=int, default=1, help="engine + ceiling runs; >1: best of each"
@@ -333,9 +377,21 @@ def main(argv: list[str] | None = None) -> None:
     # machine a single phase can land in a quiet or a busy spell; the ratio of an engine run
     # to the ceiling runs around it cancels slow drifts, and the median over --repeats k
     # pairs the spikes. The best-of-k rates are reported beside it.
+    # The oracle: the same requests submitted longest first (LPT), which needs the lengths
+    # (the bench's max_tokens are the targets; an RL engine's are all equal): what scheduling
+    # with the lengths known would reach, run right after each engine run.
+    order = sorted(range(len(targets)), key=lambda i: -targets[i])
+    lpt_prompts, lpt_targets = [prompts[i] for i in order], [targets[i] for i in order]
+    oracle_runs: list[float] = []
+
+    def oracle() -> None:
+        if not args.skip_oracle:
+            oracle_runs.append(run_engine(model, lpt_prompts, lpt_targets, args.slots, max_len)[0])
+
     ceiling_before, _ = ceiling()
     engine_tps, steady_tps, st = run_engine(model, prompts, targets, args.slots, max_len)
     rss_engine = peak_rss_mb()
+    oracle()
     ceiling_after, st_ceiling = ceiling()
     ceiling_tps = 0.5 * (ceiling_before + ceiling_after)
     engine_runs, ceiling_runs = [engine_tps], [ceiling_before, ceiling_after]
@@ -343,6 +399,7 @@ def main(argv: list[str] | None = None) -> None:
         tps, steady, _ = run_engine(model, prompts, targets, args.slots, max_len)
         engine_runs.append(tps)
         steady_tps = max(steady_tps, steady)
+        oracle()
         ceiling_runs.append(ceiling()[0])
     pair_ratios = [
         e / (0.5 * (ceiling_runs[i] + ceiling_runs[i + 1])) for i, e in enumerate(engine_runs)
@@ -356,6 +413,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     vs_matched = 0.5 * (
         matched_ratios[len(matched_ratios) // 2] + matched_ratios[(len(matched_ratios) - 1) // 2]
+    )
+    oracle_ratios = sorted(
+        o / (0.5 * (ceiling_runs[i] + ceiling_runs[i + 1])) for i, o in enumerate(oracle_runs)
+    )
+    k = len(oracle_ratios)
+    vs_oracle_ceiling = (
+        0.5 * (oracle_ratios[k // 2] + oracle_ratios[(k - 1) // 2]) if oracle_ratios else None
     )
     if args.repeats > 1:
         engine_tps, ceiling_tps = max(engine_runs), max(ceiling_runs)
@@ -410,6 +474,9 @@ def main(argv: list[str] | None = None) -> None:
         "matched_ceiling": {"len": matched_len, "requests": n_matched},
         "matched_ceiling_tok_s_runs": [r(x) for x in matched_runs],
         "engine_vs_matched_ceiling": r(vs_matched),
+        "oracle_lpt_tok_s_runs": [r(x) for x in oracle_runs],
+        "oracle_lpt_vs_ceiling": r(vs_oracle_ceiling) if vs_oracle_ceiling else None,
+        "steps": step_bounds(targets, args.slots),
         "engine_steady_tok_s": r(steady_tps),
         "engine_vs_steady": r(engine_tps / steady_tps),
         "hf_cb_requests": n_cb,

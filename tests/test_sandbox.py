@@ -439,6 +439,8 @@ def test_killed_reward_worker_takes_its_sandbox_along(mode: str) -> None:
     from relayrl.reward import RewardMix, RewardService
 
     before = _sandbox_dirs()
+    # (a run killed on this machine earlier can leave its own: only new ones count)
+    cgroups_before = {d for b in cgroup_bases().values() for d in b.glob("relayrl-*-*")}
     spec = {"fn": "code", "kwargs": {"cpu_s": 30, "wall_s": 30, "isolation": mode}}
     with RewardService(RewardMix([spec]), num_workers=1, timeout_s=1.5) as svc:
         fut = svc.submit_text("", "```python\nimport time\ntime.sleep(60)\n```", TESTS)
@@ -454,7 +456,8 @@ def test_killed_reward_worker_takes_its_sandbox_along(mode: str) -> None:
             time.sleep(0.05)
         assert _sandbox_processes() == []
         assert _sandbox_dirs() <= before
-        assert not [d for b in cgroup_bases().values() for d in b.glob("relayrl-*-*")]
+        cgroups = {d for b in cgroup_bases().values() for d in b.glob("relayrl-*-*")}
+        assert not cgroups - cgroups_before
 
 
 @pytest.mark.skipif(not ROOT, reason="the refusal is for root")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import subprocess
 import tempfile
@@ -152,6 +153,11 @@ def _library() -> ctypes.CDLL | None:
                         _LIB = _build()
                     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
                         _ERROR = f"{type(e).__name__}: {e}"
+                        logging.getLogger(__name__).warning(
+                            "varlen decode attention unavailable, decode rows use SDPA "
+                            "(slower on the CPU): %s",
+                            _ERROR,
+                        )
                 _TRIED = True
     return _LIB
 

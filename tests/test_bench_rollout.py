@@ -1,0 +1,42 @@
+"""``bench/rollout.py``: the step counts of a run from its lengths (list scheduling), by hand,
+and one small run of the whole bench (engine, ceilings, oracle, static) printing its JSON."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "rollout.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("rollout_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_makespan_and_step_bounds_by_hand() -> None:
+    b = _bench()
+    # 2 slots. [3, 1, 1, 1]: the 3 on one slot, the three 1s after each other on the other: 3.
+    assert b.makespan([3, 1, 1, 1], 2) == 3
+    # [1, 1, 1, 3]: the 1s end at 1, 1, 2; the 3 starts at 1 on the freed slot: ends at 4.
+    assert b.makespan([1, 1, 1, 3], 2) == 4
+    got = b.step_bounds([1, 1, 1, 3], 2, shuffles=200)
+    assert got["ideal"] == 3  # ceil(6 / 2)
+    assert got["fifo"] == 4 and got["lpt"] == 3
+    # random orders: the 3 first or second of the four -> 3 steps, third or last -> 4 (1/2 each)
+    assert 3.35 < got["oblivious_mean"] < 3.65
+    assert abs(got["oblivious_ratio"] - 3 / got["oblivious_mean"]) < 0.02  # mean: 1 decimal
+
+
+def test_small_run_prints_one_json_line(capsys) -> None:
+    b = _bench()
+    b.main(["--requests", "24", "--slots", "4", "--cap", "24", "--skip-vllm", "--skip-hf-cb"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["useful_tokens"] > 0 and out["engine_tok_s"] > 0
+    assert out["steps"]["fifo"] == out["engine_steps"]  # the engine admits in FIFO order
+    assert out["steps"]["lpt"] <= out["steps"]["fifo"]
+    assert out["oracle_lpt_vs_ceiling"] > 0 and out["engine_vs_ceiling"] > 0
