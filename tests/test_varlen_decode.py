@@ -67,6 +67,23 @@ def test_rejects_a_read_past_the_arena() -> None:
         )
 
 
+def test_rejects_bad_inputs_and_ignores_the_default_device() -> None:
+    keys = torch.randn(2, 1, 4, 8)
+    q = torch.randn(1, 1, 1, 8)
+    with pytest.raises(ValueError, match="lens must be"):
+        varlen_decode.decode_attention(
+            q, keys, keys, torch.tensor([0]), torch.tensor([1.0]), 1, 1.0
+        )
+    want = varlen_decode.decode_attention(
+        q, keys, keys, torch.tensor([1]), torch.tensor([3]), 3, 1.0
+    )
+    with torch.device("meta"):  # a caller's default device: the outputs stay on the CPU
+        got = varlen_decode.decode_attention(
+            q, keys, keys, torch.tensor([1], device="cpu"), torch.tensor([3], device="cpu"), 3, 1.0
+        )
+    assert got.device.type == "cpu" and torch.equal(got, want)
+
+
 def _run(model, varlen: bool, requests) -> list:
     engine = RolloutEngine(model, eos_token_id=2, pad_token_id=0, max_slots=4, max_model_len=96)
     engine.runner.varlen_decode = varlen

@@ -196,7 +196,9 @@ def decode_attention(
 
     ``query`` ``[n, H, 1, D]`` float32; ``keys``/``values`` the layer's arenas ``[S, Hkv, C,
     D]`` (contiguous); ``rows``/``lens`` int64 ``[n]`` (arena row, columns to read, each
-    ``<= C``); ``max_len = max(lens)``. Returns ``[n, 1, H, D]`` like
+    ``<= C``); ``max_len = max(lens)``. The values of ``rows`` and ``lens`` are trusted (in
+    ``[0, S)`` and ``[1, max_len]``: the runner builds them from its slot table; checking them
+    here would read the tensors back to the host every layer). Returns ``[n, 1, H, D]`` like
     ``sdpa_attention_forward``.
     """
     lib = _library()
@@ -207,10 +209,25 @@ def decode_attention(
         raise ValueError(f"query {tuple(query.shape)} does not fit the arena {tuple(keys.shape)}")
     if max_len > cols:
         raise ValueError(f"rows read {max_len} columns, the arena holds {cols}")
+    # The C code trusts its pointers: everything on the CPU, of its dtype, laid out as said.
+    for name, t, dtype in (
+        ("query", query, torch.float32),
+        ("keys", keys, torch.float32),
+        ("values", values, torch.float32),
+        ("rows", rows, torch.int64),
+        ("lens", lens, torch.int64),
+    ):
+        if t.device.type != "cpu" or t.dtype != dtype:
+            raise ValueError(f"{name} must be {dtype} on the CPU, got {t.dtype} on {t.device}")
+    if not (keys.is_contiguous() and values.is_contiguous()):
+        raise ValueError("the arenas must be contiguous")
+    if rows.shape != (n,) or lens.shape != (n,):
+        raise ValueError(f"rows/lens must be [{n}], got {tuple(rows.shape)}/{tuple(lens.shape)}")
     q = query.contiguous()
     rows, lens = rows.contiguous(), lens.contiguous()
-    out = torch.empty(n, heads, dim, dtype=torch.float32)
-    scores = torch.empty(heads * max(1, max_len), dtype=torch.float32)
+    # explicit device: a default device set by the caller (e.g. meta) must not apply here
+    out = torch.empty(n, heads, dim, dtype=torch.float32, device="cpu")
+    scores = torch.empty(heads * max(1, max_len), dtype=torch.float32, device="cpu")
     lib.decode_attention_f32(
         q.data_ptr(),
         keys.data_ptr(),
