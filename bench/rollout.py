@@ -104,6 +104,17 @@ def workload(n: int, median: float, sigma: float, cap: int, seed: int) -> tuple[
     return prompts, targets
 
 
+def pair_ratios_of(runs: list[float], around: list[float]) -> list[float]:
+    """Each run over the mean of the two reference runs measured just before and after it
+    (``around[i]``, ``around[i + 1]``)."""
+    return [x / (0.5 * (around[i] + around[i + 1])) for i, x in enumerate(runs)]
+
+
+def median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return 0.5 * (s[len(s) // 2] + s[(len(s) - 1) // 2])
+
+
 def makespan(lengths: list[int], slots: int) -> int:
     """Steps to run requests of these lengths, admitted in this order to the first free of
     ``slots`` slots (list scheduling; a request admitted in a step makes its first token there)."""
@@ -401,26 +412,11 @@ def main(argv: list[str] | None = None) -> None:
         steady_tps = max(steady_tps, steady)
         oracle()
         ceiling_runs.append(ceiling()[0])
-    pair_ratios = [
-        e / (0.5 * (ceiling_runs[i] + ceiling_runs[i + 1])) for i, e in enumerate(engine_runs)
-    ]
-    vs_ceiling = sorted(pair_ratios)[len(pair_ratios) // 2]
-    if len(pair_ratios) % 2 == 0:
-        vs_ceiling = 0.5 * (vs_ceiling + sorted(pair_ratios)[len(pair_ratios) // 2 - 1])
+    pair_ratios = pair_ratios_of(engine_runs, ceiling_runs)
+    vs_ceiling = median(pair_ratios)
     vs_ceiling_best = max(engine_runs) / max(ceiling_runs)
-    matched_ratios = sorted(
-        e / (0.5 * (matched_runs[i] + matched_runs[i + 1])) for i, e in enumerate(engine_runs)
-    )
-    vs_matched = 0.5 * (
-        matched_ratios[len(matched_ratios) // 2] + matched_ratios[(len(matched_ratios) - 1) // 2]
-    )
-    oracle_ratios = sorted(
-        o / (0.5 * (ceiling_runs[i] + ceiling_runs[i + 1])) for i, o in enumerate(oracle_runs)
-    )
-    k = len(oracle_ratios)
-    vs_oracle_ceiling = (
-        0.5 * (oracle_ratios[k // 2] + oracle_ratios[(k - 1) // 2]) if oracle_ratios else None
-    )
+    vs_matched = median(pair_ratios_of(engine_runs, matched_runs))
+    vs_oracle_ceiling = median(pair_ratios_of(oracle_runs, ceiling_runs)) if oracle_runs else None
     if args.repeats > 1:
         engine_tps, ceiling_tps = max(engine_runs), max(ceiling_runs)
     rss_ceiling = peak_rss_mb()

@@ -28,7 +28,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from relayrl.rollout import varlen_decode
-from relayrl.rollout.kv_cache import SlotKVCache
+from relayrl.rollout.kv_cache import SlotKVCache, _read
 
 SPLIT_ATTENTION = "relayrl_split_sdpa"
 GROUPED_DECODE = True
@@ -74,9 +74,21 @@ def split_attention(
     grouped = (
         GROUPED_DECODE and "position_bias" not in kwargs and not kwargs.get("output_attentions")
     )
+    buckets = list(zip(state.decode_buckets, state.cache.split_buckets, strict=True))
     if state.decode_varlen is not None and n:
-        parts.append(_varlen_decode(module, query[:n], state, grouped, kwargs))
-    for (lo, hi, mask), (k, v) in zip(state.decode_buckets, state.cache.split_buckets, strict=True):
+        rows, lens, max_len = state.decode_varlen
+        assert state.cache.split_arenas is not None
+        keys, values = state.cache.split_arenas
+        if grouped:  # the kernel: every row on its own columns of the arena
+            scaling = kwargs.get("scaling")
+            scale = scaling if isinstance(scaling, float) else query.shape[-1] ** -0.5
+            parts.append(
+                varlen_decode.decode_attention(query[:n], keys, values, rows, lens, max_len, scale)
+            )
+        else:  # sdpa_attention_forward's extras wanted: the rows as one masked bucket
+            mask = causal_mask((lens - 1).view(-1, 1, 1), max_len, query.dtype)
+            buckets = [((0, n, mask), (_read(keys, rows, max_len), _read(values, rows, max_len)))]
+    for (lo, hi, mask), (k, v) in buckets:
         if grouped:
             parts.append(decode_attention(query[lo:hi], k, v, mask, kwargs.get("scaling")))
         else:
@@ -103,26 +115,6 @@ def split_attention(
             out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         parts.append(out.transpose(0, 1))  # [P, 1, H, D]
     return (parts[0] if len(parts) == 1 else torch.cat(parts)), None
-
-
-def _varlen_decode(
-    module: torch.nn.Module, query: Tensor, state: SplitState, grouped: bool, kwargs: dict
-) -> Tensor:
-    """The decode rows on their own cache lengths: ``varlen_decode``'s kernel, or (an
-    attention that needs ``sdpa_attention_forward``'s extras) one masked read of them all."""
-    assert state.decode_varlen is not None and state.cache.split_arenas is not None
-    rows, lens, max_len = state.decode_varlen
-    keys, values = state.cache.split_arenas
-    scaling = kwargs.get("scaling")
-    if grouped and varlen_decode.usable(keys) and varlen_decode.usable(values):
-        scale = scaling if isinstance(scaling, float) else query.shape[-1] ** -0.5
-        return varlen_decode.decode_attention(query, keys, values, rows, lens, max_len, scale)
-    mask = causal_mask((lens - 1).view(-1, 1, 1), max_len, query.dtype)
-    k = keys[:, :, :max_len].index_select(0, rows)
-    v = values[:, :, :max_len].index_select(0, rows)
-    if grouped:
-        return decode_attention(query, k, v, mask, scaling)
-    return sdpa_attention_forward(module, query, k, v, mask, **kwargs)[0]
 
 
 def decode_attention(

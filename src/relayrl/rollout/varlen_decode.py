@@ -173,16 +173,6 @@ def unavailable_reason() -> str | None:
     return _ERROR
 
 
-def usable(arena: Tensor) -> bool:
-    """Whether ``decode_attention`` can read this arena: float32, CPU, contiguous."""
-    return (
-        arena.device.type == "cpu"
-        and arena.dtype == torch.float32
-        and arena.is_contiguous()
-        and available()
-    )
-
-
 def decode_attention(
     query: Tensor,
     keys: Tensor,
