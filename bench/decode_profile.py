@@ -24,7 +24,7 @@ import torch
 
 from relayrl.model.loading import load_causal_lm
 from relayrl.model.tiny import build_tiny_model
-from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams, model_runner
+from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams, split_attention
 
 
 def main() -> None:
@@ -45,11 +45,11 @@ def main() -> None:
             Path(d) / "m", hidden_size=a.hidden, num_layers=a.layers, num_heads=4, num_kv_heads=2
         )
         model = load_causal_lm(path).eval()
-        variants = [False, True] * 5 if a.ab else [model_runner.GROUPED_DECODE]
+        variants = [False, True] * 5 if a.ab else [split_attention.GROUPED_DECODE]
         for rows in a.rows:
             best: dict[bool, list[float]] = {}
             for grouped in variants:
-                model_runner.GROUPED_DECODE = grouped
+                split_attention.GROUPED_DECODE = grouped
                 best.setdefault(grouped, []).append(_one(model, rows, a, grouped))
             if a.ab:
                 med = {k: sorted(v)[len(v) // 2] for k, v in best.items()}
