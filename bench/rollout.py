@@ -18,6 +18,10 @@ temperature 1 and run in the same process, one after the other, on the same prom
   a short phase lands in a quiet spell more often, so that ratio leaned low (on one quiet
   machine, the ceiling's own runs spread 12.7k-18.9k tokens/s); ``engine_vs_ceiling_best``
   keeps that best-over-best figure.
+- ``lockstep`` (``--lockstep-runs k``): the engine's heavy-tailed run (k times) and the
+  ceiling's stepped in turn, one step each, every step timed alone (:func:`run_lockstep`):
+  each engine step has a ceiling step beside it, milliseconds apart, so the machine's slow
+  and fast spells cancel in the ratio instead of landing on one side of a pair of runs.
 - ``matched ceiling``: as ``ceiling``, but every request of the heavy-tailed run's mean length
   per generated token (``sum t^2 / sum t``): its tokens attend over as many cached columns on
   average as the engine run's do, with all slots full and no tail. Decode attention reads
@@ -192,6 +196,67 @@ def run_engine(model, prompts, targets, slots: int, max_len: int) -> tuple[float
     return got / dt, steady, stats
 
 
+def run_lockstep(model, workloads, runs: int, slots: int, max_len: int) -> list[dict]:
+    """Engines stepped in turn, one step each (the order alternating every round), each step
+    timed alone: the machine's slow and fast spells (steal time moved single runs here by
+    20-40%) fall on every workload alike, where back-to-back runs second apart catch
+    different spells. ``workloads[0]`` runs ``runs`` times back to back; the others start
+    again whenever they finish, so every one of the lead's steps has partners; a workload's
+    rate counts its completed runs only (useful tokens over the seconds of their steps).
+    Returns per workload ``{"tok_s", "runs", "steps"}``."""
+    state = []
+    for prompts, targets in workloads:
+        state.append(
+            {
+                "targets": targets,
+                "prompts": prompts,
+                "done": 0,
+                "tokens": 0,
+                "s": 0.0,
+                "run_s": 0.0,
+                "steps": 0,
+                "engine": None,
+            }
+        )
+
+    def start(w: dict) -> None:
+        w["engine"] = e = RolloutEngine(
+            model, eos_token_id=EOS, pad_token_id=PAD, max_slots=slots, max_model_len=max_len
+        )
+        for i, (p, t) in enumerate(zip(w["prompts"], w["targets"], strict=True)):
+            e.submit(GenerationRequest(p, SamplingParams(max_tokens=t, ignore_eos=True, seed=i)))
+        w["run_s"] = 0.0
+
+    for w in state:
+        start(w)
+    lead = state[0]
+    rnd = 0
+    while lead["done"] < runs:
+        order = state if rnd % 2 == 0 else state[::-1]
+        rnd += 1
+        for w in order:
+            if w is not lead and lead["done"] >= runs:
+                continue
+            ts = clock()
+            w["engine"].step()
+            w["run_s"] += clock() - ts
+            w["steps"] += 1
+            if not w["engine"].has_unfinished():
+                w["done"] += 1
+                w["tokens"] += sum(w["targets"])
+                w["s"] += w["run_s"]
+                if w is not lead or w["done"] < runs:
+                    start(w)
+    return [
+        {
+            "tok_s": w["tokens"] / w["s"] if w["s"] else float("nan"),
+            "runs": w["done"],
+            "steps": w["steps"],
+        }
+        for w in state
+    ]
+
+
 @torch.no_grad()
 def run_static(model, prompts, targets, slots: int) -> tuple[float, float]:
     """HF generate on static batches; returns (useful tokens/s, fraction of decoded rows useful)."""
@@ -339,6 +404,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--repeats", type=int, default=1, help="engine + ceiling runs; >1: best of each"
     )
+    ap.add_argument(
+        "--lockstep-runs",
+        type=int,
+        default=2,
+        help="engine runs stepped in turn with ceiling runs (run_lockstep); 0 = skip",
+    )
     ap.add_argument("--cb-requests", type=int, default=0, help="0 = all requests")
     ap.add_argument(
         "--ceiling-requests", type=int, default=0, help="uniform-length requests; 0 = --requests"
@@ -419,6 +490,21 @@ def main(argv: list[str] | None = None) -> None:
     vs_oracle_ceiling = median(pair_ratios_of(oracle_runs, ceiling_runs)) if oracle_runs else None
     if args.repeats > 1:
         engine_tps, ceiling_tps = max(engine_runs), max(ceiling_runs)
+    lockstep = None
+    if args.lockstep_runs:
+        eng_ls, ceil_ls = run_lockstep(
+            model,
+            [(prompts, targets), (prompts[:n_ceiling], [mean_len] * n_ceiling)],
+            args.lockstep_runs,
+            args.slots,
+            max_len,
+        )
+        lockstep = {
+            "engine_tok_s": round(eng_ls["tok_s"], 3),
+            "ceiling_tok_s": round(ceil_ls["tok_s"], 3),
+            "engine_vs_ceiling": round(eng_ls["tok_s"] / ceil_ls["tok_s"], 3),
+            "runs": [eng_ls["runs"], ceil_ls["runs"]],
+        }
     rss_ceiling = peak_rss_mb()
     static_tps, static_util = run_static(model, prompts, targets, args.slots)
     rss_static = peak_rss_mb()
@@ -466,6 +552,7 @@ def main(argv: list[str] | None = None) -> None:
         "engine_vs_ceiling": r(vs_ceiling),
         "engine_vs_ceiling_pairs": [r(x) for x in pair_ratios],
         "engine_vs_ceiling_best": r(vs_ceiling_best),
+        "lockstep": lockstep,
         "ceiling_requests": n_ceiling,
         "matched_ceiling": {"len": matched_len, "requests": n_matched},
         "matched_ceiling_tok_s_runs": [r(x) for x in matched_runs],

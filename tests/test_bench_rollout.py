@@ -1,5 +1,6 @@
 """``bench/rollout.py``: the step counts of a run from its lengths (list scheduling), by hand,
-and one small run of the whole bench (engine, ceilings, oracle, static) printing its JSON."""
+the lockstep measurement, and one small run of the whole bench (engine, ceilings, oracle,
+lockstep, static) printing its JSON."""
 
 from __future__ import annotations
 
@@ -40,3 +41,22 @@ def test_small_run_prints_one_json_line(capsys) -> None:
     assert out["steps"]["fifo"] == out["engine_steps"]  # the engine admits in FIFO order
     assert out["steps"]["lpt"] <= out["steps"]["fifo"]
     assert out["oracle_lpt_vs_ceiling"] > 0 and out["engine_vs_ceiling"] > 0
+    assert out["lockstep"]["engine_vs_ceiling"] > 0 and out["lockstep"]["runs"][0] == 2
+
+
+def test_lockstep_steps_the_workloads_in_turn(tmp_path) -> None:
+    """The lead runs its k runs back to back; the other restarts until the lead is done, and
+    only its completed runs count: every step of each run is one engine step (FIFO)."""
+    b = _bench()
+    path = b.build_tiny_model(tmp_path / "m", hidden_size=32, num_layers=1, num_heads=2)
+    model = b.load_causal_lm(path).eval()
+    prompts, targets = b.workload(12, 4.0, 1.0, 12, 0)
+    short = [2] * 12
+    lead, other = b.run_lockstep(model, [(prompts, targets), (prompts, short)], 2, 4, 64)
+    fifo, fifo_short = b.makespan(targets, 4), b.makespan(short, 4)
+    assert lead["runs"] == 2 and lead["steps"] == 2 * fifo
+    # the other workload is stepped once per round while the lead runs (in the last round it
+    # may come after the lead's final step), then stops; a run it did not finish is not counted
+    assert lead["steps"] - 1 <= other["steps"] <= lead["steps"]
+    assert other["runs"] == other["steps"] // fifo_short
+    assert lead["tok_s"] > 0 and other["tok_s"] > 0

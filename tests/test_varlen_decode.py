@@ -59,6 +59,41 @@ def test_equals_sdpa_on_ragged_rows(heads: int, kv_heads: int, dim: int) -> None
     torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
 
 
+def test_plain_c_path_gives_the_same_bits() -> None:
+    """The SSE2 code and the plain C code (``-DRELAYRL_SCALAR``, what a machine without SSE2
+    runs) sum in one written order: equal bits, on every D (a multiple of 4 or not) and every
+    row length (a multiple of the 4-column block or not)."""
+    plain = varlen_decode._build(("-DRELAYRL_SCALAR",))
+    g = torch.Generator().manual_seed(7)
+    for heads, kv_heads, dim in [(4, 2, 16), (8, 1, 64), (6, 3, 20), (2, 1, 6), (2, 2, 128)]:
+        keys = 3 * torch.randn(5, kv_heads, 70, dim, generator=g)
+        values = torch.randn(5, kv_heads, 70, dim, generator=g)
+        rows, lens = torch.tensor([4, 0, 2, 1, 3]), torch.tensor([1, 70, 5, 13, 4])
+        q = 3 * torch.randn(5, heads, 1, dim, generator=g)
+        args = (q, keys, values, rows, lens, 70, dim**-0.5)
+        fast = varlen_decode.decode_attention(*args)
+        assert torch.equal(fast, varlen_decode.decode_attention(*args, library=plain))
+
+
+def test_softmax_weights_against_float64_over_a_wide_range() -> None:
+    """The kernel's exp is its own polynomial (Cephes expf, exp(x) set to 0 below -87): with
+    one-hot values the output is the weights themselves; scores spread from 0 to -200 (far
+    past the cut) and near ties agree with float64 softmax to float32 rounding."""
+    cols = 64
+    values = torch.eye(cols).view(1, 1, cols, cols)  # v_j = e_j: out = the weights
+    keys = torch.zeros(1, 1, cols, cols)
+    keys[0, 0, :, 0] = torch.cat([torch.linspace(0.0, -200.0, 48), torch.full((16,), -1e-3)])
+    q = torch.zeros(1, 1, 1, cols)
+    q[0, 0, 0, 0] = 1.0
+    for n in (cols, 61, 3):
+        got = varlen_decode.decode_attention(
+            q, keys, values, torch.tensor([0]), torch.tensor([n]), n, 1.0
+        )[0, 0, 0, :n].double()
+        want = torch.softmax(keys[0, 0, :n, 0].double(), 0)
+        torch.testing.assert_close(got, want, rtol=3e-7, atol=1e-9)
+        assert float(got.sum()) == pytest.approx(1.0, abs=1e-6)
+
+
 def test_rejects_a_read_past_the_arena() -> None:
     keys = torch.zeros(2, 1, 4, 8)
     with pytest.raises(ValueError, match="arena holds 4"):
