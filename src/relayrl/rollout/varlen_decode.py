@@ -42,7 +42,6 @@ from torch import Tensor
 
 SOURCE = r"""
 #include <stdint.h>
-#include <string.h>
 #if defined(__SSE2__) && !defined(RELAYRL_SCALAR)
 #include <emmintrin.h>
 #define RELAYRL_SSE2 1
