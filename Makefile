@@ -32,9 +32,9 @@ demo: $(STAMP)
 # --max-worker-restart=0: a crashed worker (segfault) fails the run at once; replaced, it got no
 # work from the group scheduler and the run sat idle until CI's timeout.
 TEST_WORKERS ?= 2
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),,--dist loadfile --no-loadscope-reorder --max-worker-restart=0)
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) $(XDIST)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		--max-worker-restart=0
 
 # A few GRPO steps of a ~50M Llama with bf16 + FSDP2 + the own engine (tools/gpu_check.py): on a
 # CUDA machine 1 rank (and 2 with two GPUs); `make gpu-check DEVICE=cpu` runs it on the CPU.

@@ -150,15 +150,22 @@ def step_bounds(targets: list[int], slots: int, shuffles: int = 500, seed: int =
     }
 
 
-def run_engine(model, prompts, targets, slots: int, max_len: int) -> tuple[float, float, dict]:
-    """Returns (useful tokens/s overall, tokens/s over the steps that ran with every slot
-    busy, stats)."""
+def engine_with(model, prompts, targets, slots: int, max_len: int) -> RolloutEngine:
+    """A fresh engine with every request submitted (request i runs exactly ``targets[i]``
+    tokens, seed i)."""
     engine = RolloutEngine(
         model, eos_token_id=EOS, pad_token_id=PAD, max_slots=slots, max_model_len=max_len
     )
-    t0 = clock()
     for i, (p, t) in enumerate(zip(prompts, targets, strict=True)):
         engine.submit(GenerationRequest(p, SamplingParams(max_tokens=t, ignore_eos=True, seed=i)))
+    return engine
+
+
+def run_engine(model, prompts, targets, slots: int, max_len: int) -> tuple[float, float, dict]:
+    """Returns (useful tokens/s overall, tokens/s over the steps that ran with every slot
+    busy, stats)."""
+    t0 = clock()
+    engine = engine_with(model, prompts, targets, slots, max_len)
     got = 0
     full_tokens, full_time = 0, 0.0
     sched = engine.scheduler
@@ -204,27 +211,13 @@ def run_lockstep(model, workloads, runs: int, slots: int, max_len: int) -> list[
     again whenever they finish, so every one of the lead's steps has partners; a workload's
     rate counts its completed runs only (useful tokens over the seconds of their steps).
     Returns per workload ``{"tok_s", "runs", "steps"}``."""
-    state = []
-    for prompts, targets in workloads:
-        state.append(
-            {
-                "targets": targets,
-                "prompts": prompts,
-                "done": 0,
-                "tokens": 0,
-                "s": 0.0,
-                "run_s": 0.0,
-                "steps": 0,
-                "engine": None,
-            }
-        )
+    state = [
+        {"prompts": p, "targets": t, "done": 0, "s": 0.0, "run_s": 0.0, "steps": 0}
+        for p, t in workloads
+    ]
 
     def start(w: dict) -> None:
-        w["engine"] = e = RolloutEngine(
-            model, eos_token_id=EOS, pad_token_id=PAD, max_slots=slots, max_model_len=max_len
-        )
-        for i, (p, t) in enumerate(zip(w["prompts"], w["targets"], strict=True)):
-            e.submit(GenerationRequest(p, SamplingParams(max_tokens=t, ignore_eos=True, seed=i)))
+        w["engine"] = engine_with(model, w["prompts"], w["targets"], slots, max_len)
         w["run_s"] = 0.0
 
     for w in state:
@@ -243,13 +236,12 @@ def run_lockstep(model, workloads, runs: int, slots: int, max_len: int) -> list[
             w["steps"] += 1
             if not w["engine"].has_unfinished():
                 w["done"] += 1
-                w["tokens"] += sum(w["targets"])
                 w["s"] += w["run_s"]
                 if w is not lead or w["done"] < runs:
                     start(w)
     return [
         {
-            "tok_s": w["tokens"] / w["s"] if w["s"] else float("nan"),
+            "tok_s": w["done"] * sum(w["targets"]) / w["s"] if w["s"] else float("nan"),
             "runs": w["done"],
             "steps": w["steps"],
         }

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
+from types import ModuleType
 
 from relayrl.config import ArithmeticConfig, DataConfig, RunConfig, SFTConfig, load_config
 from relayrl.controller.prompts import PromptSource
@@ -80,3 +82,13 @@ def slow_on_prompt(
     if sample.get("prompt") == slow and sample.get("sample_index") == 0:
         time.sleep(delay_s)
     return arithmetic(prompt, completion, sample)
+
+
+def load_bench(name: str) -> ModuleType:
+    """``bench/<name>.py`` as a module (the scripts are not a package)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    assert spec is not None and spec.loader is not None, path
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

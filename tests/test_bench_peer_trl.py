@@ -6,24 +6,18 @@ head-to-head with all three arms, TRL in the venv the bench creates."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import yaml
 
+from helpers import load_bench
 from relayrl.model import build_tiny_model
-
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "peer_trl.py"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("peer_trl_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("peer_trl")
 
 
 def test_dry_run_prints_the_plan_and_creates_nothing(tmp_path: Path, capsys) -> None:

@@ -4,19 +4,13 @@ lockstep, static) printing its JSON."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "rollout.py"
+from helpers import load_bench
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("rollout_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("rollout")
 
 
 def test_makespan_and_step_bounds_by_hand() -> None:

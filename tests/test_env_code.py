@@ -4,13 +4,11 @@ sandboxed test runs."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-from helpers import run_config
+from helpers import load_bench, run_config
 from relayrl.cluster.local import build_local_roles
 from relayrl.controller.trainer import train
 from relayrl.env.builtin.code import (
@@ -131,11 +129,7 @@ def test_pass_rate_rises_with_allowed_turns_on_a_fixed_model(tmp_path):
     traces), 64 held-out episodes at temperature 1, the same seeds for every K: the pass rate
     within 2 turns beats 1 turn. Measured (seed 0, AMD EPYC AVX-512): 0.44 at K=1, 0.59 at
     K=2, 0.59 at K=3 and 4; the margin asserted is a quarter of that gain."""
-    spec = importlib.util.spec_from_file_location(
-        "code_env_turns", Path(__file__).parents[1] / "bench" / "code_env_turns.py"
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("code_env_turns")
     model = bench.sft_code_model(tmp_path, steps=400, seed=0)
     one = bench.pass_rate(model, 1, 64)
     two = bench.pass_rate(model, 2, 64)

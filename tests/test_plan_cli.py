@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import load_bench
 from relayrl.plan.cli import add_subcommands
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,12 +221,7 @@ def test_profile_cli_and_profiled_simulation(tiny_model, tmp_path, capsys):
 
 
 def _calibration_module():
-    spec = importlib.util.spec_from_file_location(
-        "plan_calibration", ROOT / "bench" / "plan_calibration.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("plan_calibration")
 
 
 def test_calibration_script_on_synthetic_schedules(tmp_path, capsys):

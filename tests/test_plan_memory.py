@@ -5,12 +5,12 @@ a real update's allocator peaks measured by ``bench/scale.py``'s measurement."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 from pathlib import Path
 
 import pytest
 
+from helpers import load_bench
 from relayrl.plan.memory import (
     CALIBRATED,
     MB,
@@ -126,15 +126,8 @@ def test_calibrated_coefficients_are_physical():
     assert abs(c.overhead) < 64 * MB
 
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "scale.py"
-
-
 def _bench():
-    spec = importlib.util.spec_from_file_location("scale_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("scale")
 
 
 @pytest.mark.parametrize("config", ["fp32", "lora"])

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import load_bench
 from relayrl.plan.cli import add_subcommands
 from relayrl.plan.hardware import get_hardware
 from relayrl.plan.lengths import LognormalLengths
@@ -204,14 +205,7 @@ def test_top_level_description_lists_every_command():
 
 # -- the directions: docs, bench and tests agree --------------------------------------------------
 def _bench():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "plan_directions", ROOT / "bench/plan_directions.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("plan_directions")
 
 
 def test_bench_reports_both_modes_quickly():

@@ -424,12 +424,12 @@ def test_urgent_steps_off_and_bad_value(models: dict) -> None:
 
 
 def test_kv_cache_reads_gather_with_index_select_as_advanced_indexing() -> None:
-    from relayrl.rollout.kv_cache import _read
+    from relayrl.rollout.kv_cache import read_rows
 
     arena = torch.randn(6, 2, 9, 4)
     rows = torch.tensor([0, 2, 5])
-    assert torch.equal(_read(arena, rows, 7), arena[rows, :, :7])
-    view = _read(arena, slice(1, 4), 5)
+    assert torch.equal(read_rows(arena, rows, 7), arena[rows, :, :7])
+    view = read_rows(arena, slice(1, 4), 5)
     assert view.data_ptr() == arena[1].data_ptr() and torch.equal(view, arena[1:4, :, :5])
 
 

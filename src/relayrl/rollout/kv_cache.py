@@ -164,11 +164,12 @@ class SlotKVCache(Cache):
         if self._buckets is not None:
             self.split_arenas = (keys, values)  # this layer's, for ``varlen_decode``
             self.split_buckets = [
-                (_read(keys, sel, cols), _read(values, sel, cols)) for sel, cols in self._buckets
+                (read_rows(keys, sel, cols), read_rows(values, sel, cols))
+                for sel, cols in self._buckets
             ]
             return key_states, value_states
         n = self._kv_len
-        return _read(keys, self._rows, n), _read(values, self._rows, n)
+        return read_rows(keys, self._rows, n), read_rows(values, self._rows, n)
 
     # ----------------------------------------------------------------- HF Cache protocol
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -187,7 +188,7 @@ class SlotKVCache(Cache):
         self._keys, self._values = [], []
 
 
-def _read(arena: Tensor, rows: Tensor | slice, columns: int) -> Tensor:
+def read_rows(arena: Tensor, rows: Tensor | slice, columns: int) -> Tensor:
     """The first ``columns`` columns of arena ``rows``: a view for a slice, else a gather.
 
     The gather is ``index_select`` on the column-sliced view (one strided copy of exactly the

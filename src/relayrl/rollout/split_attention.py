@@ -28,7 +28,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from relayrl.rollout import varlen_decode
-from relayrl.rollout.kv_cache import SlotKVCache, _read
+from relayrl.rollout.kv_cache import SlotKVCache, read_rows
 
 SPLIT_ATTENTION = "relayrl_split_sdpa"
 GROUPED_DECODE = True
@@ -87,7 +87,8 @@ def split_attention(
             )
         else:  # sdpa_attention_forward's extras wanted: the rows as one masked bucket
             mask = causal_mask((lens - 1).view(-1, 1, 1), max_len, query.dtype)
-            buckets = [((0, n, mask), (_read(keys, rows, max_len), _read(values, rows, max_len)))]
+            k, v = read_rows(keys, rows, max_len), read_rows(values, rows, max_len)
+            buckets = [((0, n, mask), (k, v))]
     for (lo, hi, mask), (k, v) in buckets:
         if grouped:
             parts.append(decode_attention(query[lo:hi], k, v, mask, kwargs.get("scaling")))

@@ -359,7 +359,7 @@ def decode_attention(
     rows, lens = rows.contiguous(), lens.contiguous()
     # explicit device: a default device set by the caller (e.g. meta) must not apply here
     out = torch.empty(n, heads, dim, dtype=torch.float32, device="cpu")
-    scores = torch.empty(heads * max(1, max_len), dtype=torch.float32, device="cpu")
+    scores = torch.empty(max(1, max_len), dtype=torch.float32, device="cpu")  # one head's
     lib.decode_attention_f32(
         q.data_ptr(),
         keys.data_ptr(),
