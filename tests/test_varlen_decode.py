@@ -176,3 +176,52 @@ def test_no_compiler_means_sdpa_and_a_reason(tmp_path) -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout
     assert out.startswith("False") and "no-such-cc" in out, out
+
+
+def _mixed_step(model, varlen: bool, monkeypatch) -> tuple[torch.Tensor, torch.Tensor, list, int]:
+    """Three prompts prefilled, then a step of their three decode rows and two fresh prompts;
+    returns its logits, the new prompts' layer-0 keys, the kernel's row counts and how many
+    prefill-attention calls ran, in that step."""
+    from relayrl.rollout import split_attention
+    from relayrl.rollout.kv_cache import SlotKVCache
+    from relayrl.rollout.model_runner import ModelRunner
+
+    runner, cache = ModelRunner(0, 6, varlen_decode=varlen), SlotKVCache(6, 64)
+    rows_seen: list[int] = []
+    prefill_calls = [0]
+    real_kernel, real_prefill = varlen_decode.decode_attention, split_attention.prefill_attention
+
+    def kernel(query, *a):
+        rows_seen.append(query.shape[0])
+        return real_kernel(query, *a)
+
+    def prefill(*a):
+        prefill_calls[0] += 1
+        return real_prefill(*a)
+
+    monkeypatch.setattr(varlen_decode, "decode_attention", kernel)
+    monkeypatch.setattr(split_attention, "prefill_attention", prefill)
+    first, later = random_prompts([7, 11, 4], seed=5), random_prompts([9, 13], seed=6)
+    with torch.inference_mode():
+        runner.execute(model, cache, [0, 1, 2], [0, 0, 0], first)
+        rows_seen.clear()
+        prefill_calls[0] = 0
+        logits = runner.execute(
+            model, cache, [0, 1, 2, 3, 4], [7, 11, 4, 0, 0], [[5], [6], [7]] + later
+        )
+    monkeypatch.undo()
+    return logits, cache._keys[0][3:5, :, :13].clone(), rows_seen, prefill_calls[0]
+
+
+def test_prompts_go_through_the_kernel_too(tmp_path, monkeypatch) -> None:
+    """A step with decode rows and two fresh prompts: with the kernel every token of the step
+    (each prompt token reading its slot's columns 0 .. its position) is one kernel row, no
+    prefill mask and no per-prompt call; the logits equal the SDPA path's (masked prefill) to
+    float32 rounding, and the prompts' keys land in the same cache columns."""
+    model = tiny_model(tmp_path, "llama")
+    logits, keys, rows, prefills = _mixed_step(model, True, monkeypatch)
+    assert rows == [3 + 9 + 13] * model.config.num_hidden_layers and prefills == 0
+    want_logits, want_keys, rows_off, prefills_off = _mixed_step(model, False, monkeypatch)
+    assert rows_off == [] and prefills_off > 0
+    torch.testing.assert_close(logits, want_logits, rtol=0, atol=1e-5)
+    assert torch.equal(keys, want_keys)

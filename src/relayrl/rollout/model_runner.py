@@ -21,9 +21,12 @@ Two ways to run a step:
   state of continuous batching under a heavy tail) are grouped in length buckets (powers of
   two, merged while merging is cheaper than another attention call), each reading only its
   own columns of the cache: without them every row would read, and attend over, as many
-  columns as the longest sequence. In float32 on the CPU the decode rows need neither:
+  columns as the longest sequence. In float32 on the CPU no row needs any of this:
   ``relayrl.rollout.varlen_decode`` walks each row's own columns of the arena in one call per
-  layer (no gathers, masks or buckets; ``varlen_decode=False`` turns it off). For Llama,
+  layer, the prompt tokens too (token ``t`` of a prompt reads its slot's columns ``0 .. t``,
+  written by ``cache.update`` just before attention): no gathers, masks, buckets or
+  per-prompt calls, a step's attention is one call per layer whatever it holds
+  (``varlen_decode=False`` turns it off). For Llama,
   Qwen2 and Mistral models the split forward
   itself runs without ``nn.Module`` calls (``relayrl.rollout.direct_forward``: the same
   operations, bitwise the same logits, checked at first use; ``direct=False`` turns it off):
@@ -309,11 +312,14 @@ class ModelRunner:
         # per decode bucket: the arena rows and columns it reads; its batch rows and columns
         arena_buckets: list[tuple[Tensor | slice, int]] = []
         dec_ranges: list[tuple[int, int, int]] = []
-        varlen = bool(dec_slots) and self._use_varlen(model)
+        # varlen: every token of the step, decode or prompt, is one row of ``varlen_decode``
+        # reading its slot's columns 0 .. its position (a prompt's keys are written before
+        # attention runs): no buckets, masks or per-prompt attention calls
+        varlen = self._use_varlen(model)
         buckets = None
         if dec_slots and not varlen:
             buckets = self._decode_buckets([s + 1 for s in dec_starts])
-        if varlen:  # rows in slot order, each reads its own length straight from the arena
+        if varlen and dec_slots:  # rows in slot order, each reads its own length
             ids.extend(t[0] for t in dec_tokens)
             positions.extend(dec_starts)
             write_rows.extend(dec_slots)
@@ -352,8 +358,12 @@ class ModelRunner:
             ids.extend(toks)
             positions.extend(range(len(toks)))
             write_rows.extend([slot] * len(toks))
-            segment.extend([k] * len(toks))
+            if not varlen:
+                segment.extend([k] * len(toks))
             keep.append(len(ids) - 1)
+        if varlen:  # the prompt tokens are varlen rows too
+            n_decode = len(ids)
+            kv_len = max([kv_len] + [len(t) for t in pre_tokens])
         # One host -> device copy of every index of the step, as rows of one [R, N] tensor:
         # ids, positions, arena rows, [output rows (padded)], [prefill segments].
         reorder = not (buckets is None and len(keep) == len(ids))
@@ -361,9 +371,9 @@ class ModelRunner:
         if reorder:
             host.append(keep + [0] * (len(ids) - len(keep)))
         lens_row = len(host)
-        if varlen:  # columns each decode row attends to: its position + 1
-            host.append([s + 1 for s in dec_starts] + [0] * (len(ids) - n_decode))
-        if pre_slots:
+        if varlen:  # columns each row attends to: its position + 1
+            host.append([p + 1 for p in positions])
+        elif pre_slots:
             host.append(segment)
         packed = device_tensor(host, torch.long, dev)
         ids_t, position_ids, rows_t = packed[:3].unsqueeze(2)  # [N, 1] each
@@ -374,12 +384,12 @@ class ModelRunner:
         ]
         prefill_mask = None
         prefill_lengths = None
-        if pre_slots:
+        if pre_slots and not varlen:
             cache.ensure_capacity(max(len(t) for t in pre_tokens))
             lengths = [len(t) for t in pre_tokens]
             if self._prompt_by_prompt(lengths):
                 prefill_lengths = lengths
-        if pre_slots and prefill_lengths is None:
+        if pre_slots and not varlen and prefill_lengths is None:
             seg, ppos = packed[-1, n_decode:], pos[n_decode:]
             allowed = (seg.unsqueeze(1) == seg.unsqueeze(0)) & (
                 ppos.unsqueeze(0) <= ppos.unsqueeze(1)

@@ -12,7 +12,10 @@ for the duration of the forward:
   of the cache);
 - prefill tokens attend causally within their own prompt (:func:`prefill_attention`): one
   SDPA call over all of them with a block-diagonal mask, or one plain-causal call per prompt
-  when that costs less (``ModelRunner._prompt_by_prompt``).
+  when that costs less (``ModelRunner._prompt_by_prompt``);
+- or, in float32 on the CPU, every row of the step, decode row or prompt token, in one call
+  of ``relayrl.rollout.varlen_decode`` reading its own slot's first ``position + 1`` columns
+  (``SplitState.decode_varlen``).
 """
 
 from __future__ import annotations
@@ -48,8 +51,9 @@ class SplitState:
     # set when the prompts attend prompt by prompt (one plain-causal call each, no mask; a
     # single prompt always does): their lengths, in batch order
     prefill_lengths: list[int] | None = None
-    # set when the decode rows attend through ``varlen_decode`` (no buckets): their arena
-    # rows, the columns each reads (int64 ``[n_decode]``) and the most any reads
+    # set when the rows attend through ``varlen_decode`` (no buckets; the runner then counts
+    # every token of the step, prompt tokens too, in ``n_decode``): their arena rows, the
+    # columns each reads (int64 ``[n_decode]``: position + 1) and the most any reads
     decode_varlen: tuple[Tensor, Tensor, int] | None = None
 
 

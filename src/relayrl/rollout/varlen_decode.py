@@ -11,7 +11,10 @@ SDPA on the CPU needs one rectangular ``[rows, Hkv, L, D]`` read per call: rows 
 heavy-tailed batch either attend over the longest row's columns (most of them masked) or are
 split in length buckets, each a gathered copy of the cache, a mask and a call. This kernel
 walks each row's ``p_i + 1`` columns straight out of the arena, with nothing built per step:
-its work is the step's real context, ``sum_i (p_i + 1)``.
+its work is the step's real context, ``sum_i (p_i + 1)``. A prompt's tokens are rows of the
+same call (token ``t`` reads columns ``0 .. t``, its own keys written before attention): the
+causal mask of a prefill is each row's length, so a step with admissions needs no prefill
+mask and no per-prompt call.
 
 It is C compiled once per machine with the system C compiler (``cc``, into
 ``$RELAYRL_CACHE_DIR`` or ``~/.cache/relayrl``, keyed by the source's and flags' hash) and
