@@ -62,10 +62,11 @@ def test_equals_sdpa_on_ragged_rows(heads: int, kv_heads: int, dim: int) -> None
 def test_plain_c_path_gives_the_same_bits() -> None:
     """The SSE2 code and the plain C code (``-DRELAYRL_SCALAR``, what a machine without SSE2
     runs) sum in one written order: equal bits, on every D (a multiple of 4 or not) and every
-    row length (a multiple of the 4-column block or not)."""
+    row length (a multiple of the 4-column block or not), groups of 1, 2, 3 and 8 query heads."""
     plain = varlen_decode._build(("-DRELAYRL_SCALAR",))
     g = torch.Generator().manual_seed(7)
-    for heads, kv_heads, dim in [(4, 2, 16), (8, 1, 64), (6, 3, 20), (2, 1, 6), (2, 2, 128)]:
+    shapes = [(4, 2, 16), (8, 1, 64), (6, 3, 20), (6, 2, 16), (2, 1, 6), (2, 2, 128)]
+    for heads, kv_heads, dim in shapes:
         keys = 3 * torch.randn(5, kv_heads, 70, dim, generator=g)
         values = torch.randn(5, kv_heads, 70, dim, generator=g)
         rows, lens = torch.tensor([4, 0, 2, 1, 3]), torch.tensor([1, 70, 5, 13, 4])

@@ -19,14 +19,17 @@ mask and no per-prompt call.
 It is C compiled once per machine with the system C compiler (``cc``, into
 ``$RELAYRL_CACHE_DIR`` or ``~/.cache/relayrl``, keyed by the source's and flags' hash) and
 called through ``ctypes``; float32 on the CPU only. When no compiler is there, or for another
-dtype or device, ``available()`` is False and the runner keeps SDPA. Per (row, head): the
-scores four columns at a time (SSE2: four dot products, then a 4x4 transpose), the softmax
-with its own exp (Cephes' ``expf`` polynomial, vectorised), the weighted sum of values in
-16-float blocks; the next rows' keys and values are prefetched (between layers the arenas are
-mostly out of cache). Every float operation runs in the order the source writes it (no
-fast-math, ``-ffp-contract=off``), so the SSE2 path and the plain C path (``-DRELAYRL_SCALAR``)
-give the same bits, on any x86-64 (SSE2 is its baseline) whatever its wider vector units;
-results agree with SDPA to float32 rounding (~1e-6 on scores of a few units).
+dtype or device, ``available()`` is False and the runner keeps SDPA. Per row and kv head,
+its query heads two at a time (grouped-query attention: each key and value block is read
+once for both, and twice the independent sums are in flight): the scores four columns at a
+time (SSE2: four dot products, then a 4x4 transpose), the softmax with its own exp (Cephes'
+``expf`` polynomial, vectorised; the max four lanes wide, exact in any order), the weighted
+sum of values in 16-float blocks; the next rows' keys and values are prefetched (between
+layers the arenas are mostly out of cache). Every float operation runs in the order the
+source writes it (no fast-math, ``-ffp-contract=off``), so the SSE2 path and the plain C path
+(``-DRELAYRL_SCALAR``) give the same bits, on any x86-64 (SSE2 is its baseline) whatever
+its wider vector units; results agree with SDPA to float32 rounding (~1e-6 on scores of a
+few units).
 """
 
 from __future__ import annotations
@@ -99,6 +102,18 @@ static inline float dot4(const float *a, const float *b, int64_t d) {
     return (p[0] + p[1]) + (p[2] + p[3]);
 }
 
+#ifdef RELAYRL_SSE2
+/* the four column sums of a 4-column block: lane l of column c into register l, lane c,
+   then (l0 + l1) + (l2 + l3) per column */
+static inline __m128 column_sums(__m128 a0, __m128 a1, __m128 a2, __m128 a3) {
+    const __m128 t0 = _mm_unpacklo_ps(a0, a1), t1 = _mm_unpackhi_ps(a0, a1);
+    const __m128 t2 = _mm_unpacklo_ps(a2, a3), t3 = _mm_unpackhi_ps(a2, a3);
+    const __m128 l0 = _mm_movelh_ps(t0, t2), l1 = _mm_movehl_ps(t2, t0);
+    const __m128 l2 = _mm_movelh_ps(t1, t3), l3 = _mm_movehl_ps(t3, t1);
+    return _mm_add_ps(_mm_add_ps(l0, l1), _mm_add_ps(l2, l3));
+}
+#endif
+
 /* s[j] = (q . k_j) * scale for j < len, k_j = kb + j * dim */
 static void scores_of(const float *q, const float *kb, int64_t len, int64_t dim, float scale,
                       float *s) {
@@ -116,26 +131,67 @@ static void scores_of(const float *q, const float *kb, int64_t len, int64_t dim,
                 a2 = _mm_add_ps(a2, _mm_mul_ps(qv, _mm_loadu_ps(k0 + 2 * dim + t)));
                 a3 = _mm_add_ps(a3, _mm_mul_ps(qv, _mm_loadu_ps(k0 + 3 * dim + t)));
             }
-            /* transpose: lane l of column c into register l, lane c */
-            const __m128 t0 = _mm_unpacklo_ps(a0, a1), t1 = _mm_unpackhi_ps(a0, a1);
-            const __m128 t2 = _mm_unpacklo_ps(a2, a3), t3 = _mm_unpackhi_ps(a2, a3);
-            const __m128 l0 = _mm_movelh_ps(t0, t2), l1 = _mm_movehl_ps(t2, t0);
-            const __m128 l2 = _mm_movelh_ps(t1, t3), l3 = _mm_movehl_ps(t3, t1);
-            const __m128 sum = _mm_add_ps(_mm_add_ps(l0, l1), _mm_add_ps(l2, l3));
-            _mm_storeu_ps(s + j, _mm_mul_ps(sum, sc));
+            _mm_storeu_ps(s + j, _mm_mul_ps(column_sums(a0, a1, a2, a3), sc));
         }
     }
 #endif
     for (; j < len; ++j) s[j] = dot4(q, kb + j * dim, dim) * scale;
 }
 
+/* scores_of for two query heads on the same keys (two heads of one kv group): each key
+   block is loaded once for both, each head's operations are scores_of's in its order */
+static void scores_of2(const float *q, const float *r, const float *kb, int64_t len,
+                       int64_t dim, float scale, float *s, float *u) {
+    int64_t j = 0;
+#ifdef RELAYRL_SSE2
+    if ((dim & 3) == 0) {
+        const __m128 sc = _mm_set1_ps(scale);
+        for (; j + 4 <= len; j += 4) {
+            const float *k0 = kb + j * dim;
+            __m128 a0 = _mm_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            __m128 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            for (int64_t t = 0; t < dim; t += 4) {
+                const __m128 qv = _mm_loadu_ps(q + t), rv = _mm_loadu_ps(r + t);
+                const __m128 x0 = _mm_loadu_ps(k0 + t), x1 = _mm_loadu_ps(k0 + dim + t);
+                const __m128 x2 = _mm_loadu_ps(k0 + 2 * dim + t);
+                const __m128 x3 = _mm_loadu_ps(k0 + 3 * dim + t);
+                a0 = _mm_add_ps(a0, _mm_mul_ps(qv, x0));
+                b0 = _mm_add_ps(b0, _mm_mul_ps(rv, x0));
+                a1 = _mm_add_ps(a1, _mm_mul_ps(qv, x1));
+                b1 = _mm_add_ps(b1, _mm_mul_ps(rv, x1));
+                a2 = _mm_add_ps(a2, _mm_mul_ps(qv, x2));
+                b2 = _mm_add_ps(b2, _mm_mul_ps(rv, x2));
+                a3 = _mm_add_ps(a3, _mm_mul_ps(qv, x3));
+                b3 = _mm_add_ps(b3, _mm_mul_ps(rv, x3));
+            }
+            _mm_storeu_ps(s + j, _mm_mul_ps(column_sums(a0, a1, a2, a3), sc));
+            _mm_storeu_ps(u + j, _mm_mul_ps(column_sums(b0, b1, b2, b3), sc));
+        }
+    }
+#endif
+    for (; j < len; ++j) {
+        s[j] = dot4(q, kb + j * dim, dim) * scale;
+        u[j] = dot4(r, kb + j * dim, dim) * scale;
+    }
+}
+
 /* s[j] = exp(s[j] - max s) / sum_j exp(s[j] - max s); the sum: lane l adds j = l (mod 4) in
    order (the last len mod 4 terms too), then (l0 + l1) + (l2 + l3) */
 static void softmax(float *s, int64_t len) {
     float m = s[0];
-    for (int64_t j = 1; j < len; ++j) m = s[j] > m ? s[j] : m;
+    int64_t j = 1;
+#ifdef RELAYRL_SSE2
+    if (len >= 8) { /* the maximum is exact in any order: four lanes, then across them */
+        __m128 mv = _mm_loadu_ps(s);
+        for (j = 4; j + 4 <= len; j += 4) mv = _mm_max_ps(mv, _mm_loadu_ps(s + j));
+        float lanes[4];
+        _mm_storeu_ps(lanes, mv);
+        for (int t = 0; t < 4; ++t) m = lanes[t] > m ? lanes[t] : m;
+    }
+#endif
+    for (; j < len; ++j) m = s[j] > m ? s[j] : m;
     float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    int64_t j = 0;
+    j = 0;
 #ifdef RELAYRL_SSE2
     {
         const __m128 mv = _mm_set1_ps(m), lo = _mm_set1_ps(EXP_LO);
@@ -208,14 +264,68 @@ static void weighted_sum(const float *w, const float *vb, int64_t len, int64_t d
     }
 }
 
+/* weighted_sum for two heads on the same values: each value block loaded once for both,
+   each head's terms in weighted_sum's order */
+static void weighted_sum2(const float *w, const float *x, const float *vb, int64_t len,
+                          int64_t dim, float *o, float *p) {
+    int64_t d = 0;
+#ifdef RELAYRL_SSE2
+    for (; d + 16 <= dim; d += 16) {
+        __m128 a0 = _mm_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        __m128 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        for (int64_t j = 0; j < len; ++j) {
+            const __m128 wj = _mm_set1_ps(w[j]), xj = _mm_set1_ps(x[j]);
+            const float *vj = vb + j * dim + d;
+            const __m128 v0 = _mm_loadu_ps(vj), v1 = _mm_loadu_ps(vj + 4);
+            const __m128 v2 = _mm_loadu_ps(vj + 8), v3 = _mm_loadu_ps(vj + 12);
+            a0 = _mm_add_ps(a0, _mm_mul_ps(wj, v0));
+            b0 = _mm_add_ps(b0, _mm_mul_ps(xj, v0));
+            a1 = _mm_add_ps(a1, _mm_mul_ps(wj, v1));
+            b1 = _mm_add_ps(b1, _mm_mul_ps(xj, v1));
+            a2 = _mm_add_ps(a2, _mm_mul_ps(wj, v2));
+            b2 = _mm_add_ps(b2, _mm_mul_ps(xj, v2));
+            a3 = _mm_add_ps(a3, _mm_mul_ps(wj, v3));
+            b3 = _mm_add_ps(b3, _mm_mul_ps(xj, v3));
+        }
+        _mm_storeu_ps(o + d, a0);
+        _mm_storeu_ps(o + d + 4, a1);
+        _mm_storeu_ps(o + d + 8, a2);
+        _mm_storeu_ps(o + d + 12, a3);
+        _mm_storeu_ps(p + d, b0);
+        _mm_storeu_ps(p + d + 4, b1);
+        _mm_storeu_ps(p + d + 8, b2);
+        _mm_storeu_ps(p + d + 12, b3);
+    }
+    for (; d + 4 <= dim; d += 4) {
+        __m128 a = _mm_setzero_ps(), b = a;
+        for (int64_t j = 0; j < len; ++j) {
+            const __m128 vj = _mm_loadu_ps(vb + j * dim + d);
+            a = _mm_add_ps(a, _mm_mul_ps(_mm_set1_ps(w[j]), vj));
+            b = _mm_add_ps(b, _mm_mul_ps(_mm_set1_ps(x[j]), vj));
+        }
+        _mm_storeu_ps(o + d, a);
+        _mm_storeu_ps(p + d, b);
+    }
+#endif
+    for (; d < dim; ++d) {
+        float a = 0.0f, b = 0.0f;
+        for (int64_t j = 0; j < len; ++j) {
+            a = a + w[j] * vb[j * dim + d];
+            b = b + x[j] * vb[j * dim + d];
+        }
+        o[d] = a;
+        p[d] = b;
+    }
+}
+
 #define AHEAD 2  /* rows */
 
-/* q, out: [n, H, D]; k, v: [S, Hkv, C, D]; rows, lens: [n]; scores: >= max(lens) floats.
-   Query head h reads kv head h / (H / Hkv). */
+/* q, out: [n, H, D]; k, v: [S, Hkv, C, D]; rows, lens: [n], max_len >= every len;
+   scores: 2 * max_len floats. Query head h reads kv head h / (H / Hkv). */
 void decode_attention_f32(const float *q, const float *k, const float *v,
                           const int64_t *rows, const int64_t *lens, float *out,
                           int64_t n, int64_t heads, int64_t kv_heads, int64_t cols,
-                          int64_t dim, float scale, float *scores) {
+                          int64_t dim, float scale, float *scores, int64_t max_len) {
     const int64_t group = heads / kv_heads;
     for (int64_t i = 0; i < n; ++i) {
         const int64_t len = lens[i];
@@ -229,12 +339,26 @@ void decode_attention_f32(const float *q, const float *k, const float *v,
                     __builtin_prefetch(v + nb + c);
                 }
             }
-        for (int64_t h = 0; h < heads; ++h) {
-            const int64_t base = (rows[i] * kv_heads + h / group) * cols * dim;
-            const float *qh = q + (i * heads + h) * dim;
-            scores_of(qh, k + base, len, dim, scale, scores);
-            softmax(scores, len);
-            weighted_sum(scores, v + base, len, dim, out + (i * heads + h) * dim);
+        for (int64_t g = 0; g < kv_heads; ++g) {
+            const int64_t base = (rows[i] * kv_heads + g) * cols * dim;
+            int64_t h = g * group;
+            /* two query heads of the group per pass over its keys and values: each block
+               read once for both, twice the independent sums in flight */
+            for (; h + 2 <= (g + 1) * group; h += 2) {
+                const float *qh = q + (i * heads + h) * dim;
+                float *second = scores + max_len;
+                scores_of2(qh, qh + dim, k + base, len, dim, scale, scores, second);
+                softmax(scores, len);
+                softmax(second, len);
+                weighted_sum2(scores, second, v + base, len, dim, out + (i * heads + h) * dim,
+                              out + (i * heads + h + 1) * dim);
+            }
+            if (h < (g + 1) * group) { /* an odd group's last head */
+                const float *qh = q + (i * heads + h) * dim;
+                scores_of(qh, k + base, len, dim, scale, scores);
+                softmax(scores, len);
+                weighted_sum(scores, v + base, len, dim, out + (i * heads + h) * dim);
+            }
         }
     }
 }
@@ -279,7 +403,7 @@ def _build(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
     handle = ctypes.CDLL(str(lib))
     fn = handle.decode_attention_f32
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [ptr] * 6 + [i64] * 5 + [ctypes.c_float, ptr]
+    fn.argtypes = [ptr] * 6 + [i64] * 5 + [ctypes.c_float, ptr, i64]
     fn.restype = None
     return handle
 
@@ -362,7 +486,8 @@ def decode_attention(
     rows, lens = rows.contiguous(), lens.contiguous()
     # explicit device: a default device set by the caller (e.g. meta) must not apply here
     out = torch.empty(n, heads, dim, dtype=torch.float32, device="cpu")
-    scores = torch.empty(max(1, max_len), dtype=torch.float32, device="cpu")  # one head's
+    width = max(1, max_len)
+    scores = torch.empty(2 * width, dtype=torch.float32, device="cpu")  # two heads' scores
     lib.decode_attention_f32(
         q.data_ptr(),
         keys.data_ptr(),
@@ -377,5 +502,6 @@ def decode_attention(
         dim,
         float(scale),
         scores.data_ptr(),
+        width,
     )
     return out.view(n, 1, heads, dim)
