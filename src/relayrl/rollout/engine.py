@@ -447,6 +447,8 @@ class RolloutEngine:
                 )
 
     def _release_old_models(self) -> None:
+        if len(self._models) == 1 and self.version in self._models:
+            return  # only the current weights: nothing to release (the common case)
         in_use = self.scheduler.versions_in_use() | {self.version}
         for v in [v for v in self._models if v not in in_use]:
             del self._models[v]

@@ -132,6 +132,18 @@ class ModelRunner:
         pieces: list[tuple[list[int], Tensor]] = []
         if use_split:
             chunks = self._chunk(prefill, new_tokens)
+            if len(chunks) == 1:  # one forward: its logits come out in the callers' order
+                where = {i: j for j, i in enumerate(decode + prefill)}
+                return self._forward_split(
+                    model,
+                    cache,
+                    [slots[i] for i in decode],
+                    [starts[i] for i in decode],
+                    [new_tokens[i] for i in decode],
+                    [slots[i] for i in prefill],
+                    [new_tokens[i] for i in prefill],
+                    order=[where[i] for i in range(len(slots))],
+                )
             for c, chunk in enumerate(chunks):
                 dec = decode if c == 0 else []
                 logits = self._forward_split(
@@ -300,9 +312,11 @@ class ModelRunner:
         dec_tokens: Sequence[Sequence[int]],
         pre_slots: Sequence[int],
         pre_tokens: Sequence[Sequence[int]],
+        order: Sequence[int] | None = None,
     ) -> Tensor:
         """One split-attention forward: decode rows, then every prefill token (each prefill
-        sequence starts from an empty slot)."""
+        sequence starts from an empty slot). Logits of the decode sequences then the prefill
+        ones; with ``order``, row ``r`` is the logits of sequence ``order[r]`` of that list."""
         dtype, dev = _dtype(model), self.device
         ids: list[int] = []
         positions: list[int] = []
@@ -361,6 +375,8 @@ class ModelRunner:
             if not varlen:
                 segment.extend([k] * len(toks))
             keep.append(len(ids) - 1)
+        if order is not None:
+            keep = [keep[j] for j in order]
         if varlen:  # the prompt tokens are varlen rows too
             n_decode = len(ids)
             kv_len = max([kv_len] + [len(t) for t in pre_tokens])
