@@ -60,9 +60,10 @@ def test_equals_sdpa_on_ragged_rows(heads: int, kv_heads: int, dim: int) -> None
 
 
 def test_plain_c_path_gives_the_same_bits() -> None:
-    """The SSE2 code and the plain C code (``-DRELAYRL_SCALAR``, what a machine without SSE2
-    runs) sum in one written order: equal bits, on every D (a multiple of 4 or not) and every
-    row length (a multiple of the 4-column block or not), groups of 1, 2, 3 and 8 query heads."""
+    """The AVX2 code (where the CPU has it), the SSE2 code and the plain C code
+    (``-DRELAYRL_SCALAR``, what a machine without SSE2 runs) sum in one written order: equal
+    bits, on every D (a multiple of 4 or not), every row length (a multiple of the 4- and
+    8-column blocks or not) and groups of 1, 2, 3 and 8 query heads."""
     plain = varlen_decode._build(("-DRELAYRL_SCALAR",))
     g = torch.Generator().manual_seed(7)
     shapes = [(4, 2, 16), (8, 1, 64), (6, 3, 20), (6, 2, 16), (2, 1, 6), (2, 2, 128)]
@@ -72,8 +73,14 @@ def test_plain_c_path_gives_the_same_bits() -> None:
         rows, lens = torch.tensor([4, 0, 2, 1, 3]), torch.tensor([1, 70, 5, 13, 4])
         q = 3 * torch.randn(5, heads, 1, dim, generator=g)
         args = (q, keys, values, rows, lens, 70, dim**-0.5)
-        fast = varlen_decode.decode_attention(*args)
+        fast = varlen_decode.decode_attention(*args)  # 8-wide where the CPU has AVX2
         assert torch.equal(fast, varlen_decode.decode_attention(*args, library=plain))
+        varlen_decode.set_wide_path(False)
+        try:
+            assert not varlen_decode.wide_path()
+            assert torch.equal(fast, varlen_decode.decode_attention(*args))  # SSE2
+        finally:
+            varlen_decode.set_wide_path(True)
 
 
 def test_softmax_weights_against_float64_over_a_wide_range() -> None:
