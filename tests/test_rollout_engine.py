@@ -443,3 +443,20 @@ def test_prompt_by_prompt_prefill_attention_hand_case() -> None:
     assert not runner._prompt_by_prompt([20] * 4)  # 8192 + 1600 >= 2048 + 6400
     assert runner._prompt_by_prompt([20] * 8)  # 16384 + 3200 < 2048 + 25600
     assert runner._prompt_by_prompt([20])  # one prompt: one call either way, no mask
+
+
+def test_kv_arena_growth_steps_hand_case() -> None:
+    """x2 steps; the last one goes straight to max_len (128 -> 256 -> 289 would copy twice)."""
+    from relayrl.rollout.kv_cache import SlotKVCache
+
+    cache = SlotKVCache(2, 289)
+    assert cache.capacity == 128
+    cache.ensure_capacity(129)
+    assert cache.capacity == 289
+    cache = SlotKVCache(2, 1000)
+    cache.ensure_capacity(129)
+    assert cache.capacity == 256  # 2 x 256 <= 1000: room for another doubling
+    cache.ensure_capacity(300)
+    assert cache.capacity == 1000  # 512 would leave less than a doubling (2 x 512 > 1000)
+    with pytest.raises(ValueError, match="max_len is 1000"):
+        cache.ensure_capacity(1001)

@@ -118,14 +118,18 @@ class SlotKVCache(Cache):
         self.split_buckets = None
 
     def ensure_capacity(self, columns: int) -> None:
-        """Grow the arenas (x2 steps, capped at ``max_len``) to hold ``columns`` tokens."""
+        """Grow the arenas (x2 steps) to hold ``columns`` tokens; a step that would leave
+        less than another doubling to ``max_len`` goes to ``max_len`` at once (one copy of the
+        arenas instead of two, at most 2x the columns in use either way)."""
         if columns > self.max_len:
             raise ValueError(f"step needs {columns} KV columns, max_len is {self.max_len}")
         if columns > self.capacity:
             new_cap = self.capacity
             while new_cap < columns:
                 new_cap *= 2
-            self._grow(min(new_cap, self.max_len))
+            if 2 * new_cap > self.max_len:
+                new_cap = self.max_len
+            self._grow(new_cap)
 
     def _grow(self, new_cap: int) -> None:
         for arenas in (self._keys, self._values):

@@ -11,6 +11,7 @@ lets old sequences finish on old weights).
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -55,6 +56,9 @@ class ScheduledGroup:
     seqs: list[Sequence]
 
 
+_slot = operator.attrgetter("slot")
+
+
 class Scheduler:
     """FIFO admission into a fixed slot table; all live sequences run every step."""
 
@@ -83,7 +87,7 @@ class Scheduler:
         out = []
         for version in sorted(groups):
             seqs = groups[version]
-            seqs.sort(key=lambda s: s.slot)
+            seqs.sort(key=_slot)
             out.append(ScheduledGroup(version, seqs))
         return out
 
