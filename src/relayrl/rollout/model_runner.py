@@ -132,20 +132,12 @@ class ModelRunner:
         pieces: list[tuple[list[int], Tensor]] = []
         if use_split:
             chunks = self._chunk(prefill, new_tokens)
-            if len(chunks) == 1:  # one forward: its logits come out in the callers' order
-                where = {i: j for j, i in enumerate(decode + prefill)}
-                return self._forward_split(
-                    model,
-                    cache,
-                    [slots[i] for i in decode],
-                    [starts[i] for i in decode],
-                    [new_tokens[i] for i in decode],
-                    [slots[i] for i in prefill],
-                    [new_tokens[i] for i in prefill],
-                    order=[where[i] for i in range(len(slots))],
-                )
             for c, chunk in enumerate(chunks):
                 dec = decode if c == 0 else []
+                order = None  # one forward: its logits come out in the callers' order
+                if len(chunks) == 1:
+                    where = {i: j for j, i in enumerate(decode + prefill)}
+                    order = [where[i] for i in range(len(slots))]
                 logits = self._forward_split(
                     model,
                     cache,
@@ -154,7 +146,10 @@ class ModelRunner:
                     [new_tokens[i] for i in dec],
                     [slots[i] for i in chunk],
                     [new_tokens[i] for i in chunk],
+                    order=order,
                 )
+                if order is not None:
+                    return logits
                 pieces.append((dec + chunk, logits))
         else:
             for idx in (decode, prefill):
