@@ -362,7 +362,8 @@ class ModelRunner:
             arena_buckets.append((rows, kv_len))  # one bucket: every row reads kv_len columns
             dec_ranges.append((0, len(ids), kv_len))
         n_decode = len(ids)
-        segment = [-1] * n_decode  # per batch row its prefill sequence (-1: a decode row)
+        # per batch row its prefill sequence (-1: a decode row); varlen rows need none
+        segment = [] if varlen else [-1] * n_decode
         for k, (slot, toks) in enumerate(zip(pre_slots, pre_tokens, strict=True)):
             ids.extend(toks)
             positions.extend(range(len(toks)))
@@ -376,7 +377,8 @@ class ModelRunner:
             n_decode = len(ids)
             kv_len = max([kv_len] + [len(t) for t in pre_tokens])
         # One host -> device copy of every index of the step, as rows of one [R, N] tensor:
-        # ids, positions, arena rows, [output rows (padded)], [prefill segments].
+        # ids, positions, arena rows, [output rows (padded)], [varlen lengths | prefill
+        # segments].
         reorder = not (buckets is None and len(keep) == len(ids))
         host = [ids, positions, write_rows]
         if reorder:

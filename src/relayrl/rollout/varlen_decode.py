@@ -20,16 +20,12 @@ It is C compiled once per machine with the system C compiler (``cc``, into
 ``$RELAYRL_CACHE_DIR`` or ``~/.cache/relayrl``, keyed by the source's and flags' hash) and
 called through ``ctypes``; float32 on the CPU only. When no compiler is there, or for another
 dtype or device, ``available()`` is False and the runner keeps SDPA. Per row and kv head,
-its query heads two at a time (grouped-query attention: each key and value block is read
-once for both, and twice the independent sums are in flight): the scores four columns at a
-time (SSE2: four dot products, then a 4x4 transpose), the softmax with its own exp (Cephes'
-``expf`` polynomial, vectorised; the max four lanes wide, exact in any order), the weighted
-sum of values in 16-float blocks; the next rows' keys and values are prefetched (between
-layers the arenas are mostly out of cache). Every float operation runs in the order the
-source writes it (no fast-math, ``-ffp-contract=off``), so the SSE2 path and the plain C path
-(``-DRELAYRL_SCALAR``) give the same bits, on any x86-64 (SSE2 is its baseline) whatever
-its wider vector units; results agree with SDPA to float32 rounding (~1e-6 on scores of a
-few units).
+its query heads two at a time (each key and value block read once for both): scores four
+columns per block, the softmax with its own exp (Cephes' ``expf`` polynomial), values in
+16-float blocks, the next rows' keys and values prefetched; SSE2, or 8 lanes where the CPU
+has AVX2 (chosen at run time, ``wide_path``). The three paths (plain C, SSE2, AVX2) give the
+same bits: how, in ``relayrl.rollout.varlen_decode_source``. Results agree with SDPA to
+float32 rounding (~1e-6 on scores of a few units).
 """
 
 from __future__ import annotations
