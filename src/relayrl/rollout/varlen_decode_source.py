@@ -68,6 +68,23 @@ static inline float dot4(const float *a, const float *b, int64_t d) {
     return (p[0] + p[1]) + (p[2] + p[3]);
 }
 
+/* The next row's keys and values of this kv head, asked for (into L2) while this row's
+   scores run: between steps the arenas drop out of the caches, and a row's columns are a
+   few short streams that the hardware prefetcher barely starts on (len 0: nothing). */
+typedef struct {
+    const float *k, *v;
+    int64_t len;
+} ahead_t;
+
+/* columns [from, to) of the next row's keys and values (no effect on any result) */
+static inline void prefetch_ahead(const ahead_t *a, int64_t from, int64_t to, int64_t dim) {
+    if (to > a->len) to = a->len;
+    for (int64_t c = from * dim; c < to * dim; c += 16) {
+        __builtin_prefetch(a->k + c, 0, 2);
+        __builtin_prefetch(a->v + c, 0, 2);
+    }
+}
+
 #ifdef RELAYRL_SSE2
 /* the four column sums of a 4-column block: lane l of column c into register l, lane c,
    then (l0 + l1) + (l2 + l3) per column */
@@ -82,13 +99,14 @@ static inline __m128 column_sums(__m128 a0, __m128 a1, __m128 a2, __m128 a3) {
 
 /* s[j] = (q . k_j) * scale for j < len, k_j = kb + j * dim */
 static void scores_of(const float *q, const float *kb, int64_t len, int64_t dim, float scale,
-                      float *s) {
+                      float *s, const ahead_t *next) {
     int64_t j = 0;
 #ifdef RELAYRL_SSE2
     if ((dim & 3) == 0) {
         const __m128 sc = _mm_set1_ps(scale);
         for (; j + 4 <= len; j += 4) {
             const float *k0 = kb + j * dim;
+            prefetch_ahead(next, j, j + 4, dim);
             __m128 a0 = _mm_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (int64_t t = 0; t < dim; t += 4) {
                 const __m128 qv = _mm_loadu_ps(q + t);
@@ -101,19 +119,21 @@ static void scores_of(const float *q, const float *kb, int64_t len, int64_t dim,
         }
     }
 #endif
+    prefetch_ahead(next, j, next->len, dim);
     for (; j < len; ++j) s[j] = dot4(q, kb + j * dim, dim) * scale;
 }
 
 /* scores_of for two query heads on the same keys (two heads of one kv group): each key
    block is loaded once for both, each head's operations are scores_of's in its order */
 static void scores_of2(const float *q, const float *r, const float *kb, int64_t len,
-                       int64_t dim, float scale, float *s, float *u) {
+                       int64_t dim, float scale, float *s, float *u, const ahead_t *next) {
     int64_t j = 0;
 #ifdef RELAYRL_SSE2
     if ((dim & 3) == 0) {
         const __m128 sc = _mm_set1_ps(scale);
         for (; j + 4 <= len; j += 4) {
             const float *k0 = kb + j * dim;
+            prefetch_ahead(next, j, j + 4, dim);
             __m128 a0 = _mm_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             __m128 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
             for (int64_t t = 0; t < dim; t += 4) {
@@ -135,6 +155,7 @@ static void scores_of2(const float *q, const float *r, const float *kb, int64_t 
         }
     }
 #endif
+    prefetch_ahead(next, j, next->len, dim);
     for (; j < len; ++j) {
         s[j] = dot4(q, kb + j * dim, dim) * scale;
         u[j] = dot4(r, kb + j * dim, dim) * scale;
@@ -323,12 +344,14 @@ WIDE static inline __m256 column_sums8(__m256 a0, __m256 a1, __m256 a2, __m256 a
 /* scores_of2, eight columns per block: register c holds column j + c in its low half and
    column j + 4 + c in its high half, each half summed as scores_of sums a column */
 WIDE static void scores_of2_wide(const float *q, const float *r, const float *kb, int64_t len,
-                                 int64_t dim, float scale, float *s, float *u) {
+                                 int64_t dim, float scale, float *s, float *u,
+                                 const ahead_t *next) {
     int64_t j = 0;
     if ((dim & 3) == 0) {
         const __m256 sc = _mm256_set1_ps(scale);
         for (; j + 8 <= len; j += 8) {
             const float *k0 = kb + j * dim, *k4 = k0 + 4 * dim;
+            prefetch_ahead(next, j, j + 8, dim);
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
             for (int64_t t = 0; t < dim; t += 4) {
@@ -351,7 +374,9 @@ WIDE static void scores_of2_wide(const float *q, const float *r, const float *kb
             _mm256_storeu_ps(u + j, _mm256_mul_ps(column_sums8(b0, b1, b2, b3), sc));
         }
     }
-    scores_of2(q, r, kb + j * dim, len - j, dim, scale, s + j, u + j);
+    prefetch_ahead(next, j, next->len, dim);
+    const ahead_t none = {next->k, next->v, 0};
+    scores_of2(q, r, kb + j * dim, len - j, dim, scale, s + j, u + j, &none);
 }
 
 WIDE static inline __m256 exp8(__m256 x) { /* exp4 on eight lanes */
@@ -445,8 +470,6 @@ int relayrl_wide(void) { return 0; }
 int relayrl_set_wide(int on) { (void)on; return 0; }
 #endif
 
-#define AHEAD 2  /* rows */
-
 /* q, out: [n, H, D]; k, v: [S, Hkv, C, D]; rows, lens: [n], max_len >= every len;
    scores: 2 * max_len floats. Query head h reads kv head h / (H / Hkv). */
 void decode_attention_f32(const float *q, const float *k, const float *v,
@@ -456,43 +479,45 @@ void decode_attention_f32(const float *q, const float *k, const float *v,
     const int64_t group = heads / kv_heads;
     const int eight = relayrl_wide();
     (void)eight;
+    /* the first row's columns: nothing runs before it to hide them behind */
+    for (int64_t g = 0; n > 0 && g < kv_heads; ++g) {
+        const int64_t nb = (rows[0] * kv_heads + g) * cols * dim;
+        const ahead_t first = {k + nb, v + nb, lens[0]};
+        prefetch_ahead(&first, 0, first.len, dim);
+    }
     for (int64_t i = 0; i < n; ++i) {
         const int64_t len = lens[i];
-        /* the next rows' keys and values on their way while this row runs (the arenas are
-           mostly out of cache between layers; a row's own columns are one short stream) */
-        for (int64_t a = i == 0 ? 0 : i + AHEAD; a <= i + AHEAD && a < n; ++a)
-            for (int64_t g = 0; g < kv_heads; ++g) {
-                const int64_t nb = (rows[a] * kv_heads + g) * cols * dim;
-                for (int64_t c = 0; c < lens[a] * dim; c += 16) {
-                    __builtin_prefetch(k + nb + c);
-                    __builtin_prefetch(v + nb + c);
-                }
-            }
         for (int64_t g = 0; g < kv_heads; ++g) {
             const int64_t base = (rows[i] * kv_heads + g) * cols * dim;
+            /* row i + 1's columns of this kv head, asked for during the group's first pass
+               over row i's keys (one row ahead: a few hundred ns, more than memory's latency) */
+            const int64_t nb = i + 1 < n ? (rows[i + 1] * kv_heads + g) * cols * dim : 0;
+            const ahead_t next = {k + nb, v + nb, i + 1 < n ? lens[i + 1] : 0};
+            const ahead_t none = {k, v, 0};
             int64_t h = g * group;
             /* two query heads of the group per pass over its keys and values: each block
                read once for both, twice the independent sums in flight */
             for (; h + 2 <= (g + 1) * group; h += 2) {
                 const float *qh = q + (i * heads + h) * dim;
                 float *second = scores + max_len, *o = out + (i * heads + h) * dim;
+                const ahead_t *pf = h == g * group ? &next : &none;
 #ifdef RELAYRL_AVX2
                 if (eight) {
-                    scores_of2_wide(qh, qh + dim, k + base, len, dim, scale, scores, second);
+                    scores_of2_wide(qh, qh + dim, k + base, len, dim, scale, scores, second, pf);
                     softmax_wide(scores, len);
                     softmax_wide(second, len);
                     weighted_sum2_wide(scores, second, v + base, len, dim, o, o + dim);
                     continue;
                 }
 #endif
-                scores_of2(qh, qh + dim, k + base, len, dim, scale, scores, second);
+                scores_of2(qh, qh + dim, k + base, len, dim, scale, scores, second, pf);
                 softmax(scores, len);
                 softmax(second, len);
                 weighted_sum2(scores, second, v + base, len, dim, o, o + dim, 0);
             }
             if (h < (g + 1) * group) { /* an odd group's last head */
                 const float *qh = q + (i * heads + h) * dim;
-                scores_of(qh, k + base, len, dim, scale, scores);
+                scores_of(qh, k + base, len, dim, scale, scores, h == g * group ? &next : &none);
                 softmax(scores, len);
                 weighted_sum(scores, v + base, len, dim, out + (i * heads + h) * dim);
             }
