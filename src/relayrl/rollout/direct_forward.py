@@ -71,10 +71,11 @@ def has_hooks(model: torch.nn.Module) -> bool:
 def _rms(x: Tensor, norm: torch.nn.Module) -> Tensor:
     """``LlamaRMSNorm.forward``: ``weight * (x32 * rsqrt(mean(x32^2) + eps)).to(dtype)``."""
     dtype = x.dtype
-    h = x.to(torch.float32)
+    f32 = dtype == torch.float32  # then both casts return their input: skip their dispatch
+    h = x if f32 else x.to(torch.float32)
     var = h.pow(2).mean(-1, keepdim=True)
     h = h * torch.rsqrt(var + norm.variance_epsilon)
-    return norm.weight * h.to(dtype)
+    return norm.weight * (h if f32 else h.to(dtype))
 
 
 def _rotate_half(x: Tensor) -> Tensor:
