@@ -22,7 +22,7 @@ called through ``ctypes``; float32 on the CPU only. When no compiler is there, o
 dtype or device, ``available()`` is False and the runner keeps SDPA. Per row and kv head,
 its query heads two at a time (each key and value block read once for both): scores four
 columns per block, the softmax with its own exp (Cephes' ``expf`` polynomial), values in
-16-float blocks, the next rows' keys and values prefetched; SSE2, or 8 lanes where the CPU
+16-float blocks, the next row's keys and values prefetched; SSE2, or 8 lanes where the CPU
 has AVX2 (chosen at run time, ``wide_path``). The three paths (plain C, SSE2, AVX2) give the
 same bits: how, in ``relayrl.rollout.varlen_decode_source``. Results agree with SDPA to
 float32 rounding (~1e-6 on scores of a few units).

@@ -70,16 +70,19 @@ static inline float dot4(const float *a, const float *b, int64_t d) {
 
 /* The next row's keys and values of this kv head, asked for (into L2) while this row's
    scores run: between steps the arenas drop out of the caches, and a row's columns are a
-   few short streams that the hardware prefetcher barely starts on (len 0: nothing). */
+   few short streams that the hardware prefetcher barely starts on. NULL: nothing. */
 typedef struct {
     const float *k, *v;
     int64_t len;
 } ahead_t;
 
-/* columns [from, to) of the next row's keys and values (no effect on any result) */
+#define LINE_FLOATS 16 /* floats per 64-byte cache line */
+
+/* columns [from, min(to, len)) of the next row's keys and values (no effect on any result) */
 static inline void prefetch_ahead(const ahead_t *a, int64_t from, int64_t to, int64_t dim) {
+    if (a == 0) return;
     if (to > a->len) to = a->len;
-    for (int64_t c = from * dim; c < to * dim; c += 16) {
+    for (int64_t c = from * dim; c < to * dim; c += LINE_FLOATS) {
         __builtin_prefetch(a->k + c, 0, 2);
         __builtin_prefetch(a->v + c, 0, 2);
     }
@@ -119,7 +122,7 @@ static void scores_of(const float *q, const float *kb, int64_t len, int64_t dim,
         }
     }
 #endif
-    prefetch_ahead(next, j, next->len, dim);
+    prefetch_ahead(next, j, INT64_MAX, dim); /* the rest of its columns */
     for (; j < len; ++j) s[j] = dot4(q, kb + j * dim, dim) * scale;
 }
 
@@ -155,7 +158,7 @@ static void scores_of2(const float *q, const float *r, const float *kb, int64_t 
         }
     }
 #endif
-    prefetch_ahead(next, j, next->len, dim);
+    prefetch_ahead(next, j, INT64_MAX, dim); /* the rest of its columns */
     for (; j < len; ++j) {
         s[j] = dot4(q, kb + j * dim, dim) * scale;
         u[j] = dot4(r, kb + j * dim, dim) * scale;
@@ -374,9 +377,8 @@ WIDE static void scores_of2_wide(const float *q, const float *r, const float *kb
             _mm256_storeu_ps(u + j, _mm256_mul_ps(column_sums8(b0, b1, b2, b3), sc));
         }
     }
-    prefetch_ahead(next, j, next->len, dim);
-    const ahead_t none = {next->k, next->v, 0};
-    scores_of2(q, r, kb + j * dim, len - j, dim, scale, s + j, u + j, &none);
+    prefetch_ahead(next, j, INT64_MAX, dim); /* the rest of its columns */
+    scores_of2(q, r, kb + j * dim, len - j, dim, scale, s + j, u + j, 0);
 }
 
 WIDE static inline __m256 exp8(__m256 x) { /* exp4 on eight lanes */
@@ -493,14 +495,13 @@ void decode_attention_f32(const float *q, const float *k, const float *v,
                over row i's keys (one row ahead: a few hundred ns, more than memory's latency) */
             const int64_t nb = i + 1 < n ? (rows[i + 1] * kv_heads + g) * cols * dim : 0;
             const ahead_t next = {k + nb, v + nb, i + 1 < n ? lens[i + 1] : 0};
-            const ahead_t none = {k, v, 0};
             int64_t h = g * group;
             /* two query heads of the group per pass over its keys and values: each block
                read once for both, twice the independent sums in flight */
             for (; h + 2 <= (g + 1) * group; h += 2) {
                 const float *qh = q + (i * heads + h) * dim;
                 float *second = scores + max_len, *o = out + (i * heads + h) * dim;
-                const ahead_t *pf = h == g * group ? &next : &none;
+                const ahead_t *pf = h == g * group ? &next : 0;
 #ifdef RELAYRL_AVX2
                 if (eight) {
                     scores_of2_wide(qh, qh + dim, k + base, len, dim, scale, scores, second, pf);
@@ -517,7 +518,7 @@ void decode_attention_f32(const float *q, const float *k, const float *v,
             }
             if (h < (g + 1) * group) { /* an odd group's last head */
                 const float *qh = q + (i * heads + h) * dim;
-                scores_of(qh, k + base, len, dim, scale, scores, h == g * group ? &next : &none);
+                scores_of(qh, k + base, len, dim, scale, scores, h == g * group ? &next : 0);
                 softmax(scores, len);
                 weighted_sum(scores, v + base, len, dim, out + (i * heads + h) * dim);
             }
