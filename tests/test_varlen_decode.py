@@ -197,17 +197,17 @@ def _mixed_step(model, varlen: bool, monkeypatch) -> tuple[torch.Tensor, torch.T
     runner, cache = ModelRunner(0, 6, varlen_decode=varlen), SlotKVCache(6, 64)
     rows_seen: list[int] = []
     prefill_calls = [0]
-    real_kernel, real_prefill = varlen_decode.decode_attention, split_attention.prefill_attention
+    real_kernel, real_prefill = varlen_decode.Rows.__call__, split_attention.prefill_attention
 
-    def kernel(query, *a):
+    def kernel(self, query, *a):  # every call of the kernel, on either forward path
         rows_seen.append(query.shape[0])
-        return real_kernel(query, *a)
+        return real_kernel(self, query, *a)
 
     def prefill(*a):
         prefill_calls[0] += 1
         return real_prefill(*a)
 
-    monkeypatch.setattr(varlen_decode, "decode_attention", kernel)
+    monkeypatch.setattr(varlen_decode.Rows, "__call__", kernel)
     monkeypatch.setattr(split_attention, "prefill_attention", prefill)
     first, later = random_prompts([7, 11, 4], seed=5), random_prompts([9, 13], seed=6)
     with torch.inference_mode():

@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from relayrl.rollout import varlen_decode
 
 SUPPORTED = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"})
 """Model classes (by name) whose decoder layer is the one ``direct_logits`` runs."""
@@ -47,7 +50,10 @@ def supported(model: torch.nn.Module) -> bool:
         return False
     inner = getattr(model, "model", None)
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
-    return inner is not None and all(hasattr(inner, n) for n in needed)
+    if inner is None or not all(hasattr(inner, n) for n in needed):
+        return False
+    embed = inner.embed_tokens  # a plain lookup (``max_norm`` would renormalise rows)
+    return type(embed) is torch.nn.Embedding and embed.max_norm is None
 
 
 _MODULES: weakref.WeakKeyDictionary[torch.nn.Module, list[torch.nn.Module]] = (
@@ -69,36 +75,108 @@ def has_hooks(model: torch.nn.Module) -> bool:
 
 
 def _rms(x: Tensor, norm: torch.nn.Module) -> Tensor:
-    """``LlamaRMSNorm.forward``: ``weight * (x32 * rsqrt(mean(x32^2) + eps)).to(dtype)``."""
-    dtype = x.dtype
-    f32 = dtype == torch.float32  # then both casts return their input: skip their dispatch
-    h = x if f32 else x.to(torch.float32)
+    """``LlamaRMSNorm.forward``: ``weight * (x32 * rsqrt(mean(x32^2) + eps)).to(dtype)``.
+
+    In float32 (input and weight) that is ``F.rms_norm``, one call instead of six: the same
+    operations in the same order (``pow(2).mean``, ``+ eps``, ``rsqrt``, two products), the
+    same bits; the first-use check (``ModelRunner._check_direct``) compares them anyway."""
+    weight = norm._parameters["weight"]
+    if x.dtype == torch.float32 and weight is not None and weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, norm.variance_epsilon)
+    h = x.to(torch.float32)
     var = h.pow(2).mean(-1, keepdim=True)
     h = h * torch.rsqrt(var + norm.variance_epsilon)
-    return norm.weight * (h if f32 else h.to(dtype))
-
-
-def _rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return weight * h.to(x.dtype)
 
 
 def _lin(x: Tensor, layer: torch.nn.Module) -> Tensor:
-    return F.linear(x, layer.weight, layer.bias)
+    """``nn.Linear.forward`` (``F.linear``), its tensors from ``_parameters`` (no
+    ``Module.__getattr__``)."""
+    p = layer._parameters
+    return F.linear(x, p["weight"], p.get("bias"))
 
 
-_LAYERS: weakref.WeakKeyDictionary[torch.nn.Module, list[torch.nn.Module]] = (
-    weakref.WeakKeyDictionary()
-)
+class _Layer(NamedTuple):
+    """One decoder layer's modules, looked up once per model (their tensors each call: a
+    weight update or ``.to()`` changes them in place, and ``_parameters`` is one dict read)."""
+
+    attn: torch.nn.Module
+    norm1: torch.nn.Module
+    q: torch.nn.Module
+    k: torch.nn.Module
+    v: torch.nn.Module
+    o: torch.nn.Module
+    norm2: torch.nn.Module
+    gate: torch.nn.Module
+    up: torch.nn.Module
+    down: torch.nn.Module
 
 
-def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """``model.model.layers[: num_hidden_layers]`` as a list, once per model (slicing a
-    ``ModuleList`` builds a new one each time)."""
+_LAYERS: weakref.WeakKeyDictionary[torch.nn.Module, list[_Layer]] = weakref.WeakKeyDictionary()
+
+
+def _layers(model: torch.nn.Module) -> list[_Layer]:
+    """``model.model.layers[: num_hidden_layers]``' modules, once per model."""
     layers = _LAYERS.get(model)
     if layers is None:
-        layers = _LAYERS[model] = list(model.model.layers)[: model.config.num_hidden_layers]
+        layers = _LAYERS[model] = [
+            _Layer(
+                a := layer.self_attn,
+                layer.input_layernorm,
+                a.q_proj,
+                a.k_proj,
+                a.v_proj,
+                a.o_proj,
+                layer.post_attention_layernorm,
+                (m := layer.mlp).gate_proj,
+                m.up_proj,
+                m.down_proj,
+            )
+            for layer in list(model.model.layers)[: model.config.num_hidden_layers]
+        ]
     return layers
+
+
+_SIGNS: dict[tuple[int, torch.dtype, torch.device], Tensor] = {}
+
+
+def _rotary(
+    position_ids: Tensor, rotary: torch.nn.Module, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """``LlamaRotaryEmbedding.forward`` (default rope) for positions ``[N]``: ``cos`` and a
+    signed ``sin`` ``[N, 1, d]`` such that ``apply_rotary_pos_emb`` is
+
+        x * cos + rotate_half(x) * sin  ==  x * cos + roll(x, d/2) * sin_signed
+
+    with ``sin_signed = sin * [-1] * d/2 + [1] * d/2``: ``rotate_half(x) = cat(-x2, x1)`` and
+    ``roll(x, d/2) = cat(x2, x1)``, and ``(-a) * b == a * (-b)`` exactly in IEEE arithmetic,
+    so the same bits with three fewer operations per rotated tensor (no slices, negation, cat).
+    Products by ``attention_scaling`` = 1 and casts to the dtype it has are skipped (exact)."""
+    inv_freq = rotary.inv_freq
+    if inv_freq.dtype != torch.float32:
+        inv_freq = inv_freq.float()
+    freqs = position_ids.float().unsqueeze(-1) * inv_freq  # [N, d/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    scaling = rotary.attention_scaling
+    if scaling != 1.0:
+        cos, sin = cos * scaling, sin * scaling
+    if dtype != torch.float32:
+        cos, sin = cos.to(dtype), sin.to(dtype)
+    d = emb.shape[-1]
+    key = (d, dtype, emb.device)
+    signs = _SIGNS.get(key)
+    if signs is None:
+        half = d // 2
+        signs = _SIGNS[key] = torch.tensor([-1.0] * half + [1.0] * (d - half), dtype=dtype).to(
+            emb.device
+        )
+    return cos.unsqueeze(1), (sin * signs).unsqueeze(1)
+
+
+def _rope(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+    """``apply_rotary_pos_emb`` on ``x`` ``[N, heads, d]`` (see ``_rotary``)."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
 
 
 def direct_logits(
@@ -107,43 +185,51 @@ def direct_logits(
     position_ids: Tensor,
     cache: object,
     attention: Callable[..., tuple[Tensor, object]],
-    mask: Tensor,
+    mask: Tensor | None,
     rows: Tensor | None = None,
+    varlen: varlen_decode.Rows | None = None,
 ) -> Tensor:
-    """fp32 logits ``[N, vocab]`` of ``ids`` ``[N, 1]`` at ``position_ids`` ``[N, 1]``, each row
-    one token, keys/values written through ``cache.update``, attention by ``attention`` (the
-    runner's split attention), as ``model(..., logits_to_keep=1).logits[:, -1]`` computes;
+    """fp32 logits ``[N, vocab]`` of ``ids`` ``[N]`` or ``[N, 1]`` at ``position_ids`` (same
+    shape), each row one token, as ``model(..., logits_to_keep=1).logits[:, -1]`` computes;
     with ``rows`` (indices) only those rows' logits ``[len(rows), vocab]``: the final norm
-    runs on every row, the LM head on those alone."""
+    runs on every row, the LM head on those alone.
+
+    Keys/values: through ``cache.update`` and attention by ``attention`` (the runner's split
+    attention) on the module path's 4D shapes; or, with ``varlen`` (every row a
+    ``varlen_decode`` row: the runner's float32 CPU steps), written by
+    ``cache.write_tokens`` and attended by ``varlen`` on the arenas, no 4D views. Rows are
+    2D ``[N, hidden]`` throughout (the module path's ``[N, 1, hidden]``: the same elements
+    in the same order, so the same bits)."""
     inner = model.model
-    h = inner.embed_tokens(ids)
-    # LlamaRotaryEmbedding.forward (default rope), then apply_rotary_pos_emb's unsqueeze(1)
-    rotary = inner.rotary_emb
-    freqs = position_ids[..., None].float() * rotary.inv_freq.to(dtype=torch.float)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    scaling = rotary.attention_scaling
-    cos = (emb.cos() * scaling).to(dtype=h.dtype).unsqueeze(1)
-    sin = (emb.sin() * scaling).to(dtype=h.dtype).unsqueeze(1)
+    ids = ids.view(-1)
+    emb_mod = inner.embed_tokens
+    h = F.embedding(ids, emb_mod._parameters["weight"])  # [N, hidden]
+    cos, sin = _rotary(position_ids.view(-1), inner.rotary_emb, h.dtype)
     n = ids.shape[0]
     for layer in _layers(model):
-        attn = layer.self_attn
+        attn = layer.attn
         d = attn.head_dim
         residual = h
-        x = _rms(h, layer.input_layernorm)
-        q = _lin(x, attn.q_proj).view(n, 1, -1, d).transpose(1, 2)
-        k = _lin(x, attn.k_proj).view(n, 1, -1, d).transpose(1, 2)
-        v = _lin(x, attn.v_proj).view(n, 1, -1, d).transpose(1, 2)
-        q = (q * cos) + (_rotate_half(q) * sin)
-        k = (k * cos) + (_rotate_half(k) * sin)
-        k, v = cache.update(k, v, attn.layer_idx)  # type: ignore[attr-defined]
-        out, _ = attention(attn, q, k, v, mask, dropout=0.0, scaling=attn.scaling)
-        out = out.reshape(n, 1, -1).contiguous()
-        h = residual + _lin(out, attn.o_proj)
+        x = _rms(h, layer.norm1)
+        q = _rope(_lin(x, layer.q).view(n, -1, d), cos, sin)  # [N, H, d]
+        k = _rope(_lin(x, layer.k).view(n, -1, d), cos, sin)  # [N, Hkv, d]
+        v = _lin(x, layer.v).view(n, -1, d)
+        if varlen is not None:
+            keys, values = cache.write_tokens(k, v, attn.layer_idx)  # type: ignore[attr-defined]
+            out = varlen(q, keys, values, attn.scaling)  # [N, H, d]
+        else:
+            k4, v4 = cache.update(  # type: ignore[attr-defined]
+                k.unsqueeze(2), v.unsqueeze(2), attn.layer_idx
+            )
+            out, _ = attention(
+                attn, q.unsqueeze(2), k4, v4, mask, dropout=0.0, scaling=attn.scaling
+            )
+        h = residual + _lin(out.reshape(n, -1), layer.o)
         residual = h
-        x = _rms(h, layer.post_attention_layernorm)
-        mlp = layer.mlp
-        h = residual + _lin(F.silu(_lin(x, mlp.gate_proj)) * _lin(x, mlp.up_proj), mlp.down_proj)
-    h = _rms(h, inner.norm)[:, -1]
+        x = _rms(h, layer.norm2)
+        h = residual + _lin(F.silu(_lin(x, layer.gate)) * _lin(x, layer.up), layer.down)
+    h = _rms(h, inner.norm)
     if rows is not None:
         h = h.index_select(0, rows)
-    return _lin(h, model.lm_head).float()
+    logits = _lin(h, model.lm_head)
+    return logits if logits.dtype == torch.float32 else logits.float()

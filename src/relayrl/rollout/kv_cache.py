@@ -60,6 +60,8 @@ class SlotKVCache(Cache):
         self._write_rows: Tensor = torch.zeros(0, 1, dtype=torch.long, device=self.device)
         self._write_pos: Tensor = torch.zeros(0, 1, dtype=torch.long, device=self.device)
         self._kv_len = 0
+        # per forward, for ``write_tokens``: the flat arena row of each (batch row, kv head)
+        self._flat_index: Tensor | None = None
         self._buckets: list[tuple[Tensor | slice, int]] | None = None
         self.split_buckets: list[tuple[Tensor, Tensor]] | None = None
         self.split_arenas: tuple[Tensor, Tensor] | None = None
@@ -95,6 +97,7 @@ class SlotKVCache(Cache):
         write_pos: Tensor,
         kv_len: int,
         buckets: list[tuple[Tensor | slice, int]] | None = None,
+        padded: bool = True,
     ) -> None:
         """Prepare the next forward.
 
@@ -107,13 +110,17 @@ class SlotKVCache(Cache):
         unchanged and leaves one read per bucket ``(rows, columns)`` in :attr:`split_buckets`
         for the decode part of attention (``rows`` is then unused), so that a short sequence
         decoded next to a long one reads its own length, not the long one's. Grows the arenas
-        when needed.
+        when needed. ``padded=False``: the caller says no column is ``-1`` (no trash writes
+        to redirect).
         """
         self.ensure_capacity(kv_len)
         self._rows = rows
         self._write_rows = write_rows
-        self._write_pos = torch.where(write_pos < 0, self.capacity, write_pos)
+        self._write_pos = (
+            torch.where(write_pos < 0, self.capacity, write_pos) if padded else write_pos
+        )
         self._kv_len = kv_len
+        self._flat_index = None
         self._buckets = buckets
         self.split_buckets = None
 
@@ -151,16 +158,7 @@ class SlotKVCache(Cache):
         **kwargs: object,
     ) -> tuple[Tensor, Tensor]:
         """Write this step's keys/values into their slots and return what attention reads."""
-        while len(self._keys) <= layer_idx:
-            self._keys.append(None)
-            self._values.append(None)
-        keys, values = self._keys[layer_idx], self._values[layer_idx]
-        if keys is None or values is None:
-            _, h, _, d = key_states.shape
-            shape = (self.num_slots, h, self.capacity + 1, d)
-            keys = key_states.new_zeros(shape)
-            values = value_states.new_zeros(shape[:3] + (value_states.shape[-1],))
-            self._keys[layer_idx], self._values[layer_idx] = keys, values
+        keys, values = self._arenas(layer_idx, key_states, value_states, key_states.shape[1])
         # [S, L, H, D] views of the arenas so that one index_put writes [n, q, H, D].
         rows, pos = self._write_rows, self._write_pos
         keys.permute(0, 2, 1, 3)[rows, pos] = key_states.transpose(1, 2).to(keys.dtype)
@@ -174,6 +172,49 @@ class SlotKVCache(Cache):
             return key_states, value_states
         n = self._kv_len
         return read_rows(keys, self._rows, n), read_rows(values, self._rows, n)
+
+    def write_tokens(
+        self, key_states: Tensor, value_states: Tensor, layer_idx: int
+    ) -> tuple[Tensor, Tensor]:
+        """Write one token per batch row, ``key_states``/``value_states`` ``[n, Hkv, D]``,
+        at the planned arena row and column (``write_pos`` ``[n, 1]``); returns the layer's
+        arenas ``[S, Hkv, C + 1, D]``.
+
+        The same writes as ``update`` (one token per row), as one ``index_copy_`` per arena
+        on its ``[S * Hkv * (C + 1), D]`` view: arena row ``(s * Hkv + h) * (C + 1) + p`` for
+        slot ``s``, kv head ``h``, column ``p``, the index built once per forward for every
+        layer (``update`` makes two advanced-index writes per layer, each on permuted views).
+        """
+        n, heads, dim = key_states.shape
+        keys, values = self._arenas(layer_idx, key_states, value_states, heads)
+        idx = self._flat_index
+        if idx is None:
+            stride = keys.shape[2]  # C + 1 columns per (slot, head)
+            base = self._write_rows * (heads * stride) + self._write_pos  # [n, 1]
+            offsets = torch.arange(0, heads * stride, stride, device=base.device)
+            idx = self._flat_index = (base + offsets).view(-1)  # [n * Hkv], row-major
+        if key_states.dtype != keys.dtype:  # e.g. the model cast after the arenas were made
+            key_states, value_states = key_states.to(keys.dtype), value_states.to(values.dtype)
+        keys.view(-1, dim).index_copy_(0, idx, key_states.reshape(n * heads, dim))
+        values.view(-1, values.shape[-1]).index_copy_(
+            0, idx, value_states.reshape(n * heads, value_states.shape[-1])
+        )
+        return keys, values
+
+    def _arenas(
+        self, layer_idx: int, key_states: Tensor, value_states: Tensor, heads: int
+    ) -> tuple[Tensor, Tensor]:
+        """The layer's key and value arenas, made (zeros, like the first keys) on first use."""
+        while len(self._keys) <= layer_idx:
+            self._keys.append(None)
+            self._values.append(None)
+        keys, values = self._keys[layer_idx], self._values[layer_idx]
+        if keys is None or values is None:
+            shape = (self.num_slots, heads, self.capacity + 1, key_states.shape[-1])
+            keys = key_states.new_zeros(shape)
+            values = value_states.new_zeros(shape[:3] + (value_states.shape[-1],))
+            self._keys[layer_idx], self._values[layer_idx] = keys, values
+        return keys, values
 
     # ----------------------------------------------------------------- HF Cache protocol
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -415,22 +415,39 @@ class ModelRunner:
             position_ids,  # dummies have -1: trash column
             kv_len,
             buckets=arena_buckets,
+            padded=not varlen,  # varlen rows are real tokens, none writes to the trash
         )
         # the batch rows whose logits are wanted, in the callers' order (None: every row):
         # the LM head runs on these alone, not on every prompt token of the step
         out_rows = packed[3, : len(keep)] if reorder else None
+        if not varlen:
+            position_ids = position_ids.clamp(min=0)
+        direct = self._use_direct(model)  # (its first-use check runs split forwards itself)
+        if direct and varlen:  # keys written and attended on the arenas, no split state
+            step_rows = varlen_decode.Rows(packed[2], packed[lens_row], kv_len)
+            logits = direct_forward.direct_logits(
+                model,
+                ids_t,
+                position_ids,
+                cache,
+                attention.split_attention,
+                None,
+                rows=out_rows,
+                varlen=step_rows,
+            )
+            self.num_forwards += 1
+            return logits
         state = attention.SplitState(cache, n_decode, dec_buckets, prefill_mask, prefill_lengths)
         if varlen:
             state.decode_varlen = (packed[2, :n_decode], packed[lens_row, :n_decode], kv_len)
         dummy_mask = torch.zeros(1, 1, 1, 1, dtype=dtype, device=dev)  # real masks: `state`
-        direct = self._use_direct(model)  # (its first-use check runs split forwards itself)
         if direct:  # calls the split attention itself: only the state to set, no config swap
             attention.ACTIVE.state = state
             try:
                 logits = direct_forward.direct_logits(
                     model,
                     ids_t,
-                    position_ids.clamp(min=0),
+                    position_ids,
                     cache,
                     attention.split_attention,
                     dummy_mask,
@@ -441,9 +458,7 @@ class ModelRunner:
             self.num_forwards += 1
         else:
             with attention.split_attention_active(model, state):
-                logits = self._call_rows(
-                    model, cache, ids_t, position_ids.clamp(min=0), dummy_mask, out_rows
-                )
+                logits = self._call_rows(model, cache, ids_t, position_ids, dummy_mask, out_rows)
         return logits
 
     def _use_varlen(self, model: torch.nn.Module) -> bool:

@@ -157,48 +157,70 @@ def decode_attention(
     ``sdpa_attention_forward``. ``library``: another build of ``SOURCE`` (``_build``; tests
     run the plain C path through it).
     """
-    lib = library or _library()
-    assert lib is not None, unavailable_reason()
     n, heads, _, dim = query.shape
-    slots, kv_heads, cols, kdim = keys.shape
-    if kdim != dim or values.shape != keys.shape or heads % kv_heads:
-        raise ValueError(f"query {tuple(query.shape)} does not fit the arena {tuple(keys.shape)}")
-    if max_len > cols:
-        raise ValueError(f"rows read {max_len} columns, the arena holds {cols}")
-    # The C code trusts its pointers: everything on the CPU, of its dtype, laid out as said.
-    for name, t, dtype in (
-        ("query", query, torch.float32),
-        ("keys", keys, torch.float32),
-        ("values", values, torch.float32),
-        ("rows", rows, torch.int64),
-        ("lens", lens, torch.int64),
-    ):
-        if t.device.type != "cpu" or t.dtype != dtype:
-            raise ValueError(f"{name} must be {dtype} on the CPU, got {t.dtype} on {t.device}")
-    if not (keys.is_contiguous() and values.is_contiguous()):
-        raise ValueError("the arenas must be contiguous")
-    if rows.shape != (n,) or lens.shape != (n,):
-        raise ValueError(f"rows/lens must be [{n}], got {tuple(rows.shape)}/{tuple(lens.shape)}")
-    q = query.contiguous()
-    rows, lens = rows.contiguous(), lens.contiguous()
-    # explicit device: a default device set by the caller (e.g. meta) must not apply here
-    out = torch.empty(n, heads, dim, dtype=torch.float32, device="cpu")
-    width = max(1, max_len)
-    scores = torch.empty(2 * width, dtype=torch.float32, device="cpu")  # two heads' scores
-    lib.decode_attention_f32(
-        q.data_ptr(),
-        keys.data_ptr(),
-        values.data_ptr(),
-        rows.data_ptr(),
-        lens.data_ptr(),
-        out.data_ptr(),
-        n,
-        heads,
-        kv_heads,
-        cols,
-        dim,
-        float(scale),
-        scores.data_ptr(),
-        width,
-    )
-    return out.view(n, 1, heads, dim)
+    call = Rows(rows, lens, max_len, library)
+    return call(query.reshape(n, heads, dim), keys, values, scale).view(n, 1, heads, dim)
+
+
+class Rows:
+    """The kernel's calls over one step's rows, one per layer: ``rows``/``lens`` (int64
+    ``[n]`` on the CPU: arena row, columns to read) checked and the scores buffer made once,
+    not at every layer (the checks and allocations cost more than the kernel on a few rows).
+    """
+
+    def __init__(
+        self, rows: Tensor, lens: Tensor, max_len: int, library: ctypes.CDLL | None = None
+    ) -> None:
+        lib = library or _library()
+        assert lib is not None, unavailable_reason()
+        self._fn = lib.decode_attention_f32
+        n = rows.shape[0] if rows.dim() == 1 else -1
+        for name, t in (("rows", rows), ("lens", lens)):
+            if not t.is_cpu or t.dtype != torch.int64:
+                raise ValueError(f"{name} must be int64 on the CPU, got {t.dtype} on {t.device}")
+        if n < 0 or lens.shape != rows.shape:
+            raise ValueError(f"rows/lens must be [n], got {tuple(rows.shape)}/{tuple(lens.shape)}")
+        # kept: the C code reads them through these pointers
+        self.rows, self.lens = rows.contiguous(), lens.contiguous()
+        self.n, self.max_len = n, max_len
+        self.width = max(1, max_len)
+        # explicit device: a default device set by the caller (e.g. meta) must not apply here
+        self._scores = torch.empty(2 * self.width, dtype=torch.float32, device="cpu")
+
+    def __call__(self, query: Tensor, keys: Tensor, values: Tensor, scale: float) -> Tensor:
+        """``query`` ``[n, H, D]`` float32; ``keys``/``values`` the layer's arenas ``[S, Hkv,
+        C, D]`` (contiguous, float32, on the CPU); returns ``[n, H, D]``."""
+        n, heads, dim = query.shape
+        slots, kv_heads, cols, kdim = keys.shape
+        if n != self.n or kdim != dim or values.shape != keys.shape or heads % kv_heads:
+            raise ValueError(
+                f"query {tuple(query.shape)} does not fit the arena {tuple(keys.shape)} "
+                f"and {self.n} rows"
+            )
+        if self.max_len > cols:
+            raise ValueError(f"rows read {self.max_len} columns, the arena holds {cols}")
+        # The C code trusts its pointers: everything on the CPU, of its dtype, laid out as said.
+        for name, t in (("query", query), ("keys", keys), ("values", values)):
+            if not t.is_cpu or t.dtype != torch.float32:
+                raise ValueError(f"{name} must be float32 on the CPU, got {t.dtype} on {t.device}")
+        if not (keys.is_contiguous() and values.is_contiguous()):
+            raise ValueError("the arenas must be contiguous")
+        q = query.contiguous()
+        out = torch.empty(n, heads, dim, dtype=torch.float32, device="cpu")
+        self._fn(
+            q.data_ptr(),
+            keys.data_ptr(),
+            values.data_ptr(),
+            self.rows.data_ptr(),
+            self.lens.data_ptr(),
+            out.data_ptr(),
+            n,
+            heads,
+            kv_heads,
+            cols,
+            dim,
+            float(scale),
+            self._scores.data_ptr(),
+            self.width,
+        )
+        return out
