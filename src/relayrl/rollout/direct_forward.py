@@ -76,17 +76,14 @@ def has_hooks(model: torch.nn.Module) -> bool:
 
 def _rms(x: Tensor, norm: torch.nn.Module) -> Tensor:
     """``LlamaRMSNorm.forward``: ``weight * (x32 * rsqrt(mean(x32^2) + eps)).to(dtype)``.
-
-    In float32 (input and weight) that is ``F.rms_norm``, one call instead of six: the same
-    operations in the same order (``pow(2).mean``, ``+ eps``, ``rsqrt``, two products), the
-    same bits; the first-use check (``ModelRunner._check_direct``) compares them anyway."""
-    weight = norm._parameters["weight"]
-    if x.dtype == torch.float32 and weight is not None and weight.dtype == torch.float32:
-        return F.rms_norm(x, (x.shape[-1],), weight, norm.variance_epsilon)
-    h = x.to(torch.float32)
+    (``F.rms_norm`` gives the same bits but runs ~13 operations inside, two of them copies:
+    slower here than these six.)"""
+    dtype = x.dtype
+    f32 = dtype == torch.float32  # then both casts return their input: skip their dispatch
+    h = x if f32 else x.to(torch.float32)
     var = h.pow(2).mean(-1, keepdim=True)
     h = h * torch.rsqrt(var + norm.variance_epsilon)
-    return weight * h.to(x.dtype)
+    return norm._parameters["weight"] * (h if f32 else h.to(dtype))
 
 
 def _lin(x: Tensor, layer: torch.nn.Module) -> Tensor:
@@ -94,6 +91,51 @@ def _lin(x: Tensor, layer: torch.nn.Module) -> Tensor:
     ``Module.__getattr__``)."""
     p = layer._parameters
     return F.linear(x, p["weight"], p.get("bias"))
+
+
+FUSE_MAX_ELEMENTS = 1 << 20
+"""Linears that read the same input run as one GEMM on the CPU when their weights hold at
+most this many elements together: there a call's fixed cost is most of its time (the
+default bench model: 15 GEMMs of 64 x <=256 per forward, ~10 us each, mostly overhead); the
+price is a copy of those weights, which larger models are not worth."""
+
+_FUSED: weakref.WeakKeyDictionary[torch.nn.Module, tuple[list, Tensor, Tensor | None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _fused(mods: tuple[torch.nn.Module, ...]) -> tuple[Tensor, Tensor | None] | None:
+    """``cat`` of the weights (and biases) of ``mods``, linears of the same input: one
+    ``F.linear`` gives their outputs side by side, each column the same dot product as its
+    own linear's (MKL's per-element sum does not depend on the other columns: checked for
+    every row count 1..600 and several widths under each ``MKL_CBWR`` code path; the
+    first-use check compares the logits anyway). Rebuilt when any tensor changes (its
+    version counter: in-place updates such as ``load_state_dict``; its storage:
+    ``.data =``, ``.to()``). None: not fused (an accelerator, weights too large, mixed
+    dtypes or biases; or autograd is on: the copy is not a leaf of the graph)."""
+    if torch.is_grad_enabled():
+        return None
+    params = [m._parameters for m in mods]
+    weights = [p["weight"] for p in params]
+    biases = [p.get("bias") for p in params]
+    tensors = weights + [b for b in biases if b is not None]
+    key = [(t._version, t.data_ptr()) for t in tensors]
+    hit = _FUSED.get(mods[0])
+    if hit is not None and hit[0] == key:
+        return hit[1], hit[2]
+    w0 = weights[0]
+    if (
+        not w0.is_cpu
+        or sum(w.numel() for w in weights) > FUSE_MAX_ELEMENTS
+        or any(t.dtype != w0.dtype or t.device != w0.device for t in tensors)
+        or len({b is None for b in biases}) > 1
+        or any(w.dim() != 2 or w.shape[1] != w0.shape[1] for w in weights)
+    ):
+        return None
+    weight = torch.cat(weights)
+    bias = None if biases[0] is None else torch.cat(biases)  # type: ignore[arg-type]
+    _FUSED[mods[0]] = (key, weight, bias)
+    return weight, bias
 
 
 class _Layer(NamedTuple):
@@ -110,6 +152,14 @@ class _Layer(NamedTuple):
     gate: torch.nn.Module
     up: torch.nn.Module
     down: torch.nn.Module
+    heads: int  # query heads
+    kv_heads: int
+    intermediate: int  # the MLP's width
+    # gate and up as one GEMM: only where ``silu`` on the gate's columns (a strided view)
+    # runs the same vector code as on its own contiguous output: ATen's elementwise loops
+    # take 2 x vector width elements at a time and leave the rest to scalar code (another
+    # exp), so each row must hold whole blocks (multiples of 64 floats: up to 512-bit vectors)
+    fuse_mlp: bool
 
 
 _LAYERS: weakref.WeakKeyDictionary[torch.nn.Module, list[_Layer]] = weakref.WeakKeyDictionary()
@@ -131,6 +181,10 @@ def _layers(model: torch.nn.Module) -> list[_Layer]:
                 (m := layer.mlp).gate_proj,
                 m.up_proj,
                 m.down_proj,
+                a.q_proj.out_features // a.head_dim,
+                a.k_proj.out_features // a.head_dim,
+                inter := m.gate_proj.out_features,
+                inter % 64 == 0 and m.up_proj.out_features == inter,
             )
             for layer in list(model.model.layers)[: model.config.num_hidden_layers]
         ]
@@ -211,9 +265,14 @@ def direct_logits(
         d = attn.head_dim
         residual = h
         x = _rms(h, layer.norm1)
-        q = _rope(_lin(x, layer.q).view(n, -1, d), cos, sin)  # [N, H, d]
-        k = _rope(_lin(x, layer.k).view(n, -1, d), cos, sin)  # [N, Hkv, d]
-        v = _lin(x, layer.v).view(n, -1, d)
+        qkv = _fused((layer.q, layer.k, layer.v))
+        if qkv is not None:  # one GEMM, its output split into heads (views)
+            heads = F.linear(x, *qkv).view(n, -1, d)
+            q, k, v = heads.split([layer.heads, layer.kv_heads, layer.kv_heads], dim=1)
+        else:
+            q, k, v = (_lin(x, m).view(n, -1, d) for m in (layer.q, layer.k, layer.v))
+        q = _rope(q, cos, sin)  # [N, H, d]
+        k = _rope(k, cos, sin)  # [N, Hkv, d]
         if varlen is not None:
             keys, values = cache.write_tokens(k, v, attn.layer_idx)  # type: ignore[attr-defined]
             out = varlen(q, keys, values, attn.scaling)  # [N, H, d]
@@ -227,7 +286,12 @@ def direct_logits(
         h = residual + _lin(out.reshape(n, -1), layer.o)
         residual = h
         x = _rms(h, layer.norm2)
-        h = residual + _lin(F.silu(_lin(x, layer.gate)) * _lin(x, layer.up), layer.down)
+        gate_up = _fused((layer.gate, layer.up)) if layer.fuse_mlp else None
+        if gate_up is not None:
+            gate, up = F.linear(x, *gate_up).split(layer.intermediate, dim=1)
+        else:
+            gate, up = _lin(x, layer.gate), _lin(x, layer.up)
+        h = residual + _lin(F.silu(gate) * up, layer.down)
     h = _rms(h, inner.norm)
     if rows is not None:
         h = h.index_select(0, rows)
