@@ -197,17 +197,23 @@ def _mixed_step(model, varlen: bool, monkeypatch) -> tuple[torch.Tensor, torch.T
     runner, cache = ModelRunner(0, 6, varlen_decode=varlen), SlotKVCache(6, 64)
     rows_seen: list[int] = []
     prefill_calls = [0]
-    real_kernel, real_prefill = varlen_decode.Rows.__call__, split_attention.prefill_attention
+    real_prefill = split_attention.prefill_attention
+    real_call, real_attend = varlen_decode.Rows.__call__, varlen_decode.Rows.attend
 
-    def kernel(self, query, *a):  # every call of the kernel, on either forward path
+    def kernel(self, query, *a):  # the module path's calls of the kernel
         rows_seen.append(query.shape[0])
-        return real_kernel(self, query, *a)
+        return real_call(self, query, *a)
+
+    def attend(self, query, *a):  # the direct path's (rotary and cache writes in C too)
+        rows_seen.append(query.shape[0])
+        return real_attend(self, query, *a)
 
     def prefill(*a):
         prefill_calls[0] += 1
         return real_prefill(*a)
 
     monkeypatch.setattr(varlen_decode.Rows, "__call__", kernel)
+    monkeypatch.setattr(varlen_decode.Rows, "attend", attend)
     monkeypatch.setattr(split_attention, "prefill_attention", prefill)
     first, later = random_prompts([7, 11, 4], seed=5), random_prompts([9, 13], seed=6)
     with torch.inference_mode():

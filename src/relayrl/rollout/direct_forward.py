@@ -154,6 +154,7 @@ class _Layer(NamedTuple):
     down: torch.nn.Module
     heads: int  # query heads
     kv_heads: int
+    widths: tuple[int, int, int]  # q, k, v projection widths
     intermediate: int  # the MLP's width
     # gate and up as one GEMM: only where ``silu`` on the gate's columns (a strided view)
     # runs the same vector code as on its own contiguous output: ATen's elementwise loops
@@ -183,6 +184,7 @@ def _layers(model: torch.nn.Module) -> list[_Layer]:
                 m.down_proj,
                 a.q_proj.out_features // a.head_dim,
                 a.k_proj.out_features // a.head_dim,
+                (a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features),
                 inter := m.gate_proj.out_features,
                 inter % 64 == 0 and m.up_proj.out_features == inter,
             )
@@ -250,8 +252,8 @@ def direct_logits(
 
     Keys/values: through ``cache.update`` and attention by ``attention`` (the runner's split
     attention) on the module path's 4D shapes; or, with ``varlen`` (every row a
-    ``varlen_decode`` row: the runner's float32 CPU steps), written by
-    ``cache.write_tokens`` and attended by ``varlen`` on the arenas, no 4D views. Rows are
+    ``varlen_decode`` row: the runner's float32 CPU steps), rotated, written into the
+    cache's arenas and attended in one call of ``varlen.attend``. Rows are
     2D ``[N, hidden]`` throughout (the module path's ``[N, 1, hidden]``: the same elements
     in the same order, so the same bits)."""
     inner = model.model
@@ -266,19 +268,18 @@ def direct_logits(
         residual = h
         x = _rms(h, layer.norm1)
         qkv = _fused((layer.q, layer.k, layer.v))
-        if qkv is not None:  # one GEMM, its output split into heads (views)
-            heads = F.linear(x, *qkv).view(n, -1, d)
-            q, k, v = heads.split([layer.heads, layer.kv_heads, layer.kv_heads], dim=1)
+        if qkv is not None:  # one GEMM, its output's columns split (views)
+            q, k, v = F.linear(x, *qkv).split(layer.widths, dim=1)
         else:
-            q, k, v = (_lin(x, m).view(n, -1, d) for m in (layer.q, layer.k, layer.v))
-        q = _rope(q, cos, sin)  # [N, H, d]
-        k = _rope(k, cos, sin)  # [N, Hkv, d]
-        if varlen is not None:
-            keys, values = cache.write_tokens(k, v, attn.layer_idx)  # type: ignore[attr-defined]
-            out = varlen(q, keys, values, attn.scaling)  # [N, H, d]
+            q, k, v = (_lin(x, m) for m in (layer.q, layer.k, layer.v))
+        if varlen is not None:  # rotary, cache writes and attention in one C call
+            keys, values = cache.arenas(attn.layer_idx, layer.kv_heads, d, q)  # type: ignore[attr-defined]
+            out = varlen.attend(q, k, v, cos, sin, keys, values, attn.scaling)
         else:
+            q = _rope(q.view(n, -1, d), cos, sin)  # [N, H, d]
+            k = _rope(k.view(n, -1, d), cos, sin)  # [N, Hkv, d]
             k4, v4 = cache.update(  # type: ignore[attr-defined]
-                k.unsqueeze(2), v.unsqueeze(2), attn.layer_idx
+                k.unsqueeze(2), v.view(n, -1, 1, d), attn.layer_idx
             )
             out, _ = attention(
                 attn, q.unsqueeze(2), k4, v4, mask, dropout=0.0, scaling=attn.scaling

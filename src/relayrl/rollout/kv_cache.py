@@ -60,8 +60,6 @@ class SlotKVCache(Cache):
         self._write_rows: Tensor = torch.zeros(0, 1, dtype=torch.long, device=self.device)
         self._write_pos: Tensor = torch.zeros(0, 1, dtype=torch.long, device=self.device)
         self._kv_len = 0
-        # per forward, for ``write_tokens``: the flat arena row of each (batch row, kv head)
-        self._flat_index: Tensor | None = None
         self._buckets: list[tuple[Tensor | slice, int]] | None = None
         self.split_buckets: list[tuple[Tensor, Tensor]] | None = None
         self.split_arenas: tuple[Tensor, Tensor] | None = None
@@ -120,7 +118,6 @@ class SlotKVCache(Cache):
             torch.where(write_pos < 0, self.capacity, write_pos) if padded else write_pos
         )
         self._kv_len = kv_len
-        self._flat_index = None
         self._buckets = buckets
         self.split_buckets = None
 
@@ -158,7 +155,8 @@ class SlotKVCache(Cache):
         **kwargs: object,
     ) -> tuple[Tensor, Tensor]:
         """Write this step's keys/values into their slots and return what attention reads."""
-        keys, values = self._arenas(layer_idx, key_states, value_states, key_states.shape[1])
+        _, heads, _, dim = key_states.shape
+        keys, values = self.arenas(layer_idx, heads, dim, key_states, value_states.shape[-1])
         # [S, L, H, D] views of the arenas so that one index_put writes [n, q, H, D].
         rows, pos = self._write_rows, self._write_pos
         keys.permute(0, 2, 1, 3)[rows, pos] = key_states.transpose(1, 2).to(keys.dtype)
@@ -173,46 +171,21 @@ class SlotKVCache(Cache):
         n = self._kv_len
         return read_rows(keys, self._rows, n), read_rows(values, self._rows, n)
 
-    def write_tokens(
-        self, key_states: Tensor, value_states: Tensor, layer_idx: int
+    def arenas(
+        self, layer_idx: int, heads: int, dim: int, like: Tensor, value_dim: int | None = None
     ) -> tuple[Tensor, Tensor]:
-        """Write one token per batch row, ``key_states``/``value_states`` ``[n, Hkv, D]``,
-        at the planned arena row and column (``write_pos`` ``[n, 1]``); returns the layer's
-        arenas ``[S, Hkv, C + 1, D]``.
-
-        The same writes as ``update`` (one token per row), as one ``index_copy_`` per arena
-        on its ``[S * Hkv * (C + 1), D]`` view: arena row ``(s * Hkv + h) * (C + 1) + p`` for
-        slot ``s``, kv head ``h``, column ``p``, the index built once per forward for every
-        layer (``update`` makes two advanced-index writes per layer, each on permuted views).
-        """
-        n, heads, dim = key_states.shape
-        keys, values = self._arenas(layer_idx, key_states, value_states, heads)
-        idx = self._flat_index
-        if idx is None:
-            stride = keys.shape[2]  # C + 1 columns per (slot, head)
-            base = self._write_rows * (heads * stride) + self._write_pos  # [n, 1]
-            offsets = torch.arange(0, heads * stride, stride, device=base.device)
-            idx = self._flat_index = (base + offsets).view(-1)  # [n * Hkv], row-major
-        if key_states.dtype != keys.dtype:  # e.g. the model cast after the arenas were made
-            key_states, value_states = key_states.to(keys.dtype), value_states.to(values.dtype)
-        keys.view(-1, dim).index_copy_(0, idx, key_states.reshape(n * heads, dim))
-        values.view(-1, values.shape[-1]).index_copy_(
-            0, idx, value_states.reshape(n * heads, value_states.shape[-1])
-        )
-        return keys, values
-
-    def _arenas(
-        self, layer_idx: int, key_states: Tensor, value_states: Tensor, heads: int
-    ) -> tuple[Tensor, Tensor]:
-        """The layer's key and value arenas, made (zeros, like the first keys) on first use."""
+        """The layer's key and value arenas ``[S, heads, C + 1, dim]`` (values:
+        ``value_dim``, default ``dim``), made on first use: zeros of ``like``'s dtype and
+        device. Also for a caller that writes them itself (``varlen_decode.Rows.attend``:
+        the planned rows and columns, one token per batch row)."""
         while len(self._keys) <= layer_idx:
             self._keys.append(None)
             self._values.append(None)
         keys, values = self._keys[layer_idx], self._values[layer_idx]
         if keys is None or values is None:
-            shape = (self.num_slots, heads, self.capacity + 1, key_states.shape[-1])
-            keys = key_states.new_zeros(shape)
-            values = value_states.new_zeros(shape[:3] + (value_states.shape[-1],))
+            shape = (self.num_slots, heads, self.capacity + 1, dim)
+            keys = like.new_zeros(shape)
+            values = like.new_zeros(shape[:3] + (value_dim or dim,))
             self._keys[layer_idx], self._values[layer_idx] = keys, values
         return keys, values
 

@@ -85,6 +85,9 @@ def _build(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes = [ptr] * 6 + [i64] * 5 + [ctypes.c_float, ptr, i64]
     fn.restype = None
+    layer = handle.attend_layer_f32
+    layer.argtypes = [ptr, i64] * 3 + [ptr] * 8 + [i64] * 5 + [ctypes.c_float, ptr, i64]
+    layer.restype = None
     handle.relayrl_wide.restype = ctypes.c_int
     handle.relayrl_set_wide.argtypes = [ctypes.c_int]
     handle.relayrl_set_wide.restype = ctypes.c_int
@@ -174,6 +177,7 @@ class Rows:
         lib = library or _library()
         assert lib is not None, unavailable_reason()
         self._fn = lib.decode_attention_f32
+        self._layer = lib.attend_layer_f32
         n = rows.shape[0] if rows.dim() == 1 else -1
         for name, t in (("rows", rows), ("lens", lens)):
             if not t.is_cpu or t.dtype != torch.int64:
@@ -186,6 +190,7 @@ class Rows:
         self.width = max(1, max_len)
         # explicit device: a default device set by the caller (e.g. meta) must not apply here
         self._scores = torch.empty(2 * self.width, dtype=torch.float32, device="cpu")
+        self._query: Tensor | None = None  # ``attend``'s rotated queries, reused every layer
 
     def __call__(self, query: Tensor, keys: Tensor, values: Tensor, scale: float) -> Tensor:
         """``query`` ``[n, H, D]`` float32; ``keys``/``values`` the layer's arenas ``[S, Hkv,
@@ -208,6 +213,82 @@ class Rows:
         q = query.contiguous()
         out = torch.empty(n, heads, dim, dtype=torch.float32, device="cpu")
         self._fn(
+            q.data_ptr(),
+            keys.data_ptr(),
+            values.data_ptr(),
+            self.rows.data_ptr(),
+            self.lens.data_ptr(),
+            out.data_ptr(),
+            n,
+            heads,
+            kv_heads,
+            cols,
+            dim,
+            float(scale),
+            self._scores.data_ptr(),
+            self.width,
+        )
+        return out
+
+    def attend(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        cos: Tensor,
+        sin_signed: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        scale: float,
+    ) -> Tensor:
+        """One layer from its projections: rotary embedding of ``query`` ``[n, H * D]`` and
+        ``key`` ``[n, Hkv * D]`` (``x * cos + roll(x, D/2) * sin_signed``, ``cos`` and
+        ``sin_signed`` ``[n, 1, D]``: ``direct_forward._rotary``), each row's key and
+        ``value`` written at column ``lens[i] - 1`` of its arena row, then ``__call__``'s
+        attention; all in one C call. The projections may be column slices of one fused
+        output (rows strided, columns contiguous). The same bits as those steps in torch:
+        the rotary's products and sum are IEEE operations in torch's order, the writes
+        copies. Returns ``[n, H, D]``."""
+        n, dim = self.n, keys.shape[-1]
+        slots, kv_heads, cols, _ = keys.shape
+        heads = query.shape[1] // dim if query.dim() == 2 else 0
+        if (
+            query.shape != (n, heads * dim)
+            or key.shape != (n, kv_heads * dim)
+            or value.shape != key.shape
+            or values.shape != keys.shape
+            or cos.shape != (n, 1, dim)
+            or sin_signed.shape != cos.shape
+            or dim % 2
+            or heads % kv_heads
+        ):
+            raise ValueError(
+                f"projections {tuple(query.shape)}/{tuple(key.shape)}/{tuple(value.shape)} "
+                f"and rotary {tuple(cos.shape)} do not fit {n} rows on the arena "
+                f"{tuple(keys.shape)}"
+            )
+        if self.max_len > cols - 1:  # the last column is the cache's trash column
+            raise ValueError(f"rows read {self.max_len} columns, the arena holds {cols - 1}")
+        tensors = (query, key, value, cos, sin_signed, keys, values)
+        if any(not t.is_cpu or t.dtype != torch.float32 for t in tensors):
+            raise ValueError("attend takes float32 tensors on the CPU")
+        if any(t.stride(-1) != 1 for t in (query, key, value)) or not all(
+            t.is_contiguous() for t in (cos, sin_signed, keys, values)
+        ):
+            raise ValueError("rows must have contiguous columns; rotary and arenas contiguous")
+        q = self._query
+        if q is None or q.shape[1] != heads * dim:
+            q = self._query = torch.empty(n, heads * dim, dtype=torch.float32, device="cpu")
+        out = torch.empty(n, heads, dim, dtype=torch.float32, device="cpu")
+        self._layer(
+            query.data_ptr(),
+            query.stride(0),
+            key.data_ptr(),
+            key.stride(0),
+            value.data_ptr(),
+            value.stride(0),
+            cos.data_ptr(),
+            sin_signed.data_ptr(),
             q.data_ptr(),
             keys.data_ptr(),
             values.data_ptr(),

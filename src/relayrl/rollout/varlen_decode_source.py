@@ -525,4 +525,40 @@ void decode_attention_f32(const float *q, const float *k, const float *v,
         }
     }
 }
+
+/* x * cos + roll(x, D/2) * sin of one head's D floats (sin pre-signed: its first half
+   negated), each element as torch computes it: two products, then their sum. */
+static void rope_row(const float *x, const float *c, const float *s, int64_t dim, float *o) {
+    const int64_t half = dim / 2;
+    for (int64_t j = 0; j < dim; ++j) {
+        const float a = x[j] * c[j];
+        const float b = x[j < half ? j + half : j - half] * s[j];
+        o[j] = a + b;
+    }
+}
+
+/* One layer's attention of a step, from its projections: row i is one token at column
+   lens[i] - 1 of arena row rows[i]; qi/ki/vi: its query, key and value heads ([H], [Hkv],
+   [Hkv] x D floats at row strides qs/ks/vs); cos, sin: [n, D]. First every row's rotated
+   query heads into q ([n, H, D]) and its rotated key and value heads into the arenas k, v
+   (all of them: a prompt's tokens read each other's keys), then decode_attention_f32. */
+void attend_layer_f32(const float *qi, int64_t qs, const float *ki, int64_t ks,
+                      const float *vi, int64_t vs, const float *cos, const float *sin,
+                      float *q, float *k, float *v, const int64_t *rows, const int64_t *lens,
+                      float *out, int64_t n, int64_t heads, int64_t kv_heads, int64_t cols,
+                      int64_t dim, float scale, float *scores, int64_t max_len) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float *c = cos + i * dim, *s = sin + i * dim;
+        for (int64_t h = 0; h < heads; ++h)
+            rope_row(qi + i * qs + h * dim, c, s, dim, q + (i * heads + h) * dim);
+        for (int64_t g = 0; g < kv_heads; ++g) {
+            const int64_t at = ((rows[i] * kv_heads + g) * cols + lens[i] - 1) * dim;
+            rope_row(ki + i * ks + g * dim, c, s, dim, k + at);
+            const float *src = vi + i * vs + g * dim;
+            for (int64_t j = 0; j < dim; ++j) v[at + j] = src[j];
+        }
+    }
+    decode_attention_f32(q, k, v, rows, lens, out, n, heads, kv_heads, cols, dim, scale,
+                         scores, max_len);
+}
 """
