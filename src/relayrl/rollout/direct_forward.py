@@ -86,6 +86,40 @@ def _rms(x: Tensor, norm: torch.nn.Module) -> Tensor:
     return norm._parameters["weight"] * (h if f32 else h.to(dtype))
 
 
+_LANES: list[int] = []
+
+
+def _c_norm_lanes(h: Tensor) -> int:
+    """The vector width for ``varlen_decode.add_rms_norm`` on rows like ``h`` (float32 on
+    the CPU, ``RMS_MAX_DIM`` wide at most, the kernel built, ATen's kernels known), else 0:
+    torch's operations."""
+    if not _LANES:
+        _LANES.append(varlen_decode.aten_lanes() if varlen_decode.available() else 0)
+    lanes = _LANES[0]
+    dim = h.shape[-1]
+    ok = (
+        lanes
+        and h.is_cpu
+        and h.dtype == torch.float32
+        and lanes <= dim <= varlen_decode.RMS_MAX_DIM
+    )
+    return lanes if ok else 0
+
+
+def _add_norm(
+    h: Tensor, b: Tensor | None, norm: torch.nn.Module, lanes: int
+) -> tuple[Tensor, Tensor]:
+    """``h + b`` (the residual stream; ``b`` None: ``h``) and its RMSNorm: with ``lanes``
+    (``_c_norm_lanes``) in one C call of the same bits (``varlen_decode.add_rms_norm``),
+    else torch's seven operations."""
+    weight = norm._parameters["weight"]
+    if lanes and weight is not None and weight.dtype == torch.float32 and weight.is_contiguous():
+        return varlen_decode.add_rms_norm(h, b, weight, norm.variance_epsilon, lanes)
+    if b is not None:
+        h = h + b
+    return h, _rms(h, norm)
+
+
 def _lin(x: Tensor, layer: torch.nn.Module) -> Tensor:
     """``nn.Linear.forward`` (``F.linear``), its tensors from ``_parameters`` (no
     ``Module.__getattr__``)."""
@@ -262,11 +296,12 @@ def direct_logits(
     h = F.embedding(ids, emb_mod._parameters["weight"])  # [N, hidden]
     cos, sin = _rotary(position_ids.view(-1), inner.rotary_emb, h.dtype)
     n = ids.shape[0]
+    lanes = _c_norm_lanes(h)
+    pending: Tensor | None = None  # the last block's output, added to h by the next norm
     for layer in _layers(model):
         attn = layer.attn
         d = attn.head_dim
-        residual = h
-        x = _rms(h, layer.norm1)
+        h, x = _add_norm(h, pending, layer.norm1, lanes)
         qkv = _fused((layer.q, layer.k, layer.v))
         if qkv is not None:  # one GEMM, its output's columns split (views)
             q, k, v = F.linear(x, *qkv).split(layer.widths, dim=1)
@@ -284,16 +319,14 @@ def direct_logits(
             out, _ = attention(
                 attn, q.unsqueeze(2), k4, v4, mask, dropout=0.0, scaling=attn.scaling
             )
-        h = residual + _lin(out.reshape(n, -1), layer.o)
-        residual = h
-        x = _rms(h, layer.norm2)
+        h, x = _add_norm(h, _lin(out.reshape(n, -1), layer.o), layer.norm2, lanes)
         gate_up = _fused((layer.gate, layer.up)) if layer.fuse_mlp else None
         if gate_up is not None:
             gate, up = F.linear(x, *gate_up).split(layer.intermediate, dim=1)
         else:
             gate, up = _lin(x, layer.gate), _lin(x, layer.up)
-        h = residual + _lin(F.silu(gate) * up, layer.down)
-    h = _rms(h, inner.norm)
+        pending = _lin(F.silu(gate) * up, layer.down)
+    _, h = _add_norm(h, pending, inner.norm, lanes)
     if rows is not None:
         h = h.index_select(0, rows)
     logits = _lin(h, model.lm_head)

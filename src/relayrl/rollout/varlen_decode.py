@@ -88,6 +88,9 @@ def _build(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
     layer = handle.attend_layer_f32
     layer.argtypes = [ptr, i64] * 3 + [ptr] * 8 + [i64] * 5 + [ctypes.c_float, ptr, i64]
     layer.restype = None
+    rms = handle.add_rms_f32
+    rms.argtypes = [ptr] * 5 + [i64] * 2 + [ctypes.c_float, i64, ptr]
+    rms.restype = None
     handle.relayrl_wide.restype = ctypes.c_int
     handle.relayrl_set_wide.argtypes = [ctypes.c_int]
     handle.relayrl_set_wide.restype = ctypes.c_int
@@ -305,3 +308,72 @@ class Rows:
             self.width,
         )
         return out
+
+
+ATEN_SUM_LANES = {"AVX512": 8, "AVX2": 8, "DEFAULT": 8}
+"""Floats per vector in which ATen's float32 ``sum`` adds under each of its x86 CPU kernel
+sets (the order ``add_rms_norm`` repeats). Measured with torch 2.13: 8 under all three;
+under AVX512 the sum runs the AVX2 kernel (16-lane emulation disagrees, 8-lane agrees on
+every row)."""
+
+RMS_MAX_DIM = 256
+"""``add_rms_norm`` handles rows of at most this many floats: fewer than 64 vectors, so
+ATen's cascade (``multi_row_sum``'s levels, from 64 vectors up) never starts, and the one
+order to repeat is the plain one; wider rows cost a norm far more than its call overhead,
+so torch's six operations stay there."""
+
+
+def aten_lanes() -> int:
+    """``ATEN_SUM_LANES`` of the kernels torch runs now (``ATEN_CPU_CAPABILITY`` or the
+    CPU's best), 0 where not known (another architecture: ``add_rms_norm`` is not used)."""
+    return ATEN_SUM_LANES.get(torch.backends.cpu.get_cpu_capability(), 0)
+
+
+def add_rms_norm(
+    a: Tensor,
+    b: Tensor | None,
+    weight: Tensor,
+    eps: float,
+    lanes: int,
+    library: ctypes.CDLL | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``h = a + b`` (``b`` None: ``h = a``) and ``LlamaRMSNorm(h)`` in one C call, bit for
+    bit as torch computes them on the CPU in float32::
+
+        h = a + b
+        x = weight * (h * rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
+
+    The one order that is not an elementwise operation's, the sum inside ``mean``, is
+    ATen's (``SumKernel.cpp``) for ``lanes``-float vectors (``aten_lanes()``); the rest are
+    single IEEE operations in the order written. ``a``, ``b``: float32 ``[n, dim]``
+    contiguous on the CPU, ``lanes <= dim <= RMS_MAX_DIM``. Returns ``(h, x)``: ``h`` is
+    ``a`` when ``b`` is None. Replaces seven operations per norm (an add and the norm's six)."""
+    lib = library or _library()
+    assert lib is not None, unavailable_reason()
+    n, dim = a.shape
+    if lanes not in (8, 16) or not lanes <= dim <= RMS_MAX_DIM or weight.shape != (dim,):
+        raise ValueError(
+            f"add_rms_norm: rows of {dim} (at most {RMS_MAX_DIM}) with {lanes} lanes, "
+            f"weight {tuple(weight.shape)}"
+        )
+    tensors = (a, weight) if b is None else (a, b, weight)
+    if any(not t.is_cpu or t.dtype != torch.float32 or not t.is_contiguous() for t in tensors):
+        raise ValueError("add_rms_norm takes contiguous float32 tensors on the CPU")
+    if b is not None and b.shape != a.shape:
+        raise ValueError(f"add_rms_norm: {tuple(a.shape)} + {tuple(b.shape)}")
+    h = a if b is None else torch.empty(n, dim, dtype=torch.float32, device="cpu")
+    x = torch.empty(n, dim, dtype=torch.float32, device="cpu")
+    scratch = torch.empty(dim, dtype=torch.float32, device="cpu")
+    lib.add_rms_f32(
+        a.data_ptr(),
+        None if b is None else b.data_ptr(),
+        h.data_ptr(),
+        weight.data_ptr(),
+        x.data_ptr(),
+        n,
+        dim,
+        eps,
+        lanes,
+        scratch.data_ptr(),
+    )
+    return h, x
