@@ -92,9 +92,9 @@ def sample(
     """
     dev = logits.device
     if all(s.greedy for s in settings):
-        tokens = logits.argmax(dim=-1)
+        tokens = logits.argmax(dim=-1, keepdim=True)  # [n, 1]
         logp = torch.log_softmax(logits, dim=-1)
-        return to_host(tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1), logits.shape[-1])
+        return to_host(tokens, logp.gather(1, tokens), logits.shape[-1])
     temps = [s.temperature for s in settings]
     scaled = logits
     if any(t != 1.0 for t in temps):
@@ -110,9 +110,10 @@ def sample(
         torch.float64,
         dev,
     ).unsqueeze(1)
-    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
+    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # [n, 1]
     tokens.clamp_(max=logits.shape[-1] - 1)
     greedy = [s.greedy for s in settings]
     if any(greedy):
-        tokens = torch.where(device_tensor(greedy, torch.bool, dev), logits.argmax(dim=-1), tokens)
-    return to_host(tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1), logits.shape[-1])
+        argmax = logits.argmax(dim=-1, keepdim=True)
+        tokens = torch.where(device_tensor(greedy, torch.bool, dev).unsqueeze(1), argmax, tokens)
+    return to_host(tokens, logp.gather(1, tokens), logits.shape[-1])

@@ -35,14 +35,14 @@ def device_tensor(values: Sequence[object], dtype: torch.dtype, device: torch.de
 
 
 def to_host(tokens: Tensor, logprobs: Tensor, vocab: int) -> tuple[list[int], list[float]]:
-    """Sampled ``tokens`` (int64 ``[n]``, ids < ``vocab``) and their ``logprobs`` (fp32
-    ``[n]``) as Python lists in ONE device -> host transfer: the rows of one ``[2, n]`` float
-    tensor, fp32 while ``vocab <= 2^24`` (every id below 2^24 is an fp32 number), else float64.
-    Exact: the logprobs keep their own dtype (or widen), and ``tolist`` gives the same Python
-    floats as of the logprobs alone."""
+    """Sampled ``tokens`` (int64 ``[n]`` or ``[n, 1]``, ids < ``vocab``) and their
+    ``logprobs`` (fp32, the same shape) as Python lists in ONE device -> host transfer: the
+    rows of one ``[2, n]`` float tensor, fp32 while ``vocab <= 2^24`` (every id below 2^24 is
+    an fp32 number), else float64. Exact: the logprobs keep their own dtype (or widen), and
+    ``tolist`` gives the same Python floats as of the logprobs alone."""
     ids = torch.float32 if vocab <= _FP32_EXACT_INTS else torch.float64
     dtype = torch.promote_types(ids, logprobs.dtype)  # float64 logprobs stay float64
-    both = torch.stack((tokens.to(dtype), logprobs.to(dtype))).tolist()
+    both = torch.stack((tokens.to(dtype), logprobs.to(dtype))).view(2, -1).tolist()
     return list(map(int, both[0])), both[1]
 
 
