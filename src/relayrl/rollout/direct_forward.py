@@ -153,7 +153,10 @@ def _fused(mods: tuple[torch.nn.Module, ...]) -> tuple[Tensor, Tensor | None] | 
     weights = [p["weight"] for p in params]
     biases = [p.get("bias") for p in params]
     tensors = weights + [b for b in biases if b is not None]
-    key = [(t._version, t.data_ptr()) for t in tensors]
+    try:
+        key = [(t._version, t.data_ptr()) for t in tensors]
+    except RuntimeError:  # inference tensors have no version counter: changes go unseen
+        return None
     hit = _FUSED.get(mods[0])
     if hit is not None and hit[0] == key:
         return hit[1], hit[2]
