@@ -114,7 +114,8 @@ def _add_norm(
     else torch's seven operations."""
     weight = norm._parameters["weight"]
     if lanes and weight is not None and weight.dtype == torch.float32 and weight.is_contiguous():
-        return varlen_decode.add_rms_norm(h, b, weight, norm.variance_epsilon, lanes)
+        eps = norm.variance_epsilon
+        return varlen_decode.add_rms_norm(h, b, weight, eps, lanes, checked=False)
     if b is not None:
         h = h + b
     return h, _rms(h, norm)
@@ -312,7 +313,7 @@ def direct_logits(
             q, k, v = (_lin(x, m) for m in (layer.q, layer.k, layer.v))
         if varlen is not None:  # rotary, cache writes and attention in one C call
             keys, values = cache.arenas(attn.layer_idx, layer.kv_heads, d, q)  # type: ignore[attr-defined]
-            out = varlen.attend(q, k, v, cos, sin, keys, values, attn.scaling)
+            out = varlen.attend(q, k, v, cos, sin, keys, values, attn.scaling, checked=False)
         else:
             q = _rope(q.view(n, -1, d), cos, sin)  # [N, H, d]
             k = _rope(k.view(n, -1, d), cos, sin)  # [N, Hkv, d]

@@ -89,7 +89,7 @@ def _build(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
     layer.argtypes = [ptr, i64] * 3 + [ptr] * 8 + [i64] * 5 + [ctypes.c_float, ptr, i64]
     layer.restype = None
     rms = handle.add_rms_f32
-    rms.argtypes = [ptr] * 5 + [i64] * 2 + [ctypes.c_float, i64, ptr]
+    rms.argtypes = [ptr] * 5 + [i64] * 2 + [ctypes.c_float, i64]
     rms.restype = None
     handle.relayrl_wide.restype = ctypes.c_int
     handle.relayrl_set_wide.argtypes = [ctypes.c_int]
@@ -243,6 +243,7 @@ class Rows:
         keys: Tensor,
         values: Tensor,
         scale: float,
+        checked: bool = True,
     ) -> Tensor:
         """One layer from its projections: rotary embedding of ``query`` ``[n, H * D]`` and
         ``key`` ``[n, Hkv * D]`` (``x * cos + roll(x, D/2) * sin_signed``, ``cos`` and
@@ -251,10 +252,14 @@ class Rows:
         attention; all in one C call. The projections may be column slices of one fused
         output (rows strided, columns contiguous). The same bits as those steps in torch:
         the rotary's products and sum are IEEE operations in torch's order, the writes
-        copies. Returns ``[n, H, D]``."""
+        copies. Returns ``[n, H, D]``. ``checked=False``: the caller vouches for the
+        dtypes, devices and layouts of the projections and the rotary (``direct_forward``:
+        its own outputs); the shapes and the arenas are checked either way."""
         n, dim = self.n, keys.shape[-1]
         slots, kv_heads, cols, _ = keys.shape
         heads = query.shape[1] // dim if query.dim() == 2 else 0
+        if keys.dtype != torch.float32 or values.dtype != torch.float32:
+            raise ValueError(f"the arenas must be float32, got {keys.dtype}/{values.dtype}")
         if (
             query.shape != (n, heads * dim)
             or key.shape != (n, kv_heads * dim)
@@ -272,13 +277,16 @@ class Rows:
             )
         if self.max_len > cols - 1:  # the last column is the cache's trash column
             raise ValueError(f"rows read {self.max_len} columns, the arena holds {cols - 1}")
-        tensors = (query, key, value, cos, sin_signed, keys, values)
-        if any(not t.is_cpu or t.dtype != torch.float32 for t in tensors):
-            raise ValueError("attend takes float32 tensors on the CPU")
-        if any(t.stride(-1) != 1 for t in (query, key, value)) or not all(
-            t.is_contiguous() for t in (cos, sin_signed, keys, values)
-        ):
-            raise ValueError("rows must have contiguous columns; rotary and arenas contiguous")
+        if checked:
+            tensors = (query, key, value, cos, sin_signed)
+            if any(not t.is_cpu or t.dtype != torch.float32 for t in tensors):
+                raise ValueError("attend takes float32 tensors on the CPU")
+            if any(t.stride(-1) != 1 for t in (query, key, value)) or not all(
+                t.is_contiguous() for t in (cos, sin_signed)
+            ):
+                raise ValueError("rows must have contiguous columns, the rotary be contiguous")
+        if not (keys.is_cpu and keys.is_contiguous() and values.is_contiguous()):
+            raise ValueError("the arenas must be contiguous, on the CPU")
         q = self._query
         if q is None or q.shape[1] != heads * dim:
             q = self._query = torch.empty(n, heads * dim, dtype=torch.float32, device="cpu")
@@ -336,6 +344,7 @@ def add_rms_norm(
     eps: float,
     lanes: int,
     library: ctypes.CDLL | None = None,
+    checked: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """``h = a + b`` (``b`` None: ``h = a``) and ``LlamaRMSNorm(h)`` in one C call, bit for
     bit as torch computes them on the CPU in float32::
@@ -347,23 +356,26 @@ def add_rms_norm(
     ATen's (``SumKernel.cpp``) for ``lanes``-float vectors (``aten_lanes()``); the rest are
     single IEEE operations in the order written. ``a``, ``b``: float32 ``[n, dim]``
     contiguous on the CPU, ``lanes <= dim <= RMS_MAX_DIM``. Returns ``(h, x)``: ``h`` is
-    ``a`` when ``b`` is None. Replaces seven operations per norm (an add and the norm's six)."""
+    ``a`` when ``b`` is None. Replaces seven operations per norm (an add and the norm's six).
+    ``checked=False``: the caller vouches for the dtypes, devices, layouts and ``lanes``
+    (``direct_forward``: its own float32 rows); the shapes are checked either way (the C
+    code trusts them)."""
     lib = library or _library()
     assert lib is not None, unavailable_reason()
     n, dim = a.shape
-    if lanes not in (8, 16) or not lanes <= dim <= RMS_MAX_DIM or weight.shape != (dim,):
+    if weight.shape != (dim,) or (b is not None and b.shape != a.shape):
         raise ValueError(
-            f"add_rms_norm: rows of {dim} (at most {RMS_MAX_DIM}) with {lanes} lanes, "
+            f"add_rms_norm: {tuple(a.shape)} + {None if b is None else tuple(b.shape)}, "
             f"weight {tuple(weight.shape)}"
         )
-    tensors = (a, weight) if b is None else (a, b, weight)
-    if any(not t.is_cpu or t.dtype != torch.float32 or not t.is_contiguous() for t in tensors):
-        raise ValueError("add_rms_norm takes contiguous float32 tensors on the CPU")
-    if b is not None and b.shape != a.shape:
-        raise ValueError(f"add_rms_norm: {tuple(a.shape)} + {tuple(b.shape)}")
+    if checked:
+        if lanes not in (8, 16) or not lanes <= dim <= RMS_MAX_DIM:
+            raise ValueError(f"add_rms_norm: rows of {dim} (at most {RMS_MAX_DIM}), {lanes} lanes")
+        tensors = (a, weight) if b is None else (a, b, weight)
+        if any(not t.is_cpu or t.dtype != torch.float32 or not t.is_contiguous() for t in tensors):
+            raise ValueError("add_rms_norm takes contiguous float32 tensors on the CPU")
     h = a if b is None else torch.empty(n, dim, dtype=torch.float32, device="cpu")
     x = torch.empty(n, dim, dtype=torch.float32, device="cpu")
-    scratch = torch.empty(dim, dtype=torch.float32, device="cpu")
     lib.add_rms_f32(
         a.data_ptr(),
         None if b is None else b.data_ptr(),
@@ -374,6 +386,5 @@ def add_rms_norm(
         dim,
         eps,
         lanes,
-        scratch.data_ptr(),
     )
     return h, x

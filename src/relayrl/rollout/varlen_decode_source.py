@@ -621,9 +621,10 @@ static float aten_sum(const float *x, int64_t size, int64_t lanes) {
 
 /* Per row of n x dim: h = a + b (b may be NULL: h = a, not stored), then LlamaRMSNorm in
    float32 as torch computes it: var = sum(h * h) / dim (mean: ATen's sum, then a true
-   division), r = 1 / sqrt(var + eps) (rsqrt), x = w * (h * r). sq: dim floats of scratch. */
+   division), r = 1 / sqrt(var + eps) (rsqrt), x = w * (h * r). The squares are kept in
+   x's row until it is written. */
 void add_rms_f32(const float *a, const float *b, float *h, const float *w, float *x,
-                 int64_t n, int64_t dim, float eps, int64_t lanes, float *sq) {
+                 int64_t n, int64_t dim, float eps, int64_t lanes) {
     for (int64_t i = 0; i < n; ++i) {
         const float *hi = a + i * dim;
         if (b) {
@@ -632,10 +633,10 @@ void add_rms_f32(const float *a, const float *b, float *h, const float *w, float
             for (int64_t j = 0; j < dim; ++j) ho[j] = hi[j] + bi[j];
             hi = ho;
         }
-        for (int64_t j = 0; j < dim; ++j) sq[j] = hi[j] * hi[j];
-        const float var = aten_sum(sq, dim, lanes) / (float)dim;
-        const float r = 1.0f / sqrtf(var + eps);
         float *xo = x + i * dim;
+        for (int64_t j = 0; j < dim; ++j) xo[j] = hi[j] * hi[j];
+        const float var = aten_sum(xo, dim, lanes) / (float)dim;
+        const float r = 1.0f / sqrtf(var + eps);
         for (int64_t j = 0; j < dim; ++j) {
             const float t = hi[j] * r;
             xo[j] = w[j] * t;
