@@ -45,7 +45,6 @@ non-blocking copies, no stream sync); nothing comes back to the host here.
 from __future__ import annotations
 
 import inspect
-import weakref
 from collections.abc import Sequence
 
 import torch
@@ -54,7 +53,13 @@ from torch import Tensor
 from relayrl.rollout import direct_forward, varlen_decode
 from relayrl.rollout import split_attention as attention
 from relayrl.rollout.kv_cache import SlotKVCache
-from relayrl.rollout.transfer import CPU, device_rows, device_tensor
+from relayrl.rollout.transfer import (
+    CPU,
+    device_rows,
+    device_tensor,
+    model_dtype,
+    select_slots,
+)
 
 
 class ModelRunner:
@@ -290,7 +295,7 @@ class ModelRunner:
         kv_len = max(1, max(s + t for s, t in zip(start_col, num_new, strict=True)))
         cache.plan(rows, write_rows, write_pos, kv_len)
         mask = attention.causal_mask(
-            position_ids.unsqueeze(1), kv_len, _dtype(model)
+            position_ids.unsqueeze(1), kv_len, model_dtype(model)
         )  # [n, 1, q, L]
         logits = self._call(model, cache, device_tensor(ids, torch.long, dev), position_ids, mask)
         if n != len(slots):
@@ -312,7 +317,7 @@ class ModelRunner:
         """One split-attention forward: decode rows, then every prefill token (each prefill
         sequence starts from an empty slot). Logits of the decode sequences then the prefill
         ones; with ``order``, row ``r`` is the logits of sequence ``order[r]`` of that list."""
-        dtype, dev = _dtype(model), self.device
+        dtype, dev = model_dtype(model), self.device
         ids: list[int] = []
         positions: list[int] = []
         write_rows: list[int] = []
@@ -346,7 +351,7 @@ class ModelRunner:
                     write_rows.append(dec_slots[i])
                 cols = max(dec_starts[i] for i in bucket) + 1
                 dec_ranges.append((lo, len(ids), cols))
-                arena_buckets.append((_select([dec_slots[i] for i in bucket], dev), cols))
+                arena_buckets.append((select_slots([dec_slots[i] for i in bucket], dev), cols))
                 kv_len = max(kv_len, cols)
         elif dec_slots:
             rows, row_map, write_rows = self._choose_rows(dec_slots)
@@ -466,7 +471,7 @@ class ModelRunner:
             self.varlen_decode
             and attention.GROUPED_DECODE
             and self.device.type == "cpu"
-            and _dtype(model) == torch.float32
+            and model_dtype(model) == torch.float32
             and varlen_decode.available()
         )
 
@@ -591,24 +596,3 @@ class ModelRunner:
             return False
         finally:
             self.num_forwards = forwards
-
-
-def _select(slots: list[int], device: torch.device) -> Tensor | slice:
-    """Arena rows of sorted distinct ``slots``: a slice (a view) when contiguous."""
-    if slots[-1] - slots[0] + 1 == len(slots):
-        return slice(slots[0], slots[-1] + 1)
-    return device_tensor(slots, torch.long, device)
-
-
-_FIRST_PARAM: weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Parameter] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype of the model's first parameter (the object found once per model: ``.to()``
-    and ``load_state_dict`` change its data in place, not the object)."""
-    p = _FIRST_PARAM.get(model)
-    if p is None:
-        p = _FIRST_PARAM[model] = next(model.parameters())
-    return p.dtype

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import array
 import itertools
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -89,3 +90,24 @@ def model_device(model: torch.nn.Module, device: torch.device | str | None = Non
                 f"{here}: move the model there first (model.to({str(want)!r}))"
             )
     return here
+
+
+def select_slots(slots: list[int], device: torch.device) -> Tensor | slice:
+    """Arena rows of sorted distinct ``slots``: a slice (a view) when contiguous."""
+    if slots[-1] - slots[0] + 1 == len(slots):
+        return slice(slots[0], slots[-1] + 1)
+    return device_tensor(slots, torch.long, device)
+
+
+_FIRST_PARAM: weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Parameter] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def model_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype of the model's first parameter (the object found once per model: ``.to()``
+    and ``load_state_dict`` change its data in place, not the object)."""
+    p = _FIRST_PARAM.get(model)
+    if p is None:
+        p = _FIRST_PARAM[model] = next(model.parameters())
+    return p.dtype

@@ -42,7 +42,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from relayrl.rollout.varlen_decode_source import SOURCE
+from relayrl.rollout.step_kernels_source import STEP_SOURCE
+from relayrl.rollout.varlen_decode_source import SOURCE as KERNEL_SOURCE
+
+SOURCE = KERNEL_SOURCE + STEP_SOURCE
+"""The library's C: the attention kernel, then the step's other pieces."""
 
 _LOCK = threading.Lock()
 _LIB: ctypes.CDLL | None = None
