@@ -428,24 +428,19 @@ class ModelRunner:
         if not varlen:
             position_ids = position_ids.clamp(min=0)
         direct = self._use_direct(model)  # (its first-use check runs split forwards itself)
-        if direct and varlen:  # keys written and attended on the arenas, no split state
-            step_rows = varlen_decode.Rows(packed[2], packed[lens_row], kv_len)
-            logits = direct_forward.direct_logits(
-                model,
-                ids_t,
-                position_ids,
-                cache,
-                attention.split_attention,
-                None,
-                rows=out_rows,
-                varlen=step_rows,
+        # direct varlen steps: keys written and attended on the arenas (``Rows.attend``),
+        # no split state; other steps' attention reads ``state``
+        step_rows = (
+            varlen_decode.Rows(packed[2], packed[lens_row], kv_len) if direct and varlen else None
+        )
+        state, dummy_mask = None, None
+        if step_rows is None:
+            state = attention.SplitState(
+                cache, n_decode, dec_buckets, prefill_mask, prefill_lengths
             )
-            self.num_forwards += 1
-            return logits
-        state = attention.SplitState(cache, n_decode, dec_buckets, prefill_mask, prefill_lengths)
-        if varlen:
-            state.decode_varlen = (packed[2, :n_decode], packed[lens_row, :n_decode], kv_len)
-        dummy_mask = torch.zeros(1, 1, 1, 1, dtype=dtype, device=dev)  # real masks: `state`
+            if varlen:
+                state.decode_varlen = (packed[2, :n_decode], packed[lens_row, :n_decode], kv_len)
+            dummy_mask = torch.zeros(1, 1, 1, 1, dtype=dtype, device=dev)  # real masks: `state`
         if direct:  # calls the split attention itself: only the state to set, no config swap
             attention.ACTIVE.state = state
             try:
@@ -457,11 +452,13 @@ class ModelRunner:
                     attention.split_attention,
                     dummy_mask,
                     rows=out_rows,
+                    varlen=step_rows,
                 )
             finally:
                 attention.ACTIVE.state = None
             self.num_forwards += 1
         else:
+            assert state is not None and dummy_mask is not None
             with attention.split_attention_active(model, state):
                 logits = self._call_rows(model, cache, ids_t, position_ids, dummy_mask, out_rows)
         return logits

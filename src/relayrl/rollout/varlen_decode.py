@@ -219,14 +219,22 @@ class Rows:
             raise ValueError("the arenas must be contiguous")
         q = query.contiguous()
         out = torch.empty(n, heads, dim, dtype=torch.float32, device="cpu")
-        self._fn(
-            q.data_ptr(),
+        self._fn(q.data_ptr(), *self._attention_args(keys, values, out, heads, scale))
+        return out
+
+    def _attention_args(
+        self, keys: Tensor, values: Tensor, out: Tensor, heads: int, scale: float
+    ) -> tuple[int | float, ...]:
+        """``decode_attention_f32``'s arguments after the query (``attend_layer_f32`` ends
+        with them too)."""
+        _, kv_heads, cols, dim = keys.shape
+        return (
             keys.data_ptr(),
             values.data_ptr(),
             self.rows.data_ptr(),
             self.lens.data_ptr(),
             out.data_ptr(),
-            n,
+            self.n,
             heads,
             kv_heads,
             cols,
@@ -235,7 +243,6 @@ class Rows:
             self._scores.data_ptr(),
             self.width,
         )
-        return out
 
     def attend(
         self,
@@ -305,19 +312,7 @@ class Rows:
             cos.data_ptr(),
             sin_signed.data_ptr(),
             q.data_ptr(),
-            keys.data_ptr(),
-            values.data_ptr(),
-            self.rows.data_ptr(),
-            self.lens.data_ptr(),
-            out.data_ptr(),
-            n,
-            heads,
-            kv_heads,
-            cols,
-            dim,
-            float(scale),
-            self._scores.data_ptr(),
-            self.width,
+            *self._attention_args(keys, values, out, heads, scale),
         )
         return out
 
