@@ -19,6 +19,7 @@ logits equal the module path's exactly (``ModelRunner._check_direct``).
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import NamedTuple
@@ -86,16 +87,17 @@ def _rms(x: Tensor, norm: torch.nn.Module) -> Tensor:
     return norm._parameters["weight"] * (h if f32 else h.to(dtype))
 
 
-_LANES: list[int] = []
+@functools.cache
+def _lanes_here() -> int:
+    """``varlen_decode.aten_lanes()`` where the kernel library builds, else 0 (once)."""
+    return varlen_decode.aten_lanes() if varlen_decode.available() else 0
 
 
 def _c_norm_lanes(h: Tensor) -> int:
     """The vector width for ``varlen_decode.add_rms_norm`` on rows like ``h`` (float32 on
     the CPU, ``RMS_MAX_DIM`` wide at most, the kernel built, ATen's kernels known), else 0:
     torch's operations."""
-    if not _LANES:
-        _LANES.append(varlen_decode.aten_lanes() if varlen_decode.available() else 0)
-    lanes = _LANES[0]
+    lanes = _lanes_here()
     dim = h.shape[-1]
     ok = (
         lanes
@@ -190,7 +192,6 @@ class _Layer(NamedTuple):
     gate: torch.nn.Module
     up: torch.nn.Module
     down: torch.nn.Module
-    heads: int  # query heads
     kv_heads: int
     widths: tuple[int, int, int]  # q, k, v projection widths
     intermediate: int  # the MLP's width
@@ -220,7 +221,6 @@ def _layers(model: torch.nn.Module) -> list[_Layer]:
                 (m := layer.mlp).gate_proj,
                 m.up_proj,
                 m.down_proj,
-                a.q_proj.out_features // a.head_dim,
                 a.k_proj.out_features // a.head_dim,
                 (a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features),
                 inter := m.gate_proj.out_features,
