@@ -22,6 +22,11 @@ temperature 1 and run in the same process, one after the other, on the same prom
   ceiling's stepped in turn, one step each, every step timed alone (:func:`run_lockstep`):
   each engine step has a ceiling step beside it, milliseconds apart, so the machine's slow
   and fast spells cancel in the ratio instead of landing on one side of a pair of runs.
+  ``forward_ratio``: the ceiling's forwards per run over the engine's, the share of the
+  ceiling an engine reaches where every forward costs the same whatever its rows (the
+  default model here spends ~85% of a step's forward on fixed cost, so the lockstep ratio
+  sits near this figure: speeding up per-row work lowers it, per-forward work barely moves
+  it; only fewer forwards, i.e. the lengths, raise it).
 - ``matched ceiling``: as ``ceiling``, but every request of the heavy-tailed run's mean length
   per generated token (``sum t^2 / sum t``): its tokens attend over as many cached columns on
   average as the engine run's do, with all slots full and no tail. Decode attention reads
@@ -210,9 +215,11 @@ def run_lockstep(model, workloads, runs: int, slots: int, max_len: int) -> list[
     different spells. ``workloads[0]`` runs ``runs`` times back to back; the others start
     again whenever they finish, so every one of the lead's steps has partners; a workload's
     rate counts its completed runs only (useful tokens over the seconds of their steps).
-    Returns per workload ``{"tok_s", "runs", "steps"}``."""
+    Returns per workload ``{"tok_s", "runs", "steps", "forwards_per_run"}`` (the runner's
+    forwards in a completed run: a step with more prompt tokens than a prefill chunk takes
+    more than one)."""
     state = [
-        {"prompts": p, "targets": t, "done": 0, "s": 0.0, "run_s": 0.0, "steps": 0}
+        {"prompts": p, "targets": t, "done": 0, "s": 0.0, "run_s": 0.0, "steps": 0, "fwd": 0}
         for p, t in workloads
     ]
 
@@ -237,6 +244,7 @@ def run_lockstep(model, workloads, runs: int, slots: int, max_len: int) -> list[
             if not w["engine"].has_unfinished():
                 w["done"] += 1
                 w["s"] += w["run_s"]
+                w["fwd"] += w["engine"].runner.num_forwards
                 if w is not lead or w["done"] < runs:
                     start(w)
     return [
@@ -244,6 +252,7 @@ def run_lockstep(model, workloads, runs: int, slots: int, max_len: int) -> list[
             "tok_s": w["done"] * sum(w["targets"]) / w["s"] if w["s"] else float("nan"),
             "runs": w["done"],
             "steps": w["steps"],
+            "forwards_per_run": w["fwd"] / w["done"] if w["done"] else float("nan"),
         }
         for w in state
     ]
@@ -496,6 +505,8 @@ def main(argv: list[str] | None = None) -> None:
             "ceiling_tok_s": round(ceil_ls["tok_s"], 3),
             "engine_vs_ceiling": round(eng_ls["tok_s"] / ceil_ls["tok_s"], 3),
             "runs": [eng_ls["runs"], ceil_ls["runs"]],
+            "forwards_per_run": [eng_ls["forwards_per_run"], ceil_ls["forwards_per_run"]],
+            "forward_ratio": round(ceil_ls["forwards_per_run"] / eng_ls["forwards_per_run"], 3),
         }
     rss_ceiling = peak_rss_mb()
     static_tps, static_util = run_static(model, prompts, targets, args.slots)

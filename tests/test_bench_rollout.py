@@ -36,6 +36,9 @@ def test_small_run_prints_one_json_line(capsys) -> None:
     assert out["steps"]["lpt"] <= out["steps"]["fifo"]
     assert out["oracle_lpt_vs_ceiling"] > 0 and out["engine_vs_ceiling"] > 0
     assert out["lockstep"]["engine_vs_ceiling"] > 0 and out["lockstep"]["runs"][0] == 2
+    # at least one forward per step; the ceiling (no tail) needs no more forwards than FIFO
+    fwd = out["lockstep"]["forwards_per_run"]
+    assert fwd[0] >= out["steps"]["fifo"] and 0 < out["lockstep"]["forward_ratio"] <= 1
 
 
 def test_lockstep_steps_the_workloads_in_turn(tmp_path) -> None:

@@ -140,3 +140,60 @@ def test_fused_projections_follow_in_place_weight_updates(tmp_path) -> None:
     after = _generate(model, True, True)
     assert after != first
     assert after == _generate(model, False, True)  # the module path on the new weights
+
+
+def _sample_both(logits, settings, index, monkeypatch):
+    from relayrl.rollout import sampler
+
+    got = sampler.sample(logits, settings, index)
+    monkeypatch.setattr(sampler, "C_DRAW", False)
+    want = sampler.sample(logits, settings, index)
+    monkeypatch.setattr(sampler, "C_DRAW", True)
+    return got, want
+
+
+@pytest.mark.parametrize("vocab", [1, 2, 7, 90, 1000, 50257])
+def test_c_draw_gives_the_torch_samplers_tokens_and_logprobs(vocab, monkeypatch) -> None:
+    """``sample_rows_f32`` (float64 running CDF, SplitMix64 uniforms, the upper-bound
+    search, the token's float32 logprob) against the torch ops it replaces: equal, row by
+    row, under temperatures and top-k / top-p filters, peaked and flat rows, any seed."""
+    from relayrl.rollout.sampler import SamplingSettings
+
+    g = torch.Generator().manual_seed(vocab)
+    calls = []
+    for n in (1, 3, 32):
+        scale = torch.tensor([0.1, 1.0, 30.0]).repeat(n)[:n].unsqueeze(1)
+        logits = torch.randn(n, vocab, generator=g) * scale
+        kinds = [
+            dict(temperature=1.0, top_k=0, top_p=1.0),
+            dict(temperature=0.7, top_k=0, top_p=1.0),
+            dict(temperature=1.3, top_k=5, top_p=0.9),
+        ]
+        for kind in kinds:
+            seeds = [int(x) for x in torch.randint(-(2**62), 2**62, (n,), generator=g)]
+            settings = [SamplingSettings(greedy=False, seed=s, **kind) for s in seeds]
+            index = [int(x) for x in torch.randint(0, 5000, (n,), generator=g)]
+            calls.append((logits, settings, index))
+    for logits, settings, index in calls:
+        (tok, lp), (want_tok, want_lp) = _sample_both(logits, settings, index, monkeypatch)
+        assert tok == want_tok
+        assert lp == want_lp  # the same Python floats: the float32 logprobs, widened
+
+
+def test_c_draw_hand_case() -> None:
+    """Two tokens with probabilities 1/4 and 3/4: the CDF is [0.25, 1.0]; the token is the
+    first j with cdf_j > u, so u < 0.25 draws 0 and u >= 0.25 draws 1 (u from SplitMix64)."""
+    import math
+
+    from relayrl.rollout.sampler import SamplingSettings, sample, uniform
+
+    logits = torch.tensor([[math.log(0.25), math.log(0.75)]])
+    seen = set()
+    for seed in range(40):
+        s = SamplingSettings(greedy=False, temperature=1.0, top_k=0, top_p=1.0, seed=seed)
+        (tok,), (lp,) = sample(logits, [s], [3])
+        want = 0 if uniform(seed, 3) < 0.25 else 1
+        assert tok == want
+        assert lp == pytest.approx(math.log([0.25, 0.75][want]), abs=1e-6)
+        seen.add(tok)
+    assert seen == {0, 1}

@@ -1,13 +1,16 @@
 """The C source of the float32 CPU step's other pieces, built with ``varlen_decode_source``
 into one library (``relayrl.rollout.varlen_decode``): a layer's rotary embedding, cache writes
 and attention in one call (``attend_layer_f32``, after ``decode_attention_f32`` in the same
-unit), and the residual add with LlamaRMSNorm (``add_rms_f32``). Like the kernel they repeat
+unit), the residual add with LlamaRMSNorm (``add_rms_f32``) and the sampler's inverse-CDF
+draw after its log_softmax (``sample_rows_f32``: SplitMix64 uniforms, a float64 running CDF,
+torch.searchsorted's binary search; ``relayrl.rollout.sampler``). Like the kernel they repeat
 torch's float operations in torch's order (the build forbids reassociation and contraction),
 so the direct path keeps the module path's bits (``tests/test_step_kernels.py``).
 """
 
 STEP_SOURCE = r"""
 #include <math.h>
+#include <stdint.h>
 
 /* x * cos + roll(x, D/2) * sin of one head's D floats (sin pre-signed: its first half
    negated), each element as torch computes it: two products, then their sum. */
@@ -123,6 +126,46 @@ void add_rms_f32(const float *a, const float *b, float *h, const float *w, float
             const float t = hi[j] * r;
             xo[j] = w[j] * t;
         }
+    }
+}
+/* SplitMix64 (relayrl.rollout.sampler._splitmix64): integer operations modulo 2^64. */
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ULL;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+/* The sampler's inverse-CDF draw of one token per row, as relayrl.rollout.sampler computes
+   it in torch after the log_softmax: probs = exp(logp) (float32, from torch), per row
+       cdf_j = sum_{k <= j} (double) probs_k        (torch.cumsum in float64: in order)
+       u     = (x >> 11) * 2^-53,  x = SplitMix64(SplitMix64(seed) ^ index)
+       token = #{j : !(cdf_j > u * cdf_last)}        (torch.searchsorted right=True: the same
+                                                     binary search), at most vocab - 1
+   and the token's logprob logp[token], widened to double (what tolist() of the float32
+   gives). cdf: a scratch row of vocab doubles. */
+void sample_rows_f32(const float *probs, const float *logp, int64_t n, int64_t vocab,
+                     const uint64_t *seeds, const uint64_t *index, int64_t *tokens,
+                     double *logprobs, double *cdf) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float *p = probs + i * vocab;
+        double acc = 0.0;
+        for (int64_t j = 0; j < vocab; ++j) {
+            acc = acc + (double)p[j];
+            cdf[j] = acc;
+        }
+        const uint64_t x = splitmix64(splitmix64(seeds[i]) ^ index[i]);
+        const double u = (double)(x >> 11) * (1.0 / 9007199254740992.0);
+        const double v = u * cdf[vocab - 1];
+        int64_t lo = 0, hi = vocab;
+        while (lo < hi) {
+            const int64_t mid = lo + ((hi - lo) >> 1);
+            if (!(cdf[mid] > v)) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo > vocab - 1) lo = vocab - 1;
+        tokens[i] = lo;
+        logprobs[i] = (double)logp[i * vocab + lo];
     }
 }
 """

@@ -95,6 +95,9 @@ def _build(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
     rms = handle.add_rms_f32
     rms.argtypes = [ptr] * 5 + [i64] * 2 + [ctypes.c_float, i64]
     rms.restype = None
+    draw = handle.sample_rows_f32
+    draw.argtypes = [ptr, ptr, i64, i64] + [ptr] * 5
+    draw.restype = None
     handle.relayrl_wide.restype = ctypes.c_int
     handle.relayrl_set_wide.argtypes = [ctypes.c_int]
     handle.relayrl_set_wide.restype = ctypes.c_int
@@ -120,6 +123,11 @@ def _library() -> ctypes.CDLL | None:
                         )
                 _TRIED = True
     return _LIB
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled library (built on first call), None where it is unavailable."""
+    return _library()
 
 
 def available() -> bool:
