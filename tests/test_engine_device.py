@@ -20,7 +20,7 @@ from relayrl.cluster.engine_process import (
     check_device,
     shared_weights,
 )
-from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
+from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams, sampler
 from relayrl.rollout.transfer import to_host
 from test_rollout_helpers import EOS, PAD, random_prompts, tiny_model
 
@@ -118,6 +118,9 @@ def test_one_device_to_host_transfer_per_forward(models, monkeypatch) -> None:
     ``cpu`` / ``numpy`` / ``bool`` / ``int`` / ``float`` of a tensor counts (each is a
     host <-> device sync on CUDA), over decode steps and steps with admissions, greedy and
     sampled rows."""
+    # the device-generic sampler (sampler.sample's torch ops), as on CUDA: the CPU's C draw
+    # (sample_rows_f32) reads the CPU tensors in place and makes no transfer at all
+    monkeypatch.setattr(sampler, "C_DRAW", False)
     engine = RolloutEngine(
         copy.deepcopy(models["llama"]), eos_token_id=EOS, pad_token_id=PAD, max_slots=3
     )

@@ -197,3 +197,16 @@ def test_c_draw_hand_case() -> None:
         assert lp == pytest.approx(math.log([0.25, 0.75][want]), abs=1e-6)
         seen.add(tok)
     assert seen == {0, 1}
+
+
+def test_c_draw_follows_torch_on_non_finite_rows(monkeypatch) -> None:
+    """NaN and infinite logits (a broken model): the C search makes torch.searchsorted's
+    comparisons, so the token and the (NaN) logprob are torch's too."""
+    from relayrl.rollout.sampler import SamplingSettings
+
+    nan, inf = float("nan"), float("inf")
+    rows = torch.tensor([[nan, 1.0, 2.0], [-inf, -inf, -inf], [0.0, inf, 1.0], [1.0, nan, nan]])
+    for r in range(len(rows)):
+        s = [SamplingSettings(greedy=False, temperature=1.0, top_k=0, top_p=1.0, seed=r)]
+        (tok, lp), (want_tok, want_lp) = _sample_both(rows[r : r + 1], s, [5], monkeypatch)
+        assert tok == want_tok and repr(lp) == repr(want_lp)
