@@ -155,8 +155,9 @@ def _sample_both(logits, settings, index, monkeypatch):
 @pytest.mark.parametrize("vocab", [1, 2, 7, 90, 1000, 50257])
 def test_c_draw_gives_the_torch_samplers_tokens_and_logprobs(vocab, monkeypatch) -> None:
     """``sample_rows_f32`` (float64 running CDF, SplitMix64 uniforms, the upper-bound
-    search, the token's float32 logprob) against the torch ops it replaces: equal, row by
-    row, under temperatures and top-k / top-p filters, peaked and flat rows, any seed."""
+    search, the token's float32 logprob; greedy rows' argmax) against the torch ops it
+    replaces: equal, row by row, under temperatures and top-k / top-p filters, peaked and
+    flat rows, any seed, all-greedy and mixed batches, ties and NaNs."""
     from relayrl.rollout.sampler import SamplingSettings
 
     g = torch.Generator().manual_seed(vocab)
@@ -169,15 +170,33 @@ def test_c_draw_gives_the_torch_samplers_tokens_and_logprobs(vocab, monkeypatch)
             dict(temperature=0.7, top_k=0, top_p=1.0),
             dict(temperature=1.3, top_k=5, top_p=0.9),
         ]
-        for kind in kinds:
+        greedy = dict(temperature=1.0, top_k=0, top_p=1.0)  # as the engine normalises it
+        for kind, every in [(k, None) for k in kinds] + [(greedy, 1), (kinds[2], 2)]:
             seeds = [int(x) for x in torch.randint(-(2**62), 2**62, (n,), generator=g)]
-            settings = [SamplingSettings(greedy=False, seed=s, **kind) for s in seeds]
+            # every: None = no greedy row, 1 = all greedy, 2 = every other row greedy
+            settings = [
+                SamplingSettings(
+                    greedy=every is not None and i % every == 0,
+                    seed=s,
+                    **(greedy if every is not None and i % every == 0 else kind),
+                )
+                for i, s in enumerate(seeds)
+            ]
             index = [int(x) for x in torch.randint(0, 5000, (n,), generator=g)]
             calls.append((logits, settings, index))
+    # greedy rows with ties (the first maximum) and NaNs (the first NaN)
+    nan = float("nan")
+    ties = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, nan, 5.0, nan], [4.0, 4.0, 4.0, 4.0]])
+    ties = ties.repeat_interleave(max(1, vocab // 4), dim=1)[:, :vocab] if vocab >= 4 else None
+    if ties is not None:
+        for every in (1, 2):
+            st = [SamplingSettings(greedy=i % every == 0, seed=i, **greedy) for i in range(3)]
+            calls.append((ties, st, [0, 1, 2]))
     for logits, settings, index in calls:
         (tok, lp), (want_tok, want_lp) = _sample_both(logits, settings, index, monkeypatch)
         assert tok == want_tok
-        assert lp == want_lp  # the same Python floats: the float32 logprobs, widened
+        # the same Python floats (the float32 logprobs, widened; NaN where torch has NaN)
+        assert [repr(x) for x in lp] == [repr(x) for x in want_lp]
 
 
 def test_c_draw_hand_case() -> None:

@@ -99,9 +99,12 @@ def sample(
     token being drawn within row ``i``'s response (the counter of its random stream).
     """
     dev = logits.device
-    if all(s.greedy for s in settings):
-        tokens = logits.argmax(dim=-1, keepdim=True)  # [n, 1]
+    greedy = [s.greedy for s in settings]
+    if all(greedy):
         logp = torch.log_softmax(logits, dim=-1)
+        if _use_c(logits, logp):
+            return _draw_c(logits, logp, None, settings, token_index, greedy)
+        tokens = logits.argmax(dim=-1, keepdim=True)  # [n, 1]
         return to_host(tokens, logp.gather(1, tokens), logits.shape[-1])
     temps = [s.temperature for s in settings]
     scaled = logits
@@ -112,9 +115,8 @@ def sample(
             scaled, [s.top_k for s in settings], [s.top_p for s in settings]
         )
     logp = torch.log_softmax(scaled, dim=-1)
-    greedy = [s.greedy for s in settings]
-    if not any(greedy) and _use_c(logp):
-        return _draw_c(logp, settings, token_index)
+    if _use_c(logits, logp):
+        return _draw_c(logits, logp, logp.exp(), settings, token_index, greedy)
     cdf = logp.exp().double().cumsum(dim=-1)
     u = device_tensor(
         [uniform(s.seed, t) for s, t in zip(settings, token_index, strict=True)],
@@ -132,39 +134,51 @@ def sample(
 C_DRAW = True
 """Draw float32 CPU rows with the compiled ``sample_rows_f32`` (``varlen_decode``'s library)
 when it is built: the same tokens and logprobs as the torch ops (test), one call in place of
-the CDF's nine operations and a Python SplitMix64 per row."""
+the CDF's nine operations and a Python SplitMix64 per row (greedy rows: the argmax and the
+gather)."""
 
 
-def _use_c(logp: Tensor) -> bool:
+def _use_c(logits: Tensor, logp: Tensor) -> bool:
     return (
         C_DRAW
         and logp.dtype == torch.float32
+        and logits.dtype == torch.float32
         and logp.is_cpu
+        and logits.is_cpu
         and logp.is_contiguous()
+        and logits.is_contiguous()
         and varlen_decode.available()
     )
 
 
 def _draw_c(
-    logp: Tensor, settings: Sequence[SamplingSettings], token_index: Sequence[int]
+    logits: Tensor,
+    logp: Tensor,
+    probs: Tensor | None,
+    settings: Sequence[SamplingSettings],
+    token_index: Sequence[int],
+    greedy: Sequence[bool],
 ) -> tuple[list[int], list[float]]:
-    """The inverse-CDF draw of ``sample`` in one C call (``sample_rows_f32``): ``logp``
-    float32 ``[n, vocab]`` contiguous on the CPU, every row sampled (none greedy)."""
+    """``sample``'s draw after its log_softmax in one C call (``sample_rows_f32``):
+    ``logits``, ``logp`` = log_softmax(scaled logits) and ``probs`` = exp(logp) (None when
+    every row is greedy), float32 ``[n, vocab]`` contiguous on the CPU."""
     n, vocab = logp.shape
-    probs = logp.exp()
-    seeds = array("Q", [s.seed & _MASK64 for s in settings])
-    index = array("Q", [t & _MASK64 for t in token_index])
     tokens = array("q", bytes(8 * n))
     logprobs = array("d", bytes(8 * n))
+    seeds = array("Q", [s.seed & _MASK64 for s in settings])
+    index = array("Q", [t & _MASK64 for t in token_index])
+    flags = array("b", greedy)
     cdf = array("d", bytes(8 * vocab))
     lib = varlen_decode.library()
     lib.sample_rows_f32(
-        probs.data_ptr(),
+        logits.data_ptr(),
+        None if probs is None else probs.data_ptr(),
         logp.data_ptr(),
         n,
         vocab,
         seeds.buffer_info()[0],
         index.buffer_info()[0],
+        flags.buffer_info()[0],
         tokens.buffer_info()[0],
         logprobs.buffer_info()[0],
         cdf.buffer_info()[0],

@@ -143,11 +143,21 @@ static uint64_t splitmix64(uint64_t x) {
        token = #{j : !(cdf_j > u * cdf_last)}        (torch.searchsorted right=True: the same
                                                      binary search), at most vocab - 1
    and the token's logprob logp[token], widened to double (what tolist() of the float32
-   gives). cdf: a scratch row of vocab doubles. */
-void sample_rows_f32(const float *probs, const float *logp, int64_t n, int64_t vocab,
-                     const uint64_t *seeds, const uint64_t *index, int64_t *tokens,
-                     double *logprobs, double *cdf) {
+   gives). A greedy row (greedy[i] != 0) takes torch.argmax of its logits instead: the first
+   NaN if there is one, else the first maximum. cdf: a scratch row of vocab doubles. */
+void sample_rows_f32(const float *logits, const float *probs, const float *logp, int64_t n,
+                     int64_t vocab, const uint64_t *seeds, const uint64_t *index,
+                     const int8_t *greedy, int64_t *tokens, double *logprobs, double *cdf) {
     for (int64_t i = 0; i < n; ++i) {
+        if (greedy[i]) {
+            const float *x = logits + i * vocab;
+            int64_t best = 0;
+            for (int64_t j = 1; j < vocab && x[best] == x[best]; ++j)
+                if (x[j] != x[j] || x[j] > x[best]) best = j;
+            tokens[i] = best;
+            logprobs[i] = (double)logp[i * vocab + best];
+            continue;
+        }
         const float *p = probs + i * vocab;
         double acc = 0.0;
         for (int64_t j = 0; j < vocab; ++j) {
