@@ -124,3 +124,54 @@ def test_prefill_attention_is_bitwise_sdpa_attention_forward(prompts: int) -> No
     ref, _ = sdpa_attention_forward(module, q, k, v, mask, dropout=0.0, scaling=0.25)
     got = prefill_attention(q, k, v, mask if prompts > 1 else None, 0.25)
     assert torch.equal(got, ref)
+
+
+class _ShiftedLinear(torch.nn.Linear):
+    """A linear that adds a learned shift after its product: the direct path (which reads
+    ``weight`` and ``bias`` alone) would drop it, and while the shift is zero the first-use
+    check cannot tell."""
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None)
+        self.load_state_dict(linear.state_dict())
+        self.shift = torch.nn.Parameter(torch.zeros(linear.out_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + self.shift
+
+
+def test_replaced_linears_use_the_module_path(models: dict) -> None:
+    """A supported class whose projections are not plain ``nn.Linear`` (an adapter, a
+    quantised or a subclassed linear) runs through its modules: here a shift that is zero at
+    the engine's first use and trained afterwards shows in the samples (the direct path
+    would have kept the base model's), and peft's LoRA layers are refused the same way."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    base = models["llama"]
+    model = copy.deepcopy(base)
+    for layer in model.model.layers:
+        layer.mlp.down_proj = _ShiftedLinear(layer.mlp.down_proj)
+    assert direct_forward.supported(base) and not direct_forward.supported(model)
+    lora = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
+    assert not direct_forward.supported(get_peft_model(copy.deepcopy(base), lora).get_base_model())
+
+    reqs = [
+        GenerationRequest(p, SamplingParams(temperature=0.8, max_tokens=10, seed=i))
+        for i, p in enumerate(random_prompts([6, 2, 9], seed=4))
+    ]
+    engine = RolloutEngine(model, eos_token_id=EOS, pad_token_id=PAD, max_slots=3)
+    first = engine.generate(reqs)  # first use with the shift at zero
+    plain = RolloutEngine(base, eos_token_id=EOS, pad_token_id=PAD, max_slots=3).generate(reqs)
+    assert [s.response_ids for s in first] == [s.response_ids for s in plain]
+    with torch.no_grad():  # "training" moves the shift in place
+        for layer in model.model.layers:
+            layer.mlp.down_proj.shift.copy_(torch.linspace(-3, 3, model.config.hidden_size))
+    shifted = engine.generate(reqs)
+    want = RolloutEngine(model, eos_token_id=EOS, pad_token_id=PAD, max_slots=3)
+    want.runner.direct = False
+    for a, b in zip(shifted, want.generate(reqs), strict=True):
+        assert a.response_ids == b.response_ids
+        assert a.behaviour_logprobs == b.behaviour_logprobs
+    assert [s.response_ids for s in shifted] != [s.response_ids for s in plain]

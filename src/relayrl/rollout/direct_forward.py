@@ -36,7 +36,8 @@ SUPPORTED = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausal
 
 def supported(model: torch.nn.Module) -> bool:
     """Whether ``direct_logits`` computes this model's forward: a class in ``SUPPORTED``, a
-    SiLU MLP, default rotary embedding, no sliding-window layers, no tensor-parallel split."""
+    SiLU MLP, default rotary embedding, no sliding-window layers, no tensor-parallel split,
+    plain ``nn.Linear`` projections (no adapter or quantised linear in their place)."""
     if type(model).__name__ not in SUPPORTED:
         return False
     cfg = getattr(model, "config", None)
@@ -54,7 +55,27 @@ def supported(model: torch.nn.Module) -> bool:
     if inner is None or not all(hasattr(inner, n) for n in needed):
         return False
     embed = inner.embed_tokens  # a plain lookup (``max_norm`` would renormalise rows)
-    return type(embed) is torch.nn.Embedding and embed.max_norm is None
+    if type(embed) is not torch.nn.Embedding or embed.max_norm is not None:
+        return False
+    return _plain_linears(model)
+
+
+def _plain_linears(model: torch.nn.Module) -> bool:
+    """Every projection ``direct_logits`` reads through ``_parameters["weight"]`` is a plain
+    ``nn.Linear``. A subclass that adds to its product (a shift, an adapter term) would be
+    computed without the addition, and while that term is zero (an adapter's
+    initialisation) the first-use check cannot tell; wrappers that hold the weight elsewhere
+    (peft's LoRA ``Linear``: ``base_layer``) are refused here too rather than by the
+    check's failure."""
+    linear = torch.nn.Linear
+    try:
+        mods = [model.lm_head]
+        for layer in list(model.model.layers)[: model.config.num_hidden_layers]:
+            a, m = layer.self_attn, layer.mlp
+            mods += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+    except AttributeError:
+        return False
+    return all(type(x) is linear for x in mods)
 
 
 _MODULES: weakref.WeakKeyDictionary[torch.nn.Module, list[torch.nn.Module]] = (
