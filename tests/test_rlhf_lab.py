@@ -304,6 +304,11 @@ def test_cli_rm_and_dpo_and_their_errors(lab, tmp_path, capsys):
     ]
     assert main([*dpo_args, "algo.kl_coef=0.1"]) == 0
     assert "held-out preference accuracy" in capsys.readouterr().out
+    # `relayrl train` with algo.name=dpo reports the same figure under the same name
+    train_args = ["train", *dpo_args[1:], "algo.name=dpo", "algo.kl_coef=0.1", "--overwrite"]
+    assert main(train_args) == 0
+    out = capsys.readouterr().out
+    assert "held-out preference accuracy" in out and "pass rate" not in out
     assert main(dpo_args) == 2  # beta = kl_coef = 0
     assert "algo.kl_coef > 0" in capsys.readouterr().err
 

@@ -62,7 +62,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         build = build_ray_roles
     result = train(cfg, lambda a, c: build(cfg, a, c), resume=args.resume, overwrite=args.overwrite)
     before, after = _pct(result.get("eval_before")), _pct(result["eval_after"])
-    print(f"eval pass rate: before {before}  after {after}")
+    # DPO's held-out figure is the implicit reward's preference accuracy, not a pass rate
+    label = "held-out preference accuracy" if cfg.algo.name == "dpo" else "eval pass rate"
+    print(f"{label}: before {before}  after {after}")
     return 0
 
 
