@@ -184,6 +184,12 @@ def test_c_draw_gives_the_torch_samplers_tokens_and_logprobs(vocab, monkeypatch)
             ]
             index = [int(x) for x in torch.randint(0, 5000, (n,), generator=g)]
             calls.append((logits, settings, index))
+    # the module path's logits: each sequence's last position, rows strided
+    strided = torch.randn(4, 3, vocab, generator=g)[:, -1]
+    assert not strided.is_contiguous()
+    for every in (1, 2):
+        st = [SamplingSettings(greedy=i % every == 0, seed=i, **greedy) for i in range(4)]
+        calls.append((strided, st, [7, 8, 9, 10]))
     # greedy rows with ties (the first maximum) and NaNs (the first NaN)
     nan = float("nan")
     ties = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, nan, 5.0, nan], [4.0, 4.0, 4.0, 4.0]])

@@ -146,7 +146,7 @@ def _use_c(logits: Tensor, logp: Tensor) -> bool:
         and logp.is_cpu
         and logits.is_cpu
         and logp.is_contiguous()
-        and logits.is_contiguous()
+        and logits.stride(-1) == 1  # rows may be strided: the last token of each sequence
         and varlen_decode.available()
     )
 
@@ -160,8 +160,9 @@ def _draw_c(
     greedy: Sequence[bool],
 ) -> tuple[list[int], list[float]]:
     """``sample``'s draw after its log_softmax in one C call (``sample_rows_f32``):
-    ``logits``, ``logp`` = log_softmax(scaled logits) and ``probs`` = exp(logp) (None when
-    every row is greedy), float32 ``[n, vocab]`` contiguous on the CPU."""
+    ``logits`` (rows may be strided, columns contiguous), ``logp`` = log_softmax(scaled
+    logits) and ``probs`` = exp(logp) (None when every row is greedy, contiguous), float32
+    ``[n, vocab]`` on the CPU."""
     n, vocab = logp.shape
     tokens = array("q", bytes(8 * n))
     logprobs = array("d", bytes(8 * n))
@@ -172,6 +173,7 @@ def _draw_c(
     lib = varlen_decode.library()
     lib.sample_rows_f32(
         logits.data_ptr(),
+        logits.stride(0),
         None if probs is None else probs.data_ptr(),
         logp.data_ptr(),
         n,

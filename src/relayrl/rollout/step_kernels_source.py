@@ -144,13 +144,14 @@ static uint64_t splitmix64(uint64_t x) {
                                                      binary search), at most vocab - 1
    and the token's logprob logp[token], widened to double (what tolist() of the float32
    gives). A greedy row (greedy[i] != 0) takes torch.argmax of its logits instead: the first
-   NaN if there is one, else the first maximum. cdf: a scratch row of vocab doubles. */
-void sample_rows_f32(const float *logits, const float *probs, const float *logp, int64_t n,
-                     int64_t vocab, const uint64_t *seeds, const uint64_t *index,
+   NaN if there is one, else the first maximum (row i of the logits at logits + i * ls).
+   cdf: a scratch row of vocab doubles. */
+void sample_rows_f32(const float *logits, int64_t ls, const float *probs, const float *logp,
+                     int64_t n, int64_t vocab, const uint64_t *seeds, const uint64_t *index,
                      const int8_t *greedy, int64_t *tokens, double *logprobs, double *cdf) {
     for (int64_t i = 0; i < n; ++i) {
         if (greedy[i]) {
-            const float *x = logits + i * vocab;
+            const float *x = logits + i * ls;
             int64_t best = 0;
             for (int64_t j = 1; j < vocab && x[best] == x[best]; ++j)
                 if (x[j] != x[j] || x[j] > x[best]) best = j;
