@@ -235,3 +235,21 @@ def test_c_draw_follows_torch_on_non_finite_rows(monkeypatch) -> None:
         s = [SamplingSettings(greedy=False, temperature=1.0, top_k=0, top_p=1.0, seed=r)]
         (tok, lp), (want_tok, want_lp) = _sample_both(rows[r : r + 1], s, [5], monkeypatch)
         assert tok == want_tok and repr(lp) == repr(want_lp)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_the_engine_draws_through_c_on_the_cpu(tmp_path, arch, monkeypatch) -> None:
+    """Every step of a float32 CPU engine samples through the C draw (direct path and
+    module path logits alike), with the samples the torch ops give."""
+    from relayrl.rollout import sampler
+
+    calls = []
+    real = sampler._draw_c
+    monkeypatch.setattr(sampler, "_draw_c", lambda *a: calls.append(1) or real(*a))
+    model = tiny_model(tmp_path, arch)
+    got = _generate(model, True, True)
+    steps = len(calls)
+    assert steps >= 10  # one call per forward: 5 requests x 10 tokens on 3 slots
+    monkeypatch.setattr(sampler, "C_DRAW", False)
+    assert _generate(model, True, True) == got
+    assert len(calls) == steps  # the torch ops ran the second time
