@@ -54,6 +54,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from relayrl.model import check_model_dir
 
     cfg = load_config(RunConfig, args.config, args.overrides)
+    if cfg.algo.name == "dpo":  # offline: `relayrl dpo`, which reports its own figure
+        from relayrl.labs.cli import cmd_dpo
+
+        return cmd_dpo(args)
     check_model_dir(cfg.model.path)
     build = build_local_roles
     if cfg.cluster == "ray":
@@ -62,9 +66,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         build = build_ray_roles
     result = train(cfg, lambda a, c: build(cfg, a, c), resume=args.resume, overwrite=args.overwrite)
     before, after = _pct(result.get("eval_before")), _pct(result["eval_after"])
-    # DPO's held-out figure is the implicit reward's preference accuracy, not a pass rate
-    label = "held-out preference accuracy" if cfg.algo.name == "dpo" else "eval pass rate"
-    print(f"{label}: before {before}  after {after}")
+    print(f"eval pass rate: before {before}  after {after}")
     return 0
 
 

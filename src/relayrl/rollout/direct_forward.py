@@ -67,15 +67,13 @@ def _plain_linears(model: torch.nn.Module) -> bool:
     initialisation) the first-use check cannot tell; wrappers that hold the weight elsewhere
     (peft's LoRA ``Linear``: ``base_layer``) are refused here too rather than by the
     check's failure."""
-    linear = torch.nn.Linear
     try:
         mods = [model.lm_head]
-        for layer in list(model.model.layers)[: model.config.num_hidden_layers]:
-            a, m = layer.self_attn, layer.mlp
-            mods += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+        for la in _layers(model):
+            mods += [la.q, la.k, la.v, la.o, la.gate, la.up, la.down]
     except AttributeError:
         return False
-    return all(type(x) is linear for x in mods)
+    return all(type(x) is torch.nn.Linear for x in mods)
 
 
 _MODULES: weakref.WeakKeyDictionary[torch.nn.Module, list[torch.nn.Module]] = (

@@ -31,6 +31,7 @@ tokens and logprobs come back in one transfer, the step's only device -> host sy
 
 from __future__ import annotations
 
+import ctypes
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -102,8 +103,8 @@ def sample(
     greedy = [s.greedy for s in settings]
     if all(greedy):
         logp = torch.log_softmax(logits, dim=-1)
-        if _use_c(logits, logp):
-            return _draw_c(logits, logp, None, settings, token_index, greedy)
+        if lib := _c_library(logits, logp):
+            return _draw_c(lib, logits, logp, None, settings, token_index, greedy)
         tokens = logits.argmax(dim=-1, keepdim=True)  # [n, 1]
         return to_host(tokens, logp.gather(1, tokens), logits.shape[-1])
     temps = [s.temperature for s in settings]
@@ -115,8 +116,8 @@ def sample(
             scaled, [s.top_k for s in settings], [s.top_p for s in settings]
         )
     logp = torch.log_softmax(scaled, dim=-1)
-    if _use_c(logits, logp):
-        return _draw_c(logits, logp, logp.exp(), settings, token_index, greedy)
+    if lib := _c_library(logits, logp):
+        return _draw_c(lib, logits, logp, logp.exp(), settings, token_index, greedy)
     cdf = logp.exp().double().cumsum(dim=-1)
     u = device_tensor(
         [uniform(s.seed, t) for s, t in zip(settings, token_index, strict=True)],
@@ -138,8 +139,9 @@ the CDF's nine operations and a Python SplitMix64 per row (greedy rows: the argm
 gather)."""
 
 
-def _use_c(logits: Tensor, logp: Tensor) -> bool:
-    return (
+def _c_library(logits: Tensor, logp: Tensor) -> ctypes.CDLL | None:
+    """The step library when these rows can take the C draw, else None (the torch ops)."""
+    ok = (
         C_DRAW
         and logp.dtype == torch.float32
         and logits.dtype == torch.float32
@@ -147,11 +149,12 @@ def _use_c(logits: Tensor, logp: Tensor) -> bool:
         and logits.is_cpu
         and logp.is_contiguous()
         and logits.stride(-1) == 1  # rows may be strided: the last token of each sequence
-        and varlen_decode.available()
     )
+    return varlen_decode.library() if ok else None
 
 
 def _draw_c(
+    lib: ctypes.CDLL,
     logits: Tensor,
     logp: Tensor,
     probs: Tensor | None,
@@ -169,8 +172,7 @@ def _draw_c(
     seeds = array("Q", [s.seed & _MASK64 for s in settings])
     index = array("Q", [t & _MASK64 for t in token_index])
     flags = array("b", greedy)
-    cdf = array("d", bytes(8 * vocab))
-    lib = varlen_decode.library()
+    cdf = torch.empty(vocab, dtype=torch.float64, device="cpu")  # scratch: not zeroed
     lib.sample_rows_f32(
         logits.data_ptr(),
         logits.stride(0),
@@ -183,6 +185,6 @@ def _draw_c(
         flags.buffer_info()[0],
         tokens.buffer_info()[0],
         logprobs.buffer_info()[0],
-        cdf.buffer_info()[0],
+        cdf.data_ptr(),
     )
     return tokens.tolist(), logprobs.tolist()
