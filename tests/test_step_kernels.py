@@ -143,12 +143,20 @@ def test_fused_projections_follow_in_place_weight_updates(tmp_path) -> None:
 
 
 def _sample_both(logits, settings, index, monkeypatch):
+    """(C draw, torch ops) on the same rows; the first really went through C, the second
+    did not (else the comparison would hold trivially)."""
     from relayrl.rollout import sampler
 
+    calls = []
+    real = sampler._draw_c
+    monkeypatch.setattr(sampler, "_draw_c", lambda *a: calls.append(1) or real(*a))
     got = sampler.sample(logits, settings, index)
+    assert calls == [1]
     monkeypatch.setattr(sampler, "C_DRAW", False)
     want = sampler.sample(logits, settings, index)
+    assert calls == [1]
     monkeypatch.setattr(sampler, "C_DRAW", True)
+    monkeypatch.setattr(sampler, "_draw_c", real)
     return got, want
 
 
