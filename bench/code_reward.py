@@ -18,9 +18,10 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from git_export import src_at
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,14 +65,8 @@ def main() -> None:
     ap.add_argument("--before-ref", default="main")
     args = ap.parse_args()
     result: dict = {"samples": args.samples, "before_ref": args.before_ref}
-    with tempfile.TemporaryDirectory(prefix="relayrl-bench-before-") as tmp:
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", args.before_ref, "src"],
-            capture_output=True,
-            check=True,
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-        trees = {"before": Path(tmp) / "src", "after": ROOT / "src"}
+    with src_at(args.before_ref) as before:
+        trees = {"before": before, "after": ROOT / "src"}
         for workers in (1, 2):
             for name, src in trees.items():
                 t0 = time.monotonic()

@@ -17,8 +17,9 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from git_export import src_at
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE_FILE = ROOT / "tests" / "test_reward_math.py"
@@ -83,16 +84,10 @@ def main() -> None:
     args = ap.parse_args()
     rows = table_rows()
     res: dict = {"rows": len(rows)}
-    with tempfile.TemporaryDirectory(prefix="relayrl-math-before-") as tmp:
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", args.before_ref, "src"],
-            capture_output=True,
-            check=True,
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+    with src_at(args.before_ref, prefix="relayrl-math-before-") as before:
         verdicts = {
             "after": _run(sys.executable, _RELAYRL, rows, str(ROOT / "src")),
-            "before": _run(sys.executable, _RELAYRL, rows, str(Path(tmp) / "src")),
+            "before": _run(sys.executable, _RELAYRL, rows, str(before)),
         }
     if args.math_verify_python:
         verdicts["math_verify"] = _run(args.math_verify_python, _MATH_VERIFY, rows, None)

@@ -23,10 +23,16 @@ temperature 1 and run in the same process, one after the other, on the same prom
   each engine step has a ceiling step beside it, milliseconds apart, so the machine's slow
   and fast spells cancel in the ratio instead of landing on one side of a pair of runs.
   ``forward_ratio``: the ceiling's forwards per run over the engine's, the share of the
-  ceiling an engine reaches where every forward costs the same whatever its rows (the
-  default model here spends ~85% of a step's forward on fixed cost, so the lockstep ratio
-  sits near this figure: speeding up per-row work lowers it, per-forward work barely moves
-  it; only fewer forwards, i.e. the lengths, raise it).
+  ceiling an engine reaches where every forward costs the same whatever its rows. On the
+  default model about half of a lockstep run is per-forward cost (a least-squares fit of
+  its steps: ~0.38 ms a forward, ~7.6 us a generated token, ~7.9 us a prompt token,
+  ~0.036 us a cached column a token attends over); the rest is per-token work, of which the
+  heavy-tailed run does more (its tokens attend over 64 cached columns on average, the
+  ceiling's over 39). Both parts' ratios are 0.85-0.87, so the figure sits near this one:
+  per-forward or per-token speed-ups barely move it, cheaper attention per column lifts it
+  a little, and only fewer forwards (the lengths: LPT) lift it much. ``per_run``: each
+  engine run's rate over the ceiling's in the steps stepped beside it (the spread within
+  one invocation), ``per_run_median`` their median.
 - ``matched ceiling``: as ``ceiling``, but every request of the heavy-tailed run's mean length
   per generated token (``sum t^2 / sum t``): its tokens attend over as many cached columns on
   average as the engine run's do, with all slots full and no tail. Decode attention reads
@@ -217,11 +223,24 @@ def run_lockstep(model, workloads, runs: int, slots: int, max_len: int) -> list[
     rate counts its completed runs only (useful tokens over the seconds of their steps).
     Returns per workload ``{"tok_s", "runs", "steps", "forwards_per_run"}`` (the runner's
     forwards in a completed run: a step with more prompt tokens than a prefill chunk takes
-    more than one)."""
+    more than one); the lead's also ``"per_run"``: each of its runs' rate over the second
+    workload's rate in the steps stepped beside that run (its tokens generated there over
+    their seconds), the spread of the ratio within one invocation."""
     state = [
-        {"prompts": p, "targets": t, "done": 0, "s": 0.0, "run_s": 0.0, "steps": 0, "fwd": 0}
+        {
+            "prompts": p,
+            "targets": t,
+            "done": 0,
+            "s": 0.0,
+            "run_s": 0.0,
+            "steps": 0,
+            "fwd": 0,
+            "win_s": 0.0,  # seconds and tokens since the lead's current run began
+            "win_tok": 0,
+        }
         for p, t in workloads
     ]
+    per_run: list[float] = []
 
     def start(w: dict) -> None:
         w["engine"] = engine_with(model, w["prompts"], w["targets"], slots, max_len)
@@ -237,17 +256,26 @@ def run_lockstep(model, workloads, runs: int, slots: int, max_len: int) -> list[
         for w in order:
             if w is not lead and lead["done"] >= runs:
                 continue
+            before = w["engine"].stats()["tokens_generated"]
             ts = clock()
             w["engine"].step()
-            w["run_s"] += clock() - ts
+            dt = clock() - ts
+            w["run_s"] += dt
+            w["win_s"] += dt
+            w["win_tok"] += w["engine"].stats()["tokens_generated"] - before
             w["steps"] += 1
             if not w["engine"].has_unfinished():
                 w["done"] += 1
                 w["s"] += w["run_s"]
                 w["fwd"] += w["engine"].runner.num_forwards
+                if w is lead and len(state) > 1 and state[1]["win_s"] > 0:
+                    other = state[1]["win_tok"] / state[1]["win_s"]
+                    per_run.append(sum(w["targets"]) / w["run_s"] / other)
+                    for x in state:
+                        x["win_s"], x["win_tok"] = 0.0, 0
                 if w is not lead or w["done"] < runs:
                     start(w)
-    return [
+    out = [
         {
             "tok_s": w["done"] * sum(w["targets"]) / w["s"] if w["s"] else float("nan"),
             "runs": w["done"],
@@ -256,6 +284,8 @@ def run_lockstep(model, workloads, runs: int, slots: int, max_len: int) -> list[
         }
         for w in state
     ]
+    out[0]["per_run"] = per_run
+    return out
 
 
 @torch.no_grad()
@@ -507,6 +537,8 @@ def main(argv: list[str] | None = None) -> None:
             "runs": [eng_ls["runs"], ceil_ls["runs"]],
             "forwards_per_run": [eng_ls["forwards_per_run"], ceil_ls["forwards_per_run"]],
             "forward_ratio": round(ceil_ls["forwards_per_run"] / eng_ls["forwards_per_run"], 3),
+            "per_run": [round(x, 3) for x in eng_ls["per_run"]],
+            "per_run_median": round(median(eng_ls["per_run"]), 3),
         }
     rss_ceiling = peak_rss_mb()
     static_tps, static_util = run_static(model, prompts, targets, args.slots)

@@ -39,6 +39,8 @@ def test_small_run_prints_one_json_line(capsys) -> None:
     # at least one forward per step; the ceiling (no tail) needs no more forwards than FIFO
     fwd = out["lockstep"]["forwards_per_run"]
     assert fwd[0] >= out["steps"]["fifo"] and 0 < out["lockstep"]["forward_ratio"] <= 1
+    per_run = out["lockstep"]["per_run"]
+    assert len(per_run) == 2 and min(per_run) <= out["lockstep"]["per_run_median"] <= max(per_run)
 
 
 def test_lockstep_steps_the_workloads_in_turn(tmp_path) -> None:
@@ -57,3 +59,5 @@ def test_lockstep_steps_the_workloads_in_turn(tmp_path) -> None:
     assert lead["steps"] - 1 <= other["steps"] <= lead["steps"]
     assert other["runs"] == other["steps"] // fifo_short
     assert lead["tok_s"] > 0 and other["tok_s"] > 0
+    # one ratio per lead run: its rate over the other's in the steps beside it
+    assert len(lead["per_run"]) == 2 and all(x > 0 for x in lead["per_run"])
