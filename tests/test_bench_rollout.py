@@ -61,3 +61,19 @@ def test_lockstep_steps_the_workloads_in_turn(tmp_path) -> None:
     assert lead["tok_s"] > 0 and other["tok_s"] > 0
     # one ratio per lead run: its rate over the other's in the steps beside it
     assert len(lead["per_run"]) == 2 and all(x > 0 for x in lead["per_run"])
+
+
+def test_rollout_fit_decomposes_a_small_lockstep_run(capsys) -> None:
+    """``bench/rollout_fit.py``: the fitted parts and the residual add up to each workload's
+    measured time per run, and the forward part's ratio is the ratio of forwards."""
+    fit = load_bench("rollout_fit")
+    fit.main(["--requests", "24", "--slots", "4", "--cap", "24", "--runs", "2"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["runs"][0] == 2 and out["runs"][1] >= 1
+    for name in ("engine", "ceiling"):
+        p = out[name + "_ms_per_run"]
+        parts = sum(p[t] for t in fit.TERMS) + p["residual"]
+        assert abs(parts - p["total"]) <= 0.3  # each figure rounded to 0.1 ms
+        assert p["total"] > 0
+    assert 0 < out["forward_part_ratio"] <= 1 and 0 < out["forward_share_engine"] <= 1
+    assert out["token_part_ratio"] > 0 and out["time_ratio"] > 0
