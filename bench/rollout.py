@@ -24,15 +24,15 @@ temperature 1 and run in the same process, one after the other, on the same prom
   and fast spells cancel in the ratio instead of landing on one side of a pair of runs.
   ``forward_ratio``: the ceiling's forwards per run over the engine's, the share of the
   ceiling an engine reaches where every forward costs the same whatever its rows. On the
-  default model about half of a lockstep run is per-forward cost (a least-squares fit of
-  its steps: ~0.38 ms a forward, ~7.6 us a generated token, ~7.9 us a prompt token,
-  ~0.036 us a cached column a token attends over); the rest is per-token work, of which the
-  heavy-tailed run does more (its tokens attend over 64 cached columns on average, the
-  ceiling's over 39). Both parts' ratios are 0.85-0.87, so the figure sits near this one:
-  per-forward or per-token speed-ups barely move it, cheaper attention per column lifts it
-  a little, and only fewer forwards (the lengths: LPT) lift it much. ``per_run``: each
-  engine run's rate over the ceiling's in the steps stepped beside it (the spread within
-  one invocation), ``per_run_median`` their median.
+  default model about half of a lockstep run is per-forward cost (``bench/rollout_fit.py``
+  fits its steps: 0.34-0.43 ms a forward, ~7.6 us a generated token, ~8.5 us a prompt
+  token, ~0.04 us a cached column a token attends over); the rest is per-token work, of
+  which the heavy-tailed run does more (its tokens attend over 64 cached columns on
+  average, the ceiling's over 39). Both parts' ratios are 0.82-0.87, so the figure sits
+  near this one: per-forward or per-token speed-ups barely move it, cheaper attention per
+  column lifts it a little, and only fewer forwards (the lengths: LPT) lift it much.
+  ``per_run``: each engine run's rate over the ceiling's in the steps stepped beside it
+  (the spread within one invocation), ``per_run_median`` their median.
 - ``matched ceiling``: as ``ceiling``, but every request of the heavy-tailed run's mean length
   per generated token (``sum t^2 / sum t``): its tokens attend over as many cached columns on
   average as the engine run's do, with all slots full and no tail. Decode attention reads
