@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from helpers import leave_process_group
 from relayrl.workers import Experience
 from scale_helpers import random_experience, scale_config
 
@@ -123,4 +124,4 @@ def rank_main(rank: int, world: int, init_file: str, model_dir: str, out_dir: st
             },
             out / "rank0.pt",
         )
-    dist.destroy_process_group()
+    leave_process_group()

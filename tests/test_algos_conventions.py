@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from helpers import leave_process_group
 from relayrl.algos import (
     LossNorm,
     aggregate_loss,
@@ -147,9 +148,9 @@ def _dp_rank(rank: int, store: str, out: str) -> None:
         part = aggregate_loss(losses[rank], masks[rank], norm).reshape(1)
         dist.all_reduce(part)
         res[key] = (norm.global_tokens, norm.global_seqs, float(part))
-    dist.destroy_process_group()
     if rank == 0:
         torch.save(res, out)
+    leave_process_group()
 
 
 def test_data_parallel_normaliser_is_the_actors(tmp_path) -> None:
