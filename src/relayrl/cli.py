@@ -64,7 +64,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         from relayrl.cluster.ray_roles import build_ray_roles
 
         build = build_ray_roles
-    result = train(cfg, lambda a, c: build(cfg, a, c), resume=args.resume, overwrite=args.overwrite)
+    result = train(
+        cfg,
+        lambda a, c: build(cfg, a, c),
+        resume=args.resume,
+        overwrite=args.overwrite,
+        allow_config_change=args.allow_config_change,
+    )
     before, after = _pct(result.get("eval_before")), _pct(result["eval_after"])
     print(f"eval pass rate: before {before}  after {after}")
     return 0
@@ -269,6 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--overwrite",
         action="store_true",
         help="move a run already in run_dir aside (to <run_dir>.prev-N) and start afresh",
+    )
+    t.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="with --resume: continue although model.path, model.critic_path, algo.name or the "
+        "prompt format (data.source.chat_template, system_prompt) changed",
     )
     t.set_defaults(fn=cmd_train)
 

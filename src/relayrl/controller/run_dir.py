@@ -13,7 +13,11 @@
    data path, say) is no run: the next start goes ahead and keeps it as ``config.prev-N.yaml``.
 3. ``resume`` with ``train.steps`` at or below the newest checkpoint's step refuses: there is
    nothing to train. ``resume`` where a run is but no checkpoint (a job that died before its
-   first save) moves its files aside and starts at step 0, so a restarted job loses nothing.
+   first save) moves its files aside and starts at step 0, so a restarted job loses nothing;
+   ``resume`` where no run is at all (a missing, empty or mistyped directory) refuses, naming
+   what it looked for. ``resume`` with a config whose identity keys (``RESUME_IDENTITY``: the
+   model, the critic, the algorithm, the prompt format) differ from the run's ``config.yaml``
+   refuses, listing them, unless the change is accepted (``--allow-config-change``).
 4. Only then are the leftovers of interrupted checkpoint writes removed (the lock rules out a
    writer) and the holder's pid written into the lock file.
 
@@ -34,7 +38,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
+import yaml
 from pydantic import BaseModel
 
 from relayrl.config import dump_config
@@ -46,11 +52,28 @@ from relayrl.controller.checkpoint import (
 )
 from relayrl.controller.faults import RunDirError
 
-__all__ = ["LOCK_FILE", "RUN_FILES", "RunDir", "claim_run_dir", "record_config"]
+__all__ = [
+    "LOCK_FILE",
+    "RESUME_IDENTITY",
+    "RUN_FILES",
+    "RunDir",
+    "claim_run_dir",
+    "config_changes",
+    "record_config",
+]
 
 LOCK_FILE = ".lock"
 RUN_FILES = ("config.yaml", "metrics.jsonl", "timeline.json")
 """The files of a run (besides its checkpoints), named in the refusal and moved aside."""
+RESUME_IDENTITY = (
+    "model.path",
+    "model.critic_path",
+    "algo.name",
+    "data.source.chat_template",
+    "data.source.system_prompt",
+)
+"""Keys a resume may not change silently: the reference model, the algorithm and the prompt
+format the checkpoint was trained with."""
 
 
 @dataclass
@@ -166,8 +189,47 @@ def _move_aside(path: Path) -> Path:
     return dest
 
 
+def _dotted(tree: Any, key: str) -> Any:
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return None
+        tree = tree[part]
+    return tree
+
+
+def _same(key: str, old: Any, new: Any) -> bool:
+    if key.endswith("path") and isinstance(old, str) and isinstance(new, str):
+        return os.path.normpath(old) == os.path.normpath(new)
+    return bool(old == new)
+
+
+def config_changes(run_dir: str | Path, cfg: BaseModel) -> list[str]:
+    """``key (old -> new)`` for each of ``RESUME_IDENTITY`` that ``cfg`` changes from the
+    run's ``config.yaml`` (none when the directory keeps no config, or keeps no such key)."""
+    path = Path(run_dir) / "config.yaml"
+    try:
+        old = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return []
+    new = cfg.model_dump(mode="json", by_alias=True)
+    changes = []
+    for key in RESUME_IDENTITY:
+        before, after = _dotted(old, key), _dotted(new, key)
+        if _dotted(old, key.rsplit(".", 1)[0]) is None and before is None:
+            continue  # a config written before the key existed
+        if not _same(key, before, after):
+            changes.append(f"{key} ({before!r} -> {after!r})")
+    return changes
+
+
 def claim_run_dir(
-    run_dir: str | Path, *, resume: bool = False, overwrite: bool = False, steps: int | None = None
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    steps: int | None = None,
+    cfg: BaseModel | None = None,
+    allow_config_change: bool = False,
 ) -> RunDir:
     """Lock ``run_dir`` for this process and check it may be used as asked (module docstring).
 
@@ -175,6 +237,8 @@ def claim_run_dir(
         resume: continue from the newest checkpoint (``--resume``).
         overwrite: move an existing run aside first (``--overwrite``); not with ``resume``.
         steps: ``train.steps``; with ``resume`` it must exceed the checkpoint's step.
+        cfg: the run's config; with ``resume`` its ``RESUME_IDENTITY`` keys must equal the
+            run's own, unless ``allow_config_change`` (``--allow-config-change``).
 
     Raises :class:`RunDirError` (one line, nothing written) when it may not.
     """
@@ -183,12 +247,23 @@ def claim_run_dir(
         raise RunDirError(
             "--resume continues the run in run_dir and --overwrite moves it aside: pass one"
         )
+    if resume and not path.is_dir():
+        raise RunDirError(_nothing_to_resume(path, "does not exist"))
     fd = _lock(path)
     run = RunDir(path, _fd=fd)
     try:
         found = _contents(path)
         if resume:
             run.checkpoint = latest_checkpoint(path)
+            if run.checkpoint is None and not _holds_run(path):
+                raise RunDirError(_nothing_to_resume(path, "holds no run"))
+            changes = config_changes(path, cfg) if cfg is not None and run.checkpoint else []
+            if changes and not allow_config_change:
+                raise RunDirError(
+                    f"--resume: the config changes what the run in {path} was trained with: "
+                    f"{', '.join(changes)}; start a new run (run_dir=... or --overwrite), or "
+                    "pass --allow-config-change to continue with the change"
+                )
             done = checkpoint_step(run.checkpoint) if run.checkpoint else None
             if done is not None and steps is not None and steps <= done:
                 raise RunDirError(
@@ -216,6 +291,14 @@ def claim_run_dir(
         run.release()
         raise
     return run
+
+
+def _nothing_to_resume(path: Path, why: str) -> str:
+    return (
+        f"--resume: run directory {path} {why}: no checkpoint to continue (looked for "
+        f"{checkpoint_root(path)}/step_*/trainer_state.pt); check run_dir=..., or start a new "
+        "run without --resume"
+    )
 
 
 def _aside_name(path: Path) -> Path:

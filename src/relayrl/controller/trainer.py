@@ -77,18 +77,29 @@ WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG}
 
 
 def train(
-    cfg: RunConfig, build_roles: RoleBuilder, resume: bool = False, overwrite: bool = False
+    cfg: RunConfig,
+    build_roles: RoleBuilder,
+    resume: bool = False,
+    overwrite: bool = False,
+    allow_config_change: bool = False,
 ) -> dict[str, Any]:
     """Run ``cfg.train.steps`` steps of ``cfg.algo.name``; return the final metrics.
 
     With ``resume`` the run continues from the newest checkpoint in ``run_dir`` (if any):
     actor and critic weights, optimizer and scheduler state, KL controller and RNG states.
     With ``overwrite`` an earlier run in ``run_dir`` is moved to ``<run_dir>.prev-N`` first;
-    without either, a ``run_dir`` that holds a run is refused (``RunDirError``).
+    without either, a ``run_dir`` that holds a run is refused (``RunDirError``), and so is a
+    resume with no run to continue or one that changes the model, algorithm or prompt format
+    (unless ``allow_config_change``).
     """
     preflight.check_run(cfg)  # one-line errors before anything is written
     with claim_run_dir(
-        cfg.run_dir, resume=resume, overwrite=overwrite, steps=cfg.train.steps
+        cfg.run_dir,
+        resume=resume,
+        overwrite=overwrite,
+        steps=cfg.train.steps,
+        cfg=cfg,
+        allow_config_change=allow_config_change,
     ) as run:
         if run.moved_to is not None:
             why = "no checkpoint to resume from: starting at step 0; " if resume else ""
