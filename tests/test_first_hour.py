@@ -5,7 +5,13 @@ run-directory rules and in RL's prompt format, the reward function's return cont
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
+from transformers import AutoModelForCausalLM
 
 from relayrl.cli import main
 from relayrl.model import build_tiny_model
@@ -84,3 +90,96 @@ def test_resume_with_another_model_or_algorithm_is_refused_unless_allowed(
     )
     assert rc == 0
     assert "name: ppo" in (run / "config.yaml").read_text()
+
+
+# ---- a full disk during a checkpoint: one line naming the cause and the intact checkpoint ----
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 2 MiB tmpfs (root and a mountable tmpfs needed; skipped elsewhere)."""
+    where = tmp_path / "tmpfs"
+    where.mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)], capture_output=True
+        ).returncode
+    ):
+        pytest.skip("cannot mount a tmpfs here (the fault-injected test covers the message)")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def _fill(where: Path, leave: int) -> None:
+    """Write a filler file until ``leave`` bytes are free under ``where``."""
+    free = shutil.disk_usage(where).free
+    with open(where / "filler", "wb") as fh:
+        fh.write(b"\0" * max(free - leave, 0))
+
+
+def test_checkpoint_on_a_full_tmpfs_is_one_line(tiny, small_tmpfs, tmp_path, capsys, monkeypatch):
+    """The second checkpoint meets a full disk inside torch's zip writer (whose own error is
+    ``unexpected pos N vs M``): the line names the disk and the intact checkpoint."""
+    from relayrl.controller import trainer
+
+    run = small_tmpfs / "run"
+    config = write_config(tmp_path / "run.yaml", tiny, run)
+    real_save = trainer.save_checkpoint
+    calls = {"n": 0}
+
+    def save(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the weights fit; trainer_state.pt (120 kB) does not
+            _fill(small_tmpfs, 96 * 1024)
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "save_checkpoint", save)
+    rc, err = _run(capsys, train_argv(config, "train.steps=3", "train.save_every=1"))
+    assert rc == 1
+    assert err == (
+        "relayrl train: error: checkpoint step_000002 could not be written (No space left on "
+        f"device); the newest intact checkpoint is {run}/checkpoints/step_000001"
+    )
+    AutoModelForCausalLM.from_pretrained(run / "checkpoints/step_000001/actor")
+
+
+def test_a_full_disk_reported_by_torch_without_an_errno_is_one_line(
+    tiny, tmp_path, capsys, monkeypatch
+):
+    """Fault-injected: torch's zip writer raises a RuntimeError (chained to another) on a short
+    write, with no errno; the free space tells that the disk is full."""
+    from relayrl.controller import checkpoint as ck
+
+    run = tmp_path / "run"
+    config = write_config(tmp_path / "run.yaml", tiny, run)
+    real_save = ck.torch.save
+    calls = {"n": 0}
+
+    def save(obj, path, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            try:
+                raise RuntimeError("basic_ios::clear: iostream error")
+            except RuntimeError:
+                raise RuntimeError(
+                    "[enforce fail at inline_container.cc:672] . unexpected pos 460032 vs 459920"
+                ) from None
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(ck.torch, "save", save)
+    monkeypatch.setattr(ck, "free_bytes", lambda path: 0)
+    rc, err = _run(capsys, train_argv(config, "train.steps=3", "train.save_every=1"))
+    assert rc == 1
+    assert err == (
+        "relayrl train: error: checkpoint step_000002 could not be written (No space left on "
+        f"device); the newest intact checkpoint is {run}/checkpoints/step_000001"
+    )
+    monkeypatch.setattr(ck, "free_bytes", lambda path: 1 << 40)
+    calls["n"] = 0
+    rc, err = _run(
+        capsys, train_argv(config, "train.steps=3", "train.save_every=1", flags=("--overwrite",))
+    )
+    assert rc == 1
+    assert err.startswith(
+        "relayrl train: error: checkpoint step_000002 could not be written (write failed: "
+        "[enforce fail at inline_container.cc:672] . unexpected pos 460032 vs 459920); "
+    )

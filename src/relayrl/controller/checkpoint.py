@@ -9,14 +9,17 @@ An FSDP2 role (``sharded`` True) keeps its parameters and optimizer state in
 HF export gathered bucket by bucket, loadable with plain ``from_pretrained``.
 A checkpoint is written into a temporary directory and renamed into place in one step, and
 ``latest`` is replaced atomically afterwards: an interrupted save never damages what is there.
-A save that fails removes its temporary directory; one that fails with an ``OSError`` (disk
-full, read-only, I/O error) raises :class:`CheckpointWriteError` naming the step and the newest
-intact checkpoint. Temporary folders left by a killed process are removed when the next run
+A save that fails removes its temporary directory; one that fails writing (an ``OSError``: disk
+full, read-only, I/O error; or the same fault as torch's zip writer or safetensors report it,
+e.g. ``unexpected pos 460032 vs 459920``) raises :class:`CheckpointWriteError` naming the
+step, the cause (``No space left on device`` when the disk is full) and the newest intact
+checkpoint. Temporary folders left by a killed process are removed when the next run
 claims the directory (:func:`remove_partial_writes`).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import shutil
@@ -133,16 +136,57 @@ def save_checkpoint(
         latest_tmp.write_text(final.name + "\n")
         os.replace(latest_tmp, root / "latest")
     except BaseException as exc:
+        reason = write_failure(exc, root)  # before the cleanup frees space
         shutil.rmtree(tmp, ignore_errors=True)
         latest_tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            reason = exc.strerror or str(exc)
+        if reason is not None:
             raise CheckpointWriteError(
                 f"checkpoint {final.name} could not be written ({reason}); {newest_intact(run_dir)}"
             ) from exc
         raise
     _prune(root, keep)
     return final
+
+
+WRITE_FAULT_MARKS = (
+    "unexpected pos",  # torch's zip writer, after a short write
+    "file write failed",
+    "iostream error",
+    "I/O error",  # safetensors: "Error while serializing: I/O error: ..."
+    "os error",
+)
+"""How torch and safetensors word an I/O failure they do not raise as an ``OSError``."""
+FULL_DISK_BYTES = 1 << 20
+"""Free space under which a write failure without an errno is taken for a full disk."""
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the filesystem of ``path`` (of its nearest existing parent)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return FULL_DISK_BYTES
+
+
+def write_failure(exc: BaseException, where: Path) -> str | None:
+    """The cause of a failed write, in words (``No space left on device`` for a full disk), or
+    None when ``exc`` is no I/O failure. Torch's zip writer and safetensors report ENOSPC as a
+    RuntimeError / SafetensorError without an errno: their wording marks them, and the free
+    space under ``where`` tells a full disk from another fault."""
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    if not isinstance(exc, Exception):
+        return None
+    text = " ".join(str(e) for e in (exc, exc.__context__, exc.__cause__) if e is not None)
+    if "No space left" in text or "os error 28" in text:
+        return os.strerror(errno.ENOSPC)
+    if not any(mark in text for mark in WRITE_FAULT_MARKS):
+        return None
+    if free_bytes(where) < FULL_DISK_BYTES:
+        return os.strerror(errno.ENOSPC)
+    return f"write failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
 
 
 def newest_intact(run_dir: str | Path) -> str:
