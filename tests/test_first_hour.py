@@ -183,3 +183,52 @@ def test_a_full_disk_reported_by_torch_without_an_errno_is_one_line(
         "relayrl train: error: checkpoint step_000002 could not be written (write failed: "
         "[enforce fail at inline_container.cc:672] . unexpected pos 460032 vs 459920); "
     )
+
+
+# ---- corrupt weights and checkpoints ------------------------------------------------------
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("damaged", ["trainer_state.pt", "actor/model.safetensors"])
+def test_resume_falls_back_to_the_newest_intact_checkpoint(finished, capsys, damaged):
+    run, config = finished
+    _truncate(run / "checkpoints/step_000002" / damaged)
+    rc = main(train_argv(config, "train.steps=3", flags=("--resume",)))
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert f"checkpoint {run}/checkpoints/step_000002 cannot be read (" in out
+    assert (
+        f"kept as corrupt_step_000002, resuming from the newest intact checkpoint "
+        f"{run}/checkpoints/step_000001" in out
+    )
+    assert f"resumed from {run}/checkpoints/step_000001 at step 1" in out
+    assert (run / "checkpoints/corrupt_step_000002" / damaged).is_file()  # kept, not deleted
+    assert (run / "checkpoints/step_000003/trainer_state.pt").is_file()
+
+
+def test_every_checkpoint_corrupt_and_corrupt_model_weights_are_one_line(finished, capsys):
+    run, config = finished
+    for step in (1, 2):
+        _truncate(run / f"checkpoints/step_00000{step}/trainer_state.pt")
+    rc, err = _run(capsys, train_argv(config, "train.steps=3", flags=("--resume",)))
+    assert rc == 2
+    assert err.startswith(
+        f"relayrl train: error: --resume: no checkpoint in {run} can be read (step_000002: "
+        "trainer_state.pt cannot be read: "
+    )
+    assert "; step_000001: trainer_state.pt cannot be read: " in err
+    model = run / "checkpoints/step_000001/actor"
+    _truncate(model / "model.safetensors")
+    for argv in (
+        train_argv(config, f"model.path={model}", f"run_dir={run}-new"),
+        ["serve", str(model), "--seconds", "0.1"],
+    ):
+        rc, err = _run(capsys, argv)
+        assert rc == 2
+        assert err == (
+            f"relayrl {argv[0]}: error: {model}/model.safetensors: the weights file is corrupt or "
+            "truncated (Error while deserializing header: incomplete metadata, file not fully "
+            "covered)"
+        )

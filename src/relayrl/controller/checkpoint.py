@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from relayrl.controller.faults import CheckpointWriteError
+from relayrl.model import weights_problem
 
 STATE_FILE = "trainer_state.pt"
 SHARDED_KEY = "sharded_dir"
@@ -229,6 +230,40 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
             return cand
     done = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).is_file())
     return done[-1] if done else None
+
+
+def checkpoint_problem(ckpt: Path) -> str | None:
+    """What makes ``ckpt`` unusable, or None: ``trainer_state.pt`` is read through (the CRC of
+    every entry of its zip archive), the weights' safetensors headers and lengths are checked
+    (:func:`relayrl.model.weights_problem`)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(ckpt / STATE_FILE) as archive:
+            bad = archive.testzip()
+    except (OSError, zipfile.BadZipFile, RuntimeError) as exc:
+        return f"{STATE_FILE} cannot be read: {exc}"
+    if bad is not None:
+        return f"{STATE_FILE} is corrupt (bad CRC in {bad})"
+    for role in ("actor", "critic"):
+        if (ckpt / role).is_dir() and (problem := weights_problem(ckpt / role)) is not None:
+            return problem.replace(f"{ckpt}/", "")
+    return None
+
+
+def intact_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint without a :func:`checkpoint_problem`, and the newer ones passed
+    over for theirs (newest first): what a resume falls back to, and why."""
+    root = checkpoint_root(run_dir)
+    newest = latest_checkpoint(run_dir)
+    done = sorted((p for p in root.glob("step_*") if (p / STATE_FILE).is_file()), reverse=True)
+    corrupt = []
+    for ckpt in [newest, *(p for p in done if p != newest)] if newest else []:
+        problem = checkpoint_problem(ckpt)
+        if problem is None:
+            return ckpt, corrupt
+        corrupt.append((ckpt, problem))
+    return None, corrupt
 
 
 def load_trainer_state(ckpt: Path) -> dict[str, Any]:

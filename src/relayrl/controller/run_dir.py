@@ -47,7 +47,7 @@ from relayrl.config import dump_config
 from relayrl.controller.checkpoint import (
     checkpoint_root,
     checkpoint_step,
-    latest_checkpoint,
+    intact_checkpoint,
     remove_partial_writes,
 )
 from relayrl.controller.faults import RunDirError
@@ -87,6 +87,9 @@ class RunDir:
     """Where an earlier run's files were moved (``--overwrite``, or a resume without one)."""
     removed: list[Path] = field(default_factory=list)
     """Leftovers of interrupted checkpoint writes, removed at the claim."""
+    corrupt: list[tuple[Path, str, Path]] = field(default_factory=list)
+    """Checkpoints newer than ``checkpoint`` that cannot be read (``resume`` only): where each
+    was, why, and where it was moved (``corrupt_step_N``, kept, never resumed from)."""
     _fd: int | None = None
 
     def release(self) -> None:
@@ -251,10 +254,14 @@ def claim_run_dir(
         raise RunDirError(_nothing_to_resume(path, "does not exist"))
     fd = _lock(path)
     run = RunDir(path, _fd=fd)
+    corrupt: list[tuple[Path, str]] = []
     try:
         found = _contents(path)
         if resume:
-            run.checkpoint = latest_checkpoint(path)
+            run.checkpoint, corrupt = intact_checkpoint(path)
+            if run.checkpoint is None and corrupt:
+                why = "; ".join(f"{p.name}: {problem}" for p, problem in corrupt)
+                raise RunDirError(f"--resume: no checkpoint in {path} can be read ({why})")
             if run.checkpoint is None and not _holds_run(path):
                 raise RunDirError(_nothing_to_resume(path, "holds no run"))
             changes = config_changes(path, cfg) if cfg is not None and run.checkpoint else []
@@ -281,6 +288,10 @@ def claim_run_dir(
         try:
             if found and (overwrite or (resume and not run.checkpoint and _holds_run(path))):
                 run.moved_to = _move_aside(path)
+            for ckpt, problem in corrupt:
+                kept = ckpt.with_name(f"corrupt_{ckpt.name}")
+                os.rename(ckpt, kept)
+                run.corrupt.append((ckpt, problem, kept))
             run.removed = remove_partial_writes(path)
             for tmp in [*path.glob(".config.yaml.*.tmp"), *path.glob(".metrics.jsonl.tmp")]:
                 tmp.unlink()

@@ -104,6 +104,11 @@ def train(
         if run.moved_to is not None:
             why = "no checkpoint to resume from: starting at step 0; " if resume else ""
             print(f"{why}the earlier run in {run.path} was moved to {run.moved_to}")
+        for bad, problem, kept in run.corrupt:
+            print(
+                f"checkpoint {bad} cannot be read ({problem}); kept as {kept.name}, resuming "
+                f"from the newest intact checkpoint {run.checkpoint}"
+            )
         if run.removed:
             names = ", ".join(p.name for p in run.removed)
             print(f"removed what interrupted writes left in {run.path}: {names}")

@@ -15,6 +15,7 @@ from relayrl.model.loading import (
     model_vocab_size,
     read_model_config,
     save_model_atomic,
+    weights_problem,
 )
 from relayrl.model.threads import resolve_threads, set_threads
 from relayrl.model.tiny import build_char_tokenizer, build_tiny_model
@@ -41,4 +42,5 @@ __all__ = [
     "resolve_threads",
     "save_model_atomic",
     "set_threads",
+    "weights_problem",
 ]

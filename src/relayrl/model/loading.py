@@ -29,13 +29,31 @@ class ModelPathError(ValueError):
 
 
 def check_model_dir(path: str | Path) -> Path:
-    """Return ``path`` as a Path if it holds a Hugging Face model, else raise a one-line error."""
+    """Return ``path`` as a Path if it holds a Hugging Face model, else raise a one-line error
+    (also for a weights file that cannot be read: see :func:`weights_problem`)."""
     p = Path(path)
     if not p.is_dir():
         raise ModelPathError(f"model directory not found: {p}")
     if not (p / "config.json").is_file():
         raise ModelPathError(f"not a Hugging Face model directory (no config.json): {p}")
+    problem = weights_problem(p)
+    if problem is not None:
+        raise ModelPathError(problem)
     return p
+
+
+def weights_problem(path: str | Path) -> str | None:
+    """What is wrong with the weights in ``path`` (a truncated or garbled safetensors file:
+    its header and its length are checked, not every byte), or None. Cheap: headers only."""
+    from safetensors import safe_open
+
+    for f in sorted(Path(path).glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt") as handle:
+                handle.keys()
+        except Exception as exc:  # SafetensorError, OSError: the file cannot be used
+            return f"{f}: the weights file is corrupt or truncated ({str(exc).splitlines()[0]})"
+    return None
 
 
 TOKENIZER_FILES = (
