@@ -212,6 +212,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from relayrl.rollout import RolloutEngine
 
     check_model_dir(args.model_dir)
+    _check_port(args.host, args.port)  # before the model loads: a busy port is one line at once
     if args.threads:
         set_threads(args.threads)
     tok = load_tokenizer(args.model_dir)
@@ -225,8 +226,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     name = args.model_name or Path(args.model_dir).name
-    server = OpenAIServer(engine, tok, name, args.host, args.port, api_key=args.api_key)
-    url = server.start()
+    server = OpenAIServer(
+        engine,
+        tok,
+        name,
+        args.host,
+        args.port,
+        api_key=args.api_key,
+        max_body_bytes=int(args.max_body_mb * 2**20),
+        strict_model=True,
+    )
+    try:
+        url = server.start()
+    except RuntimeError as exc:  # taken between the check and the bind
+        raise ServeError(f"{exc}; is another server on port {args.port}?") from exc
     print(f"serving {args.model_dir} as {name!r} at {url}", flush=True)
     try:
         deadline = time.monotonic() + args.seconds if args.seconds else None
@@ -240,6 +253,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+class ServeError(ValueError):
+    """``relayrl serve`` cannot listen where asked (exit 2, one line)."""
+
+
+def _check_port(host: str, port: int) -> None:
+    """Bind ``host:port`` as uvicorn will (SO_REUSEADDR) and let go: a port in use is a
+    :class:`ServeError` naming it."""
+    import socket
+
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(addr)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ServeError(
+            f"cannot listen on {host}:{port} ({reason}); choose another port with --port "
+            "(0: any free one)"
+        ) from None
+
+
 def _add_serve(sub: Any) -> None:
     v = sub.add_parser("serve", help="serve a model on an OpenAI-compatible HTTP endpoint")
     v.add_argument("model_dir", help="a Hugging Face model directory (with its tokenizer)")
@@ -249,6 +286,9 @@ def _add_serve(sub: Any) -> None:
     v.add_argument("--api-key", help="refuse requests whose bearer token is not this key")
     v.add_argument("--chat-template", help="a Jinja chat template file to use instead")
     v.add_argument("--max-slots", type=int, default=16, help="sequences decoded at once")
+    v.add_argument(
+        "--max-body-mb", type=float, default=16, help="larger request bodies are answered 413"
+    )
     v.add_argument("--seed", type=int, default=0, help="seeds requests that give no seed")
     v.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     v.add_argument("--seconds", type=float, default=0, help="stop after this long (0: never)")

@@ -37,7 +37,9 @@ call's seed derives from the session seed).
 
 Errors are OpenAI-style JSON ``{"error": {"message", "type", "param", "code"}}``: 400 for
 a malformed body or bad parameters, ``context_length_exceeded`` when the prompt leaves no room
-to generate, 401 / 404 as above, 503 when the engine is gone.
+to generate, 401 / 404 as above (``model_not_found`` with ``strict_model``), 413 past
+``max_body_bytes``, 503 when the engine is gone. Bodies are parsed and prompts tokenised off
+the event loop (:mod:`relayrl.env.request_io`): one large request does not hold up the rest.
 
 Engine access: through one :class:`~relayrl.env.agent_engine.EngineOwner` thread (the engine is
 single-threaded); handlers only queue requests on it and await their futures, so versions and
@@ -47,7 +49,6 @@ logprobs are the engine's own.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 import uuid
@@ -58,6 +59,7 @@ from fastapi import Request
 
 from relayrl.env.agent_chat import BadMessages, ChatRendering, normalise_messages
 from relayrl.env.agent_engine import EngineClosed, EngineOwner
+from relayrl.env.request_io import DEFAULT_MAX_BODY, APIError, OffLoop
 from relayrl.env.sessions import CallRecord, Session, SessionStore
 from relayrl.rollout.types import GenerationRequest, Sample, SamplingParams
 
@@ -66,37 +68,6 @@ MAX_N = 16
 
 DEFAULT_MAX_TOKENS = 256
 """Completion tokens when the request gives no ``max_tokens`` (then capped by the context)."""
-
-
-class APIError(Exception):
-    """An error answered as OpenAI-style JSON with an HTTP status."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        code: str | None = None,
-        param: str | None = None,
-        kind: str = "invalid_request_error",
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.param, self.kind = (
-            status,
-            message,
-            code,
-            param,
-            kind,
-        )
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
 
 
 def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
@@ -129,6 +100,8 @@ class OpenAIServer:
         host, port: where to listen (port 0: an ephemeral port, read back after start).
         api_key: when set, a bearer that is neither this key nor an open session is refused.
         default_max_tokens: completion budget of a request that names none.
+        max_body_bytes: a larger request body is answered 413.
+        strict_model: a request that names another model is answered 404 (``relayrl serve``).
     """
 
     def __init__(
@@ -140,6 +113,8 @@ class OpenAIServer:
         port: int = 0,
         api_key: str | None = None,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        max_body_bytes: int = DEFAULT_MAX_BODY,
+        strict_model: bool = False,
     ) -> None:
         self._own_owner = not isinstance(engine, EngineOwner)
         self.owner = EngineOwner(engine) if self._own_owner else engine
@@ -149,6 +124,8 @@ class OpenAIServer:
         self.host, self.port = host, port
         self.api_key = api_key
         self.default_max_tokens = default_max_tokens
+        self.max_body_bytes, self.strict_model = max_body_bytes, strict_model
+        self.off_loop = OffLoop(self.rendering)  # parsing and tokenising, off the event loop
         self.sessions = SessionStore()
         self.app = self._build_app()
         self._server: Any = None
@@ -276,15 +253,8 @@ class OpenAIServer:
         return session
 
     async def _body(self, request: Request) -> dict[str, Any]:
-        raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise APIError(
-                400, f"the request body is not valid JSON ({e})", "invalid_json"
-            ) from None
-        if not isinstance(body, dict):
-            raise APIError(400, "the request body must be a JSON object", "invalid_json")
+        model = self.model_name if self.strict_model else None
+        body = await self.off_loop.json_body(request, self.max_body_bytes, model)
         if body.get("stream"):
             raise APIError(
                 400, "stream=true is not supported by this endpoint", "unsupported", "stream"
@@ -480,7 +450,7 @@ class OpenAIServer:
             raise APIError(400, "tools must be a list of tool definitions", "invalid_type", "tools")
         try:
             messages = normalise_messages(body.get("messages"))
-            prompt = self.rendering.prompt_ids(messages, tools)
+            prompt = await self.off_loop.run(ChatRendering.prompt_ids, messages, tools)
         except BadMessages as e:
             raise APIError(400, str(e), "invalid_messages", "messages") from None
         parse = bool(tools) and body.get("tool_choice") != "none"
@@ -534,7 +504,7 @@ class OpenAIServer:
         ):
             prompt_in = prompt_in[0]  # a batch of one
         if isinstance(prompt_in, str) and prompt_in:
-            prompt = self.rendering.encode(prompt_in)
+            prompt = await self.off_loop.run(ChatRendering.encode, prompt_in)
         elif (
             isinstance(prompt_in, list)
             and prompt_in
