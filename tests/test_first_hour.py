@@ -5,6 +5,7 @@ run-directory rules and in RL's prompt format, the reward function's return cont
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -19,7 +20,7 @@ from transformers import AutoModelForCausalLM
 
 from relayrl.cli import main
 from relayrl.model import build_tiny_model
-from tiny_runs import file_hashes, train_argv, write_config
+from tiny_runs import TINY_RUN, file_hashes, train_argv, write_config
 
 
 @pytest.fixture(scope="module")
@@ -320,3 +321,118 @@ def test_one_slow_tokenisation_does_not_block_other_requests(strict_server, monk
     slow.join()
     assert done["fast"] < done["slow"]
     assert done["fast"] - t0 < 2.5
+
+
+# ---- relayrl sft: RL's prompt format, recorded; the run-directory rules ---------------------
+TEMPLATE = (
+    "{% for m in messages %}{{ m['role'][0] | upper }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}A: {% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def chat_tiny(tmp_path_factory):
+    """The tiny model with TEMPLATE as its tokenizer's chat template."""
+    from relayrl.model import load_tokenizer
+
+    out = build_tiny_model(tmp_path_factory.mktemp("chat") / "m", hidden_size=16)
+    tok = load_tokenizer(out)
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(out)
+    return out
+
+
+def _sft_config(path: Path, model: Path, out: Path) -> Path:
+    path.write_text(
+        f"model_path: {model}\noutput_dir: {out}\nsteps: 2\nbatch_size: 2\nnum_examples: 20\n"
+        "threads: 1\nprogress: false\nwarmup_steps: 0\n"
+    )
+    return path
+
+
+def test_sft_renders_prompts_as_rl_does_and_records_the_format(chat_tiny, tmp_path, capsys):
+    from relayrl.controller.sft import tokenize_record
+    from relayrl.data import PromptRecord, SFTRecord
+    from relayrl.data.prompting import encode_prompts
+    from relayrl.model import load_tokenizer
+
+    tok = load_tokenizer(chat_tiny)
+    rec = SFTRecord("3+5=", "8")
+    for templated in (True, False):
+        rl_ids = encode_prompts([PromptRecord("3+5=")], tok, templated)[0]
+        assert tokenize_record(tok, rec, templated)[0] == rl_ids
+    assert tok.decode(tokenize_record(tok, rec)[0]) == "U: 3+5=\nA: "
+
+    out = tmp_path / "sft"
+    config = _sft_config(tmp_path / "sft.yaml", chat_tiny, out)
+    assert main(["sft", str(config)]) == 0
+    assert json.loads((out / "prompt_format.json").read_text()) == {
+        "format": "chat_template",
+        "system_prompt": None,
+    }
+    capsys.readouterr()
+    run_cfg = write_config(tmp_path / "run.yaml", out, tmp_path / "run")
+    for key, warned in (("true", False), ("false", True)):
+        argv = ["eval", str(run_cfg), *TINY_RUN, f"data.source.chat_template={key}"]
+        assert main(argv) == 0
+        err = capsys.readouterr().err.strip()
+        assert (
+            err
+            == (
+                f"warning: {out} was fine-tuned on prompts in its chat template "
+                "(prompt_format.json) but this run renders raw prompts; set "
+                "data.source.chat_template=true to ask it as it was trained"
+            )
+        ) == warned, err
+
+    raw = tmp_path / "raw"  # data.source.chat_template=false: the same key as train and eval
+    config = _sft_config(tmp_path / "raw.yaml", chat_tiny, raw)
+    assert main(["sft", str(config), "data.source.chat_template=false"]) == 0
+    assert json.loads((raw / "prompt_format.json").read_text())["format"] == "raw"
+
+
+def test_sft_never_overwrites_and_checks_its_output_before_training(tiny, tmp_path, capsys):
+    out = tmp_path / "sft"
+    config = _sft_config(tmp_path / "sft.yaml", tiny, out)
+    assert main(["sft", str(config)]) == 0
+    capsys.readouterr()
+    before = file_hashes(out)
+    rc, err = _run(capsys, ["sft", str(config), "steps=1"])
+    assert rc == 2
+    assert err == (
+        f"relayrl sft: error: output directory {out} already holds config.json, "
+        "generation_config.json, model.safetensors, prompt_format.json, ...; choose another "
+        f"output_dir=..., or pass --overwrite to move it to {out}.prev-1"
+    )
+    assert file_hashes(out) == before
+    assert main(["sft", str(config), "steps=1", "--overwrite"]) == 0
+    assert f"were moved to {out}.prev-1" in capsys.readouterr().out
+    assert file_hashes(tmp_path / "sft.prev-1") == before  # the earlier model, intact
+    assert (out / "model.safetensors").is_file()
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for bad, why in (
+        (blocker / "sft", f"cannot be created ({blocker} is a file)"),
+        (blocker, "is a file"),
+    ):
+        t0 = time.monotonic()
+        rc, err = _run(capsys, ["sft", str(config), f"output_dir={bad}"])
+        assert rc == 2
+        assert err == (
+            f"relayrl sft: error: output directory {bad} {why}; choose another output_dir=..."
+        )
+        assert time.monotonic() - t0 < 5  # refused before loading anything, not after training
+
+
+def test_sft_into_a_read_only_filesystem_is_refused_before_training(
+    tiny, small_tmpfs, tmp_path, capsys
+):
+    subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
+    config = _sft_config(tmp_path / "sft.yaml", tiny, small_tmpfs / "sft")
+    rc, err = _run(capsys, ["sft", str(config)])
+    assert rc == 2
+    assert err == (
+        f"relayrl sft: error: output directory {small_tmpfs / 'sft'} cannot be written "
+        "(Read-only file system)"
+    )

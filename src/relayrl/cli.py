@@ -78,11 +78,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_sft(args: argparse.Namespace) -> int:
     from relayrl.config import SFTConfig, load_config
+    from relayrl.controller.run_dir import claim_output_dir
     from relayrl.controller.sft import run_sft
     from relayrl.model import check_model_dir
 
     cfg = load_config(SFTConfig, args.config, args.overrides)
     check_model_dir(cfg.model_path)
+    moved = claim_output_dir(cfg.output_dir, overwrite=args.overwrite)  # before the first step
+    if moved is not None:
+        print(f"the earlier contents of {cfg.output_dir} were moved to {moved}")
     out = run_sft(cfg)
     print(f"saved {cfg.output_dir} (final loss {out['sft/loss']:.4f})")
     return 0
@@ -207,6 +211,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Serve MODEL_DIR on the OpenAI-compatible endpoint until Ctrl-C / SIGTERM (or
     ``--seconds``); calls are not recorded (no sessions are opened)."""
+    from relayrl.data import has_chat_template
+    from relayrl.data.prompt_format import read_prompt_format
     from relayrl.env.openai_server import OpenAIServer
     from relayrl.model import check_model_dir, load_causal_lm, load_tokenizer, set_threads
     from relayrl.rollout import RolloutEngine
@@ -218,6 +224,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     tok = load_tokenizer(args.model_dir)
     if args.chat_template:
         tok.chat_template = Path(args.chat_template).read_text()
+    fmt = read_prompt_format(args.model_dir)
+    if fmt is not None and fmt.get("format") == "raw" and has_chat_template(tok):
+        print(
+            f"warning: {args.model_dir} was fine-tuned on raw prompts (prompt_format.json): "
+            "/v1/chat/completions applies the chat template; send the prompt text to "
+            "/v1/completions to ask it as it was trained",
+            file=sys.stderr,
+        )
     engine = RolloutEngine(
         load_causal_lm(args.model_dir),
         eos_token_id=tok.eos_token_id,
@@ -327,6 +341,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sft", help="supervised fine-tuning from a YAML config")
     s.add_argument("config")
     s.add_argument("overrides", nargs="*")
+    s.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="move what output_dir holds aside (to <output_dir>.prev-N) before training",
+    )
     s.set_defaults(fn=cmd_sft)
 
     e = sub.add_parser(

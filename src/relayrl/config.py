@@ -410,6 +410,19 @@ class RunConfig(_Strict):
         return False if self.schedule == "overlap" else self.async_.interrupt
 
 
+class SFTPromptFormat(_Strict):
+    """How an SFT prompt is rendered: as ``relayrl train | eval`` render it (the same keys as
+    their ``data.source``), so the model is trained in the format it is then asked in."""
+
+    chat_template: bool = True
+    """Apply the tokenizer's chat template when it has one (off: the raw prompt text)."""
+    system_prompt: str | None = None
+
+
+class SFTDataConfig(_Strict):
+    source: SFTPromptFormat = Field(default_factory=SFTPromptFormat)
+
+
 class SFTConfig(_Strict):
     """Supervised fine-tuning on prompt/response pairs."""
 
@@ -441,6 +454,9 @@ class SFTConfig(_Strict):
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float | None = Field(1.0, gt=0)
     progress: bool = True
+    data: SFTDataConfig = Field(default_factory=SFTDataConfig)
+    """``data.source.chat_template`` / ``data.source.system_prompt``: the prompt format, the
+    same keys (and defaults) as an RL run's; recorded in the output (``prompt_format.json``)."""
 
     @model_validator(mode="after")
     def _cross_checks(self) -> SFTConfig:

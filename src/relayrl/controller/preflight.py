@@ -10,6 +10,8 @@ directory:
   and ``env.agent.function`` a function that imports (``ConfigError`` naming the key);
 - the policy tokenizer loads, has more than one token, and fits the embedding of the actor
   and of the critic (``vocab_size`` in their ``config.json``);
+- a model whose ``prompt_format.json`` (written by ``relayrl sft``) names another prompt format
+  than the run renders gets a warning on stderr;
 - prompt + response fit every model's context (``max_position_embeddings`` / ``n_positions``
   / ... in its ``config.json``): ``rollout.max_tokens`` must leave room for a prompt, and when
   ``data.max_prompt_tokens + rollout.max_tokens`` is more than the context, the prompts the
@@ -25,12 +27,14 @@ and ``DataError`` (a data file), which the CLI prints as one line with exit code
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from relayrl.config import ConfigError, RunConfig
 from relayrl.data import DataError
+from relayrl.data.prompt_format import format_mismatch
 from relayrl.model import (
     check_model_dir,
     check_tokenizer_files,
@@ -92,6 +96,9 @@ def check_run(cfg: RunConfig, training: bool = True) -> None:
     if cfg.reward.model_path is not None:
         check_tokenizer_files(cfg.reward.model_path)  # the reward model has its own tokenizer
     tokenizer = load_tokenizer(cfg.model.path)  # files, size, fits model.path's embedding
+    src = cfg.data.source  # a model SFT'd in the other prompt format: a warning, not an error
+    if note := format_mismatch(cfg.model.path, tokenizer, src.chat_template, src.system_prompt):
+        print(note, file=sys.stderr)
     for key, path in models[1:]:
         check_vocab_fits(tokenizer, path, key)
     if cfg.algo.name == "dpo":  # offline: no generation, no rollout.max_tokens

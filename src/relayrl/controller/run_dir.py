@@ -57,6 +57,7 @@ __all__ = [
     "RESUME_IDENTITY",
     "RUN_FILES",
     "RunDir",
+    "claim_output_dir",
     "claim_run_dir",
     "config_changes",
     "record_config",
@@ -302,6 +303,41 @@ def claim_run_dir(
         run.release()
         raise
     return run
+
+
+def claim_output_dir(output_dir: str | Path, overwrite: bool = False) -> Path | None:
+    """The rules of a run directory for a model's output directory (``relayrl sft``), checked
+    before the first step: one that holds anything is refused (``RunDirError`` naming what is
+    there) unless ``overwrite``, which moves it to ``<output_dir>.prev-N`` (never deletes it;
+    returned); then the directory that will receive the model must take a file (a read-only or
+    impossible target is refused now, not after the training)."""
+    out = Path(output_dir)
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    above = out
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        where = "is a file" if above == out else f"cannot be created ({above} is a file)"
+        raise RunDirError(f"output directory {out} {where}; choose another output_dir=...")
+    moved = None
+    if held and not overwrite:
+        shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
+        raise RunDirError(
+            f"output directory {out} already holds {shown}; choose another output_dir=..., or "
+            f"pass --overwrite to move it to {_aside_name(out)}"
+        )
+    try:
+        if held:
+            moved = _move_aside(out)  # every file kept as it was
+        out.parent.mkdir(parents=True, exist_ok=True)
+        probe = out.parent / f".write_probe_{out.name}_{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise RunDirError(
+            f"output directory {out} cannot be written ({exc.strerror or exc})"
+        ) from None
+    return moved
 
 
 def _nothing_to_resume(path: Path, why: str) -> str:

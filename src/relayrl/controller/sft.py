@@ -1,5 +1,10 @@
 """Supervised fine-tuning on prompt/response pairs (the warm start before RL).
 
+Prompts are rendered and tokenised exactly as the RL path does (``render_prompt``: the
+tokenizer's chat template when it has one and ``data.source.chat_template`` is on, the raw text
+otherwise), and the format used is written beside the weights (``prompt_format.json``), so
+``relayrl train | eval`` warn when they would ask the model in another one.
+
 Loss: token-mean negative log-likelihood of the response tokens (response + EOS), prompt
 tokens masked: L = -sum_t m_t log pi(y_t | x, y_<t) / sum_t m_t, where m_t = 1 on real response
 tokens, times 0 on the tokens of a record's untrained segments (an environment's observations
@@ -9,17 +14,25 @@ model-written tokens are learned; they are still inputs to the tokens after them
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from relayrl.config import SFTConfig
+from relayrl.config import DataConfig, PromptSourceConfig, SFTConfig
 from relayrl.controller.evaluate import greedy_pass_rate
 from relayrl.controller.preflight import check_sft_lengths, check_sft_val_prompts
 from relayrl.controller.prompts import arithmetic_task, tokenize_prompts
-from relayrl.data import SFTRecord, load_prompts_jsonl, load_sft_jsonl
+from relayrl.data import (
+    PromptRecord,
+    SFTRecord,
+    load_prompts_jsonl,
+    load_sft_jsonl,
+    render_prompt,
+)
+from relayrl.data.prompt_format import FORMAT_FILE, prompt_format
 from relayrl.model import (
     forward_logprobs,
     load_causal_lm,
@@ -44,12 +57,22 @@ def sft_records(cfg: SFTConfig) -> list[SFTRecord]:
     return task.sft_records(cfg.num_examples)
 
 
-def tokenize_record(tokenizer: Any, rec: SFTRecord) -> tuple[list[int], list[int], list[int]]:
-    """Prompt ids as the RL path tokenises them, response ids ending with EOS, and the loss mask
-    over the response ids (1: trained, 0: an untrained segment; EOS is trained). A record with
-    ``segments`` is tokenised segment by segment (as the runner renders turn by turn, never
-    across a turn's boundary); without, the response is one piece, all trained."""
-    prompt = list(tokenizer(rec.prompt).input_ids)
+def tokenize_record(
+    tokenizer: Any,
+    rec: SFTRecord,
+    use_chat_template: bool = True,
+    system_prompt: str | None = None,
+) -> tuple[list[int], list[int], list[int]]:
+    """Prompt ids as the RL path tokenises them (``render_prompt``, then special tokens added
+    only to a prompt no template rendered, as ``encode_prompts`` does), response ids ending
+    with EOS, and the loss mask over the response ids (1: trained, 0: an untrained segment; EOS
+    is trained). A record with ``segments`` is tokenised segment by segment (as the runner
+    renders turn by turn, never across a turn's boundary); without, the response is one piece,
+    all trained."""
+    text, templated = render_prompt(
+        PromptRecord(rec.prompt), tokenizer, use_chat_template, system_prompt
+    )
+    prompt = list(tokenizer(text, add_special_tokens=not templated).input_ids)
     pieces = rec.segments if rec.segments is not None else ((rec.response, True),)
     response: list[int] = []
     mask: list[int] = []
@@ -60,9 +83,11 @@ def tokenize_record(tokenizer: Any, rec: SFTRecord) -> tuple[list[int], list[int
     return prompt, response + [tokenizer.eos_token_id], mask + [1]
 
 
-def tokenize_pair(tokenizer: Any, rec: SFTRecord) -> tuple[list[int], list[int]]:
+def tokenize_pair(
+    tokenizer: Any, rec: SFTRecord, use_chat_template: bool = True
+) -> tuple[list[int], list[int]]:
     """Prompt ids as the RL path tokenises them; response ids end with EOS."""
-    prompt, response, _ = tokenize_record(tokenizer, rec)
+    prompt, response, _ = tokenize_record(tokenizer, rec, use_chat_template)
     return prompt, response
 
 
@@ -101,7 +126,8 @@ def run_sft(
     records = [
         r for r in sft_records(cfg) if not exclude_prompts or r.prompt not in exclude_prompts
     ]
-    triples = [tokenize_record(tokenizer, r) for r in records]
+    fmt = cfg.data.source
+    triples = [tokenize_record(tokenizer, r, fmt.chat_template, fmt.system_prompt) for r in records]
     pairs = [(p, r) for p, r, _ in triples]
     if not pairs:
         raise ValueError("no SFT examples")
@@ -148,7 +174,8 @@ def run_sft(
                     break
             else:
                 bar.update(step + 1, loss=loss_val)
-    save_model_atomic(model, tokenizer, cfg.output_dir)
+    used = prompt_format(tokenizer, fmt.chat_template, fmt.system_prompt)
+    save_model_atomic(model, tokenizer, cfg.output_dir, {FORMAT_FILE: json.dumps(used) + "\n"})
     return {**out, "sft/examples": float(len(pairs))}
 
 
@@ -174,7 +201,8 @@ def _validator(
     else:
         raise ValueError("SFT eval_every needs task 'arithmetic' or a val_path (prompt, answer)")
     records = [r for r in rows if r.prompt not in (exclude_prompts or ())]
-    prompts = tokenize_prompts(records[: cfg.eval_size], tokenizer, 10**9)[0]
+    fmt = DataConfig(source=PromptSourceConfig(**cfg.data.source.model_dump()))  # as trained
+    prompts = tokenize_prompts(records[: cfg.eval_size], tokenizer, 10**9, fmt)[0]
     engine = RolloutEngine(
         model,
         eos_token_id=tokenizer.eos_token_id,

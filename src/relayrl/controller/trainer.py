@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import json
 import signal
 import time
 from collections.abc import Callable
@@ -43,6 +44,7 @@ from relayrl.controller.faults import RunFault, RunInterrupted, StepGuard, signa
 from relayrl.controller.prompts import PromptSource
 from relayrl.controller.run_dir import claim_run_dir, record_config
 from relayrl.controller.schedules import make_schedule
+from relayrl.data.prompt_format import FORMAT_FILE, prompt_format
 from relayrl.reward import get_reward_fn, score
 from relayrl.telemetry import MetricsLogger, StepProgress, print_summary
 from relayrl.telemetry.monitors import RunMonitor
@@ -351,6 +353,9 @@ def _save(cfg: RunConfig, roles: Roles, b: _Boundary) -> Path:
         state[name], writer = role_state(role, name)
         if writer is not None:
             writers.append(writer)
+    src = cfg.data.source  # the actor's prompt format, for eval / serve of the checkpoint
+    fmt = json.dumps(prompt_format(roles.tokenizer, src.chat_template, src.system_prompt))
+    writers.append(lambda ckpt: (ckpt / "actor" / FORMAT_FILE).write_text(fmt + "\n"))
     return save_checkpoint(
         cfg.run_dir,
         b.step,
