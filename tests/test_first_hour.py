@@ -10,6 +10,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from transformers import AutoModelForCausalLM
 
 from relayrl.cli import main
 from relayrl.model import build_tiny_model
+from relayrl.telemetry import read_metrics
 from tiny_runs import TINY_RUN, file_hashes, train_argv, write_config
 
 
@@ -436,3 +438,61 @@ def test_sft_into_a_read_only_filesystem_is_refused_before_training(
         f"relayrl sft: error: output directory {small_tmpfs / 'sft'} cannot be written "
         "(Read-only file system)"
     )
+
+
+# ---- the reward function's contract; a reward exception saves the last completed step -------
+REWARDS = '''
+CALLS = {"n": 0}
+
+def no_score(prompt, completion, sample):
+    return {"reward": 0.78, "exact": 0.75}
+
+def explodes(prompt, completion, sample):
+    CALLS["n"] += 1
+    if CALLS["n"] > 10:  # 2 eval prompts, then 4 answers a step: step 3 fails
+        return 1 / 0
+    return {"score": 0.5, "length": float(len(completion))}
+'''
+
+
+@pytest.fixture
+def rewards_module(tmp_path, monkeypatch):
+    name = f"rewards_{tmp_path.name}"
+    (tmp_path / f"{name}.py").write_text(REWARDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
+def test_a_reward_dict_without_a_score_is_one_line(tiny, tmp_path, rewards_module, capsys):
+    config = write_config(tmp_path / "run.yaml", tiny, tmp_path / "run")
+    rc, err = _run(
+        capsys, train_argv(config, "train.steps=2", f"reward.fn={rewards_module}:no_score")
+    )
+    assert rc == 1
+    assert err == (
+        f"relayrl train: error: reward function {rewards_module}:no_score returned "
+        "{'reward': 0.78, 'exact': 0.75}: a dict needs a 'score' (the reward; other keys are "
+        "logged components, never summed) (step 1); no checkpoint was written"
+    )
+
+
+def test_a_reward_exception_checkpoints_the_last_completed_step(
+    tiny, tmp_path, rewards_module, capsys
+):
+    run = tmp_path / "run"
+    config = write_config(tmp_path / "run.yaml", tiny, run)
+    fn = f"reward.fn={rewards_module}:explodes"
+    rc, err = _run(capsys, train_argv(config, "train.steps=5", fn))  # save_every: 0
+    assert rc == 1
+    assert err == (
+        f"relayrl train: error: reward function {rewards_module}:explodes raised "
+        f"ZeroDivisionError: division by zero (step 3); checkpoint {run}/checkpoints/"
+        "step_000002 written; continue with --resume"
+    )
+    logged = [r for r in read_metrics(run) if "reward_mean" in r]
+    assert [r["step"] for r in logged] == [1, 2]
+    assert logged[0]["reward/length"] >= 0  # a named component, logged as a metric
+    assert logged[0]["reward_mean"] == 0.5  # the score, not score + components
+    sys.modules[rewards_module].CALLS["n"] = -(10**6)  # fixed: resume trains steps 3-5
+    assert main(train_argv(config, "train.steps=5", fn, flags=("--resume",))) == 0
+    assert [r["step"] for r in read_metrics(run) if "reward_mean" in r] == [1, 2, 3, 4, 5]

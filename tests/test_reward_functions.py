@@ -77,7 +77,8 @@ def test_import_path_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     (tmp_path / "my_rewards_mod.py").write_text(
         "from relayrl.reward import arithmetic\n"
         "def components(prompt, completion, sample):\n"
-        "    return {'correct': arithmetic(prompt, completion, sample), 'short': 0.25}\n"
+        "    correct = arithmetic(prompt, completion, sample)\n"
+        "    return {'score': correct + 0.25, 'correct': correct, 'short': 0.25}\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     fn = get_reward_fn("my_rewards_mod:components")
@@ -116,16 +117,29 @@ def test_score_normalisation() -> None:
     assert score(lambda p, c, s: 1, "", "", {}) == {"score": 1.0}
     assert score(lambda p, c, s: np.float32(0.5), "", "", {}) == {"score": 0.5}
     assert score(lambda p, c, s: torch.tensor(2.0), "", "", {}) == {"score": 2.0}
-    assert score(lambda p, c, s: {"a": 1, "b": np.int64(2)}, "", "", {}) == {
-        "a": 1.0,
-        "b": 2.0,
+    assert score(lambda p, c, s: {"score": 3, "b": np.int64(2)}, "", "", {}) == {
         "score": 3.0,
+        "b": 2.0,
     }
-    # An explicit score is kept, not replaced by the sum.
+    # The score is the function's: components are logged, never summed into it (issue 44).
     assert score(lambda p, c, s: {"a": 1.0, "score": 0.1}, "", "", {}) == {"a": 1.0, "score": 0.1}
-    assert score(lambda p, c, s: {}, "", "", {}) == {"score": 0.0}
-    out = score(lambda p, c, s: {"a": 0.5}, "", "", {})
+    out = score(lambda p, c, s: {"a": 0.5, "score": 1}, "", "", {})
     assert all(type(v) is float for v in out.values())
+
+
+def test_a_dict_without_a_score_names_the_function_and_the_value() -> None:
+    def my_reward(prompt: str, completion: str, sample: dict) -> dict:
+        return {"reward": 0.78, "exact": 0.75}
+
+    with pytest.raises(TypeError) as info:
+        score(my_reward, "", "", {})
+    assert str(info.value) == (
+        "reward function test_reward_functions:test_a_dict_without_a_score_names_the_function_"
+        "and_the_value.<locals>.my_reward returned {'reward': 0.78, 'exact': 0.75}: a dict "
+        "needs a 'score' (the reward; other keys are logged components, never summed)"
+    )
+    with pytest.raises(TypeError, match="returned {}: a dict needs a 'score'"):
+        score(lambda p, c, s: {}, "", "", {})
 
 
 @pytest.mark.parametrize("bad", [None, "1.0", [1.0], {"a": "x"}, {1: 1.0}])

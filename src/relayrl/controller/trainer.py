@@ -45,7 +45,7 @@ from relayrl.controller.prompts import PromptSource
 from relayrl.controller.run_dir import claim_run_dir, record_config
 from relayrl.controller.schedules import make_schedule
 from relayrl.data.prompt_format import FORMAT_FILE, prompt_format
-from relayrl.reward import get_reward_fn, score
+from relayrl.reward import RewardFunctionError, get_reward_fn, score
 from relayrl.telemetry import MetricsLogger, StepProgress, print_summary
 from relayrl.telemetry.monitors import RunMonitor
 from relayrl.telemetry.summary import summary_scalars
@@ -258,6 +258,10 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
             logger.log(cfg.train.steps, last_eval)
         except KeyboardInterrupt as exc:
             raise _stopped(exc, cfg, roles, boundary, guard, saving, run_dir) from exc
+        except RewardFunctionError as exc:  # scored before the update: the step can be saved
+            if guard.pending is not None or saving:
+                raise
+            raise _reward_failed(exc, cfg, roles, boundary, guard, run_dir) from exc
         except Exception as exc:
             if guard.pending is None:
                 raise
@@ -331,6 +335,29 @@ def _stopped(
     newest = newest_intact(run_dir)
     tail = "; continue with --resume" if newest.startswith("the newest") else ""
     return RunInterrupted(signum, f"{what}; {newest}{tail}")
+
+
+def _reward_failed(
+    exc: RewardFunctionError,
+    cfg: RunConfig,
+    roles: Roles,
+    b: _Boundary,
+    guard: StepGuard,
+    run_dir: Path,
+) -> RunFault:
+    """A reward function raised: checkpoint the last completed step as a signal does (the
+    weights are still that step's: scoring comes before the update); the one line."""
+    what = f"{exc} (step {b.step + 1})"
+    done = b.saved is not None and b.saved.name == f"step_{b.step:06d}"
+    if not (done or guard.committing or b.step == 0 or not cfg.train.save_on_signal):
+        try:
+            b.saved = _save(cfg, roles, b)
+            return RunFault(f"{what}; checkpoint {b.saved} written; continue with --resume")
+        except RunFault as fault:
+            return RunFault(f"{what}; {fault}")
+    newest = newest_intact(run_dir)
+    tail = "; continue with --resume" if newest.startswith("the newest") else ""
+    return RunFault(f"{what}; {newest}{tail}")
 
 
 def _rates(exp: Any, stats: dict[str, float], cfg: RunConfig) -> dict[str, float]:

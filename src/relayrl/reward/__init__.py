@@ -23,6 +23,7 @@ from relayrl.reward.builtin import (
 from relayrl.reward.functions import (
     REWARD_FUNCTIONS,
     RewardFn,
+    RewardFunctionError,
     RewardSpecError,
     arithmetic,
     evaluate,
@@ -70,6 +71,7 @@ __all__ = [
     "REWARD_FUNCTIONS",
     "ModelScorer",
     "RewardFn",
+    "RewardFunctionError",
     "RewardMix",
     "RewardService",
     "RewardSpec",

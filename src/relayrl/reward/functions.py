@@ -2,10 +2,12 @@
 
 A reward function is ``fn(prompt: str, completion: str, sample: dict) -> float | dict``.
 ``sample`` is the dataset row (``answer`` plus any extra fields; the reward service adds
-``response_length`` in tokens and ``finish_reason``). A dict return value holds named
-components (e.g. ``{"correct": 1.0, "format": 0.1}``) and may carry one string under
-``"reason"`` (why it scored so, e.g. a sandbox timeout), which is recorded, not summed.
-``score`` turns either form into a flat ``dict[str, float]`` with a ``"score"`` key;
+``response_length`` in tokens and ``finish_reason``). The return contract: a number (the
+score), or a dict with a ``"score"`` (the number trained on) and optional named components
+(e.g. ``{"score": 1.1, "correct": 1.0, "format": 0.1}``, logged as metrics, never summed)
+and one string under ``"reason"`` (why it scored so, e.g. a sandbox timeout), recorded.
+Anything else (a dict without ``"score"``, a string, None) is a ``TypeError`` naming the
+function and the value. ``score`` turns either form into a flat ``dict[str, float]``;
 ``evaluate`` also returns the reason. Functions are module-level so that a process pool can
 pickle them.
 """
@@ -24,6 +26,7 @@ from relayrl.reward.verifiers import extract_integer_answer, parse_int_answer
 __all__ = [
     "REWARD_FUNCTIONS",
     "RewardFn",
+    "RewardFunctionError",
     "RewardSpecError",
     "arithmetic",
     "evaluate",
@@ -43,6 +46,19 @@ made before the move, e.g. ``monitor.gold_fn`` of a lab run) resolves to the new
 
 class RewardSpecError(ValueError):
     """A reward function spec names nothing usable."""
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function scored inline raised, or broke its return contract (one line naming
+    the function); the trainer checkpoints the last completed step and ends the run."""
+
+
+def fn_name(fn: Any) -> str:
+    """``module:qualname`` of a reward function (a partial's function), for messages."""
+    inner = getattr(fn, "func", fn)
+    qual = getattr(inner, "__qualname__", None) or repr(inner)
+    module = getattr(inner, "__module__", None)
+    return f"{module}:{qual}" if module and module != "builtins" else qual
 
 
 def register_reward_fn(name: str) -> Callable[[RewardFn], RewardFn]:
@@ -146,13 +162,20 @@ def get_reward_fn(spec: str) -> RewardFn:
 
 def _as_float(value: Any, what: str) -> float:
     if isinstance(value, (str, bytes)):
-        raise TypeError(f"{what} must be a number, got {type(value).__name__}")
+        raise TypeError(f"{what} must be a number, got {type(value).__name__} {_shown(value)}")
     try:
         if hasattr(value, "item"):  # numpy / torch scalars
             value = value.item()
         return float(value)
     except (TypeError, ValueError) as e:
-        raise TypeError(f"{what} must be a number, got {type(value).__name__}") from e
+        raise TypeError(
+            f"{what} must be a number, got {type(value).__name__} {_shown(value)}"
+        ) from e
+
+
+def _shown(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 MAX_FN_COMPONENTS = 66  # 64 components, "score" and "reason"
@@ -165,14 +188,13 @@ def evaluate(
     reason it gave (a ``"reason"`` string in a dict result), or None.
 
     A number ``x`` becomes ``{"score": x}``. A dict keeps its components (as floats) and
-    gains ``"score"`` = the sum of the components when it has none. Any other return type,
-    a non-string key, or a non-numeric component raises ``TypeError`` naming the function;
+    must hold ``"score"`` (components are not summed into one: which of them is the reward is
+    the function's to say). Any other return type, a dict without ``"score"``, a non-string
+    key, or a non-numeric component raises ``TypeError`` naming the function and the value;
     a NaN score, a non-finite component or more than ``MAX_FN_COMPONENTS`` entries raise
     ``ValueError``. Exceptions raised by ``fn`` propagate.
     """
-    name = getattr(fn, "__qualname__", None) or getattr(
-        getattr(fn, "func", None), "__qualname__", repr(fn)
-    )
+    name = fn_name(fn)
     result = fn(prompt, completion, sample)
     reason: str | None = None
     if isinstance(result, Mapping):
@@ -191,7 +213,10 @@ def evaluate(
                 continue
             out[key] = _as_float(value, f"reward function {name}: component {key!r}")
         if "score" not in out:
-            out["score"] = math.fsum(out.values())
+            raise TypeError(
+                f"reward function {name} returned {_shown(result)}: a dict needs a 'score' "
+                "(the reward; other keys are logged components, never summed)"
+            )
     else:
         out = {"score": _as_float(result, f"reward function {name}: return value")}
     if math.isnan(out["score"]):

@@ -14,14 +14,20 @@ on each sample as ``sample.metadata["reward"]["outcome"]``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from relayrl.reward import RewardService, batch_reward_stats, score, zscore_by_domain
+from relayrl.reward import (
+    RewardFunctionError,
+    RewardService,
+    batch_reward_stats,
+    score,
+    zscore_by_domain,
+)
+from relayrl.reward.functions import fn_name
 from relayrl.rollout.types import Sample
 
 
@@ -82,14 +88,17 @@ class RewardWorker:
         fields = [dict(s.metadata) for s in samples]
         prompts = [str(f.get("prompt", "")) for f in fields]
         completions = [self.decode(s) for s in samples]
-        if hasattr(self.fn, "score_batch"):  # model-based scorer: one batched call
-            batch = self.fn.score_batch(prompts, completions, fields)
-            outs = [_as_components(r) for r in batch]
-        else:
-            outs = [
-                score(self.fn, p, c, f)
-                for p, c, f in zip(prompts, completions, fields, strict=True)
-            ]
+        try:
+            if hasattr(self.fn, "score_batch"):  # model-based scorer: one batched call
+                batch = self.fn.score_batch(prompts, completions, fields)
+                outs = [_as_components(r) for r in batch]
+            else:
+                outs = [
+                    score(self.fn, p, c, f)
+                    for p, c, f in zip(prompts, completions, fields, strict=True)
+                ]
+        except Exception as exc:  # the user's function: one line, the trainer saves the step
+            raise RewardFunctionError(_failure(self.fn, exc)) from exc
         for i, out in enumerate(outs):
             scores[i] = out["score"]
             for k, v in out.items():
@@ -99,9 +108,17 @@ class RewardWorker:
 
 
 def _as_components(result: Any) -> dict[str, float]:
-    """A batch scorer's per-sample result (float, or dict of components) as components."""
+    """A batch scorer's per-sample result (float, or dict with a ``"score"``) as components."""
     if isinstance(result, dict):
-        out = {str(k): float(v) for k, v in result.items()}
-        out.setdefault("score", math.fsum(out.values()))
-        return out
+        if "score" not in result:
+            raise TypeError(f"returned {result!r:.120}: a dict needs a 'score'")
+        return {str(k): float(v) for k, v in result.items()}
     return {"score": float(result)}
+
+
+def _failure(fn: Any, exc: Exception) -> str:
+    """One line: the function and what it did (the contract's message already names it)."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    if text.startswith("reward function "):
+        return text
+    return f"reward function {fn_name(fn)} raised {type(exc).__name__}: {text}".rstrip(": ")
