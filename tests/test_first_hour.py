@@ -441,7 +441,7 @@ def test_sft_into_a_read_only_filesystem_is_refused_before_training(
 
 
 # ---- the reward function's contract; a reward exception saves the last completed step -------
-REWARDS = '''
+REWARDS = """
 CALLS = {"n": 0}
 
 def no_score(prompt, completion, sample):
@@ -452,7 +452,7 @@ def explodes(prompt, completion, sample):
     if CALLS["n"] > 10:  # 2 eval prompts, then 4 answers a step: step 3 fails
         return 1 / 0
     return {"score": 0.5, "length": float(len(completion))}
-'''
+"""
 
 
 @pytest.fixture
