@@ -496,3 +496,36 @@ def test_a_reward_exception_checkpoints_the_last_completed_step(
     sys.modules[rewards_module].CALLS["n"] = -(10**6)  # fixed: resume trains steps 3-5
     assert main(train_argv(config, "train.steps=5", fn, flags=("--resume",))) == 0
     assert [r["step"] for r in read_metrics(run) if "reward_mean" in r] == [1, 2, 3, 4, 5]
+
+
+HANGS = """
+import time
+
+CALLS = {"n": 0}
+
+def hangs(prompt, completion, sample):
+    CALLS["n"] += 1
+    if CALLS["n"] > 6:  # 2 eval prompts, 4 answers of step 1: step 2 hangs
+        time.sleep(30)
+    return 0.0
+"""
+
+
+def test_a_reward_function_that_hangs_times_out_in_one_line(tiny, tmp_path, capsys, monkeypatch):
+    name = f"hangs_{tmp_path.name}"
+    (tmp_path / f"{name}.py").write_text(HANGS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = tmp_path / "run"
+    config = write_config(tmp_path / "run.yaml", tiny, run)
+    t0 = time.monotonic()
+    rc, err = _run(
+        capsys,
+        train_argv(config, "train.steps=4", f"reward.fn={name}:hangs", "reward.fn_timeout_s=1"),
+    )
+    assert rc == 1
+    assert time.monotonic() - t0 < 20
+    assert err == (
+        f"relayrl train: error: reward function {name}:hangs did not return within 1 s "
+        f"(reward.fn_timeout_s) (step 2); checkpoint {run}/checkpoints/step_000001 written; "
+        "continue with --resume"
+    )

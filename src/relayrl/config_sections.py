@@ -166,6 +166,10 @@ class RewardConfig(_Strict):
     model_batch_size: int = Field(64, ge=1)
     model_normalize: bool = True
     """Use the RM score normalised to mean 0, std 1 on its training completions."""
+    fn_timeout_s: float | None = Field(300.0, gt=0)
+    """Seconds one inline call of ``fn`` may take (null: no limit). A call past it ends the run
+    in one line after checkpointing the last completed step (the reward service's workers have
+    their own ``service.timeout_s``)."""
     service: RewardServiceConfig = Field(default_factory=RewardServiceConfig)
 
 

@@ -98,6 +98,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
         service=build_reward_service(cfg.reward, tokenizer, model_scorers=rm),  # if asked for
         normalize=cfg.reward.service.normalize,
         domain_key=cfg.reward.service.domain_key,
+        timeout_s=cfg.reward.fn_timeout_s,
     )
     if cfg.model.fsdp.enabled:  # the controller exports HF models: gathered copies
         actor = ShardedLocalRole(actor, lambda: _actor_shadow(cfg, actor_path))  # type: ignore[assignment]

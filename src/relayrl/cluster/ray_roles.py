@@ -220,5 +220,6 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
         service=build_reward_service(cfg.reward, tokenizer),
         normalize=cfg.reward.service.normalize,
         domain_key=cfg.reward.service.domain_key,
+        timeout_s=cfg.reward.fn_timeout_s,
     )
     return Roles(actor, rollout, reward, tokenizer, reference, critic)  # type: ignore[arg-type]

@@ -14,7 +14,10 @@ on each sample as ``sample.metadata["reward"]["outcome"]``.
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -39,12 +42,17 @@ class RewardWorker:
         service: RewardService | None = None,
         normalize: str = "none",
         domain_key: str = "domain",
+        timeout_s: float | None = None,
     ):
         self.fn = fn
         self.tokenizer = tokenizer
         self.service = service
         self.normalize = normalize
         self.domain_key = domain_key
+        self.timeout_s = timeout_s
+        """Seconds one inline call of ``fn`` may take (``reward.fn_timeout_s``; None: no limit);
+        past it, :class:`RewardFunctionError` (the call is abandoned on its daemon thread)."""
+        self._caller: _DaemonCaller | None = None
 
     def _score_with_service(self, samples: Sequence[Sample]) -> tuple[Tensor, dict[str, float]]:
         assert self.service is not None
@@ -94,9 +102,11 @@ class RewardWorker:
                 outs = [_as_components(r) for r in batch]
             else:
                 outs = [
-                    score(self.fn, p, c, f)
+                    self._score(p, c, f)
                     for p, c, f in zip(prompts, completions, fields, strict=True)
                 ]
+        except RewardFunctionError:
+            raise
         except Exception as exc:  # the user's function: one line, the trainer saves the step
             raise RewardFunctionError(_failure(self.fn, exc)) from exc
         for i, out in enumerate(outs):
@@ -105,6 +115,44 @@ class RewardWorker:
                 comp_sums[k] = comp_sums.get(k, 0.0) + float(v)
         n = max(len(samples), 1)
         return scores, {f"reward/{k}": v / n for k, v in comp_sums.items()}
+
+    def _score(self, prompt: str, completion: str, sample: dict) -> dict[str, float]:
+        if self.timeout_s is None:
+            return score(self.fn, prompt, completion, sample)
+        if self._caller is None:
+            self._caller = _DaemonCaller()
+        try:
+            return self._caller.call(self.timeout_s, score, self.fn, prompt, completion, sample)
+        except TimeoutError:
+            self._caller = None  # its thread is stuck in the call: a fresh one next time
+            raise RewardFunctionError(
+                f"reward function {fn_name(self.fn)} did not return within {self.timeout_s:g} s "
+                "(reward.fn_timeout_s)"
+            ) from None
+
+
+class _DaemonCaller:
+    """Calls functions on one daemon thread, waiting at most a timeout for each: a call that
+    hangs is abandoned there and never keeps the process from exiting."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Any, tuple[Any, ...], Future[Any]]] = (
+            queue.SimpleQueue()
+        )
+        threading.Thread(target=self._loop, name="reward-fn", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            fn, args, future = self._jobs.get()
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to the caller
+                future.set_exception(exc)
+
+    def call(self, timeout_s: float, fn: Any, *args: Any) -> Any:
+        future: Future[Any] = Future()
+        self._jobs.put((fn, args, future))
+        return future.result(timeout=timeout_s)
 
 
 def _as_components(result: Any) -> dict[str, float]:
