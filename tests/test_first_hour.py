@@ -529,3 +529,11 @@ def test_a_reward_function_that_hangs_times_out_in_one_line(tiny, tmp_path, caps
         f"(reward.fn_timeout_s) (step 2); checkpoint {run}/checkpoints/step_000001 written; "
         "continue with --resume"
     )
+
+
+def test_the_progress_count_of_a_resumed_run_goes_on_from_its_checkpoint(finished, capsys):
+    run, config = finished
+    assert main(train_argv(config, "train.steps=4", flags=("--resume",))) == 0
+    lines = (run / "progress.log").read_text().splitlines()
+    assert " step 3/4 (75%) " in lines[-2] and " step 4/4 (100%) " in lines[-1]
+    assert not any(" step 1/2 " in line for line in lines[-2:])

@@ -219,11 +219,12 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
             final["eval_before"] = first_eval.get("eval/pass_rate")
             schedule.start(start, schedule_state)
             with StepProgress(
-                cfg.train.steps - start,
+                cfg.train.steps,
                 f"{cfg.algo.name} ({cfg.schedule})",
                 enabled=cfg.logging.progress,
                 interval_s=cfg.logging.progress_interval_s,
                 log_file=run_dir / "progress.log",
+                initial=start,  # a resumed run counts on from its checkpoint
             ) as bar:
                 for step in range(start, cfg.train.steps):
                     t0 = time.perf_counter()
@@ -243,9 +244,7 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
                     ):
                         stats.update(evaluate())
                     logger.log(done, stats)
-                    bar.update(
-                        done - start, reward=stats["reward_mean"], pass_rate=stats["pass_rate"]
-                    )
+                    bar.update(done, reward=stats["reward_mean"], pass_rate=stats["pass_rate"])
                     boundary = _Boundary(done, rng_state(), schedule.state(), kl_ctl.value, None)
                     guard.end_step()  # a signal held during the step's update stops it here
                     if (cfg.train.save_every and done % cfg.train.save_every == 0) or (

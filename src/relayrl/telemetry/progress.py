@@ -91,6 +91,8 @@ class StepProgress:
     is still written. ``console`` defaults to rich's global console (stdout). ``interval_s``
     (default ``progress_interval()``) spaces the plain lines written when the console is not
     a terminal and the lines of ``log_file``; the first and the last step are always written.
+    ``initial``: steps done before this process (a resumed run): the count goes on from it
+    (``step 41/85``, not ``step 1/45``), and the rate behind the ETA is this process's own.
     """
 
     def __init__(
@@ -101,8 +103,10 @@ class StepProgress:
         console: Console | None = None,
         interval_s: float | None = None,
         log_file: str | Path | None = None,
+        initial: int = 0,
     ) -> None:
         self.total = total
+        self.initial = initial
         self.description = description
         self.enabled = enabled
         self.interval_s = progress_interval() if interval_s is None else float(interval_s)
@@ -117,7 +121,7 @@ class StepProgress:
         self._log: IO[str] | None = None
         self._t0 = _now()
         self._last_line = -math.inf  # monotonic time of the last plain line
-        self._step = 0
+        self._step = initial
         self._written_step = -1  # step of the last plain line
         if enabled and not self._plain:
             self._progress = Progress(
@@ -130,7 +134,9 @@ class StepProgress:
                 TextColumn("{task.fields[info]}"),
                 console=console,
             )
-            self._task = self._progress.add_task(description, total=total, info="")
+            self._task = self._progress.add_task(
+                description, total=total, completed=initial, info=""
+            )
 
     @property
     def plain(self) -> bool:
@@ -151,7 +157,7 @@ class StepProgress:
         not written yet (a loop that ended early), close ``log_file`` (``__exit__``)."""
         if self._progress is not None:
             self._progress.stop()
-        if self._step > self._written_step and self._step > 0:
+        if self._step > max(self._written_step, self.initial):
             self._write_line()
         if self._log is not None:
             self._log.close()
@@ -173,7 +179,8 @@ class StepProgress:
         """``sft step 40/1500 (3%) elapsed 0:00:12 eta 0:07:18 loss=1.23``."""
         elapsed = (_now() if now is None else now) - self._t0
         step, total = self._step, self.total
-        eta = elapsed / step * (total - step) if step > 0 else math.nan
+        done_here = step - self.initial
+        eta = elapsed / done_here * (total - step) if done_here > 0 else math.nan
         pct = f" ({100 * step // total}%)" if total > 0 else ""
         info = format_fields(self.last_fields)
         text = (
