@@ -537,3 +537,21 @@ def test_the_progress_count_of_a_resumed_run_goes_on_from_its_checkpoint(finishe
     lines = (run / "progress.log").read_text().splitlines()
     assert " step 3/4 (75%) " in lines[-2] and " step 4/4 (100%) " in lines[-1]
     assert not any(" step 1/2 " in line for line in lines[-2:])
+
+
+@pytest.mark.parametrize("command", ["train", "sft", "eval", "filter"])
+def test_a_config_typo_is_reported_before_torch_is_imported(tmp_path, command):
+    """The one line of a typo came after 6-20 s of imports; now before torch loads."""
+    config = tmp_path / "run.yaml"
+    config.write_text("seed: 0\n")
+    extra = ["--output", str(tmp_path / "o.jsonl")] if command == "filter" else []
+    code = (
+        "import sys\nfrom relayrl.cli import main\n"
+        f"rc = main({[command, str(config), 'no_such_key=1', *extra]!r})\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\nsys.exit(rc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        f"relayrl {command}: error: command line: unknown config key 'no_such_key'"
+    )

@@ -27,18 +27,28 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _loaded(module: str, name: str) -> tuple[type[BaseException], ...]:
+    """``module.name`` when ``module`` is imported already, else nothing: an error class whose
+    module was never loaded was not raised, and importing it (torch, transformers) only to
+    report a config typo would take seconds."""
+    found = sys.modules.get(module)
+    return (getattr(found, name),) if found is not None else ()
+
+
 def _usage_errors() -> tuple[type[BaseException], ...]:
     from relayrl.config import ConfigError
-    from relayrl.data import DataError
-    from relayrl.model import ModelPathError
 
-    return (ConfigError, DataError, ModelPathError, FileNotFoundError, ValueError)
+    return (
+        ConfigError,
+        *_loaded("relayrl.data.jsonl", "DataError"),
+        *_loaded("relayrl.model.loading", "ModelPathError"),
+        FileNotFoundError,
+        ValueError,
+    )
 
 
 def _worker_errors() -> tuple[type[BaseException], ...]:
-    from relayrl.cluster.engine_process import RolloutWorkerDied
-
-    return (RolloutWorkerDied,)
+    return _loaded("relayrl.cluster.engine_process", "RolloutWorkerDied")
 
 
 def _fault_errors() -> tuple[type[BaseException], ...]:
@@ -48,12 +58,13 @@ def _fault_errors() -> tuple[type[BaseException], ...]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from relayrl.cluster.local import build_local_roles
     from relayrl.config import RunConfig, load_config
+
+    cfg = load_config(RunConfig, args.config, args.overrides)  # a typo: one line, no torch yet
+    from relayrl.cluster.local import build_local_roles
     from relayrl.controller.trainer import train
     from relayrl.model import check_model_dir
 
-    cfg = load_config(RunConfig, args.config, args.overrides)
     if cfg.algo.name == "dpo":  # offline: `relayrl dpo`, which reports its own figure
         from relayrl.labs.cli import cmd_dpo
 
@@ -78,11 +89,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_sft(args: argparse.Namespace) -> int:
     from relayrl.config import SFTConfig, load_config
+
+    cfg = load_config(SFTConfig, args.config, args.overrides)
     from relayrl.controller.run_dir import claim_output_dir
     from relayrl.controller.sft import run_sft
     from relayrl.model import check_model_dir
 
-    cfg = load_config(SFTConfig, args.config, args.overrides)
     check_model_dir(cfg.model_path)
     moved = claim_output_dir(cfg.output_dir, overwrite=args.overwrite)  # before the first step
     if moved is not None:
@@ -96,12 +108,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """Held-out evaluation (``relayrl.controller.evaluate``): the default is the greedy pass
     rate on the config's held-out set; ``--n``/``--k`` sample and report pass@k / maj@k,
     ``--data`` evaluates several datasets, ``--output`` writes one JSONL line per answer."""
-    from relayrl.cluster.local import build_local_roles
     from relayrl.config import RunConfig, load_config
-    from relayrl.controller.evaluate import eval_datasets, evaluate_prompts
-    from relayrl.controller.preflight import check_run
-    from relayrl.controller.schedules import attach_episodes
-    from relayrl.model import check_model_dir
 
     overrides = list(args.overrides)
     for flag, key in (
@@ -114,6 +121,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.k:
         overrides.append(f"eval.k=[{','.join(str(k) for k in args.k)}]")
     cfg = load_config(RunConfig, args.config, overrides)
+    from relayrl.cluster.local import build_local_roles
+    from relayrl.controller.evaluate import eval_datasets, evaluate_prompts
+    from relayrl.controller.preflight import check_run
+    from relayrl.controller.schedules import attach_episodes
+    from relayrl.model import check_model_dir
+
     check_model_dir(cfg.model.path)
     check_run(cfg, training=False)
     roles = build_local_roles(cfg, cfg.model.path, None)
@@ -181,11 +194,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_filter(args: argparse.Namespace) -> int:
     from relayrl.config import RunConfig, load_config
+
+    cfg = load_config(RunConfig, args.config, args.overrides)
     from relayrl.controller.preflight import check_run
     from relayrl.data import run_difficulty_filter
     from relayrl.model import check_model_dir
 
-    cfg = load_config(RunConfig, args.config, args.overrides)
     check_model_dir(cfg.model.path)
     check_run(cfg, training=False)
     report = run_difficulty_filter(
