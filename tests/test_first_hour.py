@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from transformers import AutoModelForCausalLM
 
 from relayrl.cli import main
@@ -555,3 +556,40 @@ def test_a_config_typo_is_reported_before_torch_is_imported(tmp_path, command):
     assert proc.stderr.strip() == (
         f"relayrl {command}: error: command line: unknown config key 'no_such_key'"
     )
+
+
+def test_sft_checkpoints_and_resumes_to_the_same_weights(tiny, tmp_path, capsys, monkeypatch):
+    from safetensors.torch import load_file
+
+    from relayrl.controller import sft
+
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    config = _sft_config(tmp_path / "sft.yaml", tiny, whole)
+    argv = ["sft", str(config), "steps=4", "save_every=2", "lr_schedule=linear"]
+    assert main(argv) == 0
+    rc, err = _run(capsys, [*argv, f"output_dir={parts}", "--resume"])
+    assert rc == 2
+    assert err == (
+        f"relayrl sft: error: --resume: output directory {parts} does not exist: no checkpoint "
+        f"to continue (looked for {parts}/checkpoints/step_*/trainer_state.pt); check "
+        "output_dir=..., or start a new run without --resume"
+    )
+    real_forward = sft.forward_logprobs
+    calls = {"n": 0}
+
+    def forward(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(sft, "forward_logprobs", forward)
+    assert main([*argv, f"output_dir={parts}"]) == 130
+    assert sorted(p.name for p in (parts / "checkpoints").iterdir()) == ["latest", "step_000002"]
+    capsys.readouterr()
+    assert main([*argv, f"output_dir={parts}", "--resume"]) == 0
+    assert f"resumed from {parts}/checkpoints/step_000002 at step 2" in capsys.readouterr().out
+    a = load_file(whole / "model.safetensors")
+    b = load_file(parts / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # bit-identical to the uninterrupted run
+    assert (parts / "checkpoints/step_000002/trainer_state.pt").is_file()  # kept

@@ -96,10 +96,14 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from relayrl.model import check_model_dir
 
     check_model_dir(cfg.model_path)
-    moved = claim_output_dir(cfg.output_dir, overwrite=args.overwrite)  # before the first step
-    if moved is not None:
-        print(f"the earlier contents of {cfg.output_dir} were moved to {moved}")
-    out = run_sft(cfg)
+    claim = claim_output_dir(  # before the first step
+        cfg.output_dir, overwrite=args.overwrite, resume=args.resume, steps=cfg.steps
+    )
+    if claim.moved_to is not None:
+        print(f"the earlier contents of {cfg.output_dir} were moved to {claim.moved_to}")
+    for bad, problem, kept in claim.corrupt:
+        print(f"checkpoint {bad} cannot be read ({problem}); kept as {kept.name}")
+    out = run_sft(cfg, resume_from=claim.checkpoint)
     print(f"saved {cfg.output_dir} (final loss {out['sft/loss']:.4f})")
     return 0
 
@@ -359,6 +363,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--overwrite",
         action="store_true",
         help="move what output_dir holds aside (to <output_dir>.prev-N) before training",
+    )
+    s.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest checkpoint in output_dir/checkpoints (save_every)",
     )
     s.set_defaults(fn=cmd_sft)
 

@@ -454,6 +454,10 @@ class SFTConfig(_Strict):
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float | None = Field(1.0, gt=0)
     progress: bool = True
+    save_every: int = Field(0, ge=0)
+    """Checkpoint every N steps into ``output_dir/checkpoints`` (0: only the final model);
+    ``relayrl sft --resume`` continues from the newest intact one."""
+    keep_checkpoints: int = Field(2, ge=1)
     data: SFTDataConfig = Field(default_factory=SFTDataConfig)
     """``data.source.chat_template`` / ``data.source.system_prompt``: the prompt format, the
     same keys (and defaults) as an RL run's; recorded in the output (``prompt_format.json``)."""

@@ -245,8 +245,8 @@ def checkpoint_problem(ckpt: Path) -> str | None:
         return f"{STATE_FILE} cannot be read: {exc}"
     if bad is not None:
         return f"{STATE_FILE} is corrupt (bad CRC in {bad})"
-    for role in ("actor", "critic"):
-        if (ckpt / role).is_dir() and (problem := weights_problem(ckpt / role)) is not None:
+    for role in sorted(p for p in ckpt.iterdir() if p.is_dir()):  # actor, critic; sft's model
+        if (problem := weights_problem(role)) is not None:
             return problem.replace(f"{ckpt}/", "")
     return None
 

@@ -305,13 +305,22 @@ def claim_run_dir(
     return run
 
 
-def claim_output_dir(output_dir: str | Path, overwrite: bool = False) -> Path | None:
+def claim_output_dir(
+    output_dir: str | Path,
+    overwrite: bool = False,
+    resume: bool = False,
+    steps: int | None = None,
+) -> RunDir:
     """The rules of a run directory for a model's output directory (``relayrl sft``), checked
     before the first step: one that holds anything is refused (``RunDirError`` naming what is
     there) unless ``overwrite``, which moves it to ``<output_dir>.prev-N`` (never deletes it;
-    returned); then the directory that will receive the model must take a file (a read-only or
-    impossible target is refused now, not after the training)."""
+    ``moved_to``), or ``resume``, which continues from its newest intact checkpoint
+    (``checkpoint``; refused when there is none, or when ``steps`` asks for no more); then the
+    directory that will receive the model must take a file (a read-only or impossible target
+    is refused now, not after the training)."""
     out = Path(output_dir)
+    if resume:
+        return _resume_output(out, overwrite, steps)
     held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     above = out
     while not above.exists() and above != above.parent:
@@ -319,7 +328,7 @@ def claim_output_dir(output_dir: str | Path, overwrite: bool = False) -> Path | 
     if not above.is_dir():
         where = "is a file" if above == out else f"cannot be created ({above} is a file)"
         raise RunDirError(f"output directory {out} {where}; choose another output_dir=...")
-    moved = None
+    moved: Path | None = None
     if held and not overwrite:
         shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
         raise RunDirError(
@@ -337,13 +346,43 @@ def claim_output_dir(output_dir: str | Path, overwrite: bool = False) -> Path | 
         raise RunDirError(
             f"output directory {out} cannot be written ({exc.strerror or exc})"
         ) from None
-    return moved
+    return RunDir(out, moved_to=moved)
 
 
-def _nothing_to_resume(path: Path, why: str) -> str:
+def _resume_output(out: Path, overwrite: bool, steps: int | None) -> RunDir:
+    if overwrite:
+        raise RunDirError("--resume continues the run in output_dir and --overwrite moves it aside")
+    if not out.is_dir():
+        raise RunDirError(_nothing_to_resume(out, "does not exist", "output directory"))
+    ckpt, corrupt = intact_checkpoint(out)
+    if ckpt is None and corrupt:
+        why = "; ".join(f"{p.name}: {problem}" for p, problem in corrupt)
+        raise RunDirError(f"--resume: no checkpoint in {out} can be read ({why})")
+    if ckpt is None:
+        raise RunDirError(_nothing_to_resume(out, "holds no checkpoint", "output directory"))
+    done = checkpoint_step(ckpt)
+    if done is not None and steps is not None and steps <= done:
+        raise RunDirError(
+            f"--resume: the newest checkpoint {ckpt} is at step {done} and steps={steps} asks "
+            f"for no more; set steps above {done} to train further"
+        )
+    run = RunDir(out, checkpoint=ckpt)
+    try:
+        for bad, problem in corrupt:
+            kept = bad.with_name(f"corrupt_{bad.name}")
+            os.rename(bad, kept)
+            run.corrupt.append((bad, problem, kept))
+        run.removed = remove_partial_writes(out)
+    except OSError as exc:
+        raise RunDirError(f"output directory {out} cannot be written ({exc.strerror})") from None
+    return run
+
+
+def _nothing_to_resume(path: Path, why: str, what: str = "run directory") -> str:
+    key = "output_dir" if what == "output directory" else "run_dir"
     return (
-        f"--resume: run directory {path} {why}: no checkpoint to continue (looked for "
-        f"{checkpoint_root(path)}/step_*/trainer_state.pt); check run_dir=..., or start a new "
+        f"--resume: {what} {path} {why}: no checkpoint to continue (looked for "
+        f"{checkpoint_root(path)}/step_*/trainer_state.pt); check {key}=..., or start a new "
         "run without --resume"
     )
 

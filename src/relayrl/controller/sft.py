@@ -17,12 +17,20 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from relayrl.config import DataConfig, PromptSourceConfig, SFTConfig
+from relayrl.controller.checkpoint import (
+    load_trainer_state,
+    newest_intact,
+    save_checkpoint,
+    set_rng_state,
+)
 from relayrl.controller.evaluate import greedy_pass_rate
+from relayrl.controller.faults import RunFault
 from relayrl.controller.preflight import check_sft_lengths, check_sft_val_prompts
 from relayrl.controller.prompts import arithmetic_task, tokenize_prompts
 from relayrl.data import (
@@ -107,8 +115,14 @@ def run_sft(
     cfg: SFTConfig,
     exclude_prompts: set[str] | None = None,
     validate: Callable[[torch.nn.Module], float] | None = None,
+    resume_from: Path | None = None,
 ) -> dict[str, float]:
     """Fine-tune ``model_path`` and save it (HF format, atomically) to ``output_dir``.
+
+    With ``save_every``, a checkpoint (weights, optimizer, scheduler, the example sampler and
+    RNG states) is written every N steps into ``output_dir/checkpoints``; ``resume_from`` (one
+    of them) continues the run where it stopped, on the same examples. A write that fails is a
+    ``RunFault`` naming the newest intact checkpoint.
 
     Every ``eval_every`` steps the validation pass rate is measured (``sft/val_pass_rate``) and
     the run stops once it reaches ``target_pass_rate``: by the built-in greedy single-turn
@@ -122,7 +136,7 @@ def run_sft(
     set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.model_path)
-    model = load_causal_lm(cfg.model_path)
+    model = load_causal_lm(resume_from / "model" if resume_from else cfg.model_path)
     records = [
         r for r in sft_records(cfg) if not exclude_prompts or r.prompt not in exclude_prompts
     ]
@@ -144,11 +158,20 @@ def run_sft(
         check = _live(validate, model)
     else:
         check = _validator(cfg, model, tokenizer, exclude_prompts) if cfg.eval_every else None
+    start = 0
+    if resume_from is not None:
+        state = load_trainer_state(resume_from)
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        rng.setstate(state["sampler"])
+        set_rng_state(state["rng"])
+        start = int(state["step"])
+        print(f"resumed from {resume_from} at step {start}")
     model.train()
     loss_val = float("nan")
     out: dict[str, float] = {}
-    with StepProgress(cfg.steps, "sft", enabled=cfg.progress) as bar:
-        for step in range(cfg.steps):
+    with StepProgress(cfg.steps, "sft", enabled=cfg.progress, initial=start) as bar:
+        for step in range(start, cfg.steps):
             chosen = [triples[rng.randrange(len(triples))] for _ in range(cfg.batch_size)]
             batch = pack_batch(
                 [p for p, _, _ in chosen], [r for _, r, _ in chosen], tokenizer.pad_token_id
@@ -174,8 +197,20 @@ def run_sft(
                     break
             else:
                 bar.update(step + 1, loss=loss_val)
-    used = prompt_format(tokenizer, fmt.chat_template, fmt.system_prompt)
-    save_model_atomic(model, tokenizer, cfg.output_dir, {FORMAT_FILE: json.dumps(used) + "\n"})
+            if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
+                state = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}
+                state["sampler"] = rng.getstate()
+                keep = cfg.keep_checkpoints
+                save_checkpoint(cfg.output_dir, step + 1, {"model": model}, tokenizer, state, keep)
+    fmt_used = prompt_format(tokenizer, fmt.chat_template, fmt.system_prompt)
+    used = {FORMAT_FILE: json.dumps(fmt_used) + "\n"}
+    try:
+        save_model_atomic(model, tokenizer, cfg.output_dir, used, keep=("checkpoints",))
+    except OSError as exc:
+        raise RunFault(
+            f"the model could not be written to {cfg.output_dir} ({exc.strerror or exc}); "
+            f"{newest_intact(cfg.output_dir)}"
+        ) from exc
     return {**out, "sft/examples": float(len(pairs))}
 
 

@@ -239,10 +239,16 @@ def _is_trained_critic(path: Path) -> bool:
 
 
 def save_model_atomic(
-    model: Any, tokenizer: Any, out_dir: str | Path, extra_files: Mapping[str, str] | None = None
+    model: Any,
+    tokenizer: Any,
+    out_dir: str | Path,
+    extra_files: Mapping[str, str] | None = None,
+    keep: tuple[str, ...] = (),
 ) -> Path:
     """``save_pretrained`` (model, tokenizer and ``extra_files`` name -> text) into a temp dir
-    next to ``out_dir``, then swap it in: a reader sees the old directory or the new one."""
+    next to ``out_dir``, then swap it in: a reader sees the old directory or the new one.
+    ``keep``: entries of the old directory carried into the new one (``relayrl sft``'s
+    ``checkpoints``), not removed with it."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".tmp_{out.name}_{os.getpid()}"
@@ -253,6 +259,9 @@ def save_model_atomic(
     for name, text in (extra_files or {}).items():
         (tmp / name).write_text(text)
     if out.exists():
+        for name in keep:
+            if (out / name).exists():
+                os.rename(out / name, tmp / name)
         old = out.parent / f".old_{out.name}_{os.getpid()}"
         os.replace(out, old)
         os.replace(tmp, out)
