@@ -593,3 +593,24 @@ def test_sft_checkpoints_and_resumes_to_the_same_weights(tiny, tmp_path, capsys,
     b = load_file(parts / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)  # bit-identical to the uninterrupted run
     assert (parts / "checkpoints/step_000002/trainer_state.pt").is_file()  # kept
+
+
+def test_near_zero_weight_syncs_do_not_paint_over_a_long_runs_timeline(tmp_path):
+    """1000 steps of 1 s training, each followed by a 0.1 ms weight sync: the widened sync
+    bars used to cover the whole row; now training's colour fills most of it."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+
+    from relayrl.telemetry.plots import PHASE_COLOURS, timeline_plot
+
+    spans = []
+    for i in range(1000):
+        spans += [(i * 1.0001, 1.0, "train"), (i * 1.0001 + 1.0, 1e-4, "weight_sync")]
+    png = timeline_plot(tmp_path / "t.png", [("run", {"trainer": spans})])
+    pixels = (imread(png)[..., :3] * 255).round().astype(int)
+
+    def count(name: str) -> int:
+        rgb = [int(PHASE_COLOURS[name][i : i + 2], 16) for i in (1, 3, 5)]
+        return int((abs(pixels - rgb).sum(axis=-1) <= 6).sum())
+
+    assert count("train") > 10 * count("weight_sync")

@@ -180,7 +180,12 @@ def timeline_plot(
     path: Path, runs: Sequence[tuple[str, dict[str, list[tuple[float, float, str]]]]]
 ) -> Path:
     """Gantt chart per run: one row per role, a bar per span (start s, duration s, name),
-    coloured by span name; shared x axis in seconds since the run's first span."""
+    coloured by span name; shared x axis in seconds since the run's first span.
+
+    A span shorter than a pixel is widened to one, so that it stays visible, but the shorter
+    a kind of span really is, the lower it is drawn: on a long run the thousands of near-zero
+    weight syncs show only in the gaps between the phases that take the time, instead of
+    painting over them."""
     figure = require_matplotlib()
     fig = figure.Figure(figsize=(8.5, 1.0 + 1.6 * len(runs)), dpi=DPI)
     axes = fig.subplots(len(runs), 1, sharex=True, squeeze=False)
@@ -191,12 +196,19 @@ def timeline_plot(
         ax = axes[i][0]
         order = sorted(roles)
         for row, role in enumerate(order):
-            by_name: dict[str, list[tuple[float, float]]] = {}
+            by_name: dict[tuple[str, bool], list[tuple[float, float, float]]] = {}
             for start, dur, span in roles[role]:
-                by_name.setdefault(span, []).append((start, max(dur, min_w)))
-            for span, bars in by_name.items():
+                by_name.setdefault((span, dur < min_w), []).append((start, max(dur, min_w), dur))
+            for (span, widened), bars in by_name.items():
                 colour = PHASE_COLOURS.get(span, "#333333")
-                h = ax.broken_barh(bars, (row - 0.38, 0.76), facecolors=colour, label=span)
+                typical = sorted(d for _, _, d in bars)[len(bars) // 2]  # the real median
+                h = ax.broken_barh(
+                    [(s, w) for s, w, _ in bars],
+                    (row - 0.38, 0.76),
+                    facecolors=colour,
+                    label=span,
+                    zorder=1 + typical / min_w if widened else 2,  # shorter: lower
+                )
                 handles.setdefault(span, h)
         ax.set_yticks(range(len(order)), order)
         ax.set_ylim(-0.6, len(order) - 0.4)
