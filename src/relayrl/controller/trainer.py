@@ -131,7 +131,7 @@ def train(
         except OSError as exc:
             with contextlib.suppress(Exception):
                 roles.close()
-            if exc.errno not in WRITE_ERRNOS:
+            if exc.errno not in WRITE_ERRNOS and not _inside(exc.filename, run.path):
                 raise
             what = f"could not write {exc.filename}" if exc.filename else "a write failed"
             raise RunFault(f"{what} ({exc.strerror}); {newest_intact(run.path)}") from exc
@@ -141,6 +141,15 @@ def train(
             raise
         roles.close()
         return result
+
+
+def _inside(filename: Any, run_dir: Path) -> bool:
+    """``filename`` (an OSError's) is in ``run_dir``: any failure there is the run's fault
+    (permission, a file removed under it), not the input's."""
+    try:
+        return bool(filename) and Path(filename).resolve().is_relative_to(run_dir.resolve())
+    except (OSError, TypeError, ValueError):
+        return False
 
 
 @dataclass
