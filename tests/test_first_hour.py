@@ -623,7 +623,8 @@ def test_a_chat_template_model_learns_through_sft_then_grpo_in_one_format(tmp_pa
     """A tiny Qwen2 whose tokenizer has a chat template, through the default configs: SFT in
     the template (the default) to a validation target, then GRPO; the held-out pass rate asked
     in the same format rises after both, and asking it raw (the old SFT's format) is worse.
-    Seed 0: SFT 0.35+ (template) vs raw lower; GRPO gain measured in the run's own eval."""
+    Seed 0, one run on a loaded 2-core machine (5 min): SFT stopped at its 0.35 target; the
+    GRPO run's own held-out eval 0.395 -> 0.735 after 60 steps."""
     from relayrl.model import load_tokenizer
 
     base = build_tiny_model(tmp_path / "base", arch="qwen2", hidden_size=96)

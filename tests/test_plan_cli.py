@@ -118,8 +118,16 @@ def test_placement_plan_cost_cli(capsys):
     )
     rows = json_rows(out)
     assert rc == 0 and rows[0]["gpu_hours"] == pytest.approx(29.491)
-    assert rows[1]["gb"] == 252.0
+    assert rows[1]["gb"] == 126.0  # GRPO: the actor trained, the reference frozen
+    assert rows[1]["item"] == "memory actor (trained) + ref (frozen), 7b"
     assert any(r.get("component") == "rollout" for r in rows)
+    # the memory row counts the models the step table does (issue 44): PPO with a reward model
+    argv = ["cost", "--model", "7b", "--rl", "--critic", "--reward-model", "7b", "--json"]
+    rc, out = run_cli(argv, capsys)
+    rows = json_rows(out)
+    assert rows[0]["gb"] == 252.0
+    assert rows[0]["item"] == "memory actor+critic (trained) + ref+reward (frozen), 7b"
+    assert {"critic", "reward"} <= {r.get("component") for r in rows}
 
 
 @pytest.mark.parametrize(

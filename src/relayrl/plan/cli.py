@@ -374,13 +374,21 @@ def cmd_cost(args: argparse.Namespace) -> int:
                 "days_on": f"{h / 24 / args.gpus:.3g} d on {args.gpus} GPUs",
             }
         )
-    mem = model_set_memory_bytes(
-        [(m.params, True), (m.params, True), (m.params, False), (m.params, False)]
-    )
+    # the memory of the models the RL step below runs (the same flags): actor and critic
+    # trained, reference and reward model frozen
+    reward_model = get_model(args.reward_model) if args.reward_model else None
+    trained = ["actor"] + (["critic"] if args.critic else [])
+    frozen = [] if args.no_ref else ["ref"]
+    if reward_model is not None:
+        same = reward_model.name == m.name
+        frozen.append("reward" if same else f"reward {reward_model.name}")
+    params = [(m.params, True)] * len(trained) + [(m.params, False)] * (not args.no_ref)
+    params += [(reward_model.params, False)] if reward_model else []
+    label = "+".join(trained) + " (trained)" + (f" + {'+'.join(frozen)} (frozen)" if frozen else "")
     rows.append(
         {
-            "item": f"memory actor+critic (trained) + ref+reward (frozen), {m.name}",
-            "gb": round(mem / 1e9, 1),
+            "item": f"memory {label}, {m.name}",
+            "gb": round(model_set_memory_bytes(params) / 1e9, 1),
         }
     )
     _print_table(f"cost on {hw.name} at {price}/GPU-hour", rows, args.json)
@@ -394,7 +402,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
             response_len=args.response_len,
             mfu=args.mfu,
             ref=m if not args.no_ref else None,
-            reward=get_model(args.reward_model) if args.reward_model else None,
+            reward=reward_model,
             critic=m if args.critic else None,
             tail_factor=args.tail_factor,
             price_per_gpu_hour=price,
