@@ -42,8 +42,11 @@ DEVICE ?= auto
 gpu-check: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) tools/gpu_check.py --device $(DEVICE)
 
+# ruff over the sources, tests and benches; mypy over src/relayrl (its config and the baseline
+# of modules it does not check yet: [tool.mypy] in pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy
 
 # Resolve pyproject.toml's ranges (with the dev extra) in a throw-away venv, under
 # lock-constraints.txt and together with the optional extras' packages (VLLM_PIN), so that the
