@@ -92,3 +92,9 @@ def test_links_and_named_files_exist(page: Path) -> None:
         if not any(c.exists() for c in candidates):
             missing.append(f"file {path}")
     assert not missing, f"{page.relative_to(ROOT)}: " + ", ".join(sorted(missing))
+
+
+def test_bench_index_lists_every_script() -> None:
+    index = (ROOT / "bench" / "README.md").read_text()
+    missing = [p.name for p in sorted((ROOT / "bench").glob("*.py")) if f"`{p.name}`" not in index]
+    assert not missing, f"bench/README.md does not list {missing}: add a row for each"
