@@ -42,10 +42,10 @@ DEVICE ?= auto
 gpu-check: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) tools/gpu_check.py --device $(DEVICE)
 
-# ruff over the sources, tests and benches; mypy over src/relayrl (its config and the baseline
-# of modules it does not check yet: [tool.mypy] in pyproject.toml).
+# ruff over the sources, tests, benches and tools; mypy over src/relayrl (its config and the
+# baseline of modules it does not check yet: [tool.mypy] in pyproject.toml).
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench tools
 	$(VENV)/bin/mypy
 
 # Resolve pyproject.toml's ranges (with the dev extra) in a throw-away venv, under
