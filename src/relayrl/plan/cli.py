@@ -327,7 +327,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         prompt_len=args.prompt_len,
         gen_len=args.gen_len,
     )
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, fn in (
         ("heuristic", heuristic_plan),
         ("symmetric", symmetric_plan),
