@@ -332,7 +332,8 @@ class DecodeGraphs:
                 self._step(model, cache, batch, columns)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: another thread's CUDA work (a trainer next to the engine) goes on
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             self._step(model, cache, batch, columns)
         self.capture_s += time.perf_counter() - t0
         return graph
