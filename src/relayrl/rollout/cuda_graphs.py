@@ -221,6 +221,7 @@ class DecodeGraphs:
             self.counts["invalidations"] += 1
         self._graphs.clear()
         self._pool = None
+        self._inputs = None  # remade for the model as it is now (its dtype, vocabulary)
 
     def stats(self) -> dict[str, Any]:
         """Counters (``cuda_graph_*``): graphs held, captures (shapes set up when not
