@@ -210,3 +210,74 @@ def test_cuda_graph_replays_equal_the_static_step_run_eagerly(models: dict) -> N
     assert [s.response_ids for s in graphed.generate(greedy)] == [
         s.response_ids for s in plain.generate(greedy)
     ]
+
+
+class _FakeGraph:
+    """Stands in for ``torch.cuda.CUDAGraph`` on the CPU: the "capture" records the step's
+    arguments, a replay runs the step again on the buffers as they are then."""
+
+    def __init__(self) -> None:
+        self.step: tuple | None = None
+
+    def replay(self) -> None:
+        assert self.step is not None
+        graphs, args = self.step
+        DecodeGraphs._step(graphs, *args)
+
+
+def _fake_cuda(monkeypatch: pytest.MonkeyPatch, fail: bool) -> None:
+    """Enough of ``torch.cuda`` for ``DecodeGraphs._capture`` to run on the CPU."""
+    import contextlib
+
+    class Stream:
+        def __init__(self, *a: object) -> None: ...
+
+        def wait_stream(self, other: object) -> None: ...
+
+    recorded: list[_FakeGraph] = []
+
+    @contextlib.contextmanager
+    def graph(g: _FakeGraph, pool: object = None, capture_error_mode: str = "global"):
+        assert capture_error_mode == "thread_local" and pool is not None
+        if fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        recorded.append(g)
+        yield
+
+    real_step = DecodeGraphs._step
+
+    def step(self: DecodeGraphs, *args: object) -> None:
+        if recorded and recorded[-1].step is None:
+            recorded[-1].step = (self, args)
+        real_step(self, *args)
+
+    monkeypatch.setattr(DecodeGraphs, "_step", step)
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_capture_path_on_padding_rows_and_a_failed_capture(
+    models: dict, monkeypatch: pytest.MonkeyPatch, fail: bool
+) -> None:
+    """The capture path with ``torch.cuda`` faked: warm-up and capture run on padding rows
+    only (the live KV is untouched: the results are the normal path's), replays follow; a
+    capture that fails turns graphs off with its reason and the engine goes on eagerly."""
+    model = models["qwen2"]
+    engine = _engine(model, static=True)
+    graphs = engine.runner.graphs
+    assert graphs is not None
+    graphs.capture = True  # (the constructor refuses it on the CPU)
+    _fake_cuda(monkeypatch, fail)
+    _same(engine.generate(_requests()), _engine(model, static=False).generate(_requests()))
+    st = engine.stats()
+    if fail:
+        assert "operation not permitted" in st["cuda_graph_disabled"]
+        assert st["cuda_graph_replays"] == 0 and st["cuda_graphs_held"] == 0
+    else:
+        assert st["cuda_graph_disabled"] is None and st["cuda_graph_eager_steps"] == 0
+        assert st["cuda_graph_replays"] > 50 and st["cuda_graphs_held"] >= 3
