@@ -45,6 +45,8 @@ the longest live length). Graphs are captured lazily, the first time a ``(B, C)`
 only to trash columns, so capturing never touches live KV), into ONE memory pool shared by
 all of them (``torch.cuda.graph_pool_handle``): their intermediates reuse the same memory.
 When the arenas move (the cache grows its capacity, or is released) every graph is dropped.
+A capture synchronises the device (``torch.cuda.graph`` does) and costs about three eager
+steps; a replay adds no synchronisation to the step's one device -> host transfer.
 
 Numerics. A replay runs exactly the kernels of the static step run eagerly (``capture=False``:
 the same buffers, padding and code, without the graph; the CPU tests run it), so graphs on and
@@ -214,9 +216,9 @@ class DecodeGraphs:
             self.invalidate()
 
     def invalidate(self) -> None:
-        """Drop every graph (and the pool's memory with them); new ones are captured when
-        needed. For a caller that replaced the model's tensors with ``check_addresses``
-        off."""
+        """Drop every graph (and the pool's memory with them) and the static buffers; new
+        ones are made when needed. For a caller that replaced the model's tensors with
+        ``check_addresses`` off."""
         if self._graphs:
             self.counts["invalidations"] += 1
         self._graphs.clear()
