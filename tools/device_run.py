@@ -305,7 +305,9 @@ def step_engine(run: Run) -> dict[str, Any]:
                           SamplingParams(max_tokens=48, ignore_eos=True), group_id=i // 4)
         for i in range(32)
     ]
-    engine.generate(reqs[:4])  # warm-up
+    # warm-up: the same requests, so every decode graph these steps need is captured here
+    # (a capture synchronises the device; the counted run must only replay)
+    engine.generate(reqs)
     f0 = engine.stats()["forwards"]
     samples, syncs = _count_syncs(lambda: engine.generate(reqs))
     forwards = engine.stats()["forwards"] - f0
@@ -324,6 +326,7 @@ def step_engine(run: Run) -> dict[str, Any]:
     nbytes = sum(v.numel() * v.element_size() for v in state.values())
     sync_s = _timed(lambda: engine.update_weights(state, version=1), run.device)
     cuda = run.device.type == "cuda"
+    engine_stats = engine.stats()
     per_fwd = syncs / max(forwards, 1) if syncs >= 0 else None
     ok = (
         master == {"torch.float32"}
@@ -346,6 +349,7 @@ def step_engine(run: Run) -> dict[str, Any]:
         "update_stats_finite": finite,
         "weight_load_s_per_gb": _r(sync_s / (nbytes / GB)),
         "weights_gb": _r(nbytes / GB),
+        "graph_stats": {k: engine_stats.get(k) for k in GRAPH_STATS},
     }
 
 
@@ -653,8 +657,57 @@ def step_update(size: str) -> Callable[[Run], dict[str, Any]]:
     return fn
 
 
+def _decode_engine(model: Any, slots: int, graphs: bool) -> Any:
+    """An engine over ``model``; ``graphs``: decode steps as CUDA graphs (on the CPU: the
+    same static-buffer step run eagerly, ``DecodeGraphs(capture=False)``)."""
+    from relayrl.rollout import RolloutEngine
+    from relayrl.rollout.cuda_graphs import DecodeGraphs
+
+    dev = next(model.parameters()).device
+    cuda = dev.type == "cuda"
+    engine = RolloutEngine(model, eos_token_id=model.config.vocab_size + 7, pad_token_id=0,
+                           max_slots=slots, cuda_graphs=graphs and cuda)
+    if graphs and not cuda:
+        engine.runner.graphs = DecodeGraphs(model, 0, slots, dev, capture=False)
+    return engine
+
+
+def _timed_generate(engine: Any, reqs: list[Any], device: torch.device
+                    ) -> tuple[list[Any], float, float]:
+    """(samples, wall seconds, decode seconds: decode-only steps and their sampling)."""
+    st0 = engine.stats()
+    _sync(device)
+    t0 = time.perf_counter()
+    samples = engine.generate(reqs)
+    _sync(device)
+    wall = time.perf_counter() - t0
+    st1 = engine.stats()
+    dec_s = (st1["decode_time_s"] + st1["sample_time_s"]) - (
+        st0["decode_time_s"] + st0["sample_time_s"])
+    return samples, wall, dec_s
+
+
+def _compare(a: list[Any], b: list[Any]) -> dict[str, Any]:
+    """Rows with the same tokens, and the largest logprob difference over those rows."""
+    same = [(x, y) for x, y in zip(a, b, strict=True) if x.response_ids == y.response_ids]
+    diffs = [abs(p - q) for x, y in same
+             for p, q in zip(x.behaviour_logprobs, y.behaviour_logprobs, strict=True)]
+    return {"rows_tokens_equal": len(same), "rows": len(a),
+            "logprob_max_abs_diff": _r(max(diffs)) if diffs else None,
+            "logprobs_bitwise_equal": len(same) == len(a) and not any(diffs)}
+
+
+GRAPH_STATS = ("cuda_graph_mode", "cuda_graph_captures", "cuda_graph_capture_s",
+               "cuda_graph_replays", "cuda_graph_eager_steps", "cuda_graph_invalidations",
+               "cuda_graphs_held", "cuda_graph_disabled")
+
+
 def step_decode(run: Run) -> dict[str, Any]:
-    from relayrl.rollout import GenerationRequest, RolloutEngine
+    """Own-engine decode at 1/32/256 rows, CUDA graphs off (eager) and on, against the HBM
+    roofline and HF ``generate``; graphs' tokens against eager's; a graph replay against the
+    same static step run eagerly (bitwise: what capture must not change)."""
+    from relayrl.rollout import GenerationRequest
+    from relayrl.rollout.cuda_graphs import DecodeGraphs
     from relayrl.rollout.types import SamplingParams
 
     cuda = run.device.type == "cuda"
@@ -670,31 +723,32 @@ def step_decode(run: Run) -> dict[str, Any]:
     bw = RESULTS.get("peaks", {}).get("copy_bytes_per_s")
     prompt, new = (64, 128) if cuda else (8, 8)
     rows_list = (1, 32, 256) if cuda else (1, 4)
-    engine = RolloutEngine(model, eos_token_id=c.vocab_size + 7, pad_token_id=0,
-                           max_slots=max(rows_list))
+    slots = max(rows_list)
+    eager = _decode_engine(model, slots, graphs=False)
+    graphed = _decode_engine(model, slots, graphs=True)
     g = torch.Generator().manual_seed(3)
     out: dict[str, Any] = {"config": size, "params": n, "prompt": prompt, "new_tokens": new}
-    engine.generate([GenerationRequest([5] * prompt, SamplingParams(max_tokens=4))])
+    warm = [GenerationRequest([5] * prompt, SamplingParams(max_tokens=4))]
+    eager.generate(warm)
+    graphed.generate(warm)
     for rows in rows_list:
         prompts = [torch.randint(3, c.vocab_size, (prompt,), generator=g).tolist()
                    for _ in range(rows)]
-        reqs = [GenerationRequest(p, SamplingParams(max_tokens=new, ignore_eos=True))
-                for p in prompts]
-        st0 = engine.stats()
-        _sync(run.device)
-        t0 = time.perf_counter()
-        samples = engine.generate(reqs)
-        _sync(run.device)
-        wall = time.perf_counter() - t0
-        st1 = engine.stats()
+        reqs = [GenerationRequest(p, SamplingParams(max_tokens=new, ignore_eos=True, seed=i))
+                for i, p in enumerate(prompts)]
+        samples, wall, dec_s = _timed_generate(eager, reqs, run.device)
         gen = sum(len(s.response_ids) for s in samples)
-        dec_s = (st1["decode_time_s"] + st1["sample_time_s"]) - (
-            st0["decode_time_s"] + st0["sample_time_s"])
         dec_tokens = gen - rows  # the first token of each row comes from its prefill
         dec_tps = dec_tokens / dec_s if dec_s > 0 else 0.0
         # one decode step reads the weights once and every row's KV (mean context)
         step_bytes = wbytes + rows * (prompt + new / 2) * kv_per_token
         roof_tps = rows * bw / step_bytes if bw else None
+        # graphs: a first run captures what these shapes need, the second is timed
+        t0 = time.perf_counter()
+        graphed.generate(reqs)
+        first_s = time.perf_counter() - t0
+        g_samples, g_wall, g_dec_s = _timed_generate(graphed, reqs, run.device)
+        g_tps = (sum(len(s.response_ids) for s in g_samples) - rows) / g_dec_s if g_dec_s else 0.0
         ids = torch.tensor(prompts, device=run.device)
         model.generation_config.pad_token_id = 0
         hf_kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=True, top_k=0,
@@ -713,15 +767,51 @@ def step_decode(run: Run) -> dict[str, Any]:
             "roofline_fraction": _r(dec_tps / roof_tps) if roof_tps else None,
             "hf_generate_tokens_per_s": _r(hf_tokens / hf_s),
             "engine_over_hf": _r((gen / wall) / (hf_tokens / hf_s)),
+            "graphs": {
+                "engine_tokens_per_s": _r(sum(len(s.response_ids) for s in g_samples) / g_wall),
+                "engine_decode_tokens_per_s": _r(g_tps),
+                "decode_step_ms": _r(rows / g_tps * 1e3) if g_tps else None,
+                "roofline_fraction": _r(g_tps / roof_tps) if roof_tps else None,
+                "over_eager_decode": _r(g_tps / dec_tps) if dec_tps else None,
+                "first_run_s": _r(first_s),
+                "vs_eager": _compare(g_samples, samples),
+            },
         }
+    st = graphed.stats()
+    out["graph_stats"] = {k: st.get(k) for k in GRAPH_STATS}
+    # a graph replay against the same static step run eagerly (capture=False): the same
+    # kernels on the same buffers, so the same bits (greedy and sampled rows)
+    static = _decode_engine(model, slots, graphs=False)
+    static.runner.graphs = DecodeGraphs(model, 0, slots, run.device, capture=False)
+    check = [GenerationRequest(torch.randint(3, c.vocab_size, (prompt,), generator=g).tolist(),
+                               SamplingParams(max_tokens=new // 4, ignore_eos=True, seed=i,
+                                              temperature=0.0 if i % 2 else 1.0))
+             for i in range(min(32, slots))]
+    graphed_check = graphed.generate(check)
+    out["graph_vs_static_eager"] = _compare(graphed_check, static.generate(check))
+    out["graph_vs_static_eager"]["static_steps"] = static.stats()["cuda_graph_eager_steps"]
     state = {k: v.clone() for k, v in model.state_dict().items()}
     nbytes = sum(v.numel() * v.element_size() for v in state.values())
     versions = iter(range(1, 10))
-    engine.update_weights(state, version=next(versions))
-    s = _timed(lambda: engine.update_weights(state, version=next(versions)), run.device, reps=3)
+    held = graphed.stats()["cuda_graphs_held"]
+    graphed.update_weights(state, version=next(versions))
+    s = _timed(lambda: graphed.update_weights(state, version=next(versions)), run.device, reps=3)
     out["weight_load_s_per_gb"] = _r(s / (nbytes / GB))
     out["weights_gb"] = _r(nbytes / GB)
-    out["ok"] = all(out[f"rows_{r}"]["engine_tokens_per_s"] > 0 for r in rows_list)
+    st = graphed.stats()
+    # weights copied in place: the graphs stay, and still give the same tokens
+    out["graphs_kept_after_update"] = st["cuda_graphs_held"] == held and held > 0
+    out["graphs_same_after_update"] = _compare(graphed.generate(check), graphed_check)[
+        "logprobs_bitwise_equal"]
+    out["ok"] = (
+        all(out[f"rows_{r}"]["engine_tokens_per_s"] > 0 for r in rows_list)
+        and all(out[f"rows_{r}"]["graphs"]["engine_tokens_per_s"] > 0 for r in rows_list)
+        and st["cuda_graph_disabled"] is None
+        and (st["cuda_graph_replays"] > 0 if cuda else st["cuda_graph_eager_steps"] > 0)
+        and out["graph_vs_static_eager"]["logprobs_bitwise_equal"]
+        and out["graphs_kept_after_update"]
+        and out["graphs_same_after_update"]
+    )
     return out
 
 

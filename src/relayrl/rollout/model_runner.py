@@ -52,6 +52,7 @@ from torch import Tensor
 
 from relayrl.rollout import direct_forward, varlen_decode
 from relayrl.rollout import split_attention as attention
+from relayrl.rollout.cuda_graphs import DecodeGraphs
 from relayrl.rollout.kv_cache import SlotKVCache
 from relayrl.rollout.transfer import (
     CPU,
@@ -78,6 +79,7 @@ class ModelRunner:
         direct: bool = True,
         varlen_decode: bool = True,
         device: torch.device | str = "cpu",
+        graphs: DecodeGraphs | None = None,
     ) -> None:
         self.pad_token_id = pad_token_id
         self.device = torch.device(device)  # the model's: every step tensor is made there
@@ -101,6 +103,8 @@ class ModelRunner:
         # decode rows through ``varlen_decode`` (float32 on the CPU, when its kernel builds):
         # each row reads its own cache length, no buckets, no gathers, no masks
         self.varlen_decode = varlen_decode
+        # decode-only direct steps through CUDA graphs (``relayrl.rollout.cuda_graphs``)
+        self.graphs = graphs
         self.num_forwards = 0
         self._signatures: dict[type, tuple[str, bool]] = {}
         self._split_ok: dict[type, bool] = {}
@@ -130,6 +134,11 @@ class ModelRunner:
             and self.supports_split(model)
         )
         if not prefill:
+            if use_split and self.graphs is not None and self._use_direct(model):
+                logits = self.graphs.run(model, cache, slots, starts, new_tokens)
+                if logits is not None:  # else not for graphs (another model): eager
+                    self.num_forwards += 1
+                    return logits
             if use_split:  # identical numerics to the steps with admissions
                 return self._forward_split(model, cache, slots, starts, new_tokens, [], [])
             return self._forward_padded(model, cache, slots, starts, new_tokens)
