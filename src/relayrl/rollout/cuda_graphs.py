@@ -66,7 +66,7 @@ import time
 import weakref
 from array import array
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -354,7 +354,7 @@ class DecodeGraphs:
         self._bind(cache)
         batch = batch_bucket(max(slots) + 1, self.sizes)
         columns = kv_bucket(kv_len, cache.capacity, self.min_kv_columns)
-        vocab = model.get_output_embeddings().out_features
+        vocab = int(cast(Any, model).get_output_embeddings().out_features)
         self._buffers(vocab, model_dtype(model))
         key = (batch, columns)
         if key not in self._graphs:
