@@ -90,13 +90,14 @@ class MeasuredEfficiency:
     Attributes:
         mfu: actor update, ``6 N tokens/s / peak`` (Qwen2-1.5B shape, bf16, no checkpointing).
         decode_step_overhead_s: seconds per decode step that do not scale with the batch
-            (the own engine's step at 1 row, Qwen2-0.5B shape: kernel launches and host work).
-            The planner adds it to every decode step; the bandwidth part keeps
-            ``--decode-eff`` (the overhead hides it: the step took about as long at 256 rows).
-        roofline_fraction: own-engine decode at 256 rows, tokens/s over the HBM roofline
-            ``rows * bandwidth / (weight bytes + KV bytes read per step)`` (reported only).
+            (the own engine's step at 1 row with CUDA graphs, Qwen2-0.5B shape: kernel
+            launches and host work). The planner adds it to every decode step; the bandwidth
+            part keeps ``--decode-eff``.
+        roofline_fraction: own-engine decode at 256 rows (CUDA graphs), tokens/s over the HBM
+            roofline ``rows * bandwidth / (weight bytes + KV bytes read per step)`` (reported).
         weight_load_s_per_gb: loading new weights into a colocated engine, seconds per GB.
-        source: the run's JSON in the repository.
+        source: the run's JSON with the ceilings and the update figures.
+        decode_source: the run's JSON with the decode figures.
     """
 
     mfu: float
@@ -104,15 +105,17 @@ class MeasuredEfficiency:
     roofline_fraction: float
     weight_load_s_per_gb: float
     source: str
+    decode_source: str
 
 
 MEASURED: dict[str, MeasuredEfficiency] = {
     "h200-measured": MeasuredEfficiency(
         mfu=0.3247,
-        decode_step_overhead_s=1 / 13.02,
-        roofline_fraction=0.004053,
-        weight_load_s_per_gb=0.005909,
+        decode_step_overhead_s=1 / 278.5,
+        roofline_fraction=0.06676,
+        weight_load_s_per_gb=0.006039,
         source="docs/gpu-runs/2026-12-04-figures-alone.json",
+        decode_source="docs/gpu-runs/2026-12-04-cuda-graphs.json",
     ),
 }
 
