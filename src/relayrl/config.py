@@ -420,10 +420,12 @@ class SFTPromptFormat(_Strict):
     chat_template: bool = True
     """Apply the tokenizer's chat template when it has one (off: the raw prompt text)."""
     system_prompt: str | None = None
+    """A system turn before each prompt (under a chat template only), as in RL."""
 
 
 class SFTDataConfig(_Strict):
     source: SFTPromptFormat = Field(default_factory=SFTPromptFormat)
+    """How prompts are rendered: the same keys as ``relayrl train``'s ``data.source``."""
 
 
 class SFTConfig(_Strict):
@@ -461,6 +463,7 @@ class SFTConfig(_Strict):
     """Checkpoint every N steps into ``output_dir/checkpoints`` (0: only the final model);
     ``relayrl sft --resume`` continues from the newest intact one."""
     keep_checkpoints: int = Field(2, ge=1)
+    """Newest SFT checkpoints kept (older ones are removed once a newer one is written)."""
     data: SFTDataConfig = Field(default_factory=SFTDataConfig)
     """``data.source.chat_template`` / ``data.source.system_prompt``: the prompt format, the
     same keys (and defaults) as an RL run's; recorded in the output (``prompt_format.json``)."""

@@ -257,7 +257,7 @@ def intact_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[tuple[Path
     root = checkpoint_root(run_dir)
     newest = latest_checkpoint(run_dir)
     done = sorted((p for p in root.glob("step_*") if (p / STATE_FILE).is_file()), reverse=True)
-    corrupt = []
+    corrupt: list[tuple[Path, str]] = []
     for ckpt in [newest, *(p for p in done if p != newest)] if newest else []:
         problem = checkpoint_problem(ckpt)
         if problem is None:

@@ -390,7 +390,11 @@ def _save(cfg: RunConfig, roles: Roles, b: _Boundary) -> Path:
             writers.append(writer)
     src = cfg.data.source  # the actor's prompt format, for eval / serve of the checkpoint
     fmt = json.dumps(prompt_format(roles.tokenizer, src.chat_template, src.system_prompt))
-    writers.append(lambda ckpt: (ckpt / "actor" / FORMAT_FILE).write_text(fmt + "\n"))
+
+    def write_format(ckpt: Path) -> None:
+        (ckpt / "actor" / FORMAT_FILE).write_text(fmt + "\n")
+
+    writers.append(write_format)
     return save_checkpoint(
         cfg.run_dir,
         b.step,
