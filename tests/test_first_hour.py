@@ -429,6 +429,19 @@ def test_sft_never_overwrites_and_checks_its_output_before_training(tiny, tmp_pa
         assert time.monotonic() - t0 < 5  # refused before loading anything, not after training
 
 
+def test_sft_into_its_own_model_path_is_refused(tiny, tmp_path, capsys):
+    before = file_hashes(tiny)
+    config = _sft_config(tmp_path / "sft.yaml", tiny, tiny)
+    for flags in ((), ("--overwrite",)):
+        rc, err = _run(capsys, ["sft", str(config), *flags])
+        assert rc == 2
+        assert err == (
+            f"relayrl sft: error: output_dir {tiny} is model_path: the model trained from would "
+            "be replaced; choose another output_dir=..."
+        )
+    assert file_hashes(tiny) == before
+
+
 def test_sft_into_a_read_only_filesystem_is_refused_before_training(
     tiny, small_tmpfs, tmp_path, capsys
 ):

@@ -91,11 +91,17 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from relayrl.config import SFTConfig, load_config
 
     cfg = load_config(SFTConfig, args.config, args.overrides)
+    from relayrl.controller.faults import RunDirError
     from relayrl.controller.run_dir import claim_output_dir
     from relayrl.controller.sft import run_sft
     from relayrl.model import check_model_dir
 
     check_model_dir(cfg.model_path)
+    if Path(cfg.output_dir).resolve() == Path(cfg.model_path).resolve():
+        raise RunDirError(
+            f"output_dir {cfg.output_dir} is model_path: the model trained from would be "
+            "replaced; choose another output_dir=..."
+        )
     claim = claim_output_dir(  # before the first step
         cfg.output_dir, overwrite=args.overwrite, resume=args.resume, steps=cfg.steps
     )
