@@ -89,10 +89,12 @@ def test_resume_with_another_model_or_algorithm_is_refused_unless_allowed(
         "--overwrite), or pass --allow-config-change to continue with the change"
     )
     assert file_hashes(run) == before
+    same = os.path.relpath(tiny)  # the same model, spelled another way: not a change
+    assert main(train_argv(config, "train.steps=3", f"model.path={same}", flags=("--resume",))) == 0
     rc = main(
         train_argv(
             config,
-            "train.steps=3",
+            "train.steps=4",
             "algo.name=ppo",
             flags=("--resume", "--allow-config-change"),
         )

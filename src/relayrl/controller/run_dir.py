@@ -203,7 +203,7 @@ def _dotted(tree: Any, key: str) -> Any:
 
 def _same(key: str, old: Any, new: Any) -> bool:
     if key.endswith("path") and isinstance(old, str) and isinstance(new, str):
-        return os.path.normpath(old) == os.path.normpath(new)
+        return os.path.realpath(old) == os.path.realpath(new)  # runs/sft == /abs/runs/sft
     return bool(old == new)
 
 
