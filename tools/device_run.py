@@ -29,6 +29,8 @@ leaves what it measured. Steps:
 - ``decode``: own-engine decode tokens/s at 1, 32 and 256 rows as a fraction of the HBM
   roofline (weights + KV bytes read per step / measured bandwidth), beside HF ``generate``;
   weight load into the engine (s/GB).
+- ``launch``: one kernel launch's cost, and an HF decode step (static KV cache) eager against
+  its CUDA-graph replay at 1 and 32 rows: where a decode step's time goes.
 - ``grpo``: ``relayrl demo`` with ``model.device=<device>``: SFT warm start, GRPO on
   arithmetic, held-out greedy pass rate before and after (started first, in its own process:
   its SFT runs on the CPU while the figures are measured; its GRPO may overlap the last of
