@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -711,3 +712,37 @@ def test_any_oserror_under_the_run_directory_is_one_line(tiny, tmp_path, capsys,
         f"relayrl train: error: could not write {run}/tb (Permission denied); the newest "
         f"intact checkpoint is {run}/checkpoints/step_000001"
     )
+
+
+def test_sigterm_during_sft_checkpoints_the_last_completed_step(
+    tiny, tmp_path, capsys, monkeypatch
+):
+    from safetensors.torch import load_file
+
+    from relayrl.controller import sft
+
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    config = _sft_config(tmp_path / "sft.yaml", tiny, whole)
+    argv = ["sft", str(config), "steps=4"]  # save_every: 0, only the signal saves
+    assert main(argv) == 0
+    real_forward = sft.forward_logprobs
+    calls = {"n": 0}
+
+    def forward(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(sft, "forward_logprobs", forward)
+    rc, err = _run(capsys, [*argv, f"output_dir={parts}"])
+    assert rc == 143
+    assert err == (
+        f"relayrl sft: stopped by SIGTERM after step 2; checkpoint {parts}/checkpoints/"
+        "step_000002 written; continue with --resume"
+    )
+    monkeypatch.setattr(sft, "forward_logprobs", real_forward)
+    assert main([*argv, f"output_dir={parts}", "--resume"]) == 0
+    a = load_file(whole / "model.safetensors")
+    b = load_file(parts / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # bit-identical to the uninterrupted run

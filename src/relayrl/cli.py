@@ -109,7 +109,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
         print(f"the earlier contents of {cfg.output_dir} were moved to {claim.moved_to}")
     for bad, problem, kept in claim.corrupt:
         print(f"checkpoint {bad} cannot be read ({problem}); kept as {kept.name}")
-    out = run_sft(cfg, resume_from=claim.checkpoint)
+    out = run_sft(cfg, resume_from=claim.checkpoint, save_on_signal=True)
     print(f"saved {cfg.output_dir} (final loss {out['sft/loss']:.4f})")
     return 0
 

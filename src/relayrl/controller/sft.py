@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,13 +25,16 @@ import torch
 
 from relayrl.config import DataConfig, PromptSourceConfig, SFTConfig
 from relayrl.controller.checkpoint import (
+    checkpoint_step,
+    latest_checkpoint,
     load_trainer_state,
     newest_intact,
+    rng_state,
     save_checkpoint,
     set_rng_state,
 )
 from relayrl.controller.evaluate import greedy_pass_rate
-from relayrl.controller.faults import RunFault
+from relayrl.controller.faults import RunFault, RunInterrupted, StepGuard, signal_name
 from relayrl.controller.preflight import check_sft_lengths, check_sft_val_prompts
 from relayrl.controller.prompts import arithmetic_task, tokenize_prompts
 from relayrl.data import (
@@ -116,13 +120,16 @@ def run_sft(
     exclude_prompts: set[str] | None = None,
     validate: Callable[[torch.nn.Module], float] | None = None,
     resume_from: Path | None = None,
+    save_on_signal: bool = False,
 ) -> dict[str, float]:
     """Fine-tune ``model_path`` and save it (HF format, atomically) to ``output_dir``.
 
     With ``save_every``, a checkpoint (weights, optimizer, scheduler, the example sampler and
     RNG states) is written every N steps into ``output_dir/checkpoints``; ``resume_from`` (one
     of them) continues the run where it stopped, on the same examples. A write that fails is a
-    ``RunFault`` naming the newest intact checkpoint.
+    ``RunFault`` naming the newest intact checkpoint. With ``save_on_signal`` (``relayrl sft``)
+    SIGINT / SIGTERM checkpoint the last completed step first, as ``relayrl train`` does (a
+    signal during a weight update waits for the end of that step; see ``StepGuard``).
 
     Every ``eval_every`` steps the validation pass rate is measured (``sft/val_pass_rate``) and
     the run stops once it reaches ``target_pass_rate``: by the built-in greedy single-turn
@@ -170,38 +177,56 @@ def run_sft(
     model.train()
     loss_val = float("nan")
     out: dict[str, float] = {}
-    with StepProgress(cfg.steps, "sft", enabled=cfg.progress, initial=start) as bar:
-        for step in range(start, cfg.steps):
-            chosen = [triples[rng.randrange(len(triples))] for _ in range(cfg.batch_size)]
-            batch = pack_batch(
-                [p for p, _, _ in chosen], [r for _, r, _ in chosen], tokenizer.pad_token_id
-            )
-            logp, _ = forward_logprobs(model, batch)
-            loss = masked_nll(logp, batch.response_mask, [m for _, _, m in chosen])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            sched.step()
-            loss_val = float(loss.detach())
-            out = {"sft/loss": loss_val, "sft/steps": float(step + 1)}
-            if check is not None and (step + 1) % cfg.eval_every == 0:
-                out["sft/val_pass_rate"] = check()
-                model.train()
-                bar.update(step + 1, loss=loss_val, val_pass=out["sft/val_pass_rate"])
-                if (
-                    cfg.target_pass_rate is not None
-                    and out["sft/val_pass_rate"] >= cfg.target_pass_rate
-                ):
+    guard = StepGuard().install() if save_on_signal else None
+    done, boundary = start, (rng.getstate(), rng_state())  # the last completed step's state
+    try:
+        with StepProgress(cfg.steps, "sft", enabled=cfg.progress, initial=start) as bar:
+            for step in range(start, cfg.steps):
+                chosen = [triples[rng.randrange(len(triples))] for _ in range(cfg.batch_size)]
+                batch = pack_batch(
+                    [p for p, _, _ in chosen], [r for _, r, _ in chosen], tokenizer.pad_token_id
+                )
+                logp, _ = forward_logprobs(model, batch)
+                loss = masked_nll(logp, batch.response_mask, [m for _, _, m in chosen])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.grad_clip is not None:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                if guard is not None:
+                    guard.committing = True  # a signal now waits for the end of the step
+                opt.step()
+                sched.step()
+                loss_val = float(loss.detach())
+                out = {"sft/loss": loss_val, "sft/steps": float(step + 1)}
+                stop = False
+                if check is not None and (step + 1) % cfg.eval_every == 0:
+                    out["sft/val_pass_rate"] = check()
+                    model.train()
+                    bar.update(step + 1, loss=loss_val, val_pass=out["sft/val_pass_rate"])
+                    target = cfg.target_pass_rate
+                    stop = target is not None and out["sft/val_pass_rate"] >= target
+                else:
+                    bar.update(step + 1, loss=loss_val)
+                if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
+                    state = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}
+                    state["sampler"] = rng.getstate()
+                    keep = cfg.keep_checkpoints
+                    save_checkpoint(
+                        cfg.output_dir, step + 1, {"model": model}, tokenizer, state, keep
+                    )
+                done, boundary = step + 1, (rng.getstate(), rng_state())
+                if guard is not None:
+                    guard.end_step()  # a signal held during the update stops the run here
+                if stop:
                     break
-            else:
-                bar.update(step + 1, loss=loss_val)
-            if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
-                state = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}
-                state["sampler"] = rng.getstate()
-                keep = cfg.keep_checkpoints
-                save_checkpoint(cfg.output_dir, step + 1, {"model": model}, tokenizer, state, keep)
+    except KeyboardInterrupt as exc:
+        if guard is None:
+            raise
+        at = (opt, sched, boundary, done, start)
+        raise _stopped(exc, cfg, model, tokenizer, guard, at) from exc
+    finally:
+        if guard is not None:
+            guard.restore()
     fmt_used = prompt_format(tokenizer, fmt.chat_template, fmt.system_prompt)
     used = {FORMAT_FILE: json.dumps(fmt_used) + "\n"}
     try:
@@ -212,6 +237,40 @@ def run_sft(
             f"{newest_intact(cfg.output_dir)}"
         ) from exc
     return {**out, "sft/examples": float(len(pairs))}
+
+
+def _stopped(
+    exc: KeyboardInterrupt,
+    cfg: SFTConfig,
+    model: Any,
+    tokenizer: Any,
+    guard: StepGuard,
+    saved: tuple[Any, Any, tuple[Any, dict[str, Any]], int, int],
+) -> RunInterrupted:
+    """Checkpoint the last completed step (weights, optimizer and scheduler are still that
+    step's unless a second signal abandoned an update); the one line that says so."""
+    opt, sched, (sampler, rng), done, start = saved
+    signum = getattr(exc, "signum", signal.SIGINT)
+    name = signal_name(signum)
+    newest = latest_checkpoint(cfg.output_dir)
+    if not guard.clean:
+        what = f"stopped by {name} during step {done + 1} (a second signal abandoned it)"
+    elif done == start or (newest is not None and checkpoint_step(newest) == done):
+        what = f"stopped by {name} after step {done}"
+    else:
+        what = f"stopped by {name} after step {done}"
+        state = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}
+        state["sampler"] = sampler
+        try:
+            path = save_checkpoint(
+                cfg.output_dir, done, {"model": model}, tokenizer, state, cfg.keep_checkpoints, rng
+            )
+        except RunFault as fault:
+            return RunInterrupted(signum, f"{what}; {fault}")
+        return RunInterrupted(signum, f"{what}; checkpoint {path} written; continue with --resume")
+    intact = newest_intact(cfg.output_dir)
+    tail = "; continue with --resume" if intact.startswith("the newest") else ""
+    return RunInterrupted(signum, f"{what}; {intact}{tail}")
 
 
 def _live(validate: Callable[[torch.nn.Module], float], model: Any) -> Callable[[], float]:
