@@ -38,9 +38,11 @@ class EnvConfig(_Strict):
     """Episodes holding an environment at once (the pool's limit); others wait for a free one."""
     reuse: bool = True
     """Reset and reuse a finished episode's environment (else close it and create anew)."""
-    render: Literal["auto", "plain", "template"] = "auto"
+    render: Literal["auto", "plain", "template", "template_rerender"] = "auto"
     """Turn rendering (``relayrl.env.render``): the tokenizer's chat template when it has one
-    (``auto``), else the plain ``U:`` / ``A:`` / ``T:`` format."""
+    (``auto``; bridged turn by turn onto the generated ids), else the plain ``U:`` / ``A:`` /
+    ``T:`` format; ``template_rerender`` re-renders the conversation each turn (a new,
+    counted sample wherever that breaks the prefix)."""
     outcome: Literal["reward_fn", "env"] = "reward_fn"
     """The episode's score: the run's reward function on the last assistant turn's text
     (``reward_fn``), or the reward the environment returned with ``done`` (``env``)."""

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import queue
 import threading
 import time
@@ -54,7 +55,8 @@ from typing import Any
 from relayrl.env.environment import Environment
 from relayrl.env.pool import EnvLoop, EnvPool, bounded
 from relayrl.env.render import ChatTemplateRenderer, PlainRenderer
-from relayrl.env.tools import OPEN_TAG, parse_tool_calls
+from relayrl.env.template_check import TemplateCheck, check_tool_template
+from relayrl.env.tools import assistant_message
 from relayrl.env.trajectory import TrajectoryBuilder
 from relayrl.env.types import EnvError, Message, StepResult, as_step_result, check_messages
 from relayrl.rollout.types import GenerationRequest, Sample
@@ -62,6 +64,7 @@ from relayrl.rollout.types import GenerationRequest, Sample
 ENV_TAG = "_env_episode"
 """Metadata key that ties an engine request to its episode (and turn)."""
 FAILED = ("env_error", "timeout")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -102,6 +105,7 @@ class _Episode:
     num_interrupts: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
+    last_turn_ids: list[int] = field(default_factory=list)
     t_start: float = field(default_factory=time.perf_counter)
 
 
@@ -134,6 +138,11 @@ class EpisodeRunner:
         self.counters: Counter[str] = Counter()
         self._reported: Counter[str] = Counter()
         self._closed = False
+        self.template_check: TemplateCheck | None = None
+        if isinstance(renderer, ChatTemplateRenderer):
+            self.template_check = check_tool_template(renderer)
+            if self.template_check.problem:
+                log.warning("env: chat template tool calls: %s", self.template_check.problem)
 
     # ---------------------------------------------------------------- rollout interface
     def submit_many(self, requests: Iterable[GenerationRequest]) -> None:
@@ -369,18 +378,9 @@ class EpisodeRunner:
             self._finish(ep, "abort", s.error or "the engine aborted the turn")
             return
         text = self.renderer.assistant_text(s.response_ids)
-        msg: Message = {"role": "assistant", "content": text}
-        if OPEN_TAG in text:
-            calls, _ = parse_tool_calls(text)
-            msg["tool_calls"] = [
-                {
-                    "id": c.id,
-                    "type": "function",
-                    "function": {"name": c.name, "arguments": c.arguments},
-                }
-                for c in calls
-            ]
-        ep.messages.append(msg)
+        msg, transcript = assistant_message(text)
+        ep.messages.append(transcript)  # the calls once, in tool_calls (as templates render)
+        ep.last_turn_ids = list(s.response_ids)
         assert ep.env is not None
         self._to_env(ep, "step", self._step(ep.env, msg))
 
@@ -397,10 +397,11 @@ class EpisodeRunner:
             self._finish(ep, "max_turns")
             return
         obs = result.observation
+        history = list(ep.messages)
         ep.messages.extend(obs)
         try:
             if self.renderer.incremental:
-                ids = self.renderer.observation(obs)
+                ids = self.renderer.observation(obs, history, ep.tools, ep.last_turn_ids)
                 new_len = len(b.context) + len(ids)
             else:
                 full = self.renderer.conversation(ep.messages, ep.tools)
