@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relayrl.env.environment import Environment
-from relayrl.env.pool import EnvLoop, EnvPool, bounded
+from relayrl.env.pool import EnvLoop, EnvPool
 from relayrl.env.render import ChatTemplateRenderer, PlainRenderer
 from relayrl.env.template_check import TemplateCheck, check_tool_template
 from relayrl.env.tools import assistant_message
@@ -236,14 +236,14 @@ class EpisodeRunner:
         env = None
         try:
             env = await self.pool.acquire()
-            messages = await bounded(env.reset(row), self.limits.step_timeout_s, "reset")
+            messages = await self.pool.call(env, lambda: env.reset(row), "reset")
             return env, check_messages(messages, "reset")
         except Exception as e:  # noqa: BLE001  (an env failure ends its episode, never the run)
             return env, e
 
     async def _step(self, env: Environment, message: Message) -> Any:
         try:
-            out = await bounded(env.step(message), self.limits.step_timeout_s, "step")
+            out = await self.pool.call(env, lambda: env.step(message), "step")
             return as_step_result(out, "step")
         except Exception as e:  # noqa: BLE001
             return e
