@@ -11,8 +11,11 @@ every request (one rollout of a GRPO group) it
    the request's (temperature / top_p / top_k of ``rollout.*``, whatever the agent asks, so
    the trainer's recomputed logprobs are of the distribution sampled from; ``max_tokens`` a
    cap per call; call k's seed derived from the request's seed);
-2. runs the agent (up to ``env.agent.concurrency`` at once; sync agents in a thread pool) with
-   ``env.agent.timeout_s``;
+2. runs the agent (up to ``env.agent.concurrency`` at once) with ``env.agent.timeout_s``. A
+   sync agent runs in a daemon thread of its own: one that hangs past its timeout is recorded
+   ``timeout`` and its slot goes to the next rollout at once (its thread is abandoned, counted
+   in ``agent/abandoned``, and never holds up the process's exit; its later calls to the
+   endpoint get 404), so hung agents never starve the others nor a later evaluation;
 3. turns the session's recorded calls into one sample in the episode runner's format
    (:mod:`relayrl.env.runner`): the trajectory of the agent's last call, loss mask 1 on the
    model's tokens only, the engine's behaviour logprobs and versions, and
@@ -47,11 +50,12 @@ import queue
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 from relayrl.env.agent_engine import EngineOwner
 from relayrl.env.openai_server import OpenAIServer
+from relayrl.env.pool import DaemonThreadExecutor
 from relayrl.env.registry import load_callable
 from relayrl.env.scoring import EpisodeScorer
 from relayrl.env.sessions import Session
@@ -101,7 +105,7 @@ class AgentRollout:
         self.concurrency = concurrency
         self.server = OpenAIServer(self.owner, tokenizer)
         self.server.start()
-        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="agent")
+        self._pool = DaemonThreadExecutor()  # a thread per sync agent call (see module)
         self._counts: dict[str, float] = {}
         self._reported: dict[str, float] = {}
         self._ids = itertools.count()
@@ -262,6 +266,9 @@ class AgentRollout:
                 reward = float(out)
         except TimeoutError:
             reason, error = "timeout", f"the agent ran past env.agent.timeout_s={self.timeout_s:g}"
+            if not inspect.iscoroutinefunction(self.agent):
+                with self._lock:  # its thread runs on (a thread cannot be stopped)
+                    self._counts["abandoned"] = self._counts.get("abandoned", 0.0) + 1
         except Exception as e:  # the agent's own failure: recorded, the step goes on
             error = f"the agent raised {type(e).__name__}: {e}"
         finally:
