@@ -44,16 +44,21 @@ def agent(base_url: str, api_key: str, row: dict) -> float:
 
 def _requests(n: int, hung: int) -> list[GenerationRequest]:
     return [
-        GenerationRequest([1], SamplingParams(max_tokens=3, seed=i), group_id=i,
-                          metadata={"prompt": "1+1=", "hang": i < hung})
+        GenerationRequest(
+            [1],
+            SamplingParams(max_tokens=3, seed=i),
+            group_id=i,
+            metadata={"prompt": "1+1=", "hang": i < hung},
+        )
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def test_hung_sync_agents_do_not_starve_the_pool(model_dir):
     tok = load_tokenizer(model_dir)
-    engine = RolloutEngine(load_causal_lm(model_dir), eos_token_id=tok.eos_token_id,
-                           pad_token_id=tok.pad_token_id)  # fmt: skip
+    engine = RolloutEngine(
+        load_causal_lm(model_dir), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
     rollout = AgentRollout(engine, tok, agent, timeout_s=2.0, concurrency=4)
     t0 = time.perf_counter()
     try:
@@ -94,8 +99,7 @@ def test_a_hung_agent_does_not_hold_up_the_exit(model_dir, tmp_path):
     """)
     )
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=120)  # fmt: skip
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     wall = time.perf_counter() - t0
     assert out.returncode == 0 and "closed" in out.stdout, out.stderr[-2000:]
     assert wall < 30, wall  # the agent's 600 s sleep is not waited for

@@ -13,6 +13,8 @@ BUILTIN: dict[str, str] = {
     "calculator": "relayrl.env.builtin.calculator:make_calculator_env",
     "code": "relayrl.env.builtin.code:make_code_env",
     "latency": "relayrl.env.builtin.latency:make_latency_env",
+    "mcp": "relayrl.env.mcp_tools:make_mcp_env",
+    "gym": "relayrl.env.gym_adapter:make_gym_env",
 }
 
 
