@@ -102,8 +102,9 @@ class ScriptedEngine:
         self.pending: list[Any] = []
         self.contexts: list[list[int]] = []
 
-    def submit(self, req: Any) -> None:
+    def submit(self, req: Any) -> int:
         self.pending.append(req)
+        return len(self.contexts) + len(self.pending) - 1
 
     def has_unfinished(self) -> bool:
         return bool(self.pending)
@@ -111,7 +112,7 @@ class ScriptedEngine:
     def step(self) -> list[Sample]:
         out = []
         for req in self.pending:
-            eid = req.metadata["_env_episode"]
+            eid = req.metadata.get("_env_episode", -1)  # -1: calls through the endpoint
             text = self.replies[min(self.turns[eid], len(self.replies) - 1)]
             self.turns[eid] += 1
             ids = list(self.tok(text, add_special_tokens=False)["input_ids"])
@@ -119,7 +120,7 @@ class ScriptedEngine:
             self.contexts.append(list(req.prompt_ids))
             out.append(
                 Sample(
-                    0,
+                    len(self.contexts) - 1,
                     list(req.prompt_ids),
                     ids,
                     [-1.0] * len(ids),
