@@ -264,6 +264,10 @@ class TrainConfig(_Strict):
     save_on_signal: bool = True
     """On SIGINT / SIGTERM, checkpoint the last completed step before stopping (a signal during
     a step's weight update waits for the end of that step; a second one stops at once)."""
+    save_trajectories: bool = False
+    """Append every trained trajectory of each step to ``<run_dir>/trajectories.jsonl``
+    (token ids, loss mask, behaviour logprobs, versions, score, text, episode info:
+    ``relayrl.env.export``); ``relayrl report`` summarises it."""
 
 
 class LoggingConfig(_Strict):

@@ -196,7 +196,7 @@ class AsyncSchedule:
         scores = torch.cat([g.scores for g in groups])
         t0 = time.perf_counter()
         with self.timeline.span("trainer", "train"):
-            exp = make_experience(self.roles, samples, scores, cfg, kl_ctl)
+            exp = make_experience(self.roles, samples, scores, cfg, kl_ctl, step)
             stats = self._bound_staleness(exp, step)
             stats.update(update_roles(self.roles, exp, cfg, kl_ctl, self.mismatch, step))
         stats["time/train"] = time.perf_counter() - t0

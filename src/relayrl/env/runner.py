@@ -456,6 +456,7 @@ class EpisodeRunner:
             "error": error,
             "infos": [r.info for r in ep.results],
             "time_s": time.perf_counter() - ep.t_start,
+            "messages": ep.messages,
         }
         req = ep.request
         meta = {k: v for k, v in req.metadata.items() if k != ENV_TAG}
