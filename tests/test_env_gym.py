@@ -84,3 +84,16 @@ def test_a_skyrl_shaped_text_env_runs_unchanged():
     env = s.metadata["env"]
     assert env["stop_reason"] == "env_done" and env["turns"] == 2 and env["outcome"] == 1.0
     assert env["turn_rewards"] == [0.0]
+
+
+def test_env_factory_finds_a_module_in_the_current_directory(tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / "my_cwd_env.py").write_text(
+        "from relayrl.env.builtin.calculator import CalculatorEnv\n"
+        "def make():\n    return CalculatorEnv()\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    env = resolve_factory("my_cwd_env:make")()
+    assert type(env).__name__ == "CalculatorEnv"
