@@ -26,6 +26,7 @@ from relayrl.controller.prompts import TokenizedPrompt
 from relayrl.data import dynamic_sample
 from relayrl.env.export import save_trajectories
 from relayrl.env.scoring import expand_episodes
+from relayrl.env.turn_credit import turn_advantages
 from relayrl.rollout import GenerationRequest, Sample, SamplingParams
 from relayrl.telemetry.mismatch import MismatchMonitor
 from relayrl.workers import Experience, Roles
@@ -141,6 +142,11 @@ def grpo_experience(
         episode_index=None if episodes is None else list(episodes),
         **_estimator_kwargs(cfg),
     )
+    if cfg.algo.turn_credit == "stepwise_grpo":  # per-turn advantages (multi-turn episodes)
+        groups = exp["group_index"].tolist()
+        exp["advantages"] = turn_advantages(
+            samples, scores, exp.response_mask, groups, cfg.algo.turn_gamma
+        )
     if cfg.algo.distill.teacher_path is not None:
         distill_from_teacher(roles, exp, cfg)
     return exp

@@ -36,6 +36,8 @@ ENV_KEYS = (
     "prefix_breaks",
     "messages",
     "error",
+    "turn_spans",
+    "turn_step_rewards",
 )
 
 

@@ -106,6 +106,8 @@ class _Episode:
     tool_calls: int = 0
     tool_errors: int = 0
     last_turn_ids: list[int] = field(default_factory=list)
+    turn_spans: list[tuple[int, int, int, int]] = field(default_factory=list)
+    """(segment, turn, start, end) of each assistant turn in its segment's response ids."""
     t_start: float = field(default_factory=time.perf_counter)
 
 
@@ -373,6 +375,7 @@ class EpisodeRunner:
         start = len(b.current.response_ids)
         b.add_turn(s.prompt_ids, s.response_ids, s.behaviour_logprobs, s.versions)
         ep.final_turn = (start, start + len(s.response_ids))
+        ep.turn_spans.append((len(b.segments) - 1, b.turns - 1, *ep.final_turn))
         self.counters["turns"] += 1
         if s.error is not None or s.finish_reason == "abort":
             self._finish(ep, "abort", s.error or "the engine aborted the turn")
@@ -477,6 +480,13 @@ class EpisodeRunner:
                 loss_mask=[],
             )
         *earlier, last = segments
+        seg_i = next(i for i, seg in enumerate(b.segments) if seg is last) if b else 0
+        turns = [(t, a, e) for si, t, a, e in ep.turn_spans if si == seg_i]
+        meta_env["turn_spans"] = [(a, e) for _, a, e in turns]
+        meta_env["turn_step_rewards"] = [
+            ep.results[t].reward if t < len(ep.results) and not ep.results[t].done else None
+            for t, _, _ in turns[:-1]
+        ]
 
         def sample(seg: Any, metadata: dict[str, Any]) -> Sample:
             return Sample(
