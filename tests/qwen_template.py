@@ -112,9 +112,13 @@ class ScriptedEngine:
     def step(self) -> list[Sample]:
         out = []
         for req in self.pending:
-            eid = req.metadata.get("_env_episode", -1)  # -1: calls through the endpoint
-            text = self.replies[min(self.turns[eid], len(self.replies) - 1)]
-            self.turns[eid] += 1
+            if "_env_episode" in req.metadata:
+                eid = req.metadata["_env_episode"]
+                turn = self.turns[eid]
+                self.turns[eid] += 1
+            else:  # a call through the endpoint: its turn is its prompt's assistant turns
+                turn = self.tok.decode(req.prompt_ids).count("<|im_start|>assistant") - 1
+            text = self.replies[min(turn, len(self.replies) - 1)]
             ids = list(self.tok(text, add_special_tokens=False)["input_ids"])
             ids += [self.end_id] if self.end else []
             self.contexts.append(list(req.prompt_ids))

@@ -1,0 +1,63 @@
+"""The official OpenAI Agents SDK (PyPI ``openai-agents``) drives a tool-using agent through
+the endpoint's Responses API, as an ``env.agent.function`` rollout: its function tool is called
+with the model's arguments, its final answer is the model's, and every recorded call is the
+engine's tokens (Qwen2.5 template, scripted replies; 0 prefix breaks)."""
+
+from __future__ import annotations
+
+import pytest
+
+from qwen_template import ScriptedEngine, qwen_tokenizer
+from relayrl.env.agent_rollout import AgentRollout
+from relayrl.rollout import GenerationRequest, SamplingParams
+
+agents = pytest.importorskip("agents")
+
+CALL = '<tool_call>\n{"name": "multiply", "arguments": {"a": 12, "b": 34}}\n</tool_call>'
+seen: list[tuple[int, int]] = []
+
+
+async def sdk_agent(base_url: str, api_key: str, row: dict) -> float:
+    from openai import AsyncOpenAI
+
+    agents.set_tracing_disabled(True)
+
+    @agents.function_tool
+    def multiply(a: int, b: int) -> int:
+        """Multiply two integers."""
+        seen.append((a, b))
+        return a * b
+
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    model = agents.OpenAIResponsesModel(model="policy", openai_client=client)
+    agent = agents.Agent(name="calc", instructions="Use the tool.", tools=[multiply], model=model)
+    result = await agents.Runner.run(agent, row["prompt"])
+    return 1.0 if str(result.final_output).strip() == row["answer"] else 0.0
+
+
+def test_an_openai_agents_sdk_agent_runs_through_the_endpoint():
+    tok = qwen_tokenizer()
+    engine = ScriptedEngine(tok, [CALL, "408"])
+    rollout = AgentRollout(engine, tok, sdk_agent, timeout_s=60, concurrency=2)
+    reqs = [
+        GenerationRequest(
+            [1],
+            SamplingParams(max_tokens=100, seed=i),
+            group_id=0,
+            metadata={"prompt": "12*34?", "answer": "408"},
+        )
+        for i in range(2)
+    ]
+    try:
+        samples = rollout.generate(reqs)
+    finally:
+        rollout.close()
+    assert seen == [(12, 34), (12, 34)]
+    for s in samples:
+        info = s.metadata["env"]
+        assert info["error"] is None and info["outcome"] == 1.0 and info["turns"] == 2
+        assert info["prefix_breaks"] == 0 and not info["segments"]
+        text = tok.decode(s.prompt_ids + s.response_ids)
+        assert "<tool_response>\n408\n</tool_response>" in text
+        trained = tok.decode([t for t, k in zip(s.response_ids, s.loss_mask, strict=True) if k])
+        assert trained == CALL + "<|im_end|>" + "408<|im_end|>"
