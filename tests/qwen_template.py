@@ -101,6 +101,7 @@ class ScriptedEngine:
         self.turns: Counter[int] = Counter()
         self.pending: list[Any] = []
         self.contexts: list[list[int]] = []
+        self.version = 0  # stamped on every token
 
     def submit(self, req: Any) -> int:
         self.pending.append(req)
@@ -128,7 +129,7 @@ class ScriptedEngine:
                     list(req.prompt_ids),
                     ids,
                     [-1.0] * len(ids),
-                    [0] * len(ids),
+                    [self.version] * len(ids),
                     "stop",
                     req.group_id,
                     dict(req.metadata),

@@ -61,3 +61,32 @@ def test_an_openai_agents_sdk_agent_runs_through_the_endpoint():
         assert "<tool_response>\n408\n</tool_response>" in text
         trained = tok.decode([t for t, k in zip(s.response_ids, s.loss_mask, strict=True) if k])
         assert trained == CALL + "<|im_end|>" + "408<|im_end|>"
+
+
+def test_an_agent_rollout_spanning_a_weight_update_counts_as_interrupted():
+    tok = qwen_tokenizer()
+    engine = ScriptedEngine(tok, ["a", "b"])
+
+    def agent(base_url: str, api_key: str, row: dict) -> float:
+        import openai
+
+        client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        msgs = [{"role": "user", "content": "hi"}]
+        reply = client.chat.completions.create(model="p", messages=msgs, max_tokens=5)
+        engine.version = 1  # a weight update between the two calls
+        msgs += [
+            reply.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": "again"},
+        ]
+        client.chat.completions.create(model="p", messages=msgs, max_tokens=5)
+        return 1.0
+
+    rollout = AgentRollout(engine, tok, agent, timeout_s=30)
+    try:
+        (s,) = rollout.generate(
+            [GenerationRequest([1], SamplingParams(max_tokens=5), metadata={"prompt": "x"})]
+        )
+    finally:
+        rollout.close()
+    assert {v for v, k in zip(s.versions, s.loss_mask, strict=True) if k} == {0, 1}
+    assert s.num_interrupts == 1

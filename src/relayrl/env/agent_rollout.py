@@ -326,6 +326,11 @@ class AgentRollout:
         info["segments"] = segments
         main.metadata = {**meta, "env": info}
         for smp in (main, *segments):
+            # tokens of more than one policy version: the rollout straddled a weight update
+            # (counted as interrupted, as an engine sample re-prefilled under new weights is)
+            mask = smp.loss_mask or [1] * len(smp.versions)
+            model_versions = {v for v, k in zip(smp.versions, mask, strict=True) if k}
+            smp.num_interrupts = max(smp.num_interrupts, len(model_versions) - 1)
             if failed:
                 smp.loss_mask = [0] * len(smp.response_ids)
                 smp.finish_reason = "abort"

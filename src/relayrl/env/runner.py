@@ -214,6 +214,8 @@ class EpisodeRunner:
             delta = {k: now[k] - self._reported.get(k, 0) for k in now}
             self._reported = now
         out = {f"env/{k}": float(v) for k, v in delta.items()}
+        out["env/pool_in_use"] = float(self.pool.in_use)  # gauges: now, not since the last call
+        out["env/threads"] = float(threading.active_count())
         n = delta.get("episodes", 0)
         if n:
             out["env/turns_mean"] = delta.get("turns", 0) / n
