@@ -90,3 +90,54 @@ def test_an_agent_rollout_spanning_a_weight_update_counts_as_interrupted():
         rollout.close()
     assert {v for v, k in zip(s.versions, s.loss_mask, strict=True) if k} == {0, 1}
     assert s.num_interrupts == 1
+
+
+def test_an_agent_may_return_per_call_rewards_keyed_by_reply_id():
+    import torch
+
+    from relayrl.env.turn_credit import turn_advantages
+
+    tok = qwen_tokenizer()
+    engine = ScriptedEngine(tok, ["first", "second"])
+
+    def agent(base_url: str, api_key: str, row: dict) -> dict:
+        import openai
+
+        client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        msgs = [{"role": "user", "content": "hi"}]
+        r1 = client.chat.completions.create(model="p", messages=msgs, max_tokens=9)
+        msgs += [
+            r1.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": "more"},
+        ]
+        r2 = client.responses.create(model="p", input=msgs, max_output_tokens=9)
+        if row.get("bad"):
+            return {"chatcmpl-nope": 1.0}
+        return {r1.id: row["r1"], r2.id: row["r2"]}
+
+    rollout = AgentRollout(engine, tok, agent, timeout_s=30)
+    rows = [{"r1": 0.5, "r2": 1.0}, {"r1": 0.0, "r2": 0.0}, {"bad": True}]
+    try:
+        samples = rollout.generate(
+            [
+                GenerationRequest([1], SamplingParams(max_tokens=9), group_id=0, metadata=r)
+                for r in rows
+            ]
+        )
+    finally:
+        rollout.close()
+    a, b, bad = (s.metadata["env"] for s in samples)
+    assert a["outcome"] == 1.0 and a["turn_rewards"] == [0.5] and len(a["turn_spans"]) == 2
+    assert b["outcome"] == 0.0 and b["turn_rewards"] == [0.0]
+    assert bad["stop_reason"] == "env_error" and "not a call of its rollout" in bad["error"]
+    (s1, e1), (s2, e2) = a["turn_spans"]
+    assert tok.decode(samples[0].response_ids[s1:e1]) == "first<|im_end|>"
+    assert tok.decode(samples[0].response_ids[s2:e2]) == "second<|im_end|>"
+    # per-turn credit over the two good rollouts: returns (1.5, 1.0) vs (0, 0)
+    good = samples[:2]
+    n = max(len(s.response_ids) for s in good)
+    mask = torch.zeros(2, n)
+    for i, s in enumerate(good):
+        mask[i, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.float32)
+    adv = turn_advantages(good, torch.tensor([1.0, 0.0]), mask, [0, 0], eps=0.0)
+    assert adv[0, s1].item() == 1.0 and adv[1, s1].item() == -1.0

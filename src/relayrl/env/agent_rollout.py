@@ -3,7 +3,11 @@
 The user gives ``agent(base_url, api_key, row) -> float`` (sync or async; ``env.agent.function:
 "module:function"``). It runs its agent with the official ``openai`` client
 (``openai.OpenAI(base_url=base_url, api_key=api_key)``), over as many chat / completion calls
-as it likes, and returns the rollout's reward. :class:`AgentRollout` looks like an engine to
+as it likes, and returns the rollout's reward: a number, or per-call rewards ``{reply id:
+reward}`` keyed by the ``id`` of the chat completions / completions / responses it got (as
+AReaL's workflows key them; :func:`per_call_rewards`): the rollout's outcome is then its last
+call's reward, the earlier calls' rewards are turn rewards, and each call is a turn for
+``algo.turn_credit``. :class:`AgentRollout` looks like an engine to
 the controller (``generate(requests) -> samples``, ``update_weights``, ``report``, ...): for
 every request (one rollout of a GRPO group) it
 
@@ -49,7 +53,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -61,7 +65,8 @@ from relayrl.env.scoring import EpisodeScorer
 from relayrl.env.sessions import Session
 from relayrl.rollout.types import EngineReport, GenerationRequest, Sample
 
-AgentFn = Callable[[str, str, dict[str, Any]], float | Awaitable[float]]
+AgentFn = Callable[[str, str, dict[str, Any]], Any]
+"""``agent(base_url, api_key, row) -> reward | {reply id: reward}`` (sync or async)."""
 INTERNAL_KEYS = ("sample_index",)
 
 
@@ -258,9 +263,14 @@ class AgentRollout:
         error: str | None = None
         reason = "env_done"
         reward = 0.0
+        call_rewards: dict[int, float] | None = None
         try:
             out = await asyncio.wait_for(self._call_agent(session, row), self.timeout_s)
-            if isinstance(out, bool) or not isinstance(out, (int, float)) or not math.isfinite(out):
+            if isinstance(out, Mapping):  # per-call rewards, keyed by the replies' ids
+                call_rewards, error = per_call_rewards(out, session)
+            elif (
+                isinstance(out, bool) or not isinstance(out, (int, float)) or not math.isfinite(out)
+            ):
                 error = f"the agent returned {out!r}, expected a finite number (the reward)"
             else:
                 reward = float(out)
@@ -279,7 +289,10 @@ class AgentRollout:
             reason = "env_error"
         stats = session.stats()
         self._count(stats, error is not None)
-        return self._episode_sample(index, req, session, reason, reward, error, t0, stats)
+        smp = self._episode_sample(index, req, session, reason, reward, error, t0, stats)
+        if call_rewards is not None and error is None:
+            credit_calls(smp, session, call_rewards)
+        return smp
 
     def _episode_sample(
         self,
@@ -347,6 +360,52 @@ class AgentRollout:
         c["failures"] = c.get("failures", 0.0) + float(failed)
         for k, v in stats.items():
             c[k] = c.get(k, 0.0) + v
+
+
+_ID_PREFIXES = ("chatcmpl-", "resp_", "cmpl-")
+
+
+def _id_key(rid: str) -> str:
+    for p in _ID_PREFIXES:
+        if rid.startswith(p):
+            return rid[len(p) :]
+    return rid
+
+
+def per_call_rewards(
+    out: Mapping[Any, Any], session: Session
+) -> tuple[dict[int, float], str | None]:
+    """An agent's per-call rewards ``{reply id: reward}`` (the ``id`` of a chat completion,
+    completion or response it got, as AReaL's workflows key them) -> ``{call index: reward}``,
+    or an error naming an unknown id or a reward that is not a finite number."""
+    index = {_id_key(c.response_id): i for i, c in enumerate(session.calls) if c.response_id}
+    rewards: dict[int, float] = {}
+    for rid, value in out.items():
+        i = index.get(_id_key(str(rid)))
+        if i is None:
+            return {}, f"the agent returned a reward for {rid!r}, not a call of its rollout"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return {}, f"the agent's reward for {rid!r} is {value!r}, not a number"
+        if not math.isfinite(value):
+            return {}, f"the agent's reward for {rid!r} is {value!r}, not finite"
+        rewards[i] = float(value)
+    return rewards, None
+
+
+def credit_calls(sample: Sample, session: Session, rewards: Mapping[int, float]) -> None:
+    """Per-call rewards on the rollout's sample (its last trajectory): the outcome is its last
+    call's reward (0 without one), the earlier calls' rewards are its turn rewards, and each
+    call's span is a turn (``turn_spans`` / ``turn_step_rewards``: ``algo.turn_credit``)."""
+    info = sample.metadata.get("env")
+    if not info or not session.calls:
+        return
+    last = session.calls[-1].trajectory
+    idx = [i for i, c in enumerate(session.calls) if c.trajectory == last]
+    info["turn_spans"] = [session.calls[i].span for i in idx]
+    info["turn_step_rewards"] = [rewards.get(i) for i in idx[:-1]]
+    info["turn_rewards"] = [r for r in info["turn_step_rewards"] if r is not None]
+    info["outcome"] = rewards.get(idx[-1], 0.0)
+    info["call_rewards"] = {session.calls[i].response_id: r for i, r in rewards.items()}
 
 
 def attach_agent(roles: Any, cfg: Any) -> Any:

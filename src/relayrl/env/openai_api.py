@@ -321,7 +321,7 @@ def chat_to_response(reply: dict[str, Any], body: dict[str, Any]) -> dict[str, A
     u = reply["usage"]
     incomplete = ch["finish_reason"] == "length"
     return {
-        "id": f"resp_{uuid.uuid4().hex[:24]}",
+        "id": "resp_" + reply["id"].removeprefix("chatcmpl-"),  # the recorded call's key
         "object": "response",
         "created_at": int(time.time()),
         "status": "incomplete" if incomplete else "completed",

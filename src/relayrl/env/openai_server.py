@@ -472,8 +472,11 @@ class OpenAIServer:
             raise APIError(400, str(e), "invalid_messages", "messages") from None
         parse = bool(tools) and body.get("tool_choice") != "none"
         calls = await self._run("chat", prompt, body, session)
+        rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        for c, _ in calls:
+            c.response_id = rid
         return {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "id": rid,
             "object": "chat.completion",
             "created": int(time.time()),
             "model": str(body.get("model") or self.model_name),
@@ -539,8 +542,11 @@ class OpenAIServer:
             )
         calls = await self._run("completion", prompt, body, session)
         logprobs_on = body.get("logprobs") is not None and body.get("logprobs") is not False
+        rid = f"cmpl-{uuid.uuid4().hex[:24]}"
+        for c, _ in calls:
+            c.response_id = rid
         return {
-            "id": f"cmpl-{uuid.uuid4().hex[:24]}",
+            "id": rid,
             "object": "text_completion",
             "created": int(time.time()),
             "model": str(body.get("model") or self.model_name),
