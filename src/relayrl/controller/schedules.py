@@ -59,6 +59,7 @@ def attach_environments(roles: Roles, cfg: RunConfig) -> None:
         RunnerLimits.from_config(e, _context_length(roles)),
         concurrency=e.concurrency,
         reuse=e.reuse,
+        isolation=e.isolation,
     )
     roles.reward = EpisodeScorer(roles.reward, e.outcome, e.turn_reward_coef)
 

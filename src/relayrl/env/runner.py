@@ -54,6 +54,7 @@ from typing import Any
 
 from relayrl.env.environment import Environment
 from relayrl.env.pool import EnvLoop, EnvPool
+from relayrl.env.process_env import in_processes
 from relayrl.env.render import ChatTemplateRenderer, PlainRenderer
 from relayrl.env.template_check import TemplateCheck, check_tool_template
 from relayrl.env.tools import assistant_message
@@ -123,7 +124,12 @@ class EpisodeRunner:
         *,
         concurrency: int = 64,
         reuse: bool = True,
+        isolation: str = "thread",
     ):
+        if isolation == "process":  # each environment in a worker process, killed on timeout
+            factory = in_processes(factory)
+        elif isolation != "thread":
+            raise ValueError(f"env.isolation: {isolation!r} is not thread or process")
         self.engine = engine
         self.renderer = renderer
         self.limits = limits
