@@ -29,3 +29,17 @@ class Spinning(Environment):
 
 def raising():
     raise RuntimeError("no environment today")
+
+
+def spinning_agent(base_url, api_key, row):
+    """An agent that never returns (a busy loop); rows without ``spin`` make one call."""
+    if row.get("spin"):
+        while True:
+            pass
+    import openai
+
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    client.chat.completions.create(
+        model="p", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+    )
+    return 0.5

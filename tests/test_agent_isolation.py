@@ -103,3 +103,38 @@ def test_a_hung_agent_does_not_hold_up_the_exit(model_dir, tmp_path):
     wall = time.perf_counter() - t0
     assert out.returncode == 0 and "closed" in out.stdout, out.stderr[-2000:]
     assert wall < 30, wall  # the agent's 600 s sleep is not waited for
+
+
+def test_a_spinning_agent_in_a_worker_process_is_killed(model_dir):
+    import os
+
+    from env_workers import spinning_agent
+
+    tok = load_tokenizer(model_dir)
+    engine = RolloutEngine(
+        load_causal_lm(model_dir), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
+    rollout = AgentRollout(
+        engine, tok, spinning_agent, timeout_s=15.0, concurrency=2, isolation="process"
+    )
+    reqs = [
+        GenerationRequest(
+            [1],
+            SamplingParams(max_tokens=3, seed=i),
+            group_id=i,
+            metadata={"prompt": "1+1=", "spin": i == 0},
+        )
+        for i in range(2)
+    ]
+    try:
+        samples = rollout.generate(reqs)
+    finally:
+        rollout.close()
+    assert [s.metadata["env"]["stop_reason"] for s in samples] == ["timeout", "env_done"]
+    assert samples[1].metadata["env"]["outcome"] == 0.5
+    pids = rollout.agent.pids
+    assert len(pids) == 2
+    for pid in pids:  # both workers are gone (the spinning one killed, not abandoned)
+        assert (
+            not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+        )

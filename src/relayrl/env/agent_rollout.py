@@ -58,6 +58,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from relayrl.env.agent_engine import EngineOwner
+from relayrl.env.agent_process import ProcessAgent
 from relayrl.env.openai_server import OpenAIServer
 from relayrl.env.pool import DaemonThreadExecutor
 from relayrl.env.registry import load_callable
@@ -101,8 +102,14 @@ class AgentRollout:
         agent: AgentFn | str,
         timeout_s: float = 120.0,
         concurrency: int = 16,
+        isolation: str = "thread",
     ) -> None:
         self.agent = load_agent(agent) if isinstance(agent, str) else agent
+        if isolation == "process":  # each rollout's agent in a worker process, killed on timeout
+            self.agent = ProcessAgent(self.agent)
+        elif isolation != "thread":
+            raise ValueError(f"env.agent.isolation: {isolation!r} is not thread or process")
+        self._awaitable = inspect.iscoroutinefunction(self.agent) or isolation == "process"
         self.engine = engine.engine if isinstance(engine, EngineOwner) else engine
         self.owner = engine if isinstance(engine, EngineOwner) else EngineOwner(engine)
         self.tokenizer = tokenizer
@@ -248,7 +255,7 @@ class AgentRollout:
 
     async def _call_agent(self, session: Session, row: dict[str, Any]) -> Any:
         url = self.server.base_url(session)
-        if inspect.iscoroutinefunction(self.agent):
+        if self._awaitable:
             return await self.agent(url, session.key, row)
         loop = asyncio.get_running_loop()
         out = await loop.run_in_executor(self._pool, self.agent, url, session.key, row)
@@ -276,7 +283,7 @@ class AgentRollout:
                 reward = float(out)
         except TimeoutError:
             reason, error = "timeout", f"the agent ran past env.agent.timeout_s={self.timeout_s:g}"
-            if not inspect.iscoroutinefunction(self.agent):
+            if not self._awaitable:
                 with self._lock:  # its thread runs on (a thread cannot be stopped)
                     self._counts["abandoned"] = self._counts.get("abandoned", 0.0) + 1
         except Exception as e:  # the agent's own failure: recorded, the step goes on
@@ -417,7 +424,7 @@ def attach_agent(roles: Any, cfg: Any) -> Any:
     if not a.enabled or isinstance(roles.rollout, AgentRollout):
         return roles
     roles.rollout = AgentRollout(
-        roles.rollout, roles.tokenizer, a.function, a.timeout_s, a.concurrency
+        roles.rollout, roles.tokenizer, a.function, a.timeout_s, a.concurrency, a.isolation
     )
     if roles.reward.service is None:
         roles.reward.fn = agent_reward
