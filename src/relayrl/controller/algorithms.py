@@ -24,7 +24,9 @@ from relayrl.algos import (
 from relayrl.config import RunConfig
 from relayrl.controller.prompts import TokenizedPrompt
 from relayrl.data import dynamic_sample
+from relayrl.env.export import save_trajectories
 from relayrl.env.scoring import expand_episodes
+from relayrl.env.turn_credit import turn_advantages
 from relayrl.rollout import GenerationRequest, Sample, SamplingParams
 from relayrl.telemetry.mismatch import MismatchMonitor
 from relayrl.workers import Experience, Roles
@@ -140,6 +142,11 @@ def grpo_experience(
         episode_index=None if episodes is None else list(episodes),
         **_estimator_kwargs(cfg),
     )
+    if cfg.algo.turn_credit == "stepwise_grpo":  # per-turn advantages (multi-turn episodes)
+        groups = exp["group_index"].tolist()
+        exp["advantages"] = turn_advantages(
+            samples, scores, exp.response_mask, groups, cfg.algo.turn_gamma
+        )
     if cfg.algo.distill.teacher_path is not None:
         distill_from_teacher(roles, exp, cfg)
     return exp
@@ -194,13 +201,20 @@ def ppo_experience(
 
 
 def make_experience(
-    roles: Roles, samples: Sequence[Sample], scores: Tensor, cfg: RunConfig, kl_ctl: KLController
+    roles: Roles,
+    samples: Sequence[Sample],
+    scores: Tensor,
+    cfg: RunConfig,
+    kl_ctl: KLController,
+    step: int | None = None,
 ) -> Experience:
     """The step's batch. Multi-turn samples (``relayrl.env``) carry a loss mask: observation
     tokens are attended to and never trained (``Experience.response_mask``); GAE steps from
     one model token to the next over them. An episode split at a prefix break trains each of
     its segments, each episode counted once in its group's statistics (``expand_episodes``)."""
     samples, scores, episodes = expand_episodes(samples, scores)
+    if step is not None and cfg.train.save_trajectories:  # what this step trains, as JSONL
+        save_trajectories(cfg.run_dir, step, samples, scores.tolist(), roles.tokenizer)
     if cfg.algo.name == "ppo":
         exp = ppo_experience(roles, samples, scores, cfg, kl_ctl)
     else:
@@ -366,7 +380,7 @@ def rl_step(
         requests = make_requests(prompts, cfg, step, stop_ids)
         samples, scores, stats = rollout_and_score(roles, requests, timer)
     t0 = time.perf_counter()
-    exp = make_experience(roles, samples, scores, cfg, kl_ctl)
+    exp = make_experience(roles, samples, scores, cfg, kl_ctl, step)
     stats.update(update_roles(roles, exp, cfg, kl_ctl, mismatch, step))
     timer["time/train"] = time.perf_counter() - t0
     stats.update(timer)

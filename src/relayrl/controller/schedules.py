@@ -59,6 +59,7 @@ def attach_environments(roles: Roles, cfg: RunConfig) -> None:
         RunnerLimits.from_config(e, _context_length(roles)),
         concurrency=e.concurrency,
         reuse=e.reuse,
+        isolation=e.isolation,
     )
     roles.reward = EpisodeScorer(roles.reward, e.outcome, e.turn_reward_coef)
 
@@ -196,7 +197,7 @@ class AsyncSchedule:
         scores = torch.cat([g.scores for g in groups])
         t0 = time.perf_counter()
         with self.timeline.span("trainer", "train"):
-            exp = make_experience(self.roles, samples, scores, cfg, kl_ctl)
+            exp = make_experience(self.roles, samples, scores, cfg, kl_ctl, step)
             stats = self._bound_staleness(exp, step)
             stats.update(update_roles(self.roles, exp, cfg, kl_ctl, self.mismatch, step))
         stats["time/train"] = time.perf_counter() - t0
