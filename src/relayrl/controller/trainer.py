@@ -39,6 +39,7 @@ from relayrl.controller.checkpoint import (
     set_rng_state,
 )
 from relayrl.controller.evaluate import held_out_metrics
+from relayrl.controller.failures import InfraBudgetExceeded
 from relayrl.controller.faults import RunFault, RunInterrupted, StepGuard, signal_name
 from relayrl.controller.prompts import PromptSource
 from relayrl.controller.run_dir import claim_run_dir, record_config
@@ -110,6 +111,10 @@ def train(
         roles = build_roles(actor_path, critic_path)
         try:
             result = _run(cfg, roles, ckpt, run.path)
+        except InfraBudgetExceeded as exc:  # one line: cause, last error, newest checkpoint
+            with contextlib.suppress(Exception):
+                roles.close()
+            raise RunFault(f"{exc}; {newest_intact(run.path)}") from None
         except OSError as exc:
             with contextlib.suppress(Exception):
                 roles.close()
