@@ -329,10 +329,10 @@ def _calculator(tiny, run_dir, factory, *overrides):
         f"env.factory={factory}",
         "env.max_turns=2",
         "rollout.max_tokens=12",
-        "algo.prompts_per_step=2",
+        "algo.prompts_per_step=4",
         "algo.group_size=2",
         "train.save_every=0",
-        "train.steps=2",
+        "train.steps=3",
         *overrides,
     )
 
@@ -340,7 +340,7 @@ def _calculator(tiny, run_dir, factory, *overrides):
 def _weights(run_dir):
     from safetensors.torch import load_file
 
-    (path,) = sorted((run_dir / "checkpoints").glob("step_*/actor/model.safetensors"))
+    path = sorted((run_dir / "checkpoints").glob("step_*/actor/model.safetensors"))[-1]
     return load_file(path)
 
 
@@ -350,8 +350,8 @@ def test_flaky_and_hanging_environment_train_the_same_weights_as_a_clean_one(tin
     environment) until it succeeds, so the run trains exactly the clean run's episodes."""
     from failure_helpers import reseed
 
-    clean = _calculator(tiny, tmp_path / "clean", "calculator", "train.save_every=2")
-    train(clean, lambda a, c: build_local_roles(clean, a, c))
+    clean = _calculator(tiny, tmp_path / "clean", "calculator")
+    clean_out = train(clean, lambda a, c: build_local_roles(clean, a, c))
     reseed(0)
     flaky = _calculator(
         tiny,
@@ -360,14 +360,19 @@ def test_flaky_and_hanging_environment_train_the_same_weights_as_a_clean_one(tin
         "env.kwargs={raise_rate: 0.3, hang_rate: 0.1}",
         "env.step_timeout_s=0.5",
         "failures.retries=12",
-        "train.save_every=2",
     )
-    train(flaky, lambda a, c: build_local_roles(flaky, a, c))
+    flaky_out = train(flaky, lambda a, c: build_local_roles(flaky, a, c))
     steps = [r for r in _records(tmp_path / "flaky") if "failures/samples" in r]
     assert sum(r["failures/retried"] for r in steps) > 0
     assert sum(r["failures/infra"] for r in steps) == 0  # every retry succeeded in the end
     env_failures = sum(r.get("env/failures", 0) for r in steps)
     assert env_failures > 0 and any(r.get("env/stop_timeout", 0) for r in steps)
+    evals = [r for r in _records(tmp_path / "flaky") if "eval/pass_rate" in r]
+    assert all(r["eval/failures/infra"] == 0 for r in evals)  # retried too
+    assert (flaky_out["eval_before"], flaky_out["eval_after"]) == (
+        clean_out["eval_before"],
+        clean_out["eval_after"],
+    )
     a, b = _weights(tmp_path / "clean"), _weights(tmp_path / "flaky")
     assert a.keys() == b.keys()
     for k in a:

@@ -88,7 +88,9 @@ def rollout_and_score(
     t1 = time.perf_counter()
     scores, reward_stats = roles.reward.score(samples)
     if retries:
-        samples, scores, retried = retry_failed(roles, requests, samples, scores, retries)
+        samples, scores, retried = retry_failed(
+            roles.rollout, roles.reward, requests, samples, scores, retries
+        )
         timer["failures/retried"] = timer.get("failures/retried", 0.0) + retried
     timer["time/generate"] = t1 - t0
     timer["time/score"] = time.perf_counter() - t1

@@ -112,7 +112,8 @@ def fresh_request(req: GenerationRequest) -> GenerationRequest:
 
 
 def retry_failed(
-    roles: Any,
+    rollout: Any,
+    reward: Any,
     requests: Sequence[GenerationRequest],
     samples: list[Sample],
     scores: Tensor,
@@ -126,8 +127,8 @@ def retry_failed(
         bad = [i for i, s in enumerate(samples) if infra_cause(s) is not None]
         if not bad:
             break
-        again = roles.rollout.generate([fresh_request(requests[i]) for i in bad])
-        new_scores, _ = roles.reward.score(again)
+        again = rollout.generate([fresh_request(requests[i]) for i in bad])
+        new_scores, _ = reward.score(again)
         for j, i in enumerate(bad):
             samples[i] = again[j]
             scores[i] = new_scores[j]
@@ -204,10 +205,7 @@ class FailureLog:
         c = self.cfg
         peak, self._peak = self._peak, 0
         if peak >= c.max_consecutive:
-            why = (
-                f"{peak} samples in a row failed "
-                f"(failures.max_consecutive={c.max_consecutive})"
-            )
+            why = f"{peak} samples in a row failed (failures.max_consecutive={c.max_consecutive})"
             raise InfraBudgetExceeded(f"{why}: {self._dominant()}")
         failed = sum(self.recent)
         if len(self.recent) == c.window and failed > c.max_rate * c.window:

@@ -175,6 +175,7 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
             stop_ids,
             cfg.eval,
             cfg.reward.fn,
+            cfg.failures.retries,
         )
 
     # A fresh run starts a fresh metrics file; a resumed one drops records past its checkpoint.
