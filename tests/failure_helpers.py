@@ -68,8 +68,10 @@ def reseed(seed: int) -> None:
 
 
 def hangs(prompt: str, completion: str, sample: dict) -> float:
-    """A reward function that never returns in time."""
+    """A reward function that never returns in time on a training sample (one with a
+    ``sample_index``; the held-out evaluation's are scored at once)."""
     import time
 
-    time.sleep(60)
+    if "sample_index" in sample:
+        time.sleep(60)
     return 0.0

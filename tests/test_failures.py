@@ -208,7 +208,7 @@ def test_reward_worker_death_and_timeout_are_infra_failures(tmp_path):
     assert infra_cause(dead) == "reward_worker", dead.metadata["reward"]
     svc = RewardService("failure_helpers:hangs", num_workers=1, tokenizer=_Chars(), timeout_s=0.5)
     try:
-        slow = _sample(0, prompt="1+1=", answer="2")
+        slow = _sample(0, prompt="1+1=", answer="2", sample_index=0)
         RewardWorker(None, _Chars(), svc).score([slow])
     finally:
         svc.close()
@@ -377,3 +377,36 @@ def test_flaky_and_hanging_environment_train_the_same_weights_as_a_clean_one(tin
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
+
+
+def test_async_retries_and_leaves_out_reward_fn_failures(tiny, tmp_path):
+    cfg = _single_turn(
+        tiny,
+        tmp_path / "run",
+        "train.steps=3",
+        "schedule=async",
+        "async.eta=1",
+        "reward.fn=failure_helpers:flaky_reward",
+    )
+    train(cfg, lambda a, c: build_local_roles(cfg, a, c))
+    steps = [r for r in _records(tmp_path / "run") if "failures/samples" in r]
+    assert len(steps) == 3
+    assert sum(r["failures/retried"] for r in steps) > 0
+    assert sum(r["failures/samples"] for r in steps) == 48
+
+
+@pytest.mark.slow  # ~25 s: the stall at 3 s, then the hung worker is shut down
+def test_async_trainer_waiting_on_a_hung_reward_is_an_error_naming_it(tiny, tmp_path):
+    cfg = _single_turn(
+        tiny,
+        tmp_path / "run",
+        "train.steps=2",
+        "schedule=async",
+        "reward.service.functions=[{fn: 'failure_helpers:hangs'}]",
+        "reward.service.num_workers=1",
+        "reward.service.timeout_s=120",
+        "failures.stall_s=3",
+    )
+    with pytest.raises(Exception, match=r"rollout stalled: no sample finished") as e:
+        train(cfg, lambda a, c: build_local_roles(cfg, a, c))
+    assert "samples awaiting the reward service" in str(e.value)

@@ -25,3 +25,6 @@ class FailuresConfig(_Strict):
     """Stop the run when more than this fraction of the last ``window`` samples failed."""
     window: int = Field(256, ge=1)
     """Samples over which ``max_rate`` is measured (checked once that many were seen)."""
+    stall_s: float | None = Field(600.0, gt=0)
+    """``async`` / ``overlap``: the trainer waiting while no sample finished generating or
+    scoring for this long is an error naming what is in flight (null: wait for ever)."""

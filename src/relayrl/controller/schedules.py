@@ -170,6 +170,7 @@ class AsyncSchedule:
         self.staleness_hist: Counter[int] = Counter()
         self.mismatch = MismatchMonitor()  # engine vs trainer logprobs of fresh tokens
         self.failures = FailureLog(cfg.failures)  # infrastructure failures: counts, budget
+        self._retried = 0
         self._wall0 = 0.0
         self._idle = 0.0
         self._engine_busy = 0.0
@@ -228,6 +229,8 @@ class AsyncSchedule:
         stats["trainer_idle_frac"] = self._idle / max(time.perf_counter() - self._wall0, 1e-9)
         c = self.controller
         stats["interrupted_frac"] = c.samples_interrupted / max(c.samples_received, 1)
+        stats["failures/retried"] = float(c.samples_retried - self._retried)  # since last step
+        self._retried = c.samples_retried
         stats["groups_admitted"] = float(self.gate.n_admitted)
         stats["next_group"] = float(self.buffer.next_index)
         if cfg.data.dynamic_sampling.enabled:
