@@ -410,3 +410,39 @@ def test_async_trainer_waiting_on_a_hung_reward_is_an_error_naming_it(tiny, tmp_
     with pytest.raises(Exception, match=r"rollout stalled: no sample finished") as e:
         train(cfg, lambda a, c: build_local_roles(cfg, a, c))
     assert "samples awaiting the reward service" in str(e.value)
+
+
+def test_rollout_only_on_the_calculator_environment(tiny, tmp_path, capsys):
+    """``relayrl train --rollout-only``: no training, nothing in run_dir; one line per step
+    with the time split and the failures by cause, then a few samples with their tags."""
+    from failure_helpers import reseed
+
+    reseed(1)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"model:\n  path: {tiny}\nlogging:\n  progress: false\n")
+    rc = main(
+        [
+            "train",
+            str(cfg),
+            "--rollout-only",
+            f"run_dir={tmp_path / 'run'}",
+            "env.factory=failure_helpers:flaky_calculator",
+            "env.kwargs={raise_rate: 0.3}",
+            "env.max_turns=2",
+            "rollout.max_tokens=8",
+            "algo.prompts_per_step=4",
+            "algo.group_size=2",
+            "train.steps=2",
+            "failures.retries=0",
+            "threads=1",
+        ]
+    )
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0
+    assert not (tmp_path / "run").exists()
+    steps = [x for x in lines if x.startswith("step ")]
+    assert len(steps) == 2, lines
+    assert all("generate" in x and "score" in x and "infra failures" in x for x in steps)
+    assert any("(env " in x for x in steps), steps  # some steps raised: counted by cause
+    samples = [x for x in lines if x.startswith("  ")]
+    assert len(samples) == 3 and all("score" in x for x in samples)
