@@ -446,3 +446,46 @@ def test_rollout_only_on_the_calculator_environment(tiny, tmp_path, capsys):
     assert any("(env " in x for x in steps), steps  # some steps raised: counted by cause
     samples = [x for x in lines if x.startswith("  ")]
     assert len(samples) == 3 and all("score" in x for x in samples)
+
+
+def test_own_engine_weight_sync_to_a_hung_worker_is_a_bounded_error(tiny):
+    """The engine worker stops (SIGSTOP) mid-way: the next weight update is an error naming the
+    worker and the versions within ``weight_sync.timeout_s``, never a hang; nothing of the
+    new weights was written into the shared tensors."""
+    import os
+    import signal
+    import time
+
+    from relayrl.cluster.engine_process import EngineProcess, EngineSpec, WeightSyncFailed
+    from relayrl.model import load_causal_lm, load_tokenizer
+
+    tok = load_tokenizer(tiny)
+    spec = EngineSpec(
+        model_path=str(tiny),
+        dtype="float32",
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        max_slots=4,
+        threads=1,
+        version=0,
+        urgent_steps=0,
+    )
+    state = load_causal_lm(tiny, torch.float32).state_dict()
+    with EngineProcess(spec, state, sync_timeout_s=2.0) as engine:
+        engine.update_weights(state, version=1)
+        engine.wait_weights_loaded()
+        os.kill(engine.process.pid, signal.SIGSTOP)
+        try:
+            engine.update_weights(state, version=2)  # sent; the stopped worker never loads it
+            new = {k: v + 1.0 for k, v in state.items()}
+            t0 = time.monotonic()
+            with pytest.raises(WeightSyncFailed) as e:
+                engine.update_weights(new, version=3)
+            assert time.monotonic() - t0 < 10
+            msg = str(e.value)
+            assert f"pid {engine.process.pid}" in msg and "version 3" in msg
+            assert "not loaded version 2" in msg and "\n" not in msg
+            name = next(iter(state))
+            torch.testing.assert_close(engine._shared[name], state[name].to(torch.float32))
+        finally:
+            os.kill(engine.process.pid, signal.SIGCONT)

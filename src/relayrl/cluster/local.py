@@ -84,7 +84,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
             vllm_kv_cache_gib=cfg.rollout.vllm_kv_cache_gib,
             device=str(engine_device(cfg)),
         )
-        rollout = EngineProcess(spec, actor.state_dict())
+        rollout = EngineProcess(spec, actor.state_dict(), sync_timeout_s=cfg.weight_sync.timeout_s)
     reference = None
     if cfg.algo.kl_coef > 0 or cfg.algo.name == "ppo":
         reference = build_reference(cfg, actor)  # LoRA: the actor with adapters disabled
