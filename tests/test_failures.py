@@ -489,3 +489,22 @@ def test_own_engine_weight_sync_to_a_hung_worker_is_a_bounded_error(tiny):
             torch.testing.assert_close(engine._shared[name], state[name].to(torch.float32))
         finally:
             os.kill(engine.process.pid, signal.SIGCONT)
+
+
+def test_a_sandbox_that_cannot_start_is_an_infra_failure(monkeypatch, tmp_path):
+    """No temporary directory for the sandbox's run (deleted under the run): the code reward
+    raises ``SandboxUnavailable``; the sample is an infrastructure failure (``sandbox``), not a
+    program that scored 0."""
+    import tempfile
+
+    from relayrl.reward import get_reward_fn
+
+    class Text:
+        def decode(self, ids, skip_special_tokens=True):
+            return "```python\ndef add(a, b):\n    return a + b\n```"
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
+    sample = _sample(0, prompt="write add", tests=["assert add(1, 2) == 3"])
+    scores, _ = RewardWorker(get_reward_fn("code"), Text()).score([sample])
+    assert scores.tolist() == [0.0]
+    assert infra_cause(sample) == "sandbox", sample.metadata["reward"]

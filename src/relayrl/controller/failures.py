@@ -9,7 +9,8 @@ Two kinds of failure:
   (``env`` / ``env_timeout``), an agent function that crashes or hangs (``agent`` /
   ``agent_timeout``), an engine that aborts or rejects a turn of an episode (``engine``), a
   reward function that raises (``reward_fn``), a reward worker that dies (``reward_worker``)
-  or times out (``reward_timeout``). Its score (0) would be a lie.
+  or times out (``reward_timeout``), a code sandbox that cannot start a program (``sandbox``).
+  Its score (0) would be a lie.
 
 :func:`classify` reads which from what the lower layers already record on the sample
 (``metadata["env"]`` of an episode, ``metadata["reward"]["error"]`` of the inline reward
@@ -86,6 +87,8 @@ def classify(sample: Sample) -> tuple[str, str, str] | None:
             return INFRA, "reward_timeout", error
         if "worker died" in error or "service closed" in error:
             return INFRA, "reward_worker", error
+        if "SandboxUnavailable" in error:
+            return INFRA, "sandbox", error
         return INFRA, "reward_fn", error
     return None
 
