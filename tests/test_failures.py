@@ -508,3 +508,21 @@ def test_a_sandbox_that_cannot_start_is_an_infra_failure(monkeypatch, tmp_path):
     scores, _ = RewardWorker(get_reward_fn("code"), Text()).score([sample])
     assert scores.tolist() == [0.0]
     assert infra_cause(sample) == "sandbox", sample.metadata["reward"]
+
+
+def test_async_evaluation_runs_beside_training(tiny, tmp_path):
+    """``schedule=async`` with ``train.eval_every``: the evaluation runs in its own thread on
+    the engine's evaluation lane; its metrics come with a later step's record, with the step
+    (trainer version) it started at and the versions its tokens came from."""
+    cfg = _single_turn(
+        tiny, tmp_path / "run", "train.steps=6", "schedule=async", "train.eval_every=2"
+    )
+    train(cfg, lambda a, c: build_local_roles(cfg, a, c))
+    recs = _records(tmp_path / "run")
+    assert len([r for r in recs if "failures/samples" in r]) == 6  # every step trained
+    beside = [r for r in recs if "eval/at_step" in r]
+    assert beside, recs
+    for r in beside:
+        assert r["step"] >= r["eval/at_step"] and r["eval/at_step"] in (2, 4)
+        assert r["eval/version_min"] >= r["eval/at_step"] - 1  # no older weights than that
+        assert r["eval/version_max"] <= r["step"]

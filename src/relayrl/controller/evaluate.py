@@ -244,6 +244,9 @@ def evaluate_prompts(
     metrics["prompts"] = float(len(prompts))
     metrics["n"] = float(n)
     metrics["failures/infra"] = float(sum(r["failure"] is not None for r in records))
+    versions = [v for s in samples for v in s.versions]
+    if versions:  # the policy versions the answers came from (an async eval may span some)
+        metrics["version_min"], metrics["version_max"] = float(min(versions)), float(max(versions))
     return EvalResult(metrics, records)
 
 
@@ -265,6 +268,7 @@ def held_out_metrics(
     )
     metrics = {
         "eval/failures/infra": out.metrics["failures/infra"],
+        **{f"eval/{k}": out.metrics[k] for k in ("version_min", "version_max") if k in out.metrics},
         "eval/pass_rate": out.metrics["pass_rate"],
         "eval/reward_mean": out.metrics["reward_mean"],
         "eval/n": out.metrics["prompts"],
