@@ -227,6 +227,9 @@ class RolloutConfig(_Strict):
     behaviour logprobs), or keep the KV (new-version tokens on old-version KV, recorded)."""
     vllm_kv_cache_gib: float = Field(0.25, gt=0)
     """vLLM's KV cache size in GiB (its ``kv_cache_memory_bytes``)."""
+    cuda_graphs: bool | None = None
+    """Own engine: decode steps replayed as CUDA graphs (``rollout.cuda_graphs``); null: on
+    when the engine is on a CUDA device, off on the CPU (true there is an error)."""
 
 
 class AsyncConfig(_Strict):

@@ -37,7 +37,7 @@ class WeightSyncConfig(_Strict):
     transport: Literal["object_store", "collective"] = "object_store"
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """``collective``: ``auto`` = NCCL when the trainer's rank 0 computes on CUDA, else gloo
-    (NCCL has not run here: no GPU)."""
+    (NCCL needs a GPU per rank: two ranks on one GPU are refused, docs/gpu.md)."""
     timeout_s: float = Field(600.0, gt=0)
     """How long a member of the weight group waits for the others (rendezvous, each
     broadcast) before failing."""

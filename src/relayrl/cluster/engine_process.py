@@ -94,6 +94,7 @@ class EngineSpec:
     device: str = "cpu"
     """Where the own engine computes and the shared weights live (``cpu``, ``cuda:<i>``); the
     vLLM backend places itself (its shared weights stay on the CPU)."""
+    cuda_graphs: bool | None = None  # rollout.cuda_graphs (None: on for CUDA)
 
     def shared_device(self) -> torch.device:
         """The device of the shared weight tensors (CPU for the vLLM backend)."""
@@ -154,6 +155,7 @@ def build_own_engine(spec: EngineSpec, shared: Mapping[str, Tensor]) -> Any:
         version=spec.version,
         urgent_steps=spec.urgent_steps,
         device=device,
+        cuda_graphs=spec.cuda_graphs,
     )
 
 

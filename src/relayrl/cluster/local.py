@@ -68,6 +68,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
             max_slots=cfg.rollout.max_slots,
+            cuda_graphs=cfg.rollout.cuda_graphs,
         )
     else:  # overlap / async: the engine in its own process, weights through shared memory
         spec = EngineSpec(
@@ -83,6 +84,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
             vllm_interrupt=cfg.rollout.vllm_interrupt,
             vllm_kv_cache_gib=cfg.rollout.vllm_kv_cache_gib,
             device=str(engine_device(cfg)),
+            cuda_graphs=cfg.rollout.cuda_graphs,
         )
         rollout = EngineProcess(spec, actor.state_dict(), sync_timeout_s=cfg.weight_sync.timeout_s)
     reference = None

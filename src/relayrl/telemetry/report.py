@@ -119,12 +119,16 @@ def _read_timeline(path: Path) -> dict[str, list[tuple[float, float, str]]]:
     spans = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"]
     if not spans:
         return {}
-    t0 = min(float(e["ts"]) for e in spans)
+    t0 = min(float(span["ts"]) for span in spans)
     out: dict[str, list[tuple[float, float, str]]] = {}
-    for e in spans:
-        role = str(e.get("cat", "?"))
+    for span in spans:
+        role = str(span.get("cat", "?"))
         out.setdefault(role, []).append(
-            ((float(e["ts"]) - t0) / 1e6, float(e.get("dur", 0.0)) / 1e6, str(e.get("name", "?")))
+            (
+                (float(span["ts"]) - t0) / 1e6,
+                float(span.get("dur", 0.0)) / 1e6,
+                str(span.get("name", "?")),
+            )
         )
     return out
 

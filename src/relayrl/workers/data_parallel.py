@@ -8,7 +8,7 @@ clipping, so every rank clips the same global norm and takes the same optimizer 
 Every rank must run the same number of optimizer steps (each shard needs at least
 ``algo.mini_batches`` sequences).
 
-With ``model.fsdp.enabled`` ``from_config`` returns the FSDP2 workers of
+With ``model.fsdp.enabled`` ``relayrl.workers.build`` builds the FSDP2 workers of
 ``relayrl.workers.fsdp`` instead (sharded state, reduce-scatter instead of the all-reduce).
 """
 
@@ -19,7 +19,6 @@ import torch.distributed as dist
 
 from relayrl.algos import LossNorm
 from relayrl.algos.aggregation import step_counts
-from relayrl.config import RunConfig
 from relayrl.workers.actor import ActorWorker
 from relayrl.workers.critic import CriticWorker
 from relayrl.workers.experience import Experience
@@ -54,15 +53,6 @@ def all_reduce_gradients(model: torch.nn.Module) -> None:
 class DataParallelActorWorker(ActorWorker):
     """``ActorWorker`` on one rank of an initialised default process group."""
 
-    @classmethod
-    def from_config(cls, model: torch.nn.Module, cfg: RunConfig) -> ActorWorker:
-        """The data-parallel actor of a run; FSDP2-sharded with ``model.fsdp.enabled``."""
-        if cfg.model.fsdp.enabled and cls is DataParallelActorWorker:
-            from relayrl.workers.fsdp import FsdpActorWorker
-
-            return FsdpActorWorker.from_config(model, cfg)
-        return super().from_config(model, cfg)
-
     def _loss_norm(self, mini: Experience) -> LossNorm:
         empty = self.algo.seq_mean_empty_rows == "count"
         return global_loss_norm(mini, self.algo.loss_agg, self.max_response_tokens, empty)
@@ -73,15 +63,6 @@ class DataParallelActorWorker(ActorWorker):
 
 class DataParallelCriticWorker(CriticWorker):
     """``CriticWorker`` on one rank of an initialised default process group."""
-
-    @classmethod
-    def from_config(cls, model: torch.nn.Module, cfg: RunConfig) -> CriticWorker:
-        """The data-parallel critic of a run; FSDP2-sharded with ``model.fsdp.enabled``."""
-        if cfg.model.fsdp.enabled and cls is DataParallelCriticWorker:
-            from relayrl.workers.fsdp import FsdpCriticWorker
-
-            return FsdpCriticWorker.from_config(model, cfg)
-        return super().from_config(model, cfg)
 
     def _loss_norm(self, mini: Experience) -> LossNorm:
         empty = self.algo.seq_mean_empty_rows == "count"
