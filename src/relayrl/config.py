@@ -385,6 +385,8 @@ class RunConfig(_Strict):
     env: EnvConfig = Field(default_factory=EnvConfig)
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
     failures: FailuresConfig = Field(default_factory=FailuresConfig)
+    """Infrastructure failures: retries, the budgets that stop a sick run, the async stall
+    limit (docs/failures.md)."""
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:

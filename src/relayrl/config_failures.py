@@ -3,8 +3,8 @@
 
 An infrastructure failure (an environment that raises or hangs, a reward function that raises,
 a reward worker that dies or times out, an agent that crashes, an engine that aborts a turn) is
-never training data: the sample is generated and scored again up to ``retries`` times (the sync
-schedule), and what still fails is left out of the batch and of its group's statistics. A run
+never training data: the sample is generated and scored again up to ``retries`` times, and what
+still fails is left out of the batch and of its group's statistics. A run
 whose failures pass a budget stops with one line (exit 1).
 """
 
@@ -18,7 +18,8 @@ from relayrl.config_base import _Strict
 class FailuresConfig(_Strict):
     retries: int = Field(2, ge=0)
     """Times a sample that failed for infrastructure reasons is generated and scored again
-    (same request, same seed, a fresh environment) before it is left out (sync schedule)."""
+    (same request, same seed, a fresh environment) before it is left out (every schedule and
+    the held-out evaluation)."""
     max_consecutive: int = Field(64, ge=1)
     """Stop the run after this many infrastructure failures in a row (samples, after retries)."""
     max_rate: float = Field(0.5, gt=0, le=1)
