@@ -28,6 +28,7 @@ from relayrl.config_base import (  # noqa: F401  (re-exported: every layer reads
 )
 from relayrl.config_env import EnvConfig
 from relayrl.config_eval import EvalConfig
+from relayrl.config_failures import FailuresConfig
 from relayrl.config_io import COMMAND_LINE, apply_overrides, dump_config, load_config  # noqa: F401
 from relayrl.config_sections import (  # noqa: F401
     ArithmeticConfig,
@@ -402,6 +403,9 @@ class RunConfig(_Strict):
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
+    failures: FailuresConfig = Field(default_factory=FailuresConfig)
+    """Infrastructure failures: retries, the budgets that stop a sick run, the async stall
+    limit (docs/failures.md)."""
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
