@@ -27,7 +27,6 @@ import logging
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -321,29 +320,3 @@ class TinkerServer:
             return error(404, f"relayrl's Tinker service does not implement /{rest}")
 
         return app
-
-
-def serve(
-    model_dirs: list[str],
-    port: int,
-    state_dir: str,
-    api_key: str | None = None,
-    seed: int = 0,
-) -> None:
-    """Run ``relayrl tinker-serve`` in the foreground."""
-    service = TinkerService([Path(d) for d in model_dirs], state_dir, seed=seed)
-    server = TinkerServer(service, port=port, api_key=api_key)
-    url = server.start()
-    print(
-        f"relayrl tinker-serve: {url} (models: {', '.join(service.bases)}; "
-        f"checkpoints: {state_dir})",
-        flush=True,
-    )
-    assert server._thread is not None
-    try:
-        while server._thread.is_alive():
-            server._thread.join(1.0)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop()
