@@ -1,10 +1,13 @@
 """The Tinker service's overhead: a GRPO-style loop written against the Tinker SDK, run through
 ``relayrl tinker-serve``, against relayrl's own trainer on the same task, model and batch.
 
-Both arms: the same tiny Llama (built here, ``--hidden``), full-parameter training, relayrl's
-arithmetic prompts (the same ``ArithmeticTask`` stream, in order), ``--prompts`` x ``--group``
-samples per step at temperature 1 with ``--max-tokens``, the ``arithmetic`` verifier, group-mean
-advantages, one optimizer step per batch, Adam at ``--lr``, one torch thread per process.
+Both arms: the same tiny Llama (``--hidden``), warm-started by relayrl's SFT on 2-digit
+addition (``--sft-steps``, cached in ``--out``), full-parameter training, relayrl's arithmetic
+prompts (each arm its own draws from one distribution), ``--prompts`` x ``--group`` samples per
+step at temperature 1 with ``--max-tokens``, the ``arithmetic`` verifier, group-mean
+advantages, groups whose rewards are all equal left out (as the cookbook's ``rl_loop.py``
+does; a step with none left trains nothing), one optimizer step per batch, Adam at ``--lr``,
+one torch thread per process.
 
 - ``relayrl``: ``relayrl.controller.trainer.train`` (sync schedule, GRPO, no KL, one
   mini-batch), seconds per step from its ``time/step`` metric.
@@ -44,11 +47,31 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=8)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--hidden", type=int, default=96)
+    p.add_argument("--sft-steps", type=int, default=300)
+    p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="working directory (default: a temp dir)")
     return p.parse_args(argv)
+
+
+def warm_model(a: argparse.Namespace, work: Path) -> Path:
+    """The tiny Llama after ``--sft-steps`` of relayrl's SFT on 2-digit addition (cached)."""
+    out = work / f"sft_h{a.hidden}_s{a.sft_steps}_seed{a.seed}"
+    if (out / "config.json").exists():
+        return out
+    from relayrl.config import ArithmeticConfig, SFTConfig
+    from relayrl.controller.sft import run_sft
+    from relayrl.model import build_tiny_model
+
+    base = build_tiny_model(work / f"base_h{a.hidden}_seed{a.seed}", hidden_size=a.hidden,
+                            seed=a.seed)  # fmt: skip
+    arith = ArithmeticConfig(min_operand=0, max_operand=99, operators=["+"], num_operands=2)
+    cfg = SFTConfig(seed=a.seed, model_path=str(base), output_dir=str(out), steps=a.sft_steps,
+                    arithmetic=arith, eval_every=a.sft_steps, eval_size=100, threads=1,
+                    progress=False)  # fmt: skip
+    print(json.dumps({"sft": run_sft(cfg)}), flush=True)
+    return out
 
 
 def run_relayrl(a: argparse.Namespace, model: Path, out: Path) -> dict[str, Any]:
@@ -81,7 +104,15 @@ def run_relayrl(a: argparse.Namespace, model: Path, out: Path) -> dict[str, Any]
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [float(r["time/step"]) for r in rows if "time/step" in r]
     rewards = [float(r["reward_mean"]) for r in rows if "reward_mean" in r]
-    return {"step_s": steps, "reward": rewards}
+    phases = {
+        "sample_s": [float(r["time/generate"]) for r in rows if "time/generate" in r],
+        "train_s": [float(r["time/train"]) for r in rows if "time/train" in r],
+    }
+    return {
+        "step_s": steps,
+        "reward": rewards,
+        "phases": {k: statistics.median(v[1:] or v) for k, v in phases.items() if v},
+    }
 
 
 def _start_service(model: Path, state: Path) -> tuple[subprocess.Popen[str], str]:
@@ -125,16 +156,19 @@ def run_tinker_sdk(a: argparse.Namespace, model: Path, out: Path) -> dict[str, A
         task = ArithmeticTask(seed=a.seed)
         params = types.SamplingParams(max_tokens=a.max_tokens, temperature=1.0)
         adam = types.AdamParams(learning_rate=a.lr)
-        step_s, rewards = [], []
+        step_s, rewards, phases = [], [], {"save_s": [], "sample_s": [], "train_s": []}
         for _ in range(a.steps):
             t = time.perf_counter()
             sampler = tc.save_weights_and_get_sampling_client().result()
+            t_saved = time.perf_counter()
             records = task.sample(a.prompts)
             prompts = [tok.encode(r.prompt) for r in records]
             futs = [sampler.sample(types.ModelInput.from_ints(p), a.group, params) for p in prompts]
             data, all_r = [], []
-            for rec, prompt, fut in zip(records, prompts, futs, strict=True):
-                seqs = fut.result().sequences
+            results = [f.result() for f in futs]
+            t_sampled = time.perf_counter()
+            for rec, prompt, res in zip(records, prompts, results, strict=True):
+                seqs = res.sequences
                 rs = [
                     arithmetic(
                         rec.prompt, tok.decode(s.tokens, skip_special_tokens=True), rec.as_sample()
@@ -142,6 +176,8 @@ def run_tinker_sdk(a: argparse.Namespace, model: Path, out: Path) -> dict[str, A
                     for s in seqs
                 ]
                 all_r += rs
+                if len(set(rs)) == 1:  # no signal in this group (the cookbook skips it too)
+                    continue
                 for s, r in zip(seqs, rs, strict=True):
                     pad = [0.0] * (len(prompt) - 1)
                     full = prompt + s.tokens
@@ -155,11 +191,19 @@ def run_tinker_sdk(a: argparse.Namespace, model: Path, out: Path) -> dict[str, A
                             },
                         )
                     )
-            tc.forward_backward(data, "importance_sampling")
-            tc.optim_step(adam).result()
+            if data:
+                tc.forward_backward(data, "importance_sampling")
+                tc.optim_step(adam).result()
             step_s.append(time.perf_counter() - t)
+            phases["save_s"].append(t_saved - t)
+            phases["sample_s"].append(t_sampled - t_saved)
+            phases["train_s"].append(time.perf_counter() - t_sampled)
             rewards.append(float(np.mean(all_r)))
-        return {"step_s": step_s, "reward": rewards}
+        return {
+            "step_s": step_s,
+            "reward": rewards,
+            "phases": {k: statistics.median(v[1:] or v) for k, v in phases.items()},
+        }
     finally:
         proc.terminate()
         proc.wait(30)
@@ -167,10 +211,9 @@ def run_tinker_sdk(a: argparse.Namespace, model: Path, out: Path) -> dict[str, A
 
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
-    from relayrl.model import build_tiny_model
 
     work = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="tinker_bench_"))
-    model = build_tiny_model(work / "base", hidden_size=a.hidden, seed=a.seed)
+    model = warm_model(a, work)
     results = {}
     for arm, fn in (("relayrl", run_relayrl), ("tinker_sdk", run_tinker_sdk)):
         res = fn(a, model, work / arm)
@@ -188,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                     "prompts": a.prompts,
                     "group": a.group,
                     "max_tokens": a.max_tokens,
+                    **{f"median_{k}": round(v, 4) for k, v in res.get("phases", {}).items()},
                 }
             ),
             flush=True,
