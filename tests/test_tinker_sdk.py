@@ -176,6 +176,22 @@ def test_user_errors_arrive_as_the_sdks_errors(served: Any) -> None:
         tc.forward_backward([_datum([5, 6, 7])], "cross_entropy").result()
 
 
+def test_old_unnamed_samplers_expire_named_ones_reload(served: Any) -> None:
+    client, base, server = served
+    tc = client.create_lora_training_client(base_model=str(base), rank=4).result()
+    prompt, params = types.ModelInput.from_ints([5, 6, 7]), types.SamplingParams(max_tokens=2)
+    named = tc.create_sampling_client(tc.save_weights_for_sampler("keep").result().path)
+    named = named.result()
+    samplers = [
+        tc.save_weights_and_get_sampling_client().result()
+        for _ in range(server.service.keep_samplers + 1)
+    ]
+    with pytest.raises(tinker.RequestFailedError, match="expired"):
+        samplers[0].sample(prompt, 1, params).result()
+    assert len(samplers[-1].sample(prompt, 1, params).result().sequences) == 1
+    assert len(named.sample(prompt, 1, params).result().sequences) == 1
+
+
 def test_an_overloaded_service_queues_every_request(served: Any) -> None:
     client, base, _ = served
     sampler = client.create_sampling_client(base_model=str(base)).result()

@@ -141,7 +141,9 @@ class TinkerServer:
             try:
                 return await call_next(request)
             except UserError as e:  # a direct answer's user error
-                return error(400 if "unknown" not in str(e) else 404, str(e))
+                return error(404 if "unknown" in str(e) else 400, str(e))
+            except (KeyError, TypeError, ValueError) as e:  # a malformed body: no retry
+                return error(400, f"malformed request: {type(e).__name__}: {e}")
 
         def future(
             fn: Any = None,
@@ -263,9 +265,8 @@ class TinkerServer:
 
         @app.post("/api/v1/asample")
         async def asample(body: dict[str, Any]) -> Any:
-            if body.get("sampling_session_id"):
+            if body.get("sampling_session_id"):  # checked by the job: a failed request
                 sid = str(body["sampling_session_id"])
-                svc.sampler(sid)
             else:  # a one-off request naming its weights
                 sid = svc.create_sampling_session(body.get("base_model"), body.get("model_path"))
             for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):

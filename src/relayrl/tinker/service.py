@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +101,7 @@ class Sampler:
     model_path: str | None
     state: dict[str, torch.Tensor] | None = None
     clients: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    expired: bool = False
 
 
 class TinkerService:
@@ -113,7 +113,12 @@ class TinkerService:
         state_dir: str | Path,
         seed: int = 0,
         max_slots: int = 32,
+        keep_samplers: int = 4,
     ) -> None:
+        """``keep_samplers``: weights of unnamed samplers (``save_weights_and_get_sampling_client``)
+        kept in memory; an older one is dropped and sampling from it is a user error (a named
+        ``save_weights_for_sampler`` checkpoint reloads from disk instead)."""
+        self.keep_samplers = keep_samplers
         if not model_dirs:
             raise ValueError("tinker-serve needs at least one model directory")
         self.seed = seed
@@ -126,6 +131,7 @@ class TinkerService:
         self.models: dict[str, TrainingModel] = {}
         self.samplers: dict[str, Sampler] = {}
         self._sampler_states: dict[str, dict[str, torch.Tensor]] = {}
+        self._in_memory: list[str] = []  # unnamed samplers holding weights, oldest first
 
     # ------------------------------------------------------------------ bases
     @staticmethod
@@ -423,7 +429,7 @@ class TinkerService:
                 tm.base.tokenizer.save_pretrained(str(d))
 
         self.store.write(path, fill, self._meta(tm))
-        self._sampler_states[path.uri] = state
+        self._cache_state(path.uri, state)
         return {"path": path.uri, "type": "save_weights_for_sampler"}
 
     # ------------------------------------------------------------------ samplers
@@ -436,7 +442,20 @@ class TinkerService:
     ) -> str:
         sid = f"sampler-{uuid.uuid4().hex[:16]}"
         self.samplers[sid] = Sampler(sid, base, key, model_path, state)
+        if model_path is None and state is not None:
+            self._in_memory.append(sid)
+            while len(self._in_memory) > self.keep_samplers:
+                old = self.samplers[self._in_memory.pop(0)]
+                old.state, old.expired = None, True
         return sid
+
+    def _cache_state(self, uri: str, state: dict[str, torch.Tensor]) -> None:
+        """Keep a named sampler's weights in memory (the newest ``keep_samplers``; an evicted
+        one reloads from its checkpoint directory)."""
+        self._sampler_states.pop(uri, None)
+        self._sampler_states[uri] = state
+        while len(self._sampler_states) > self.keep_samplers:
+            del self._sampler_states[next(iter(self._sampler_states))]
 
     def create_sampling_session(self, base_model: str | None, model_path: str | None) -> str:
         if model_path:
@@ -458,7 +477,14 @@ class TinkerService:
     def sampler(self, sampler_id: str) -> Sampler:
         if sampler_id not in self.samplers:
             raise UserError(f"unknown sampling session {sampler_id!r}")
-        return self.samplers[sampler_id]
+        s = self.samplers[sampler_id]
+        if s.expired:
+            raise UserError(
+                f"sampling session {sampler_id} expired: its weights were dropped after "
+                f"{self.keep_samplers} newer unnamed samplers (use save_weights_for_sampler(name) "
+                "to keep them)"
+            )
+        return s
 
     def _engine_for(self, s: Sampler) -> RolloutEngine:
         """The base's engine holding ``s``'s weights (swapped in when another sampler's were)."""
@@ -484,7 +510,7 @@ class TinkerService:
             else:
                 d = self.store.dir_of(CheckpointPath.parse(s.key))
                 state = dict(load_causal_lm(d).state_dict())
-                self._sampler_states[s.key] = state
+                self._cache_state(s.key, state)
             base.engine.update_weights(state, base.engine.version + 1, interrupt=True)
             base.engine_key = s.key
         return base.engine
