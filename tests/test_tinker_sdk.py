@@ -202,6 +202,21 @@ def test_an_overloaded_service_queues_every_request(served: Any) -> None:
     assert all(len(f.result().sequences) == 2 for f in futures)
 
 
+def test_zstd_bodies_and_chunked_requests(tmp_path: Path) -> None:
+    """The SDK compresses forward_backward bodies when told to, and splits a call into
+    several requests (``fwdbwd_max_chunk_len``): the result is the unsplit call's."""
+    base = build_tiny_model(tmp_path / "base", hidden_size=32)
+    flags = {"proto_compress_fwdbwd": True, "fwdbwd_max_chunk_len": 2}
+    with TinkerServer(TinkerService([base], tmp_path / "state"), client_config=flags) as server:
+        client = tinker.ServiceClient(base_url=server.base_url(), api_key=KEY)
+        tc = client.create_lora_training_client(base_model=str(base), rank=4).result()
+        data = [_datum([5 + i, 6, 7, 8 + i]) for i in range(5)]
+        out = tc.forward(data, "cross_entropy").result()
+        assert len(out.loss_fn_outputs) == 5
+        whole = sum(float(o["logprobs"].to_numpy().sum()) for o in out.loss_fn_outputs)
+        assert out.metrics["loss:sum"] == pytest.approx(-whole, rel=1e-5)
+
+
 def test_sl_then_rl_through_the_sdk(tmp_path: Path) -> None:
     """SL (cross_entropy) then RL (group sampling, group-mean advantages, importance_sampling)
     on one-digit addition, full-parameter training of a tiny Llama. Cross-entropy falls; the

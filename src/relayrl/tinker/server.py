@@ -62,12 +62,16 @@ class TinkerServer:
         host: str = "127.0.0.1",
         port: int = 0,
         api_key: str | None = None,
+        client_config: dict[str, Any] | None = None,
     ) -> None:
+        """``client_config``: overrides of the feature flags the SDK is sent
+        (:data:`CLIENT_CONFIG`), e.g. ``{"proto_compress_fwdbwd": True}``."""
         if api_key is not None and not api_key.startswith("tml-"):
             raise ValueError("the Tinker SDK only sends API keys that start with 'tml-'")
         self.service = service
         self.host, self.port = host, port
         self.api_key = api_key
+        self.client_config = {**CLIENT_CONFIG, **(client_config or {})}
         self.worker = Worker(service.sample)
         self._sessions: dict[str, int] = {}
         self.app = self._build_app()
@@ -160,7 +164,7 @@ class TinkerServer:
 
         @app.post("/api/v1/client/config")
         async def client_config() -> dict[str, Any]:
-            return CLIENT_CONFIG
+            return self.client_config
 
         @app.post("/api/v1/client/dynamic_config")
         async def dynamic_config() -> dict[str, Any]:
