@@ -84,7 +84,7 @@ def run_relayrl(a: argparse.Namespace, model: Path, out: Path) -> dict[str, Any]
         None,
         [
             f"model.path={model}",
-            f"run_dir={out}",
+            f"run_dir={out / 'run'}",
             f"seed={a.seed}",
             "logging.progress=false",
             "logging.tensorboard=false",
@@ -101,7 +101,7 @@ def run_relayrl(a: argparse.Namespace, model: Path, out: Path) -> dict[str, Any]
         ],
     )
     train(cfg, lambda actor, critic: build_local_roles(cfg, actor, critic))
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [float(r["time/step"]) for r in rows if "time/step" in r]
     rewards = [float(r["reward_mean"]) for r in rows if "reward_mean" in r]
     phases = {
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     model = warm_model(a, work)
     results = {}
     for arm, fn in (("relayrl", run_relayrl), ("tinker_sdk", run_tinker_sdk)):
-        res = fn(a, model, work / arm)
+        res = fn(a, model, Path(tempfile.mkdtemp(prefix=f"{arm}_", dir=work)))
         steady = res["step_s"][1:] or res["step_s"]
         results[arm] = statistics.median(steady)
         print(

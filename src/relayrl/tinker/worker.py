@@ -23,6 +23,8 @@ from relayrl.tinker.sampling import SampleJob
 
 Result = bytes | dict[str, Any] | Exception
 KEEP_RESULTS_S = 600.0
+SAMPLE_GATHER_S = 0.005
+"""How long a lone sample request waits for others to join its engine batch."""
 
 
 @dataclass
@@ -98,6 +100,10 @@ class Worker:
             first = self._queue.popleft()
             if first.sample is None:
                 return [first]
+            if not any(j.sample is not None for j in self._queue):
+                # requests sent together reach the server a little apart: wait a moment
+                # for the rest of the group, so that they share one engine batch
+                self._cv.wait(SAMPLE_GATHER_S)
             # sample jobs read sampler snapshots only: running the queued ones now, ahead of
             # queued training jobs, changes no result
             batch = [first] + [j for j in self._queue if j.sample is not None]
