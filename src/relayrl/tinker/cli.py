@@ -23,6 +23,7 @@ def cmd_tinker_serve(args: argparse.Namespace) -> int:
         args.state_dir,
         seed=args.seed,
         max_slots=args.max_slots,
+        keep_samplers=args.keep_samplers,
     )
     server = TinkerServer(service, args.host, args.port, api_key=args.api_key)
     url = server.start()
@@ -66,6 +67,13 @@ def add_subcommand(sub: Any) -> None:
         "default: any key starting with 'tml-'",
     )
     v.add_argument("--max-slots", type=int, default=32, help="sequences sampled at once")
+    v.add_argument(
+        "--keep-samplers",
+        type=int,
+        default=4,
+        help="unnamed samplers (save_weights_and_get_sampling_client) whose weights stay in "
+        "memory; older ones expire",
+    )
     v.add_argument("--seed", type=int, default=0, help="seeds LoRA init and unseeded samples")
     v.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     v.add_argument("--seconds", type=float, default=0, help="stop after this long (0: never)")
