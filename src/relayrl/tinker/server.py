@@ -311,6 +311,11 @@ class TinkerServer:
                 }
             return result
 
+        @app.post("/api/v1/sessions/{session_id}/finish")
+        async def finish_session(session_id: str) -> dict[str, Any]:
+            self._sessions.pop(session_id, None)
+            return {}
+
         @app.post("/api/v1/cancel_future")
         async def cancel_future() -> dict[str, Any]:
             return {}
