@@ -329,7 +329,9 @@ def test_save_state_survives_a_killed_service(tmp_path: Path) -> None:
     proc, url = _start_cli(base, tmp_path / "state")
     try:
         client = tinker.ServiceClient(base_url=url, api_key=KEY)
-        tc = client.create_lora_training_client(base_model=str(base), rank=4, seed=3).result()
+        tc = client.create_lora_training_client(
+            base_model=str(base), rank=4, seed=3, user_metadata={"purpose": "restart test"}
+        ).result()
         tok = tc.get_tokenizer()
         d = _datum(tok.encode("12+30=42"))
         adam = types.AdamParams(learning_rate=0.02)
@@ -344,12 +346,16 @@ def test_save_state_survives_a_killed_service(tmp_path: Path) -> None:
         rest = tinker.RestClient(base_url=url, api_key=KEY)
         listed = rest.list_checkpoints(tc.model_id).result()
         assert [c.tinker_path for c in listed.checkpoints] == [path]
+        run = rest.get_training_run(tc.model_id).result()
+        assert run.lora_rank == 4 and run.user_metadata == {"purpose": "restart test"}
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     with TinkerServer(TinkerService([base], tmp_path / "state")) as server:
         client = tinker.ServiceClient(base_url=server.base_url(), api_key=KEY)
         tc2 = client.create_training_client_from_state_with_optimizer(path).result()
+        rest = tinker.RestClient(base_url=server.base_url(), api_key=KEY)
+        assert rest.get_training_run(tc.model_id).result().base_model == str(base.resolve())
         np.testing.assert_array_equal(_forward_logprobs(tc2, [d])[0], saved)
         tc2.forward_backward([d], "cross_entropy")
         tc2.optim_step(adam).result()

@@ -192,7 +192,11 @@ class TinkerServer:
         async def create_model(body: dict[str, Any]) -> dict[str, Any]:
             model_id = f"{body['session_id']}:train:{int(body['model_seq_id'])}"
             base, lora = str(body["base_model"]), body.get("lora_config")
-            return future(lambda: svc.create_model(model_id, base, lora), model_id=model_id)
+            meta = body.get("user_metadata")
+            return future(
+                lambda: svc.create_model(model_id, base, lora, user_metadata=meta),
+                model_id=model_id,
+            )
 
         @app.post("/api/v1/get_info")
         async def get_info(body: dict[str, Any]) -> dict[str, Any]:
@@ -319,6 +323,10 @@ class TinkerServer:
         @app.post("/api/v1/cancel_future")
         async def cancel_future() -> dict[str, Any]:
             return {}
+
+        @app.get("/api/v1/training_runs/{model_id}")
+        async def training_run(model_id: str) -> dict[str, Any]:
+            return svc.training_run(model_id)
 
         @app.get("/api/v1/training_runs/{model_id}/checkpoints")
         async def checkpoints(model_id: str) -> dict[str, Any]:

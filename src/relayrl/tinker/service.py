@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,7 @@ class TrainingModel:
     optimizer: torch.optim.AdamW
     accumulated: int = 0
     steps: int = 0
+    user_metadata: dict[str, str] | None = None
 
 
 @dataclass
@@ -182,6 +184,7 @@ class TinkerService:
         base_model: str,
         lora: dict[str, Any] | None,
         targets: list[str] | None = None,
+        user_metadata: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """A training model; ``targets`` (create-via-load) overrides the LoRA layer choice."""
         if model_id in self.models:
@@ -217,13 +220,42 @@ class TinkerService:
         module.eval()
         params = [p for p in module.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
-        self.models[model_id] = TrainingModel(model_id, base, module, rank, chosen, opt)
+        self.models[model_id] = TrainingModel(
+            model_id, base, module, rank, chosen, opt, user_metadata=user_metadata
+        )
         return {"model_id": model_id, "type": "create_model"}
 
     def unload_model(self, model_id: str) -> dict[str, Any]:
         self.model(model_id)
         del self.models[model_id]
         return {"model_id": model_id, "type": "unload_model"}
+
+    def training_run(self, model_id: str) -> dict[str, Any]:
+        """The SDK's ``TrainingRun`` of a live model, or of one known from its checkpoints."""
+        ckpts = self.store.list(model_id)
+        if model_id in self.models:
+            tm = self.models[model_id]
+            base, rank, meta = tm.base.name, tm.rank, tm.user_metadata
+        elif ckpts:
+            path = CheckpointPath.parse(ckpts[-1]["tinker_path"])
+            _, m = self.store.read(path)
+            base, rank, meta = m["base_model"], m["rank"], m.get("user_metadata")
+        else:
+            raise UserError(f"unknown training run {model_id!r}")
+        latest = {
+            k: [c for c in ckpts if c["checkpoint_type"] == k] for k in ("training", "sampler")
+        }
+        return {
+            "training_run_id": model_id,
+            "base_model": base,
+            "model_owner": "local",
+            "is_lora": rank > 0,
+            "lora_rank": rank or None,
+            "last_request_time": datetime.now(UTC).isoformat(),
+            "last_checkpoint": latest["training"][-1] if latest["training"] else None,
+            "last_sampler_checkpoint": latest["sampler"][-1] if latest["sampler"] else None,
+            "user_metadata": meta,
+        }
 
     def get_info(self, model_id: str) -> dict[str, Any]:
         tm = self.model(model_id)
@@ -340,6 +372,7 @@ class TinkerService:
             "targets": tm.targets,
             "alpha": LORA_ALPHA,
             "steps": tm.steps,
+            "user_metadata": tm.user_metadata,
         }
 
     def save_state(self, model_id: str, name: str | None) -> dict[str, Any]:
@@ -381,6 +414,7 @@ class TinkerService:
                 base_model or meta["base_model"],
                 {"rank": meta["rank"]},
                 targets=meta["targets"],
+                user_metadata=meta.get("user_metadata"),
             )
         tm = self.model(model_id)
         if (
