@@ -16,7 +16,9 @@ tinker_cookbook.recipes.math_rl.train`` unchanged, configured by its command lin
 env=arithmetic loss_fn=importance_sampling load_checkpoint_path=<the warm-up checkpoint>``
 (the recipe's default loss, ``stable_reinforce``, is one relayrl refuses). Prints one JSON
 line: the recipe's per-step ``env/all/correct`` and ``env/all/reward/total``, its seconds per
-step (``time/total``) and steps per second.
+step (``time/total``) and steps per second; then relayrl's own sync GRPO trainer on the same
+task (the recipe's rendered prompts and answers), warm start, batch, lr and ``max_tokens``,
+and a summary line with the ratio of their median seconds per step.
 
     .bench-venv/cookbook/bin/python bench/peer_cookbook.py --setup --steps 10
 """
@@ -96,7 +98,57 @@ def warm_up(url: str, model: Path, a: argparse.Namespace) -> str:
         losses.append(fb.result().metrics["loss:sum"] / weight)
     print(json.dumps({"warm_up_loss_first": losses[0], "warm_up_loss_last": losses[-1]}),
           flush=True)  # fmt: skip
+    tc.save_weights_for_sampler("warm").result()  # a HF directory for relayrl's own trainer
     return tc.save_state("warm").result().path
+
+
+def run_relayrl(model: Path, hf_dir: Path, out: Path, a: argparse.Namespace) -> dict:
+    """relayrl's own sync GRPO trainer on the recipe's task: the same rendered prompts (the
+    few-shot ``role_colon`` text, special tokens dropped), answers, warm start, batch, lr and
+    ``max_tokens`` (no stop string: completions run to the EOS or the cap)."""
+    import numpy as np
+    from tinker_cookbook import renderers
+    from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticEnv
+    from tinker_cookbook.tokenizer_utils import get_tokenizer
+
+    from relayrl.cluster.local import build_local_roles
+    from relayrl.config import RunConfig, load_config
+    from relayrl.controller.trainer import train
+
+    tok = get_tokenizer(str(model))
+    renderer = renderers.get_renderer("role_colon", tok)
+    rng = np.random.RandomState(a.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "prompts.jsonl", "w") as f:
+        for _ in range(a.groups * a.steps + 400):
+            x, y = int(rng.randint(0, 101)), int(rng.randint(0, 101))
+            msgs = [*ArithmeticEnv.standard_fewshot_prefix(),
+                    {"role": "user", "content": f"What is {x} + {y}?"}]  # fmt: skip
+            ids = renderer.build_generation_prompt(msgs).to_ints()
+            text = tok.decode(ids, skip_special_tokens=True)
+            f.write(json.dumps({"prompt": text, "answer": str(x + y)}) + "\n")
+    cfg = load_config(
+        RunConfig,
+        None,
+        [
+            f"model.path={hf_dir}", f"run_dir={out / 'run'}", f"seed={a.seed}",
+            "data.task=jsonl", f"data.train_path={out / 'prompts.jsonl'}", "data.eval_size=100",
+            "logging.progress=false", "logging.tensorboard=false", f"train.steps={a.steps}",
+            f"algo.prompts_per_step={a.groups}", f"algo.group_size={a.group}",
+            "algo.kl_coef=0.0", "algo.mini_batches=1", f"optim.lr={a.lr}",
+            "optim.warmup_steps=0", f"rollout.max_tokens={a.max_tokens}",
+            "rollout.temperature=1.0", "threads=1",
+        ],
+    )  # fmt: skip
+    train(cfg, lambda actor, critic: build_local_roles(cfg, actor, critic))
+    rows = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    step_s = [float(r["time/step"]) for r in rows if "time/step" in r]
+    return {
+        "arm": "relayrl_trainer",
+        "reward": [round(float(r["reward_mean"]), 4) for r in rows if "reward_mean" in r],
+        "s_per_step": [round(x, 3) for x in step_s],
+        "steps_per_s": len(step_s) / sum(step_s),
+    }
 
 
 def run_recipe(url: str, model: Path, ckpt: str, log: Path, a: argparse.Namespace) -> dict:
@@ -155,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         py = setup(Path(a.main_python))
         return subprocess.run([str(py), __file__, *(argv or sys.argv[1:])]).returncode
     sys.path.insert(0, str(ROOT / "src"))
+    import numpy as np
+
     from relayrl.model import build_tiny_model
 
     out = Path(a.out)
@@ -167,6 +221,15 @@ def main(argv: list[str] | None = None) -> int:
         proc.terminate()
         proc.wait(30)
     print(json.dumps(res), flush=True)
+    model_id = ckpt[len("tinker://") :].split("/")[0]
+    hf_dir = out / "state" / model_id / "sampler_weights" / "warm"
+    own = run_relayrl(model, hf_dir, out / "relayrl", a)
+    print(json.dumps(own), flush=True)
+    print(json.dumps({"summary": "peer_cookbook",
+                      "recipe_s_per_step_median": float(np.median(res["s_per_step"])),
+                      "relayrl_s_per_step_median": float(np.median(own["s_per_step"])),
+                      "ratio": float(np.median(res["s_per_step"]) / np.median(own["s_per_step"]))}),
+          flush=True)  # fmt: skip
     return 0
 
 
