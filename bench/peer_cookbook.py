@@ -20,7 +20,7 @@ step (``time/total``) and steps per second; then relayrl's own sync GRPO trainer
 task (the recipe's rendered prompts and answers), warm start, batch, lr and ``max_tokens``,
 and a summary line with the ratio of their median seconds per step.
 
-    .bench-venv/cookbook/bin/python bench/peer_cookbook.py --setup --steps 10
+    .venv/bin/python bench/peer_cookbook.py --setup --steps 20  # makes the venv, reruns in it
 """
 
 from __future__ import annotations
