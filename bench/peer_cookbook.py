@@ -203,7 +203,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
-    if a.setup and Path(sys.executable).resolve() != (VENV / "bin" / "python").resolve():
+    if a.setup and Path(sys.prefix).resolve() != VENV.resolve():
         py = setup(Path(a.main_python))
         return subprocess.run([str(py), __file__, *(argv or sys.argv[1:])]).returncode
     sys.path.insert(0, str(ROOT / "src"))
