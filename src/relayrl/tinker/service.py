@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import PreTrainedModel
 
 from relayrl.config_sections import LoraConfig
 from relayrl.model.loading import (
@@ -77,7 +78,7 @@ class ServedBase:
     tokenizer: Any
     context_length: int
     arch: str
-    weights: torch.nn.Module
+    weights: PreTrainedModel
     engine: RolloutEngine | None = None
     engine_key: str = "base"
 
@@ -86,7 +87,7 @@ class ServedBase:
 class TrainingModel:
     model_id: str
     base: ServedBase
-    module: torch.nn.Module
+    module: Any  # a peft model (LoRA) or the PreTrainedModel itself (rank 0)
     rank: int
     targets: list[str]
     optimizer: torch.optim.AdamW
@@ -139,7 +140,8 @@ class TinkerService:
     @staticmethod
     def _load_base(path: Path) -> ServedBase:
         tokenizer = load_tokenizer(path)
-        model = disable_dropout(load_causal_lm(path)).eval()
+        model = load_causal_lm(path)
+        disable_dropout(model).eval()
         for p in model.parameters():
             p.requires_grad_(False)
         ctx = model_context_length(path)

@@ -15,7 +15,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,7 @@ class _Job:
 class Worker:
     """Runs jobs in order on one thread; results land in asyncio futures of ``loop``."""
 
-    def __init__(self, sample_batch: Callable[[list[SampleJob]], list[Result]]) -> None:
+    def __init__(self, sample_batch: Callable[[list[SampleJob]], Sequence[Result]]) -> None:
         self._sample_batch = sample_batch
         self._queue: deque[_Job] = deque()
         self._cv = threading.Condition()
