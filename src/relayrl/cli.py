@@ -353,6 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_demo)
 
     _add_serve(sub)  # relayrl serve (i20b)
+    from relayrl.tinker.cli import add_subcommand as add_tinker_serve
+
+    add_tinker_serve(sub)  # relayrl tinker-serve (issue 42)
     from relayrl.plan.cli import add_subcommands as add_plan_subcommands
 
     add_plan_subcommands(sub)
