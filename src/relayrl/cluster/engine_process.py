@@ -69,6 +69,13 @@ class RolloutWorkerDied(RuntimeError):
     """The engine worker process exited unexpectedly."""
 
 
+class WeightSyncFailed(RolloutWorkerDied):
+    """A weight update did not reach the engine worker within ``weight_sync.timeout_s``: the
+    worker is alive but never loaded the previous version (hung, stopped). The shared weights
+    are left as they were, so the engine never serves a half-updated model (docs/failures.md).
+    """
+
+
 @dataclass
 class EngineSpec:
     """What the worker needs to build its engine (the weights come through shared memory)."""
@@ -276,9 +283,14 @@ class EngineProcess:
     """Client of an engine worker process; same rollout interface as ``RolloutEngine``."""
 
     def __init__(
-        self, spec: EngineSpec, state_dict: Mapping[str, Tensor], start_timeout: float = 120
+        self,
+        spec: EngineSpec,
+        state_dict: Mapping[str, Tensor],
+        start_timeout: float = 120,
+        sync_timeout_s: float = 600.0,
     ):
         self.spec = spec
+        self.sync_timeout_s = sync_timeout_s  # weight_sync.timeout_s
         self.version = spec.version
         self.device = spec.shared_device()
         check_device(self.device)
@@ -441,9 +453,18 @@ class EngineProcess:
         self, state_dict: Mapping[str, Tensor], version: int, interrupt: bool = True
     ) -> None:
         """Copy weights into the shared tensors and tell the worker to load them as
-        ``version``."""
+        ``version``. The previous update must have been loaded first: a worker that has not
+        within ``sync_timeout_s`` is a :class:`WeightSyncFailed` (nothing is copied)."""
+        deadline = time.monotonic() + self.sync_timeout_s
         while not self._acked.wait(timeout=0.5):  # the previous update must have been read
             self._check_alive()
+            if time.monotonic() > deadline:
+                raise WeightSyncFailed(
+                    f"weight sync of version {version} to the rollout worker (pid "
+                    f"{self.process.pid}) failed: it has not loaded version {self.version} "
+                    f"within {self.sync_timeout_s:g} s (weight_sync.timeout_s); the shared "
+                    "weights were left as they were"
+                )
         self._check_alive()
         with torch.no_grad():
             for k, v in state_dict.items():

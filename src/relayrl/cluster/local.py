@@ -86,7 +86,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
             device=str(engine_device(cfg)),
             cuda_graphs=cfg.rollout.cuda_graphs,
         )
-        rollout = EngineProcess(spec, actor.state_dict())
+        rollout = EngineProcess(spec, actor.state_dict(), sync_timeout_s=cfg.weight_sync.timeout_s)
     reference = None
     if cfg.algo.kl_coef > 0 or cfg.algo.name == "ppo":
         reference = build_reference(cfg, actor)  # LoRA: the actor with adapters disabled

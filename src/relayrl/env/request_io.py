@@ -22,43 +22,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-__all__ = ["DEFAULT_MAX_BODY", "APIError", "OffLoop", "read_body"]
+from relayrl.env.openai_api import APIError
+
+__all__ = ["DEFAULT_MAX_BODY", "OffLoop", "read_body"]
 
 T = TypeVar("T")
 
 DEFAULT_MAX_BODY = 16 << 20
 """Largest request body accepted (bytes); a larger one is answered 413."""
-
-
-class APIError(Exception):
-    """An error answered as OpenAI-style JSON with an HTTP status."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        code: str | None = None,
-        param: str | None = None,
-        kind: str = "invalid_request_error",
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.param, self.kind = (
-            status,
-            message,
-            code,
-            param,
-            kind,
-        )
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
 
 
 def _too_large(limit: int) -> APIError:
