@@ -282,8 +282,8 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
             logger.log(cfg.train.steps, last_eval)
         except KeyboardInterrupt as exc:
             raise _stopped(exc, cfg, roles, boundary, guard, saving, run_dir) from exc
-        except RewardFunctionError as exc:  # scored before the update: the step can be saved
-            if guard.pending is not None or saving:
+        except (RewardFunctionError, InfraBudgetExceeded) as exc:  # before the update: the
+            if guard.pending is not None or saving:  # last completed step can be saved
                 raise
             raise _reward_failed(exc, cfg, roles, boundary, guard, run_dir) from exc
         except Exception as exc:
@@ -362,15 +362,17 @@ def _stopped(
 
 
 def _reward_failed(
-    exc: RewardFunctionError,
+    exc: RewardFunctionError | InfraBudgetExceeded,
     cfg: RunConfig,
     roles: Roles,
     b: _Boundary,
     guard: StepGuard,
     run_dir: Path,
 ) -> RunFault:
-    """A reward function raised: checkpoint the last completed step as a signal does (the
-    weights are still that step's: scoring comes before the update); the one line."""
+    """A reward function raised, or infrastructure failures exhausted their budget (a reward
+    function that raises or hangs on every sample): checkpoint the last completed step as a
+    signal does (the weights are still that step's: scoring comes before the update); the one
+    line."""
     what = f"{exc} (step {b.step + 1})"
     done = b.saved is not None and b.saved.name == f"step_{b.step:06d}"
     if not (done or guard.committing or b.step == 0 or not cfg.train.save_on_signal):

@@ -186,11 +186,3 @@ def _as_components(result: Any) -> dict[str, float]:
             raise TypeError(f"returned {result!r:.120}: a dict needs a 'score'")
         return {str(k): float(v) for k, v in result.items()}
     return {"score": float(result)}
-
-
-def _failure(fn: Any, exc: Exception) -> str:
-    """One line: the function and what it did (the contract's message already names it)."""
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    if text.startswith("reward function "):
-        return text
-    return f"reward function {fn_name(fn)} raised {type(exc).__name__}: {text}".rstrip(": ")
