@@ -36,8 +36,9 @@ class WeightSyncConfig(_Strict):
 
     transport: Literal["object_store", "collective"] = "object_store"
     backend: Literal["auto", "gloo", "nccl"] = "auto"
-    """``collective``: ``auto`` = NCCL when the trainer's rank 0 computes on CUDA, else gloo
-    (NCCL has not run here: no GPU)."""
+    """``collective``: ``auto`` = NCCL when the trainer's rank 0 computes on CUDA and the
+    rollout pool has GPUs, else gloo; ``nccl`` to a pool without GPUs is refused before
+    anything starts (``relayrl.cluster.placement_check``). NCCL has not run here: no GPU."""
     timeout_s: float = Field(600.0, gt=0)
     """How long a member of the weight group waits for the others (rendezvous, each
     broadcast) before failing."""

@@ -124,7 +124,7 @@ class ActorWorker(TrainState, ReferenceWorker):
         weights: dict[str, float] = defaultdict(float)
         n_opt = 0
         for _ in range(a.epochs):
-            for mini in exp.shuffled_splits(a.mini_batches, self.generator):
+            for mini in self._mini_batches(exp):
                 norm = self._loss_norm(mini)  # counts every row, trained or skipped
                 self.optimizer.zero_grad(set_to_none=True)
                 mini_loss = 0.0
@@ -237,6 +237,10 @@ class ActorWorker(TrainState, ReferenceWorker):
     def single_update(self) -> bool:
         """One optimizer step per training step (epochs = mini_batches = 1)."""
         return self.algo.epochs == 1 and self.algo.mini_batches == 1
+
+    def _mini_batches(self, exp: Experience) -> list[Experience]:
+        """This epoch's mini-batches (a data-parallel rank: its part of the global ones)."""
+        return exp.shuffled_splits(self.algo.mini_batches, self.generator)
 
     def _loss_norm(self, mini: Experience) -> LossNorm:
         """The step-global normaliser (a data-parallel actor sums the counts over ranks)."""

@@ -153,10 +153,28 @@ class Experience:
             out[idx, : values.shape[1]] = values
         return out
 
-    def shuffled_splits(self, n: int, generator: torch.Generator) -> list[Experience]:
-        """A random permutation cut into ``n`` near-equal mini-batches."""
-        perm = torch.randperm(len(self), generator=generator)
-        return [self.select(part) for part in perm.tensor_split(n) if len(part) > 0]
+    def shuffled_splits(
+        self, n: int, generator: torch.Generator, offset: int = 0, total: int | None = None
+    ) -> list[Experience]:
+        """A random permutation of the global batch cut into ``n`` near-equal mini-batches,
+        each restricted to this part of it.
+
+        One process: ``self`` is the global batch (``offset`` 0, ``total`` its length). A
+        data-parallel rank: ``self`` is rows ``offset .. offset + len(self)`` of a global
+        batch of ``total`` rows; every rank draws the same permutation (same generator
+        state), so the union over ranks of their i-th parts is exactly the i-th mini-batch
+        of one process (world-size invariance for every ``n``). A rank's part may be empty;
+        it still takes the step (its gradient is zero, the collectives are joined).
+        """
+        total = len(self) if total is None else total
+        perm = torch.randperm(total, generator=generator)
+        out = []
+        for part in perm.tensor_split(n):
+            if len(part) == 0:
+                continue
+            mine = part[(part >= offset) & (part < offset + len(self))] - offset
+            out.append(self.select(mine))
+        return out
 
     def meta(self) -> dict[str, Any]:
         """Length stats in real tokens; with observation tokens in the batch also the trained
