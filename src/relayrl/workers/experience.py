@@ -89,6 +89,21 @@ class Experience:
             self.batch.select(idx), {k: v[idx] for k, v in self.tensors.items()}, samples
         )
 
+    def to(self, device: torch.device) -> Experience:
+        """The batch and every tensor on ``device`` (itself when already there)."""
+        if self.batch.input_ids.device == device:
+            return self
+        b = self.batch
+        batch = TokenBatch(
+            b.input_ids.to(device),
+            b.attention_mask.to(device),
+            b.position_ids.to(device),
+            b.prompt_width,
+            b.response_ids.to(device),
+            b.response_mask.to(device),
+        )
+        return Experience(batch, {k: v.to(device) for k, v in self.tensors.items()}, self.samples)
+
     def micro_batches(
         self, max_seqs: int, max_tokens: int | None = None
     ) -> Iterator[tuple[Tensor, Experience]]:
@@ -147,8 +162,10 @@ class Experience:
 
     def scatter_tokens(self, parts: Sequence[tuple[Tensor, Tensor]]) -> Tensor:
         """Reassemble per-token outputs of ``micro_batches`` into one [B, R] tensor (zeros past
-        each part's width)."""
-        out = torch.zeros(self.response_mask.shape, dtype=parts[0][1].dtype)
+        each part's width) on the parts' device."""
+        # on the parts' device (the model's): one transfer for the whole batch, not one per part
+        first = parts[0][1]
+        out = torch.zeros(self.response_mask.shape, dtype=first.dtype, device=first.device)
         for idx, values in parts:
             out[idx, : values.shape[1]] = values
         return out
