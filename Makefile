@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PIP_VERSION := 26.3
 LOCK_VENV := .lock-venv
 
-.PHONY: demo test lint venv lock gpu-check
+.PHONY: demo test lint venv lock gpu-check device-kit image-check
 
 $(STAMP): pyproject.toml requirements.lock
 	# the code reward's sandbox runs programs under bubblewrap (Debian package) when it is there
@@ -36,14 +36,46 @@ test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 		--max-worker-restart=0
 
-# A few GRPO steps of a ~50M Llama with bf16 + FSDP2 + the own engine (tools/gpu_check.py): on a
-# CUDA machine 1 rank (and 2 with two GPUs); `make gpu-check DEVICE=cpu` runs it on the CPU.
-DEVICE ?= auto
+# A few GRPO steps of a ~50M Llama with bf16 + FSDP2 + the own engine (tools/gpu_check.py) on
+# CUDA (1 rank, and 2 with two GPUs). Without CUDA it fails with one line; `make gpu-check
+# DEVICE=cpu` runs the same on the CPU.
+DEVICE ?= cuda
 gpu-check: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) tools/gpu_check.py --device $(DEVICE)
 
+# The device kit: the wheels (cp312, manylinux x86_64) that a GPU image with torch, transformers
+# and peft but no network lacks for relayrl to import and run (pydantic and its parts), at the
+# lock's versions, into .device-kit/ (ignored). tools/device_run.sh installs them there with
+# --no-index --no-deps and runs tools/device_run.py, the one prepared GPU run.
+KIT := .device-kit
+KIT_PKGS := pydantic pydantic_core annotated-types typing-inspection
+device-kit:
+	mkdir -p $(KIT)
+	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -d $(KIT) \
+	  $$(for p in $(KIT_PKGS); do grep -i "^$$p==" requirements.lock; done)
+	du -sh $(KIT)
+
+# The GPU image's torch and transformers, checked here: a throw-away venv (.image-venv, not
+# part of `make test`) with the lock's packages but the image's torch, transformers and hub,
+# running the prepared GPU run's steps on the CPU.
+IMAGE_VENV := .image-venv
+IMAGE_PINS := torch==2.11.0 transformers==5.17.0 huggingface_hub==1.33.0
+image-check:
+	test -x $(IMAGE_VENV)/bin/python || python3 -m venv $(IMAGE_VENV)
+	$(IMAGE_VENV)/bin/pip install -q pip==$(PIP_VERSION)
+	grep -v -i -E "^(torch|transformers|huggingface.hub)==" requirements.lock > $(IMAGE_VENV)/lock.txt
+	$(IMAGE_VENV)/bin/pip install -q --no-deps -r $(IMAGE_VENV)/lock.txt
+	$(IMAGE_VENV)/bin/pip install -q $(IMAGE_PINS) -c $(IMAGE_VENV)/lock.txt
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2 PYTHONPATH=src $(IMAGE_VENV)/bin/python \
+	  tools/device_run.py --device cpu --out $(IMAGE_VENV)/out --grpo-overrides train.steps=4
+
+# ruff over the sources, tests, benches and tools; mypy over src/relayrl (its config and the
+# baseline of modules it does not check yet: [tool.mypy] in pyproject.toml).
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench tools
+	$(VENV)/bin/mypy
 
 # Resolve pyproject.toml's ranges (with the dev extra) in a throw-away venv, under
 # lock-constraints.txt and together with the optional extras' packages (VLLM_PIN), so that the

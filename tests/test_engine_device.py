@@ -238,6 +238,9 @@ def test_cuda_engine_matches_cpu_and_syncs_once_per_forward(models) -> None:
             atol=1e-4,
             rtol=0,
         )
+    # the same requests once first: a CUDA graph capture (``rollout.cuda_graphs``, on by
+    # default on CUDA) synchronises the device, the counted run must only replay
+    gpu.generate([GenerationRequest(p, _params(i)) for i, p in enumerate(prompts)])
     for i, p in enumerate(prompts):
         gpu.submit(GenerationRequest(p, _params(i)))
     gpu.step()

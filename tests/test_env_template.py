@@ -78,7 +78,7 @@ def test_a_template_that_breaks_the_prefix_starts_a_new_counted_segment(engine_a
     runner = EpisodeRunner(
         engine,
         env,
-        ChatTemplateRenderer(tok),
+        ChatTemplateRenderer(tok, incremental=False),  # re-rendered: DROPS breaks the prefix
         RunnerLimits(max_turns=3, max_turn_tokens=5, max_model_len=256),
     )
     reqs = [
@@ -120,3 +120,38 @@ def test_a_template_that_breaks_the_prefix_starts_a_new_counted_segment(engine_a
     assert per_row == pytest.approx([0.5**0.5, 0.5**0.5, -(0.5**0.5), -(0.5**0.5)])
     exp = Experience.from_samples(flat, tok.pad_token_id)
     assert int(exp.response_mask.sum()) == sum(len(s.response_ids) for s in flat)
+
+
+def test_the_bridge_keeps_the_prefix_under_a_template_that_drops_earlier_turns(engine_and_path):
+    """Bridged (the default), the same template never breaks the prefix: the model's turns
+    stay as generated, only the template's text after each turn is appended."""
+    model, _ = engine_and_path
+    tok = _tok(DROPS)
+    engine = RolloutEngine(model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+
+    def step(message, state):
+        state["n"] = state.get("n", 0) + 1
+        return StepResult([{"role": "user", "content": "again"}], done=state["n"] >= 2)
+
+    env = lambda: FunctionEnvironment(lambda row, st: [{"role": "user", "content": "hi"}], step)  # noqa: E731
+    runner = EpisodeRunner(
+        engine,
+        env,
+        ChatTemplateRenderer(tok),
+        RunnerLimits(max_turns=3, max_turn_tokens=5, max_model_len=256),
+    )
+    reqs = [
+        GenerationRequest(
+            [1], SamplingParams(max_tokens=5, seed=i), group_id=0, metadata={"prompt": "hi"}
+        )
+        for i in range(2)
+    ]
+    try:
+        samples = runner.generate(reqs)
+        m = runner.env_metrics()
+    finally:
+        runner.close()
+    assert m.get("env/prefix_breaks", 0) == 0
+    for s in samples:
+        assert s.metadata["env"]["turns"] == 2 and not s.metadata["env"]["segments"]
+        assert tok.decode(s.response_ids).count("u:again\na:") == 1

@@ -1,5 +1,6 @@
-"""The house drawn from the imports (DESIGN.md "Layers"): lower layers never import higher ones,
-and no source file is over 600 lines.
+"""The house drawn from the imports (docs/architecture.md "Layers"): lower layers never import
+higher ones, no two modules import each other (directly or round a longer circle), and no source
+file is over 600 lines.
 
 Every module under ``src/relayrl`` is read with ``ast`` (imports inside functions and under
 ``TYPE_CHECKING`` count: they are dependencies too; relative imports are resolved). A module's
@@ -8,11 +9,16 @@ module, its name (``relayrl.cli`` -> ``cli``). The floors, lowest first:
 
     algos < model < rollout < reward < data < env < workers < controller < cluster < apps
 
-with the applications (``cli``, ``demo``, ``labs``) on one top floor. ``plan`` and ``telemetry``
-are leaves that anything may import and that import no other relayrl package but the config;
-``config*.py`` modules are leaves that import only each other. A module may import its own
-layer and any lower one. A package or module missing from these lists fails the test, so a
+with the applications (``cli``, ``demo``, ``labs``, ``tinker``) on one top floor. ``plan`` and
+``telemetry`` are leaves that anything may import and that import no other relayrl package but
+the config; ``config*.py`` modules are leaves that import only each other. A module may import
+its own layer and any lower one. A package or module missing from these lists fails the test, so a
 new one has to be given a floor.
+
+Import circles are found on the module graph (``from relayrl.workers import fsdp`` is an edge to
+``relayrl.workers.fsdp``; a package's ``__init__`` is a module of its own, and importing
+``relayrl.x.y`` is not counted as importing ``relayrl.x``): every strongly connected component
+of more than one module is a circle, lazy imports inside functions included.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import relayrl
 
 SRC = Path(relayrl.__file__).parent
 FLOORS = ["algos", "model", "rollout", "reward", "data", "env", "workers", "controller", "cluster"]
-APPS = {"cli", "demo", "labs"}
+APPS = {"cli", "demo", "labs", "tinker"}
 LEAVES = {"plan", "telemetry"}
 MAX_LINES = 600
 # Files over MAX_LINES that another change is splitting; each entry must still be over the
@@ -33,7 +39,7 @@ KNOWN_LONG: dict[str, str] = {}
 
 
 def _floor(layer: str) -> int:
-    """DESIGN.md's floor number of a layer: algos 1 ... cluster 9, the applications above."""
+    """The floor number of a layer: algos 1 ... cluster 9, the applications above."""
     if layer in APPS:
         return len(FLOORS) + 1
     return FLOORS.index(layer) + 1
@@ -108,9 +114,98 @@ def layer_violations(src: Path = SRC) -> list[str]:
     return bad
 
 
+def import_graph(src: Path = SRC) -> dict[str, set[str]]:
+    """``{module: the relayrl modules it imports}``, ``from a.b import c`` resolved to the
+    module ``a.b.c`` where that is one (else ``a.b``)."""
+    paths = {_module_name(p, src): p for p in sorted(src.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(
+                        parts[: len(parts) - (node.level - 1)] + ([base] if base else [])
+                    )
+                deps |= {
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base for a in node.names
+                }
+        graph[module] = {d for d in deps if d in paths and d != module}
+    return graph
+
+
+def import_circles(src: Path = SRC) -> list[list[str]]:
+    """Each set of modules that import each other (a strongly connected component of more than
+    one module, Tarjan's algorithm), sorted."""
+    graph = import_graph(src)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(circles)
+
+
+def test_no_import_circles() -> None:
+    circles = import_circles()
+    assert not circles, "modules that import each other (break the circle):\n" + "\n".join(
+        " <-> ".join(c) for c in circles
+    )
+
+
+def test_the_circle_finder_finds_direct_lazy_and_long_circles(tmp_path) -> None:
+    files = {
+        "__init__.py": "",
+        "w/__init__.py": "",
+        "w/build.py": "def f():\n    from relayrl.w.lora import X\n",
+        "w/lora.py": "from relayrl.w import build\n",
+        "w/a.py": "from .b import y\n",
+        "w/b.py": "from relayrl.w.c import z\n",
+        "w/c.py": "import relayrl.w.a\n",
+        "w/leaf.py": "from relayrl.w.a import q\nfrom relayrl import w\n",
+    }
+    for name, text in files.items():
+        (tmp_path / "relayrl" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "relayrl" / name).write_text(text)
+    assert import_circles(tmp_path / "relayrl") == [
+        ["relayrl.w.a", "relayrl.w.b", "relayrl.w.c"],
+        ["relayrl.w.build", "relayrl.w.lora"],
+    ]
+
+
 def test_no_import_points_up_a_floor() -> None:
     bad = layer_violations()
-    assert not bad, "imports against DESIGN.md's layers:\n" + "\n".join(bad)
+    assert not bad, "imports against the layers (docs/architecture.md):\n" + "\n".join(bad)
 
 
 def test_every_package_has_a_floor() -> None:

@@ -14,7 +14,8 @@ from relayrl.cluster.local import build_local_roles
 from relayrl.controller.trainer import train
 from relayrl.model import build_tiny_model, forward_logprobs, load_causal_lm, load_tokenizer
 from relayrl.model.lora import save_adapter, save_merged, trainable_parameters
-from relayrl.workers.build import AdapterDisabledReference, build_actor, build_reference
+from relayrl.workers.build import build_actor, build_reference
+from relayrl.workers.lora import AdapterDisabledReference
 from scale_helpers import random_experience, scale_config
 
 LORA = ("model.lora.r=4", "model.lora.alpha=8")

@@ -1,6 +1,7 @@
 """GPU check: a few GRPO steps of a ~50M-param Llama with bf16 + FSDP2 + the own engine.
 
     make gpu-check                       # CUDA: 1 rank, and 2 ranks when two GPUs exist
+                                         # (no CUDA: fails with one line, exit 2)
     PYTHONPATH=src python tools/gpu_check.py --device cpu --hidden 128 --layers 2   # CPU
 
 Per step: the engine (rank 0) samples groups of completions, a synthetic reward (share of one
@@ -163,7 +164,7 @@ def main() -> int:
     from scale import build_model
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--steps", type=int, default=3)
@@ -173,10 +174,12 @@ def main() -> int:
     p.add_argument("--tol-mean", type=float, default=0.02)
     p.add_argument("--tol-max", type=float, default=0.5)
     args = p.parse_args()
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("gpu-check: --device cuda but CUDA is not available", file=sys.stderr)
+        print(
+            f"gpu-check: no CUDA device (torch {torch.__version__}, CUDA build "
+            f"{torch.version.cuda}); on the CPU run `make gpu-check DEVICE=cpu`",
+            file=sys.stderr,
+        )
         return 2
     worlds = [args.world] if args.world else [1]
     if not args.world and args.device == "cuda" and torch.cuda.device_count() >= 2:

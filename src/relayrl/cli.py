@@ -64,6 +64,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         from relayrl.cluster.ray_roles import build_ray_roles
 
         build = build_ray_roles
+    if args.rollout_only:  # generation, environments and scoring; no training (docs/failures.md)
+        from relayrl.controller.rollout_only import rollout_only
+
+        rollout_only(cfg, lambda a, c: build(cfg, a, c))
+        return 0
     result = train(cfg, lambda a, c: build(cfg, a, c), resume=args.resume, overwrite=args.overwrite)
     before, after = _pct(result.get("eval_before")), _pct(result["eval_after"])
     print(f"eval pass rate: before {before}  after {after}")
@@ -270,6 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="move a run already in run_dir aside (to <run_dir>.prev-N) and start afresh",
     )
+    t.add_argument(
+        "--rollout-only",
+        action="store_true",
+        help="generate, run environments and score train.steps steps without training: "
+        "per-step time split, failure counts and a few samples",
+    )
     t.set_defaults(fn=cmd_train)
 
     s = sub.add_parser("sft", help="supervised fine-tuning from a YAML config")
@@ -342,6 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_demo)
 
     _add_serve(sub)  # relayrl serve (i20b)
+    from relayrl.tinker.cli import add_subcommand as add_tinker_serve
+
+    add_tinker_serve(sub)  # relayrl tinker-serve (issue 42)
     from relayrl.plan.cli import add_subcommands as add_plan_subcommands
 
     add_plan_subcommands(sub)

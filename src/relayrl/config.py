@@ -28,6 +28,7 @@ from relayrl.config_base import (  # noqa: F401  (re-exported: every layer reads
 )
 from relayrl.config_env import EnvConfig
 from relayrl.config_eval import EvalConfig
+from relayrl.config_failures import FailuresConfig
 from relayrl.config_io import COMMAND_LINE, apply_overrides, dump_config, load_config  # noqa: F401
 from relayrl.config_sections import (  # noqa: F401
     ArithmeticConfig,
@@ -50,6 +51,13 @@ class AlgoConfig(_Strict):
     """``dpo``: offline DPO on preference pairs (``data.train_path``), beta = ``kl_coef``."""
     advantage: str | None = None
     """Advantage estimator; defaults to ``grpo`` for GRPO and ``gae`` for PPO."""
+    turn_credit: Literal["none", "stepwise_grpo"] = "none"
+    """Multi-turn episodes under GRPO: ``stepwise_grpo`` gives each assistant turn its own
+    advantage, its discounted return (per-turn rewards, the score on the last turn)
+    normalised over its group at that turn (``relayrl.algos.turn_credit``); ``none``: one
+    advantage per episode."""
+    turn_gamma: float = Field(1.0, ge=0, le=1)
+    """Discount over turns of ``turn_credit: stepwise_grpo``."""
     group_size: int = Field(8, ge=1)
     """Samples per prompt; the group-relative advantages (``GROUP_ADVANTAGES``) need >= 2."""
     prompts_per_step: int = Field(64, ge=1)
@@ -152,6 +160,14 @@ class AlgoConfig(_Strict):
                     related=("name",),
                 )
             return self
+        if self.turn_credit != "none" and (self.name != "grpo" or self.group_size < 2):
+            raise KeyProblem(
+                "turn_credit",
+                self.turn_credit,
+                "normalises each turn over its group: it needs algo.name=grpo and "
+                "algo.group_size >= 2",
+                related=("name", "group_size"),
+            )
         if self.advantage_name in GROUP_ADVANTAGES and self.group_size < 2:
             raise KeyProblem(
                 "group_size",
@@ -233,6 +249,9 @@ class RolloutConfig(_Strict):
     vllm_gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     """GPU share vLLM's server may take (null: 90% of the memory free when it starts, so a
     trainer already on the GPU leaves it room)."""
+    cuda_graphs: bool | None = None
+    """Own engine: decode steps replayed as CUDA graphs (``rollout.cuda_graphs``); null: on
+    when the engine is on a CUDA device, off on the CPU (true there is an error)."""
 
 
 class AsyncConfig(_Strict):
@@ -271,6 +290,10 @@ class TrainConfig(_Strict):
     save_on_signal: bool = True
     """On SIGINT / SIGTERM, checkpoint the last completed step before stopping (a signal during
     a step's weight update waits for the end of that step; a second one stops at once)."""
+    save_trajectories: bool = False
+    """Append every trained trajectory of each step to ``<run_dir>/trajectories.jsonl``
+    (token ids, loss mask, behaviour logprobs, versions, score, text, episode info:
+    ``relayrl.env.export``); ``relayrl report`` summarises it."""
 
 
 class LoggingConfig(_Strict):
@@ -387,6 +410,9 @@ class RunConfig(_Strict):
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
+    failures: FailuresConfig = Field(default_factory=FailuresConfig)
+    """Infrastructure failures: retries, the budgets that stop a sick run, the async stall
+    limit (docs/failures.md)."""
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:

@@ -7,6 +7,8 @@ OpenAI-compatible endpoint (``relayrl.env.agent_rollout``) instead of one engine
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from relayrl.config_base import KeyProblem, _Strict
@@ -23,6 +25,10 @@ class AgentConfig(_Strict):
     (reward 0, nothing of it trained) and its session is closed."""
     concurrency: int = Field(16, ge=1)
     """Rollouts (agent calls) running at once."""
+    isolation: Literal["thread", "process"] = "thread"
+    """Where an agent runs: a daemon thread per rollout (``thread``: a hung sync agent is
+    abandoned past ``timeout_s``) or a spawned worker process per rollout (``process``: killed
+    past ``timeout_s``; ``relayrl.env.agent_process``)."""
 
     @model_validator(mode="after")
     def _cross_checks(self) -> AgentConfig:

@@ -38,9 +38,16 @@ class EnvConfig(_Strict):
     """Episodes holding an environment at once (the pool's limit); others wait for a free one."""
     reuse: bool = True
     """Reset and reuse a finished episode's environment (else close it and create anew)."""
-    render: Literal["auto", "plain", "template"] = "auto"
+    isolation: Literal["thread", "process"] = "thread"
+    """Where an environment runs: on an event loop of its own in a thread (``thread``: a
+    blocked step times out, its thread cannot be stopped) or in a worker process
+    (``process``: killed past ``step_timeout_s`` and replaced; the factory must be importable;
+    ``relayrl.env.process_env``)."""
+    render: Literal["auto", "plain", "template", "template_rerender"] = "auto"
     """Turn rendering (``relayrl.env.render``): the tokenizer's chat template when it has one
-    (``auto``), else the plain ``U:`` / ``A:`` / ``T:`` format."""
+    (``auto``; bridged turn by turn onto the generated ids), else the plain ``U:`` / ``A:`` /
+    ``T:`` format; ``template_rerender`` re-renders the conversation each turn (a new,
+    counted sample wherever that breaks the prefix)."""
     outcome: Literal["reward_fn", "env"] = "reward_fn"
     """The episode's score: the run's reward function on the last assistant turn's text
     (``reward_fn``), or the reward the environment returned with ``done`` (``env``)."""

@@ -36,6 +36,10 @@ class EvalConfig(_Strict):
     seed: Seed | None = None
     """Sampling seed of the eval requests (prompt i, sample j gets ``seed + i * n + j``);
     null: the engine's own stream."""
+    background: bool = True
+    """``async`` / ``overlap`` without environments: the evaluations every
+    ``train.eval_every`` steps run beside training instead of stalling it
+    (``relayrl.controller.background_eval``); false: the trainer waits for them."""
 
     @model_validator(mode="after")
     def _checks(self) -> EvalConfig:

@@ -69,6 +69,13 @@ class RolloutWorkerDied(RuntimeError):
     """The engine worker process exited unexpectedly."""
 
 
+class WeightSyncFailed(RolloutWorkerDied):
+    """A weight update did not reach the engine worker within ``weight_sync.timeout_s``: the
+    worker is alive but never loaded the previous version (hung, stopped). The shared weights
+    are left as they were, so the engine never serves a half-updated model (docs/failures.md).
+    """
+
+
 @dataclass
 class EngineSpec:
     """What the worker needs to build its engine (the weights come through shared memory)."""
@@ -89,6 +96,7 @@ class EngineSpec:
     device: str = "cpu"
     """Where the own engine computes and the shared weights live (``cpu``, ``cuda:<i>``); the
     vLLM backend places itself (its shared weights stay on the CPU)."""
+    cuda_graphs: bool | None = None  # rollout.cuda_graphs (None: on for CUDA)
 
     def shared_device(self) -> torch.device:
         """The device of the shared weight tensors (CPU for the vLLM backend)."""
@@ -149,6 +157,7 @@ def build_own_engine(spec: EngineSpec, shared: Mapping[str, Tensor]) -> Any:
         version=spec.version,
         urgent_steps=spec.urgent_steps,
         device=device,
+        cuda_graphs=spec.cuda_graphs,
     )
 
 
@@ -293,9 +302,14 @@ class EngineProcess:
     """Client of an engine worker process; same rollout interface as ``RolloutEngine``."""
 
     def __init__(
-        self, spec: EngineSpec, state_dict: Mapping[str, Tensor], start_timeout: float = 120
+        self,
+        spec: EngineSpec,
+        state_dict: Mapping[str, Tensor],
+        start_timeout: float = 120,
+        sync_timeout_s: float = 600.0,
     ):
         self.spec = spec
+        self.sync_timeout_s = sync_timeout_s  # weight_sync.timeout_s
         self.version = spec.version
         self.device = spec.shared_device()
         check_device(self.device)
@@ -458,9 +472,18 @@ class EngineProcess:
         self, state_dict: Mapping[str, Tensor], version: int, interrupt: bool = True
     ) -> None:
         """Copy weights into the shared tensors and tell the worker to load them as
-        ``version``."""
+        ``version``. The previous update must have been loaded first: a worker that has not
+        within ``sync_timeout_s`` is a :class:`WeightSyncFailed` (nothing is copied)."""
+        deadline = time.monotonic() + self.sync_timeout_s
         while not self._acked.wait(timeout=0.5):  # the previous update must have been read
             self._check_alive()
+            if time.monotonic() > deadline:
+                raise WeightSyncFailed(
+                    f"weight sync of version {version} to the rollout worker (pid "
+                    f"{self.process.pid}) failed: it has not loaded version {self.version} "
+                    f"within {self.sync_timeout_s:g} s (weight_sync.timeout_s); the shared "
+                    "weights were left as they were"
+                )
         self._check_alive()
         with torch.no_grad():
             for k, v in state_dict.items():

@@ -80,6 +80,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
             max_slots=cfg.rollout.max_slots,
+            cuda_graphs=cfg.rollout.cuda_graphs,
         )
     else:  # overlap / async: the engine in its own process, weights through shared memory
         spec = EngineSpec(
@@ -97,8 +98,9 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
             vllm_process=cfg.rollout.vllm_process,
             vllm_gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
             device=str(engine_device(cfg)),
+            cuda_graphs=cfg.rollout.cuda_graphs,
         )
-        rollout = EngineProcess(spec, actor.state_dict())
+        rollout = EngineProcess(spec, actor.state_dict(), sync_timeout_s=cfg.weight_sync.timeout_s)
     reference = None
     if cfg.algo.kl_coef > 0 or cfg.algo.name == "ppo":
         reference = build_reference(cfg, actor)  # LoRA: the actor with adapters disabled

@@ -190,6 +190,7 @@ class RoleHost(CollectiveWeightSync):
             max_slots=cfg.rollout.max_slots,
             version=spec.version,
             urgent_steps=cfg.async_.urgent_steps,
+            cuda_graphs=cfg.rollout.cuda_graphs,
         )
 
     # ------------------------------------------------------------------ generic

@@ -22,9 +22,12 @@ from relayrl.algos import (
     rollout_correction,
 )
 from relayrl.config import RunConfig
+from relayrl.controller.failures import FailureLog, infra_cause, retry_failed
 from relayrl.controller.prompts import TokenizedPrompt
 from relayrl.data import dynamic_sample
+from relayrl.env.export import save_trajectories
 from relayrl.env.scoring import expand_episodes
+from relayrl.env.turn_credit import turn_advantages
 from relayrl.rollout import GenerationRequest, Sample, SamplingParams
 from relayrl.telemetry.mismatch import MismatchMonitor
 from relayrl.workers import Experience, Roles
@@ -76,15 +79,21 @@ def last_token_rewards(scores: Tensor, response_mask: Tensor) -> Tensor:
 
 
 def rollout_and_score(
-    roles: Roles, requests: list[GenerationRequest], timer: dict[str, float]
+    roles: Roles, requests: list[GenerationRequest], timer: dict[str, float], retries: int = 0
 ) -> tuple[list[Sample], Tensor, dict[str, float]]:
     """Generate and score: one sample per request, single-turn or a whole episode (the
     rollout role is then an ``EpisodeRunner`` and the reward role an ``EpisodeScorer``:
-    ``controller.schedules.attach_environments``)."""
+    ``controller.schedules.attach_environments``). An infrastructure failure is generated and
+    scored again up to ``retries`` times (``controller.failures``; ``failures/retried``)."""
     t0 = time.perf_counter()
     samples = roles.rollout.generate(requests)
     t1 = time.perf_counter()
     scores, reward_stats = roles.reward.score(samples)
+    if retries:
+        samples, scores, retried = retry_failed(
+            roles.rollout, roles.reward, requests, samples, scores, retries
+        )
+        timer["failures/retried"] = timer.get("failures/retried", 0.0) + retried
     timer["time/generate"] = t1 - t0
     timer["time/score"] = time.perf_counter() - t1
     return samples, scores, reward_stats
@@ -140,6 +149,11 @@ def grpo_experience(
         episode_index=None if episodes is None else list(episodes),
         **_estimator_kwargs(cfg),
     )
+    if cfg.algo.turn_credit == "stepwise_grpo":  # per-turn advantages (multi-turn episodes)
+        groups = exp["group_index"].tolist()
+        exp["advantages"] = turn_advantages(
+            samples, scores, exp.response_mask, groups, cfg.algo.turn_gamma
+        )
     if cfg.algo.distill.teacher_path is not None:
         distill_from_teacher(roles, exp, cfg)
     return exp
@@ -194,13 +208,25 @@ def ppo_experience(
 
 
 def make_experience(
-    roles: Roles, samples: Sequence[Sample], scores: Tensor, cfg: RunConfig, kl_ctl: KLController
+    roles: Roles,
+    samples: Sequence[Sample],
+    scores: Tensor,
+    cfg: RunConfig,
+    kl_ctl: KLController,
+    step: int | None = None,
+    failures: FailureLog | None = None,
 ) -> Experience:
     """The step's batch. Multi-turn samples (``relayrl.env``) carry a loss mask: observation
     tokens are attended to and never trained (``Experience.response_mask``); GAE steps from
     one model token to the next over them. An episode split at a prefix break trains each of
-    its segments, each episode counted once in its group's statistics (``expand_episodes``)."""
+    its segments, each episode counted once in its group's statistics (``expand_episodes``).
+    Infrastructure failures are left out first (``FailureLog.admit``: out of the batch, of
+    their group's statistics and of the loss normaliser; counted; budgeted)."""
+    failures = failures or FailureLog(cfg.failures)
+    samples, scores = failures.admit(samples, scores, grouped=cfg.algo.name != "ppo")
     samples, scores, episodes = expand_episodes(samples, scores)
+    if step is not None and cfg.train.save_trajectories:  # what this step trains, as JSONL
+        save_trajectories(cfg.run_dir, step, samples, scores.tolist(), roles.tokenizer)
     if cfg.algo.name == "ppo":
         exp = ppo_experience(roles, samples, scores, cfg, kl_ctl)
     else:
@@ -353,20 +379,25 @@ def rl_step(
     kl_ctl: KLController,
     refill: Callable[[int, int], Sequence[TokenizedPrompt]] | None = None,
     mismatch: MismatchMonitor | None = None,
+    failures: FailureLog | None = None,
 ) -> tuple[Experience, dict[str, float]]:
     """One synchronous step: generate G answers per prompt, score, build the batch, train.
 
     With ``data.dynamic_sampling.enabled`` (DAPO) groups whose raw outcomes are all equal are
     dropped and ``refill(round, n)`` supplies prompts for more rounds (see ``dynamic_rollout``).
+    Infrastructure failures are retried, then left out and counted (``failures``, the run's
+    ``FailureLog``: ``failures/*`` in the stats).
     """
     timer: dict[str, float] = {}
+    failures = failures or FailureLog(cfg.failures)
     if cfg.data.dynamic_sampling.enabled:
         samples, scores, stats = dynamic_rollout(roles, prompts, cfg, step, stop_ids, timer, refill)
     else:
         requests = make_requests(prompts, cfg, step, stop_ids)
-        samples, scores, stats = rollout_and_score(roles, requests, timer)
+        samples, scores, stats = rollout_and_score(roles, requests, timer, cfg.failures.retries)
     t0 = time.perf_counter()
-    exp = make_experience(roles, samples, scores, cfg, kl_ctl)
+    exp = make_experience(roles, samples, scores, cfg, kl_ctl, step=step, failures=failures)
+    stats.update(failures.metrics())
     stats.update(update_roles(roles, exp, cfg, kl_ctl, mismatch, step))
     timer["time/train"] = time.perf_counter() - t0
     stats.update(timer)
@@ -375,8 +406,12 @@ def rl_step(
 
 def group_outcomes(group: Sequence[tuple[Sample, float]]) -> list[float]:
     """The raw outcomes of a scored group (before reward mixing): what dynamic sampling
-    tests for variance."""
-    return [float(s.metadata.get("reward", {}).get("outcome", v)) for s, v in group]
+    tests for variance. Infrastructure failures are no outcome (``controller.failures``)."""
+    return [
+        float(s.metadata.get("reward", {}).get("outcome", v))
+        for s, v in group
+        if infra_cause(s) is None
+    ]
 
 
 REFILL_STEP_BASE = 10_000_000
@@ -415,8 +450,10 @@ def dynamic_rollout(
             return []
         sub: dict[str, float] = {}
         samples, scores, stats = rollout_and_score(
-            roles, make_requests(batch, cfg, step, stop_ids), sub
+            roles, make_requests(batch, cfg, step, stop_ids), sub, cfg.failures.retries
         )
+        timer["failures/retried"] = timer.get("failures/retried", 0.0)
+        timer["failures/retried"] += sub.get("failures/retried", 0.0)
         timer["time/generate"] += sub["time/generate"]
         timer["time/score"] += sub["time/score"]
         groups: dict[Any, list[tuple[Sample, float]]] = {}

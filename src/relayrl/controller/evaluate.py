@@ -29,6 +29,7 @@ from typing import Any
 
 from relayrl.config import DataConfig
 from relayrl.config_eval import EvalConfig
+from relayrl.controller.failures import infra_cause, retry_failed
 from relayrl.controller.prompts import PromptSource, TokenizedPrompt
 from relayrl.reward import answers_equal, extract_final_answer, extract_integer_answer
 from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
@@ -181,8 +182,12 @@ def evaluate_prompts(
     stop_token_ids: list[int] | None = None,
     cfg: EvalConfig | None = None,
     reward_fn: str = "",
+    retries: int = 0,
 ) -> EvalResult:
-    """Generate ``cfg.n`` answers per prompt, score them, and compute the metrics above."""
+    """Generate ``cfg.n`` answers per prompt, score them, and compute the metrics above.
+
+    An infrastructure failure (``controller.failures``) is generated and scored again up to
+    ``retries`` times; what still fails counts as not correct and in ``failures/infra``."""
     cfg = cfg or EvalConfig()
     n = cfg.n
     read, same = answer_reader(cfg.answer, reward_fn)
@@ -200,6 +205,7 @@ def evaluate_prompts(
             requests.append(GenerationRequest(p.ids, params, metadata=p.fields()))
     samples = engine.generate(requests)
     scores, _ = reward.score(samples)
+    samples, scores, _ = retry_failed(engine, reward, requests, samples, scores, retries)
     outcomes = reward.outcomes(samples, scores).tolist()
     score_list = scores.tolist()
     records: list[dict[str, Any]] = []
@@ -228,6 +234,7 @@ def evaluate_prompts(
                     "correct": correct[j],
                     "response_tokens": len(s.response_ids),
                     "finish_reason": s.finish_reason,
+                    "failure": infra_cause(s),
                 }
             )
     m = max(len(prompts), 1)
@@ -236,6 +243,10 @@ def evaluate_prompts(
     metrics["reward_mean"] = float(scores.mean()) if len(score_list) else 0.0
     metrics["prompts"] = float(len(prompts))
     metrics["n"] = float(n)
+    metrics["failures/infra"] = float(sum(r["failure"] is not None for r in records))
+    versions = [v for s in samples for v in s.versions]
+    if versions:  # the policy versions the answers came from (an async eval may span some)
+        metrics["version_min"], metrics["version_max"] = float(min(versions)), float(max(versions))
     return EvalResult(metrics, records)
 
 
@@ -247,12 +258,17 @@ def held_out_metrics(
     stop_token_ids: list[int] | None = None,
     cfg: EvalConfig | None = None,
     reward_fn: str = "",
+    retries: int = 0,
 ) -> dict[str, float]:
     """The eval inside training: ``eval/pass_rate``, ``eval/reward_mean``, ``eval/n`` (prompts)
     and, when ``cfg.n`` > 1, ``eval/pass@k`` and ``eval/maj@k`` for each k."""
     cfg = cfg or EvalConfig()
-    out = evaluate_prompts(engine, reward, prompts, max_tokens, stop_token_ids, cfg, reward_fn)
+    out = evaluate_prompts(
+        engine, reward, prompts, max_tokens, stop_token_ids, cfg, reward_fn, retries
+    )
     metrics = {
+        "eval/failures/infra": out.metrics["failures/infra"],
+        **{f"eval/{k}": out.metrics[k] for k in ("version_min", "version_max") if k in out.metrics},
         "eval/pass_rate": out.metrics["pass_rate"],
         "eval/reward_mean": out.metrics["reward_mean"],
         "eval/n": out.metrics["prompts"],

@@ -5,6 +5,11 @@ Runs as a thread beside the trainer. It admits prompt groups while the gate allo
 each sample as it arrives (off the generation path: the engine runs in its own process), and
 hands complete groups to the buffer in admission order. Group g uses the prompts the sync
 schedule would use at step g // B, so eta = 0 reproduces sync semantics on separate workers.
+
+A sample that failed for infrastructure reasons (``controller.failures``) is generated again,
+same request, up to ``failures.retries`` times before it joins its group (the trainer then
+leaves it out). A trainer that waits while nothing finished for ``failures.stall_s`` gets
+:class:`RolloutStalled` naming what is in flight, never a silent hang.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import torch
 from relayrl.config import RunConfig
 from relayrl.controller.algorithms import group_outcomes, group_requests
 from relayrl.controller.buffer import GroupBuffer, ScoredGroup
+from relayrl.controller.failures import infra_cause
+from relayrl.controller.faults import RunFault
 from relayrl.controller.prompts import PromptSource, TokenizedPrompt
 from relayrl.controller.staleness import StalenessGate
 from relayrl.data.dynamic import has_signal
@@ -25,6 +32,10 @@ from relayrl.env.scoring import scoring_view
 from relayrl.rollout import Sample
 from relayrl.telemetry.timeline import Timeline
 from relayrl.workers.reward import RewardWorker
+
+
+class RolloutStalled(RunFault):
+    """No sample finished generating or scoring for ``failures.stall_s`` (one line)."""
 
 
 class RolloutController(threading.Thread):
@@ -58,6 +69,9 @@ class RolloutController(threading.Thread):
         self.samples_interrupted = 0
         self.groups_completed = 0  # kept or dropped
         self.groups_dropped = 0
+        self.samples_retried = 0  # infrastructure failures generated again
+        self._attempts: dict[tuple[int, int], int] = {}  # (group, sample index) -> retries
+        self._last_progress = time.monotonic()
         # Admission ids (group ids, prompt positions, buffer order) run on past the gate's
         # count when dynamic sampling gives dropped groups back to the gate.
         self._next_id = gate.n_admitted
@@ -77,6 +91,7 @@ class RolloutController(threading.Thread):
         with self._lock:
             self.gate.set_version(version)
             self._drops_at_version = 0
+        self._last_progress = time.monotonic()  # the gate opens: a fresh start for stalls
 
     def stop(self) -> None:
         self._halt.set()
@@ -95,6 +110,14 @@ class RolloutController(threading.Thread):
         """Raise in the trainer thread if the controller failed (e.g. the engine died)."""
         if self.error is not None:
             raise self.error
+        stall = self.cfg.failures.stall_s
+        idle = time.monotonic() - self._last_progress
+        if stall is not None and idle > stall:
+            raise RolloutStalled(
+                f"rollout stalled: no sample finished generating or scoring for {idle:.0f} s "
+                f"(failures.stall_s={stall:g}); in flight: {self._in_flight()} groups admitted "
+                f"to the engine, {len(self._views)} samples awaiting the reward service"
+            )
 
     # ---------------------------------------------------------------- the loop
     def run(self) -> None:
@@ -173,6 +196,7 @@ class RolloutController(threading.Thread):
         """Score as the sample finishes: in the reward service's process pool when there is
         one (results come back through ``poll``), else inline in this thread."""
         self.samples_received += 1
+        self._last_progress = time.monotonic()
         if self.reward.service is not None:  # an episode's reward sees its final turn only
             view = scoring_view(sample)
             self._views[id(view)] = sample
@@ -192,13 +216,36 @@ class RolloutController(threading.Thread):
             score = float(finish([sample], torch.tensor([score], dtype=torch.float32))[0])
         self._collect(sample, score)
 
+    def _retry(self, sample: Sample) -> bool:
+        """Generate an infrastructure-failed sample again (its group's request k, same seed;
+        an episode gets a fresh environment) while it has retries left."""
+        g, k = sample.group_id, int(sample.metadata.get("sample_index", 0))
+        if g is None or infra_cause(sample) is None:
+            return False
+        done = self._attempts.get((g, k), 0)
+        if done >= self.cfg.failures.retries:
+            return False
+        self._attempts[(g, k)] = done + 1
+        b = self.cfg.algo.prompts_per_step
+        step, index = divmod(g, b)
+        prompt = self._prompts_for_step(step)[index]
+        request = group_requests(prompt, self.cfg, step, index, g, self.stop_ids)[k]
+        self.engine.submit_many([request])
+        self.samples_retried += 1
+        return True
+
     def _collect(self, sample: Sample, score: float) -> None:
+        self._last_progress = time.monotonic()
+        if self._retry(sample):
+            return
         self.samples_interrupted += int(sample.num_interrupts > 0)
         g = int(sample.group_id) if sample.group_id is not None else -1
         group = self._pending.setdefault(g, [])
         group.append((sample, score))
         if len(group) == self.cfg.algo.group_size:
             del self._pending[g]
+            for k in range(self.cfg.algo.group_size):
+                self._attempts.pop((g, k), None)
             self.groups_completed += 1
             if self._drop_without_signal(g, group):
                 return

@@ -31,6 +31,7 @@ from relayrl.controller.algorithms import (
     update_roles,
 )
 from relayrl.controller.buffer import GroupBuffer
+from relayrl.controller.failures import FailureLog
 from relayrl.controller.prompts import PromptSource
 from relayrl.controller.rollout_controller import RolloutController
 from relayrl.controller.staleness import StalenessGate
@@ -59,6 +60,7 @@ def attach_environments(roles: Roles, cfg: RunConfig) -> None:
         RunnerLimits.from_config(e, _context_length(roles)),
         concurrency=e.concurrency,
         reuse=e.reuse,
+        isolation=e.isolation,
     )
     roles.reward = EpisodeScorer(roles.reward, e.outcome, e.turn_reward_coef)
 
@@ -95,6 +97,7 @@ class SyncSchedule:
         self.timeline = timeline
         self._engine_counts = (0, 0)
         self.mismatch = MismatchMonitor()  # engine vs trainer logprobs, per step
+        self.failures = FailureLog(cfg.failures)  # infrastructure failures: counts, budget
 
     def start(self, step: int, state: dict[str, Any] | None = None) -> None:
         self._engine_counts = self._slot_counts()
@@ -114,8 +117,9 @@ class SyncSchedule:
         t0 = time.perf_counter()
         refill = refill_prompts(self.source, step, self.cfg.data.dynamic_sampling.max_rounds)
         exp, stats = rl_step(
-            self.roles, prompts, self.cfg, step, self.stop_ids, kl_ctl, refill, self.mismatch
-        )
+            self.roles, prompts, self.cfg, step, self.stop_ids, kl_ctl, refill, self.mismatch,
+            failures=self.failures,
+        )  # fmt: skip
         t1 = t0 + stats["time/generate"]
         self.timeline.add("rollout", "generate", t0, t1)
         self.timeline.add("reward", "score", t1, t1 + stats["time/score"])
@@ -166,6 +170,8 @@ class AsyncSchedule:
         )
         self.staleness_hist: Counter[int] = Counter()
         self.mismatch = MismatchMonitor()  # engine vs trainer logprobs of fresh tokens
+        self.failures = FailureLog(cfg.failures)  # infrastructure failures: counts, budget
+        self._retried = 0
         self._wall0 = 0.0
         self._idle = 0.0
         self._engine_busy = 0.0
@@ -196,8 +202,11 @@ class AsyncSchedule:
         scores = torch.cat([g.scores for g in groups])
         t0 = time.perf_counter()
         with self.timeline.span("trainer", "train"):
-            exp = make_experience(self.roles, samples, scores, cfg, kl_ctl)
+            exp = make_experience(
+                self.roles, samples, scores, cfg, kl_ctl, step=step, failures=self.failures
+            )
             stats = self._bound_staleness(exp, step)
+            stats.update(self.failures.metrics())
             stats.update(update_roles(self.roles, exp, cfg, kl_ctl, self.mismatch, step))
         stats["time/train"] = time.perf_counter() - t0
         with self.timeline.span("trainer", "weight_sync"):
@@ -223,6 +232,8 @@ class AsyncSchedule:
         stats["trainer_idle_frac"] = self._idle / max(time.perf_counter() - self._wall0, 1e-9)
         c = self.controller
         stats["interrupted_frac"] = c.samples_interrupted / max(c.samples_received, 1)
+        stats["failures/retried"] = float(c.samples_retried - self._retried)  # since last step
+        self._retried = c.samples_retried
         stats["groups_admitted"] = float(self.gate.n_admitted)
         stats["next_group"] = float(self.buffer.next_index)
         if cfg.data.dynamic_sampling.enabled:

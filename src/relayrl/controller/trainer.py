@@ -28,6 +28,7 @@ from typing import Any
 from relayrl.config import RunConfig
 from relayrl.controller import preflight
 from relayrl.controller.algorithms import make_kl_controller, rollout_stats
+from relayrl.controller.background_eval import BackgroundEval
 from relayrl.controller.checkpoint import (
     load_role_state,
     load_trainer_state,
@@ -39,6 +40,7 @@ from relayrl.controller.checkpoint import (
     set_rng_state,
 )
 from relayrl.controller.evaluate import held_out_metrics
+from relayrl.controller.failures import InfraBudgetExceeded
 from relayrl.controller.faults import RunFault, RunInterrupted, StepGuard, signal_name
 from relayrl.controller.prompts import PromptSource
 from relayrl.controller.run_dir import claim_run_dir, record_config
@@ -110,6 +112,10 @@ def train(
         roles = build_roles(actor_path, critic_path)
         try:
             result = _run(cfg, roles, ckpt, run.path)
+        except InfraBudgetExceeded as exc:  # one line: cause, last error, newest checkpoint
+            with contextlib.suppress(Exception):
+                roles.close()
+            raise RunFault(f"{exc}; {newest_intact(run.path)}") from None
         except OSError as exc:
             with contextlib.suppress(Exception):
                 roles.close()
@@ -170,6 +176,7 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
             stop_ids,
             cfg.eval,
             cfg.reward.fn,
+            cfg.failures.retries,
         )
 
     # A fresh run starts a fresh metrics file; a resumed one drops records past its checkpoint.
@@ -191,6 +198,8 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
         if role is not None:
             role.update = guard.wrap(role.update)  # type: ignore[method-assign]
     guard.install()
+    beside = cfg.schedule != "sync" and cfg.eval.background and not cfg.env.enabled
+    background = BackgroundEval(evaluate) if beside and not cfg.env.agent.enabled else None
     boundary = _Boundary(start, rng_state(), {}, kl_ctl.value, ckpt)
     saving = False
     try:
@@ -223,7 +232,12 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
                         and done % cfg.train.eval_every == 0
                         and done < cfg.train.steps
                     ):
-                        stats.update(evaluate())
+                        if background is None:
+                            stats.update(evaluate())
+                        else:  # beside training (docs/failures.md), logged when it finished
+                            background.start(done)
+                    if background is not None:
+                        stats.update(background.collect())
                     logger.log(done, stats)
                     bar.update(
                         done - start, reward=stats["reward_mean"], pass_rate=stats["pass_rate"]
@@ -236,6 +250,8 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
                         saving = True
                         boundary.saved = _save(cfg, roles, boundary)
                         saving = False
+            if background is not None and (pending := background.collect(wait=True)):
+                logger.log(cfg.train.steps, pending)
             last_eval = evaluate()
             logger.log(cfg.train.steps, last_eval)
         except KeyboardInterrupt as exc:

@@ -1,4 +1,4 @@
-"""Datasets and built-in tasks (DESIGN.md layer 5; may import ``reward``).
+"""Datasets and built-in tasks (layer 5; may import ``reward``).
 
 - records and JSONL files (``records``, ``jsonl``); JSONL, Parquet and saved Hugging Face
   datasets behind one loader (``sources``); chat templates and tokenisation with a skip

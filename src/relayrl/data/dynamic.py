@@ -3,9 +3,10 @@
 A GRPO group whose samples all got the same verifiable outcome (all right or all wrong) has
 zero advantage everywhere: it costs a training step and contributes no gradient. Dynamic
 sampling (Yu et al. 2025, DAPO, eq. 11) over-samples and keeps only groups with
-0 < #correct < G, here: groups whose *raw* outcomes (never shaped or normalised scores, see
-DESIGN.md) are not all equal. It keeps generating rounds until ``target`` groups are kept or
-``max_rounds`` rounds were drawn, and reports the dropped fraction.
+0 < #correct < G, here: groups whose *raw* outcomes (never shaped or normalised scores: a
+contract of docs/architecture.md) are not all equal. It keeps generating rounds until
+``target`` groups are kept or ``max_rounds`` rounds were drawn, and reports the dropped
+fraction.
 """
 
 from __future__ import annotations

@@ -32,7 +32,13 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from relayrl.env.render import END_OF_TURN_TOKENS, PLAIN_PREFIXES, has_chat_template
+from relayrl.env.render import (
+    END_OF_TURN_TOKENS,
+    PLAIN_PREFIXES,
+    ending_ids,
+    has_chat_template,
+    visible_text,
+)
 from relayrl.env.tools import OPEN_TAG, TOOL_CALL_RE, parse_tool_calls
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -161,7 +167,10 @@ class ChatRendering:
 
     def message(self, completion_ids: Sequence[int], parse_tools: bool) -> dict[str, Any]:
         """The assistant message of a completion (``tool_calls`` when it holds valid ones)."""
-        text = self.tokenizer.decode(list(completion_ids), skip_special_tokens=True)
+        # special tokens kept (tool tags may be special tokens), the turn's end left out
+        text = visible_text(
+            self.tokenizer, completion_ids, ending_ids(self.tokenizer, self.stop_ids)
+        )
         msg: dict[str, Any] = {"role": "assistant", "content": text}
         if not parse_tools or OPEN_TAG not in text:
             return msg

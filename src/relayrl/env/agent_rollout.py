@@ -3,7 +3,11 @@
 The user gives ``agent(base_url, api_key, row) -> float`` (sync or async; ``env.agent.function:
 "module:function"``). It runs its agent with the official ``openai`` client
 (``openai.OpenAI(base_url=base_url, api_key=api_key)``), over as many chat / completion calls
-as it likes, and returns the rollout's reward. :class:`AgentRollout` looks like an engine to
+as it likes, and returns the rollout's reward: a number, or per-call rewards ``{reply id:
+reward}`` keyed by the ``id`` of the chat completions / completions / responses it got (as
+AReaL's workflows key them; :func:`per_call_rewards`): the rollout's outcome is then its last
+call's reward, the earlier calls' rewards are turn rewards, and each call is a turn for
+``algo.turn_credit``. :class:`AgentRollout` looks like an engine to
 the controller (``generate(requests) -> samples``, ``update_weights``, ``report``, ...): for
 every request (one rollout of a GRPO group) it
 
@@ -11,8 +15,11 @@ every request (one rollout of a GRPO group) it
    the request's (temperature / top_p / top_k of ``rollout.*``, whatever the agent asks, so
    the trainer's recomputed logprobs are of the distribution sampled from; ``max_tokens`` a
    cap per call; call k's seed derived from the request's seed);
-2. runs the agent (up to ``env.agent.concurrency`` at once; sync agents in a thread pool) with
-   ``env.agent.timeout_s``;
+2. runs the agent (up to ``env.agent.concurrency`` at once) with ``env.agent.timeout_s``. A
+   sync agent runs in a daemon thread of its own: one that hangs past its timeout is recorded
+   ``timeout`` and its slot goes to the next rollout at once (its thread is abandoned, counted
+   in ``agent/abandoned``, and never holds up the process's exit; its later calls to the
+   endpoint get 404), so hung agents never starve the others nor a later evaluation;
 3. turns the session's recorded calls into one sample in the episode runner's format
    (:mod:`relayrl.env.runner`): the trajectory of the agent's last call, loss mask 1 on the
    model's tokens only, the engine's behaviour logprobs and versions, and
@@ -46,18 +53,21 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from relayrl.env.agent_engine import EngineOwner
+from relayrl.env.agent_process import ProcessAgent
 from relayrl.env.openai_server import OpenAIServer
+from relayrl.env.pool import DaemonThreadExecutor
 from relayrl.env.registry import load_callable
 from relayrl.env.scoring import EpisodeScorer
 from relayrl.env.sessions import Session
 from relayrl.rollout.types import EngineReport, GenerationRequest, Sample
 
-AgentFn = Callable[[str, str, dict[str, Any]], float | Awaitable[float]]
+AgentFn = Callable[[str, str, dict[str, Any]], Any]
+"""``agent(base_url, api_key, row) -> reward | {reply id: reward}`` (sync or async)."""
 INTERNAL_KEYS = ("sample_index",)
 
 
@@ -92,8 +102,14 @@ class AgentRollout:
         agent: AgentFn | str,
         timeout_s: float = 120.0,
         concurrency: int = 16,
+        isolation: str = "thread",
     ) -> None:
         self.agent = load_agent(agent) if isinstance(agent, str) else agent
+        if isolation == "process":  # each rollout's agent in a worker process, killed on timeout
+            self.agent = ProcessAgent(self.agent)
+        elif isolation != "thread":
+            raise ValueError(f"env.agent.isolation: {isolation!r} is not thread or process")
+        self._awaitable = inspect.iscoroutinefunction(self.agent) or isolation == "process"
         self.engine = engine.engine if isinstance(engine, EngineOwner) else engine
         self.owner = engine if isinstance(engine, EngineOwner) else EngineOwner(engine)
         self.tokenizer = tokenizer
@@ -101,7 +117,7 @@ class AgentRollout:
         self.concurrency = concurrency
         self.server = OpenAIServer(self.owner, tokenizer)
         self.server.start()
-        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="agent")
+        self._pool = DaemonThreadExecutor()  # a thread per sync agent call (see module)
         self._counts: dict[str, float] = {}
         self._reported: dict[str, float] = {}
         self._ids = itertools.count()
@@ -239,7 +255,7 @@ class AgentRollout:
 
     async def _call_agent(self, session: Session, row: dict[str, Any]) -> Any:
         url = self.server.base_url(session)
-        if inspect.iscoroutinefunction(self.agent):
+        if self._awaitable:
             return await self.agent(url, session.key, row)
         loop = asyncio.get_running_loop()
         out = await loop.run_in_executor(self._pool, self.agent, url, session.key, row)
@@ -254,14 +270,22 @@ class AgentRollout:
         error: str | None = None
         reason = "env_done"
         reward = 0.0
+        call_rewards: dict[int, float] | None = None
         try:
             out = await asyncio.wait_for(self._call_agent(session, row), self.timeout_s)
-            if isinstance(out, bool) or not isinstance(out, (int, float)) or not math.isfinite(out):
+            if isinstance(out, Mapping):  # per-call rewards, keyed by the replies' ids
+                call_rewards, error = per_call_rewards(out, session)
+            elif (
+                isinstance(out, bool) or not isinstance(out, (int, float)) or not math.isfinite(out)
+            ):
                 error = f"the agent returned {out!r}, expected a finite number (the reward)"
             else:
                 reward = float(out)
         except TimeoutError:
             reason, error = "timeout", f"the agent ran past env.agent.timeout_s={self.timeout_s:g}"
+            if not self._awaitable:
+                with self._lock:  # its thread runs on (a thread cannot be stopped)
+                    self._counts["abandoned"] = self._counts.get("abandoned", 0.0) + 1
         except Exception as e:  # the agent's own failure: recorded, the step goes on
             error = f"the agent raised {type(e).__name__}: {e}"
         finally:
@@ -272,7 +296,10 @@ class AgentRollout:
             reason = "env_error"
         stats = session.stats()
         self._count(stats, error is not None)
-        return self._episode_sample(index, req, session, reason, reward, error, t0, stats)
+        smp = self._episode_sample(index, req, session, reason, reward, error, t0, stats)
+        if call_rewards is not None and error is None:
+            credit_calls(smp, session, call_rewards)
+        return smp
 
     def _episode_sample(
         self,
@@ -319,6 +346,11 @@ class AgentRollout:
         info["segments"] = segments
         main.metadata = {**meta, "env": info}
         for smp in (main, *segments):
+            # tokens of more than one policy version: the rollout straddled a weight update
+            # (counted as interrupted, as an engine sample re-prefilled under new weights is)
+            mask = smp.loss_mask or [1] * len(smp.versions)
+            model_versions = {v for v, k in zip(smp.versions, mask, strict=True) if k}
+            smp.num_interrupts = max(smp.num_interrupts, len(model_versions) - 1)
             if failed:
                 smp.loss_mask = [0] * len(smp.response_ids)
                 smp.finish_reason = "abort"
@@ -337,6 +369,52 @@ class AgentRollout:
             c[k] = c.get(k, 0.0) + v
 
 
+_ID_PREFIXES = ("chatcmpl-", "resp_", "cmpl-")
+
+
+def _id_key(rid: str) -> str:
+    for p in _ID_PREFIXES:
+        if rid.startswith(p):
+            return rid[len(p) :]
+    return rid
+
+
+def per_call_rewards(
+    out: Mapping[Any, Any], session: Session
+) -> tuple[dict[int, float], str | None]:
+    """An agent's per-call rewards ``{reply id: reward}`` (the ``id`` of a chat completion,
+    completion or response it got, as AReaL's workflows key them) -> ``{call index: reward}``,
+    or an error naming an unknown id or a reward that is not a finite number."""
+    index = {_id_key(c.response_id): i for i, c in enumerate(session.calls) if c.response_id}
+    rewards: dict[int, float] = {}
+    for rid, value in out.items():
+        i = index.get(_id_key(str(rid)))
+        if i is None:
+            return {}, f"the agent returned a reward for {rid!r}, not a call of its rollout"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return {}, f"the agent's reward for {rid!r} is {value!r}, not a number"
+        if not math.isfinite(value):
+            return {}, f"the agent's reward for {rid!r} is {value!r}, not finite"
+        rewards[i] = float(value)
+    return rewards, None
+
+
+def credit_calls(sample: Sample, session: Session, rewards: Mapping[int, float]) -> None:
+    """Per-call rewards on the rollout's sample (its last trajectory): the outcome is its last
+    call's reward (0 without one), the earlier calls' rewards are its turn rewards, and each
+    call's span is a turn (``turn_spans`` / ``turn_step_rewards``: ``algo.turn_credit``)."""
+    info = sample.metadata.get("env")
+    if not info or not session.calls:
+        return
+    last = session.calls[-1].trajectory
+    idx = [i for i, c in enumerate(session.calls) if c.trajectory == last]
+    info["turn_spans"] = [session.calls[i].span for i in idx]
+    info["turn_step_rewards"] = [rewards.get(i) for i in idx[:-1]]
+    info["turn_rewards"] = [r for r in info["turn_step_rewards"] if r is not None]
+    info["outcome"] = rewards.get(idx[-1], 0.0)
+    info["call_rewards"] = {session.calls[i].response_id: r for i, r in rewards.items()}
+
+
 def attach_agent(roles: Any, cfg: Any) -> Any:
     """An agent run's roles (``env.agent.function`` set): the rollout role becomes an
     :class:`AgentRollout` over the built engine and the reward role an ``EpisodeScorer`` with
@@ -346,7 +424,7 @@ def attach_agent(roles: Any, cfg: Any) -> Any:
     if not a.enabled or isinstance(roles.rollout, AgentRollout):
         return roles
     roles.rollout = AgentRollout(
-        roles.rollout, roles.tokenizer, a.function, a.timeout_s, a.concurrency
+        roles.rollout, roles.tokenizer, a.function, a.timeout_s, a.concurrency, a.isolation
     )
     if roles.reward.service is None:
         roles.reward.fn = agent_reward

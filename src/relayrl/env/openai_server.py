@@ -15,7 +15,10 @@ Routes (each also under ``/s/<session>/v1/...``):
   seeded ``seed + i``, or from the session seed; each is recorded as its own call, so the
   second and later ones branch: a trajectory each), ``logprobs`` (the sampled token's
   behaviour logprob; ``top_logprobs`` lists stay empty: the engine keeps no alternatives).
-  ``stream`` is refused.
+  ``stream: true`` answers server-sent events (:mod:`relayrl.env.openai_api`).
+- ``POST /v1/responses``: the Responses API over the chat route (:mod:`relayrl.env.openai_api`).
+- Parameters the endpoint does not honour are refused with 400 naming them
+  (``openai_api.refuse_unsupported``: ``tool_choice`` required / named, penalties, ...).
 - ``POST /v1/completions``: ``prompt`` as text or as token ids (``list[int]``), same sampling;
   ``logprobs`` (any int) gives ``tokens`` / ``token_logprobs`` / ``text_offset``.
 - vLLM's extra sampling fields ``stop_token_ids`` and ``ignore_eos`` are honoured by both
@@ -58,6 +61,17 @@ from fastapi import Request
 
 from relayrl.env.agent_chat import BadMessages, ChatRendering, normalise_messages
 from relayrl.env.agent_engine import EngineClosed, EngineOwner
+from relayrl.env.openai_api import (
+    APIError,
+    chat_chunks,
+    chat_to_response,
+    completion_chunks,
+    refuse_unsupported,
+    responses_to_chat,
+    sse,
+)
+from relayrl.env.openai_api import integer as _int
+from relayrl.env.openai_api import number as _number
 from relayrl.env.sessions import CallRecord, Session, SessionStore
 from relayrl.rollout.types import GenerationRequest, Sample, SamplingParams
 
@@ -66,57 +80,6 @@ MAX_N = 16
 
 DEFAULT_MAX_TOKENS = 256
 """Completion tokens when the request gives no ``max_tokens`` (then capped by the context)."""
-
-
-class APIError(Exception):
-    """An error answered as OpenAI-style JSON with an HTTP status."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        code: str | None = None,
-        param: str | None = None,
-        kind: str = "invalid_request_error",
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.param, self.kind = (
-            status,
-            message,
-            code,
-            param,
-            kind,
-        )
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
-
-def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise APIError(400, f"{name} must be a number, got {value!r}", "invalid_type", name)
-    if not lo <= value <= hi:
-        raise APIError(400, f"{name} must be in [{lo}, {hi}], got {value}", "invalid_value", name)
-    return float(value)
-
-
-def _int(body: dict[str, Any], name: str) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise APIError(400, f"{name} must be an integer, got {value!r}", "invalid_type", name)
-    return value
 
 
 class OpenAIServer:
@@ -247,6 +210,7 @@ class OpenAIServer:
             app.add_api_route(prefix + "/models", self._models, methods=["GET"])
             app.add_api_route(prefix + "/chat/completions", self._chat, methods=["POST"])
             app.add_api_route(prefix + "/completions", self._completions, methods=["POST"])
+            app.add_api_route(prefix + "/responses", self._responses, methods=["POST"])
         return app
 
     async def _models(self, request: Request, session_key: str | None = None) -> dict[str, Any]:
@@ -285,10 +249,7 @@ class OpenAIServer:
             ) from None
         if not isinstance(body, dict):
             raise APIError(400, "the request body must be a JSON object", "invalid_json")
-        if body.get("stream"):
-            raise APIError(
-                400, "stream=true is not supported by this endpoint", "unsupported", "stream"
-            )
+        refuse_unsupported(body)
         n = _int(body, "n")
         if n is not None and not 1 <= n <= MAX_N:
             raise APIError(400, f"n must be in [1, {MAX_N}], got {n}", "invalid_value", "n")
@@ -453,15 +414,42 @@ class OpenAIServer:
         return [self.tokenizer.decode([t]) for t in ids]
 
     # ------------------------------------------------------------------ routes
-    async def _chat(self, request: Request, session_key: str | None = None) -> dict[str, Any]:
+    async def _chat(self, request: Request, session_key: str | None = None) -> Any:
         session = self._session(request, session_key)
-        return await self._counted(session, self._chat_reply(request, session))
+        body = await self._counted(session, self._body(request))
+        reply = await self._counted(session, self._chat_reply(body, session))
+        return self._maybe_stream(body, reply, chat_chunks)
 
-    async def _completions(
-        self, request: Request, session_key: str | None = None
-    ) -> dict[str, Any]:
+    async def _completions(self, request: Request, session_key: str | None = None) -> Any:
         session = self._session(request, session_key)
-        return await self._counted(session, self._completion_reply(request, session))
+        body = await self._counted(session, self._body(request))
+        reply = await self._counted(session, self._completion_reply(body, session))
+        return self._maybe_stream(body, reply, completion_chunks)
+
+    async def _responses(self, request: Request, session_key: str | None = None) -> Any:
+        session = self._session(request, session_key)
+        raw = await self._counted(session, self._body(request))
+
+        async def reply() -> dict[str, Any]:
+            chat = responses_to_chat(raw)
+            refuse_unsupported(chat)
+            return chat_to_response(await self._chat_reply(chat, session), raw)
+
+        return await self._counted(session, reply())
+
+    def _maybe_stream(self, body: dict[str, Any], reply: dict[str, Any], chunks: Any) -> Any:
+        if not body.get("stream"):
+            return reply
+        from fastapi.responses import StreamingResponse
+
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        def decode(ids: list[int]) -> str:
+            if chunks is chat_chunks:
+                return self.rendering.message(ids, parse_tools=False)["content"]
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+        return StreamingResponse(sse(chunks(reply, decode, usage)), media_type="text/event-stream")
 
     @staticmethod
     async def _counted(session: Session | None, reply: Any) -> dict[str, Any]:
@@ -473,8 +461,7 @@ class OpenAIServer:
                 session.count_error()
             raise
 
-    async def _chat_reply(self, request: Request, session: Session | None) -> dict[str, Any]:
-        body = await self._body(request)
+    async def _chat_reply(self, body: dict[str, Any], session: Session | None) -> dict[str, Any]:
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise APIError(400, "tools must be a list of tool definitions", "invalid_type", "tools")
@@ -485,8 +472,11 @@ class OpenAIServer:
             raise APIError(400, str(e), "invalid_messages", "messages") from None
         parse = bool(tools) and body.get("tool_choice") != "none"
         calls = await self._run("chat", prompt, body, session)
+        rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        for c, _ in calls:
+            c.response_id = rid
         return {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "id": rid,
             "object": "chat.completion",
             "created": int(time.time()),
             "model": str(body.get("model") or self.model_name),
@@ -524,8 +514,9 @@ class OpenAIServer:
             "versions": call.versions,
         }
 
-    async def _completion_reply(self, request: Request, session: Session | None) -> dict[str, Any]:
-        body = await self._body(request)
+    async def _completion_reply(
+        self, body: dict[str, Any], session: Session | None
+    ) -> dict[str, Any]:
         prompt_in = body.get("prompt")
         if (
             isinstance(prompt_in, list)
@@ -551,8 +542,11 @@ class OpenAIServer:
             )
         calls = await self._run("completion", prompt, body, session)
         logprobs_on = body.get("logprobs") is not None and body.get("logprobs") is not False
+        rid = f"cmpl-{uuid.uuid4().hex[:24]}"
+        for c, _ in calls:
+            c.response_id = rid
         return {
-            "id": f"cmpl-{uuid.uuid4().hex[:24]}",
+            "id": rid,
             "object": "text_completion",
             "created": int(time.time()),
             "model": str(body.get("model") or self.model_name),

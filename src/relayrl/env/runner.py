@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import queue
 import threading
 import time
@@ -52,9 +53,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relayrl.env.environment import Environment
-from relayrl.env.pool import EnvLoop, EnvPool, bounded
+from relayrl.env.pool import EnvLoop, EnvPool
+from relayrl.env.process_env import in_processes
 from relayrl.env.render import ChatTemplateRenderer, PlainRenderer
-from relayrl.env.tools import OPEN_TAG, parse_tool_calls
+from relayrl.env.template_check import TemplateCheck, check_tool_template
+from relayrl.env.tools import assistant_message
 from relayrl.env.trajectory import TrajectoryBuilder
 from relayrl.env.types import EnvError, Message, StepResult, as_step_result, check_messages
 from relayrl.rollout.types import GenerationRequest, Sample
@@ -62,6 +65,7 @@ from relayrl.rollout.types import GenerationRequest, Sample
 ENV_TAG = "_env_episode"
 """Metadata key that ties an engine request to its episode (and turn)."""
 FAILED = ("env_error", "timeout")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -102,6 +106,9 @@ class _Episode:
     num_interrupts: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
+    last_turn_ids: list[int] = field(default_factory=list)
+    turn_spans: list[tuple[int, int, int, int]] = field(default_factory=list)
+    """(segment, turn, start, end) of each assistant turn in its segment's response ids."""
     t_start: float = field(default_factory=time.perf_counter)
 
 
@@ -117,7 +124,12 @@ class EpisodeRunner:
         *,
         concurrency: int = 64,
         reuse: bool = True,
+        isolation: str = "thread",
     ):
+        if isolation == "process":  # each environment in a worker process, killed on timeout
+            factory = in_processes(factory)
+        elif isolation != "thread":
+            raise ValueError(f"env.isolation: {isolation!r} is not thread or process")
         self.engine = engine
         self.renderer = renderer
         self.limits = limits
@@ -134,6 +146,11 @@ class EpisodeRunner:
         self.counters: Counter[str] = Counter()
         self._reported: Counter[str] = Counter()
         self._closed = False
+        self.template_check: TemplateCheck | None = None
+        if isinstance(renderer, ChatTemplateRenderer):
+            self.template_check = check_tool_template(renderer)
+            if self.template_check.problem:
+                log.warning("env: chat template tool calls: %s", self.template_check.problem)
 
     # ---------------------------------------------------------------- rollout interface
     def submit_many(self, requests: Iterable[GenerationRequest]) -> None:
@@ -203,6 +220,8 @@ class EpisodeRunner:
             delta = {k: now[k] - self._reported.get(k, 0) for k in now}
             self._reported = now
         out = {f"env/{k}": float(v) for k, v in delta.items()}
+        out["env/pool_in_use"] = float(self.pool.in_use)  # gauges: now, not since the last call
+        out["env/threads"] = float(threading.active_count())
         n = delta.get("episodes", 0)
         if n:
             out["env/turns_mean"] = delta.get("turns", 0) / n
@@ -227,14 +246,14 @@ class EpisodeRunner:
         env = None
         try:
             env = await self.pool.acquire()
-            messages = await bounded(env.reset(row), self.limits.step_timeout_s, "reset")
+            messages = await self.pool.call(env, lambda: env.reset(row), "reset")
             return env, check_messages(messages, "reset")
         except Exception as e:  # noqa: BLE001  (an env failure ends its episode, never the run)
             return env, e
 
     async def _step(self, env: Environment, message: Message) -> Any:
         try:
-            out = await bounded(env.step(message), self.limits.step_timeout_s, "step")
+            out = await self.pool.call(env, lambda: env.step(message), "step")
             return as_step_result(out, "step")
         except Exception as e:  # noqa: BLE001
             return e
@@ -364,23 +383,15 @@ class EpisodeRunner:
         start = len(b.current.response_ids)
         b.add_turn(s.prompt_ids, s.response_ids, s.behaviour_logprobs, s.versions)
         ep.final_turn = (start, start + len(s.response_ids))
+        ep.turn_spans.append((len(b.segments) - 1, b.turns - 1, *ep.final_turn))
         self.counters["turns"] += 1
         if s.error is not None or s.finish_reason == "abort":
             self._finish(ep, "abort", s.error or "the engine aborted the turn")
             return
         text = self.renderer.assistant_text(s.response_ids)
-        msg: Message = {"role": "assistant", "content": text}
-        if OPEN_TAG in text:
-            calls, _ = parse_tool_calls(text)
-            msg["tool_calls"] = [
-                {
-                    "id": c.id,
-                    "type": "function",
-                    "function": {"name": c.name, "arguments": c.arguments},
-                }
-                for c in calls
-            ]
-        ep.messages.append(msg)
+        msg, transcript = assistant_message(text)
+        ep.messages.append(transcript)  # the calls once, in tool_calls (as templates render)
+        ep.last_turn_ids = list(s.response_ids)
         assert ep.env is not None
         self._to_env(ep, "step", self._step(ep.env, msg))
 
@@ -397,10 +408,11 @@ class EpisodeRunner:
             self._finish(ep, "max_turns")
             return
         obs = result.observation
+        history = list(ep.messages)
         ep.messages.extend(obs)
         try:
             if self.renderer.incremental:
-                ids = self.renderer.observation(obs)
+                ids = self.renderer.observation(obs, history, ep.tools, ep.last_turn_ids)
                 new_len = len(b.context) + len(ids)
             else:
                 full = self.renderer.conversation(ep.messages, ep.tools)
@@ -455,6 +467,7 @@ class EpisodeRunner:
             "error": error,
             "infos": [r.info for r in ep.results],
             "time_s": time.perf_counter() - ep.t_start,
+            "messages": ep.messages,
         }
         req = ep.request
         meta = {k: v for k, v in req.metadata.items() if k != ENV_TAG}
@@ -475,6 +488,13 @@ class EpisodeRunner:
                 loss_mask=[],
             )
         *earlier, last = segments
+        seg_i = next(i for i, seg in enumerate(b.segments) if seg is last) if b else 0
+        turns = [(t, a, e) for si, t, a, e in ep.turn_spans if si == seg_i]
+        meta_env["turn_spans"] = [(a, e) for _, a, e in turns]
+        meta_env["turn_step_rewards"] = [
+            ep.results[t].reward if t < len(ep.results) and not ep.results[t].done else None
+            for t, _, _ in turns[:-1]
+        ]
 
         def sample(seg: Any, metadata: dict[str, Any]) -> Sample:
             return Sample(

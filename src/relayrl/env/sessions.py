@@ -47,6 +47,9 @@ class CallRecord:
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_p, top_k, seed, ...
     trajectory: int = -1  # index into Session.trajectories
     extended: bool = False  # True when it extended an earlier call's trajectory
+    response_id: str = ""  # the reply's id (chatcmpl-... / cmpl-...): per-call rewards' key
+    segment: int = 0  # the trajectory segment holding it
+    span: tuple[int, int] = (0, 0)  # where its completion sits in that segment's response
 
 
 @dataclass
@@ -95,7 +98,12 @@ class Session:
                 traj = TrajectoryBuilder(call.prompt_ids)
                 self.trajectories.append(traj)
                 best = len(self.trajectories) - 1
+            start = len(traj.current.response_ids)
             traj.add_turn(call.prompt_ids, call.completion_ids, call.logprobs, call.versions)
+            call.segment, call.span = (
+                len(traj.segments) - 1,
+                (start, len(traj.current.response_ids)),
+            )
             call.trajectory = best
             self.calls.append(call)
             return call

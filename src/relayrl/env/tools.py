@@ -125,6 +125,32 @@ def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[str]]:
     return calls, errors
 
 
+def split_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
+    """An assistant turn's text as an OpenAI-style message's parts: the content without its
+    ``<tool_call>`` blocks (stripped), and the well-formed calls. A chat template renders the
+    calls from ``tool_calls``, so a transcript whose content still held them would show every
+    call twice."""
+    calls, _ = parse_tool_calls(text)
+    return TOOL_CALL_RE.sub("", text).strip(), calls
+
+
+def assistant_message(text: str) -> tuple[Message, Message]:
+    """The two assistant messages of a turn: what the environment's ``step`` gets (the
+    model's text as written as ``content``, plus ``tool_calls`` when it called tools) and the
+    transcript's (``content`` without the call blocks, the calls in ``tool_calls`` only, as a
+    chat template expects)."""
+    step: Message = {"role": "assistant", "content": text}
+    if OPEN_TAG not in text:
+        return step, dict(step)
+    content, calls = split_tool_calls(text)
+    tool_calls = [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in calls
+    ]
+    step["tool_calls"] = tool_calls
+    return step, {"role": "assistant", "content": content, "tool_calls": tool_calls}
+
+
 class Toolset:
     """Named tools (plain sync or async functions) with their schemas."""
 

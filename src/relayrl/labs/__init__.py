@@ -1,4 +1,4 @@
-"""Labs (DESIGN.md's top floor, beside ``demo``): experiments built from the layers below.
+"""Labs (the top floor, beside ``demo``): experiments built from the layers below.
 
 - ``lab``        -- ``relayrl demo rlhf``: the city-language reward-hacking lab's pipeline,
   SFT -> pairs -> RM -> PPO(beta) -> DPO -> report

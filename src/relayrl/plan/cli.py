@@ -105,11 +105,15 @@ def _time_model(args: argparse.Namespace) -> Any:
 
     if getattr(args, "profile", None):
         return ProfiledTimeModel(MeasuredProfile.load(args.profile), concurrency=args.slots or 32)
+    from relayrl.plan.hardware import MEASURED
+
+    measured = MEASURED.get(args.hardware.strip().lower())
     return RooflineTimeModel(
         get_model(args.model),
         get_hardware(args.hardware),
         decode_efficiency=args.decode_eff,
         mfu=args.mfu,
+        step_overhead_s=measured.decode_step_overhead_s if measured else 0.0,
     )
 
 
@@ -323,7 +327,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         prompt_len=args.prompt_len,
         gen_len=args.gen_len,
     )
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, fn in (
         ("heuristic", heuristic_plan),
         ("symmetric", symmetric_plan),
@@ -486,7 +490,24 @@ def add_subcommands(sub: Any) -> None:
         "profile": cmd_profile,
     }
     for name, parser in register(sub).items():
-        parser.set_defaults(fn=handlers[name])
+        parser.set_defaults(fn=_with_efficiencies(handlers[name]))
+
+
+def _with_efficiencies(fn: Any) -> Any:
+    """``fn`` with ``--mfu`` / ``--decode-eff`` filled in when not given: 0.4 (a
+    ``*-measured`` hardware: its measured MFU, ``plan.hardware.MEASURED``) and 0.6."""
+
+    def run(args: argparse.Namespace) -> Any:
+        from relayrl.plan.hardware import MEASURED
+
+        measured = MEASURED.get(str(getattr(args, "hardware", "")).strip().lower())
+        if hasattr(args, "mfu") and args.mfu is None:
+            args.mfu = measured.mfu if measured else 0.4
+        if hasattr(args, "decode_eff") and args.decode_eff is None:
+            args.decode_eff = 0.6
+        return fn(args)
+
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,10 +25,22 @@ class _FMT(argparse.ArgumentDefaultsHelpFormatter):
 
 def _common_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="qwen2.5-1.5b", help="preset name or local HF model dir")
-    p.add_argument("--hardware", default="h100", help="a100 | h100 | h200 | h800")
-    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation (0..1]")
     p.add_argument(
-        "--decode-eff", type=float, default=0.6, help="share of HBM bandwidth in decode (0..1]"
+        "--hardware",
+        default="h100",
+        help="a100 | h100 | h200 | h800 | h200-measured (relayrl's own H200 figures)",
+    )
+    p.add_argument(
+        "--mfu",
+        type=float,
+        default=None,
+        help="model FLOPs utilisation (0..1] (default 0.4; h200-measured: the measured one)",
+    )
+    p.add_argument(
+        "--decode-eff",
+        type=float,
+        default=None,
+        help="share of HBM bandwidth in decode (0..1] (default 0.6; h200-measured: measured)",
     )
 
 

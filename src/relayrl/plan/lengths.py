@@ -31,7 +31,10 @@ __all__ = [
 
 
 class LengthDist(Protocol):
-    cap: int
+    @property
+    def cap(self) -> int:
+        """The longest length ``sample`` can return."""
+        ...
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """``n`` lengths as an int64 array."""

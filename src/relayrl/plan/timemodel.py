@@ -57,7 +57,8 @@ class DoesNotFit(ValueError):
 class TimeModel(Protocol):
     """What the simulator asks of a time model (all times in seconds)."""
 
-    weight_bytes: float
+    @property
+    def weight_bytes(self) -> float: ...
 
     def decode_step_params(self, batch: int, devices: int) -> tuple[float, float, float]:
         """``(A, beta, G)``: one step of ``batch`` sequences costs ``max(A + beta*C, G)``."""

@@ -33,6 +33,18 @@ from relayrl.reward.math_answer import verify_math
 from relayrl.reward.sandbox import Sandbox, SandboxLimits, SandboxResult
 from relayrl.reward.verifiers import strip_special_tokens
 
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox itself could not start a program (not the program's fault): an
+    infrastructure failure, never a score of 0 (``relayrl.controller.failures``)."""
+
+
+def _started(result: SandboxResult) -> SandboxResult:
+    if result.status == "sandbox_error":
+        raise SandboxUnavailable(f"the sandbox could not start the program: {result.reason}")
+    return result
+
+
 __all__ = [
     "code_tests",
     "extract_code",
@@ -160,12 +172,14 @@ def _run_assert_tests(box: Sandbox, source: str, tests: list[str]) -> tuple[int,
     sandboxed run. The sandbox only evaluates the probes of each test and sends back their
     values; every comparison is made here (see ``relayrl.reward.code_harness``)."""
     plans = plan_tests(tests)
-    result = box.run(
-        harness_program(plans),
-        files={"solution.py": source},
-        channel=True,
-        capture_bytes=4096,
-        output_limit=False,  # stdout decides nothing: a chatty correct program still passes
+    result = _started(
+        box.run(
+            harness_program(plans),
+            files={"solution.py": source},
+            channel=True,
+            capture_bytes=4096,
+            output_limit=False,  # stdout decides nothing: a chatty correct program still passes
+        )
     )
     verdicts, reasons = judge(plans, result.channel)
     passed = sum(1 for ok in verdicts[: len(tests)] if ok is True)
@@ -185,8 +199,10 @@ def _run_io_tests(box: Sandbox, source: str, cases: list[dict]) -> tuple[int, st
     for i, case in enumerate(cases):
         expected = str(case.get("output", ""))
         keep = max(65536, 4 * len(expected.encode("utf-8")) + 4096)
-        result: SandboxResult = box.run(
-            source, stdin=str(case.get("input", "")), capture_bytes=keep, output_limit=False
+        result: SandboxResult = _started(
+            box.run(
+                source, stdin=str(case.get("input", "")), capture_bytes=keep, output_limit=False
+            )
         )
         ok = (
             result.ok
@@ -236,13 +252,16 @@ def code_tests(
     limits = SandboxLimits(cpu_s=cpu_s, wall_s=wall_s, memory_mb=memory_mb)
     box = Sandbox(limits, isolation=isolation)  # type: ignore[arg-type]
     passed, reason = 0, None
-    if tests:
-        n, reason = _run_assert_tests(box, source, tests)
-        passed += n
-    if cases:
-        n, r = _run_io_tests(box, source, cases)
-        passed += n
-        reason = reason or r
+    try:
+        if tests:
+            n, reason = _run_assert_tests(box, source, tests)
+            passed += n
+        if cases:
+            n, r = _run_io_tests(box, source, cases)
+            passed += n
+            reason = reason or r
+    except OSError as e:  # no temporary directory, no interpreter, ...: not the program's
+        raise SandboxUnavailable(f"the sandbox could not start the program: {e}") from e
     frac = min(1.0, max(0.0, passed / total))
     return {
         "score": frac if partial_credit else float(passed == total),

@@ -301,6 +301,7 @@ def direct_logits(
     mask: Tensor | None,
     rows: Tensor | None = None,
     varlen: varlen_decode.Rows | None = None,
+    logits_out: Tensor | None = None,
 ) -> Tensor:
     """fp32 logits ``[N, vocab]`` of ``ids`` ``[N]`` or ``[N, 1]`` at ``position_ids`` (same
     shape), each row one token, as ``model(..., logits_to_keep=1).logits[:, -1]`` computes;
@@ -312,7 +313,11 @@ def direct_logits(
     ``varlen_decode`` row: the runner's float32 CPU steps), rotated, written into the
     cache's arenas and attended in one call of ``varlen.attend``. Rows are
     2D ``[N, hidden]`` throughout (the module path's ``[N, 1, hidden]``: the same elements
-    in the same order, so the same bits)."""
+    in the same order, so the same bits).
+
+    ``logits_out`` (fp32, the logits' shape): the logits are written there (the conversion
+    to fp32 is that copy) and it is returned: a captured step's static output
+    (``relayrl.rollout.cuda_graphs``)."""
     inner = model.model
     ids = ids.view(-1)
     emb_mod = inner.embed_tokens
@@ -353,4 +358,6 @@ def direct_logits(
     if rows is not None:
         h = h.index_select(0, rows)
     logits = _lin(h, model.lm_head)
+    if logits_out is not None:
+        return logits_out.copy_(logits)
     return logits if logits.dtype == torch.float32 else logits.float()

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from relayrl.rollout.cuda_graphs import DecodeGraphs
 from relayrl.rollout.kv_cache import SlotKVCache
 from relayrl.rollout.model_runner import ModelRunner
 from relayrl.rollout.sampler import SamplingSettings, sample
@@ -66,6 +67,9 @@ class RolloutEngine:
         seed: seeds the per-request seeds of requests that do not give one.
         device: where the engine computes; default (None) the model's device. Given, it must
             be the model's (``ValueError`` otherwise): the engine never moves the model.
+        cuda_graphs: decode-only steps replayed as CUDA graphs (``relayrl.rollout.cuda_graphs``;
+            Llama / Qwen2 / Mistral models, prefills stay eager). Default (None): on when the
+            model is on a CUDA device, off on the CPU; True on the CPU is a ``ValueError``.
     """
 
     def __init__(
@@ -80,6 +84,7 @@ class RolloutEngine:
         seed: int = 0,
         urgent_steps: int = 4,
         device: torch.device | str | None = None,
+        cuda_graphs: bool | None = None,
     ) -> None:
         config = getattr(model, "config", None)
         if max_model_len is None:
@@ -106,7 +111,12 @@ class RolloutEngine:
         self.output_vocab = _output_vocab_size(model)
         self.kv_cache = SlotKVCache(max_slots, self.max_model_len, device=self.device)
         self.scheduler = Scheduler(self.kv_cache)
-        self.runner = ModelRunner(pad_token_id, max_slots, device=self.device)
+        if cuda_graphs is None:
+            cuda_graphs = self.device.type == "cuda"
+        graphs = None
+        if cuda_graphs:  # (on the CPU: a ValueError)
+            graphs = DecodeGraphs(self.model, pad_token_id, max_slots, self.device, capture=True)
+        self.runner = ModelRunner(pad_token_id, max_slots, device=self.device, graphs=graphs)
         self._models: dict[int, torch.nn.Module] = {version: self.model}
         self._ids = itertools.count()
         self._seed_rng = random.Random(seed)
@@ -423,6 +433,8 @@ class RolloutEngine:
         return interrupt
 
     def _commit_version(self, version: int, interrupt: bool) -> None:
+        if self.runner.graphs is not None:  # in-place loads keep them; moved tensors drop them
+            self.runner.graphs.weights_updated()
         self.version = version
         self._models[version] = self.model
         if interrupt:
@@ -468,6 +480,9 @@ class RolloutEngine:
         st["weight_copies"] = len(self._models)
         st["kv_cache_bytes"] = self.kv_cache.memory_bytes()
         st["kv_cache_capacity"] = self.kv_cache.capacity
+        st["cuda_graphs"] = self.runner.graphs is not None
+        if self.runner.graphs is not None:
+            st.update(self.runner.graphs.stats())
         for k in ("steps", "forwards", "tokens_generated", "prefill_tokens", "slot_steps"):
             st[k] = int(st[k])
         return st

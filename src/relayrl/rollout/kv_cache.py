@@ -63,6 +63,9 @@ class SlotKVCache(Cache):
         self._buckets: list[tuple[Tensor | slice, int]] | None = None
         self.split_buckets: list[tuple[Tensor, Tensor]] | None = None
         self.split_arenas: tuple[Tensor, Tensor] | None = None
+        # bumped whenever an arena is made, replaced (growth) or dropped: what a captured
+        # CUDA graph of a step read is then gone (``relayrl.rollout.cuda_graphs``)
+        self.layout_version = 0
 
     # ----------------------------------------------------------------- slot table
     def allocate(self) -> int:
@@ -145,6 +148,7 @@ class SlotKVCache(Cache):
                 new[:, :, : self.capacity] = old[:, :, : self.capacity]
                 arenas[i] = new
         self.capacity = new_cap
+        self.layout_version += 1
 
     def update(
         self,
@@ -187,6 +191,7 @@ class SlotKVCache(Cache):
             keys = like.new_zeros(shape)
             values = like.new_zeros(shape[:3] + (value_dim or dim,))
             self._keys[layer_idx], self._values[layer_idx] = keys, values
+            self.layout_version += 1
         return keys, values
 
     # ----------------------------------------------------------------- HF Cache protocol
@@ -204,6 +209,7 @@ class SlotKVCache(Cache):
     def release(self) -> None:
         """Drop the arenas (e.g. when idle); they are re-created lazily on the next forward."""
         self._keys, self._values = [], []
+        self.layout_version += 1
 
 
 def read_rows(arena: Tensor, rows: Tensor | slice, columns: int) -> Tensor:

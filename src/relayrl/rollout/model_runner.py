@@ -26,20 +26,17 @@ Two ways to run a step:
   layer, the prompt tokens too (token ``t`` of a prompt reads its slot's columns ``0 .. t``,
   written by ``cache.update`` just before attention): no gathers, masks, buckets or
   per-prompt calls, a step's attention is one call per layer whatever it holds
-  (``varlen_decode=False`` turns it off). For Llama,
-  Qwen2 and Mistral models the split forward
-  itself runs without ``nn.Module`` calls (``relayrl.rollout.direct_forward``: the same
-  operations, bitwise the same logits, checked at first use; ``direct=False`` turns it off):
-  1.4-1.6x less time per decode step at 1-32 rows on the bench model, where a step is mostly
-  Python overhead.
+  (``varlen_decode=False`` turns it off). For Llama, Qwen2 and Mistral models the split
+  forward itself runs without ``nn.Module`` calls (``relayrl.rollout.direct_forward``: the
+  same operations, bitwise the same logits, checked at first use; ``direct=False`` turns it
+  off); on CUDA its decode-only steps replay CUDA graphs (``relayrl.rollout.cuda_graphs``).
 - **Padded** (the fallback, any model whose attention goes through ``cache.update`` and a 4D
   mask): rows right-aligned in an ``[n, q]`` window, the last column is every row's last
   token, leading pad columns write to the cache's trash column. Decode rows and prefills run
   as two forwards so decode rows are never padded to the prompt width.
 
 Device: every tensor of a step (ids, positions, write rows, masks, row selections) is made on
-the runner's ``device``, the model's, from the host-side lists (``relayrl.rollout.transfer``:
-non-blocking copies, no stream sync); nothing comes back to the host here.
+the model's ``device`` by non-blocking copies (``relayrl.rollout.transfer``); none comes back.
 """
 
 from __future__ import annotations
@@ -52,6 +49,7 @@ from torch import Tensor
 
 from relayrl.rollout import direct_forward, varlen_decode
 from relayrl.rollout import split_attention as attention
+from relayrl.rollout.cuda_graphs import DecodeGraphs
 from relayrl.rollout.kv_cache import SlotKVCache
 from relayrl.rollout.transfer import (
     CPU,
@@ -78,6 +76,7 @@ class ModelRunner:
         direct: bool = True,
         varlen_decode: bool = True,
         device: torch.device | str = "cpu",
+        graphs: DecodeGraphs | None = None,
     ) -> None:
         self.pad_token_id = pad_token_id
         self.device = torch.device(device)  # the model's: every step tensor is made there
@@ -99,8 +98,9 @@ class ModelRunner:
         # split forwards of supported models through ``direct_forward`` (no module calls)
         self.direct = direct
         # decode rows through ``varlen_decode`` (float32 on the CPU, when its kernel builds):
-        # each row reads its own cache length, no buckets, no gathers, no masks
-        self.varlen_decode = varlen_decode
+        # each row reads its own cache length, no buckets, no gathers, no masks; decode-only
+        # direct steps through CUDA graphs when ``graphs`` (``relayrl.rollout.cuda_graphs``)
+        self.varlen_decode, self.graphs = varlen_decode, graphs
         self.num_forwards = 0
         self._signatures: dict[type, tuple[str, bool]] = {}
         self._split_ok: dict[type, bool] = {}
@@ -130,6 +130,11 @@ class ModelRunner:
             and self.supports_split(model)
         )
         if not prefill:
+            if use_split and self.graphs is not None and self._use_direct(model):
+                logits = self.graphs.run(model, cache, slots, starts, new_tokens)
+                if logits is not None:  # None: not for graphs (another model): eager
+                    self.num_forwards += 1
+                    return logits
             if use_split:  # identical numerics to the steps with admissions
                 return self._forward_split(model, cache, slots, starts, new_tokens, [], [])
             return self._forward_padded(model, cache, slots, starts, new_tokens)

@@ -1,6 +1,6 @@
 """Batched sampling with per-request settings and per-request, batch-independent randomness.
 
-Behaviour logprobs (the contract of DESIGN.md): the logprob of the sampled token under the
+Behaviour logprobs (a contract): the logprob of the sampled token under the
 exact distribution it was drawn from, in fp32:
 
     logits / temperature  ->  top-k filter  ->  top-p filter  ->  log_softmax (renormalised)

@@ -1,4 +1,4 @@
-"""Metrics (JSONL + TensorBoard), progress bars and run summaries (DESIGN.md layer 10).
+"""Metrics (JSONL + TensorBoard), progress bars and run summaries (a leaf layer).
 
 A utility layer: it imports only the standard library, numpy, rich and torch/tensorboard,
 never the controller or other relayrl layers.

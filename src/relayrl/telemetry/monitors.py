@@ -127,8 +127,10 @@ class RunMonitor:
     def _proxy_vs_gold(
         self, proxy: list[float], prompts: list[str], completions: list[str], fields: list[dict]
     ) -> dict[str, float]:
+        gold_score = self.gold_score
+        assert gold_score is not None  # the caller checks
         triples = zip(prompts, completions, fields, strict=True)
-        comps = [self.gold_score(p, c, f) for p, c, f in triples]
+        comps = [gold_score(p, c, f) for p, c, f in triples]
         gold = [c["score"] for c in comps]
         out: dict[str, float] = {}
         for key in comps[0]:

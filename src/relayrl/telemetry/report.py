@@ -119,12 +119,16 @@ def _read_timeline(path: Path) -> dict[str, list[tuple[float, float, str]]]:
     spans = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"]
     if not spans:
         return {}
-    t0 = min(float(e["ts"]) for e in spans)
+    t0 = min(float(span["ts"]) for span in spans)
     out: dict[str, list[tuple[float, float, str]]] = {}
-    for e in spans:
-        role = str(e.get("cat", "?"))
+    for span in spans:
+        role = str(span.get("cat", "?"))
         out.setdefault(role, []).append(
-            ((float(e["ts"]) - t0) / 1e6, float(e.get("dur", 0.0)) / 1e6, str(e.get("name", "?")))
+            (
+                (float(span["ts"]) - t0) / 1e6,
+                float(span.get("dur", 0.0)) / 1e6,
+                str(span.get("name", "?")),
+            )
         )
     return out
 
@@ -423,6 +427,27 @@ def write_report(
         )
         add("Timeline", text, "timeline.png")
 
+    trows = [_trajectory_row(run) for run in runs]
+    if any(trows):
+        text = (
+            "`trajectories.jsonl` (`train.save_trajectories`): every trained trajectory with "
+            "its token ids, loss mask, behaviour logprobs, versions and score.\n\n"
+            + "\n".join(
+                _md_table(
+                    [
+                        "run",
+                        "steps",
+                        "trajectories",
+                        "model tokens",
+                        "errors",
+                        "mean score: first -> last step",
+                    ],
+                    [r for r in trows if r],
+                )
+            )
+        )
+        figures.append(("Trajectories", text, None))
+
     for section, text, png in figures:
         if section:
             lines += ["", f"## {section}", ""]
@@ -436,6 +461,35 @@ def write_report(
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def _trajectory_row(run: RunData) -> list[str]:
+    """A run's saved trajectories summarised (``relayrl.env.export``'s file), [] if none."""
+    path = run.path / "trajectories.jsonl"
+    if not path.exists():
+        return []
+    per_step: dict[int, list[float]] = {}
+    tokens = errors = 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        per_step.setdefault(int(r["step"]), []).append(float(r.get("score") or 0.0))
+        tokens += sum(r.get("loss_mask") or [])
+        errors += r.get("error") is not None
+    if not per_step:
+        return []
+    steps = sorted(per_step)
+    first, last = _mean(per_step[steps[0]]), _mean(per_step[steps[-1]])
+    n = sum(len(v) for v in per_step.values())
+    return [
+        run.name,
+        str(len(steps)),
+        str(n),
+        str(tokens),
+        str(errors),
+        f"{_f(first)} -> {_f(last)}",
+    ]
 
 
 def _mean(xs: list[float]) -> float:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
 
 from relayrl.config import RunConfig
 from relayrl.model import load_causal_lm, load_critic
@@ -25,11 +24,15 @@ from relayrl.model.device import (
     precision_for,
     resolve_device,
 )
-from relayrl.model.lora import adapters_disabled, apply_lora, is_lora, merged_state_dict
+from relayrl.model.lora import apply_lora, is_lora
 from relayrl.workers.actor import ActorWorker, ReferenceWorker
 from relayrl.workers.critic import CriticWorker
 from relayrl.workers.data_parallel import DataParallelActorWorker, DataParallelCriticWorker
-from relayrl.workers.experience import Experience
+from relayrl.workers.lora import (
+    AdapterDisabledReference,
+    LoraActorWorker,
+    LoraDataParallelActorWorker,
+)
 
 
 def _distributed(cfg: RunConfig, world: int) -> bool:
@@ -41,51 +44,6 @@ def _distributed(cfg: RunConfig, world: int) -> bool:
             "torch.distributed.init_process_group on every rank before building the roles)"
         )
     return world > 1 or cfg.model.fsdp.enabled
-
-
-class LoraActorWorker(ActorWorker):
-    """The actor of a LoRA run: adapters train; ``state_dict`` is the merged full model
-    (the weights the rollout engine runs), under the base model's keys."""
-
-    def state_dict(self) -> dict[str, Tensor]:
-        return merged_state_dict(self.model)
-
-
-def broadcast_trainable(model: torch.nn.Module) -> None:
-    """Every trainable parameter (the LoRA adapters) set to rank 0's values: peft draws
-    ``lora_A`` from each process's own RNG, so the ranks' adapters start different."""
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                dist.broadcast(p.data, src=0)
-
-
-class LoraDataParallelActorWorker(LoraActorWorker, DataParallelActorWorker):
-    """A LoRA actor on one data-parallel rank: each rank holds the full frozen base and the
-    adapters (replicas); only the adapters' gradients are all-reduced (SUM, over the global
-    loss counts), so every rank takes the single-process step. The adapters start as rank
-    0's (peft draws ``lora_A`` from each process's own RNG)."""
-
-    @classmethod
-    def from_config(cls, model: torch.nn.Module, cfg: RunConfig) -> ActorWorker:
-        broadcast_trainable(model)
-        return super().from_config(model, cfg)
-
-
-class AdapterDisabledReference(ReferenceWorker):
-    """The reference of a LoRA run: the actor's own model with its adapters disabled, so
-    pi_ref is the base model without a second copy of its weights."""
-
-    def __init__(self, actor: ActorWorker, cfg: RunConfig):
-        # not ReferenceWorker.__init__: that would freeze (and eval) the actor's model
-        self.model = actor.model
-        self.micro_batch_size = cfg.algo.micro_batch_size
-        self.micro_batch_tokens = cfg.algo.micro_batch_tokens
-        self.temperature = cfg.rollout.temperature
-
-    def compute_logprobs(self, exp: Experience) -> Tensor:
-        with adapters_disabled(self.model):
-            return super().compute_logprobs(exp)
 
 
 def _load_lm(cfg: RunConfig, path: str, dtype: torch.dtype) -> torch.nn.Module:
@@ -123,6 +81,10 @@ def build_actor(cfg: RunConfig, path: str, rank: int = 0, world: int = 1) -> Act
             return LoraDataParallelActorWorker.from_config(model, cfg)
         return LoraActorWorker.from_config(model, cfg)
     if _distributed(cfg, world):
+        if cfg.model.fsdp.enabled:
+            from relayrl.workers.fsdp import FsdpActorWorker
+
+            return FsdpActorWorker.from_config(model, cfg)
         return DataParallelActorWorker.from_config(model, cfg)
     return ActorWorker.from_config(model, cfg)
 
@@ -159,6 +121,10 @@ def build_critic(cfg: RunConfig, path: str, rank: int = 0, world: int = 1) -> Cr
         enable_gradient_checkpointing(model)
     model = apply_precision(model, precision, resolve_device(cfg.model.device, rank))
     if _distributed(cfg, world):
+        if cfg.model.fsdp.enabled:
+            from relayrl.workers.fsdp import FsdpCriticWorker
+
+            return FsdpCriticWorker.from_config(model, cfg)
         return DataParallelCriticWorker.from_config(model, cfg)
     return CriticWorker.from_config(model, cfg)
 

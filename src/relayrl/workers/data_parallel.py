@@ -15,7 +15,7 @@ clipping, so every rank clips the same global norm and takes the same optimizer 
 Every rank runs the same number of optimizer steps (one per non-empty global mini-batch),
 also when its part of a mini-batch is empty.
 
-With ``model.fsdp.enabled`` ``from_config`` returns the FSDP2 workers of
+With ``model.fsdp.enabled`` ``relayrl.workers.build`` builds the FSDP2 workers of
 ``relayrl.workers.fsdp`` instead (sharded state, reduce-scatter instead of the all-reduce).
 """
 
@@ -26,7 +26,6 @@ import torch.distributed as dist
 
 from relayrl.algos import LossNorm
 from relayrl.algos.aggregation import step_counts
-from relayrl.config import RunConfig
 from relayrl.workers.actor import ActorWorker
 from relayrl.workers.critic import CriticWorker
 from relayrl.workers.experience import Experience
@@ -76,15 +75,6 @@ def all_reduce_gradients(model: torch.nn.Module) -> None:
 class DataParallelActorWorker(ActorWorker):
     """``ActorWorker`` on one rank of an initialised default process group."""
 
-    @classmethod
-    def from_config(cls, model: torch.nn.Module, cfg: RunConfig) -> ActorWorker:
-        """The data-parallel actor of a run; FSDP2-sharded with ``model.fsdp.enabled``."""
-        if cfg.model.fsdp.enabled and cls is DataParallelActorWorker:
-            from relayrl.workers.fsdp import FsdpActorWorker
-
-            return FsdpActorWorker.from_config(model, cfg)
-        return super().from_config(model, cfg)
-
     def _mini_batches(self, exp: Experience) -> list[Experience]:
         return rank_mini_batches(exp, self.algo.mini_batches, self.generator)
 
@@ -98,15 +88,6 @@ class DataParallelActorWorker(ActorWorker):
 
 class DataParallelCriticWorker(CriticWorker):
     """``CriticWorker`` on one rank of an initialised default process group."""
-
-    @classmethod
-    def from_config(cls, model: torch.nn.Module, cfg: RunConfig) -> CriticWorker:
-        """The data-parallel critic of a run; FSDP2-sharded with ``model.fsdp.enabled``."""
-        if cfg.model.fsdp.enabled and cls is DataParallelCriticWorker:
-            from relayrl.workers.fsdp import FsdpCriticWorker
-
-            return FsdpCriticWorker.from_config(model, cfg)
-        return super().from_config(model, cfg)
 
     def _mini_batches(self, exp: Experience) -> list[Experience]:
         return rank_mini_batches(exp, self.algo.mini_batches, self.generator)

@@ -18,9 +18,9 @@ import torch
 from torch import Tensor
 
 from relayrl.config import RunConfig
-from relayrl.workers.build import AdapterDisabledReference, broadcast_trainable
 from relayrl.workers.experience import Experience
 from relayrl.workers.fsdp import FsdpActorWorker, _count_micro, full_state_dict
+from relayrl.workers.lora import AdapterDisabledReference, broadcast_trainable
 
 
 class FsdpLoraActorWorker(FsdpActorWorker):

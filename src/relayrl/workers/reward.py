@@ -10,6 +10,10 @@ With a ``RewardService`` (``reward.service`` in the config) the service scores i
 score is the weighted mixture (z-scored per domain within the batch when ``normalize`` is
 ``domain_zscore``), every component is logged, failures are recorded, and the raw outcome is
 on each sample as ``sample.metadata["reward"]["outcome"]``.
+
+A reward function that raises (inline) scores 0 with the error in
+``sample.metadata["reward"]["error"]``, as a failed call of the service is recorded: the
+controller then leaves the sample out of training (``relayrl.controller.failures``).
 """
 
 from __future__ import annotations
@@ -83,12 +87,15 @@ class RewardWorker:
         prompts = [str(f.get("prompt", "")) for f in fields]
         completions = [self.decode(s) for s in samples]
         if hasattr(self.fn, "score_batch"):  # model-based scorer: one batched call
-            batch = self.fn.score_batch(prompts, completions, fields)
-            outs = [_as_components(r) for r in batch]
+            try:
+                batch = self.fn.score_batch(prompts, completions, fields)
+                outs = [_as_components(r) for r in batch]
+            except Exception as e:  # an infrastructure failure of every sample (see below)
+                outs = [self._failed(s, e) for s in samples]
         else:
             outs = [
-                score(self.fn, p, c, f)
-                for p, c, f in zip(prompts, completions, fields, strict=True)
+                self._score_one(s, p, c, f)
+                for s, p, c, f in zip(samples, prompts, completions, fields, strict=True)
             ]
         for i, out in enumerate(outs):
             scores[i] = out["score"]
@@ -96,6 +103,25 @@ class RewardWorker:
                 comp_sums[k] = comp_sums.get(k, 0.0) + float(v)
         n = max(len(samples), 1)
         return scores, {f"reward/{k}": v / n for k, v in comp_sums.items()}
+
+    def _score_one(
+        self, sample: Sample, prompt: str, completion: str, fields: dict[str, Any]
+    ) -> dict[str, float]:
+        try:
+            return score(self.fn, prompt, completion, fields)
+        except Exception as e:
+            return self._failed(sample, e)
+
+    def _failed(self, sample: Sample, exc: Exception) -> dict[str, float]:
+        """A reward function that raised: score 0, and the error recorded on the sample as the
+        reward service records it (``metadata["reward"]["error"]``), so that the controller
+        leaves the sample out of training (``relayrl.controller.failures``), whichever path
+        scored it. Only its first line: a traceback belongs in ``--debug``."""
+        name = getattr(self.fn, "__qualname__", None) or type(self.fn).__name__
+        first = (str(exc).strip().splitlines() or [""])[0]
+        error = f"reward function {name} raised {type(exc).__name__}: {first}"[:500]
+        sample.metadata["reward"] = {"score": 0.0, "outcome": 0.0, "error": error}
+        return {"score": 0.0}
 
 
 def _as_components(result: Any) -> dict[str, float]:

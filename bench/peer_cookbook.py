@@ -1,0 +1,237 @@
+"""The tinker-cookbook's arithmetic RL recipe, unmodified, against ``relayrl tinker-serve``.
+
+Runs in its own environment, ``.bench-venv/cookbook`` (``--setup`` makes it): a venv that sees
+the main venv's packages through a ``.pth`` file, with ``bench/peer_cookbook.lock`` installed
+``--no-deps`` (tinker-cookbook 0.6.1 and what it needs beyond the main lock). The cookbook
+declares ``tml-renderers>=0.4.1``, which the package registry does not have (0.2.1 is the
+newest there); the cookbook imports it only for Thinking Machines' own tokenizers, so a Hugging
+Face model directory runs without it (``pip check`` reports that one missing requirement).
+
+Steps: build a tiny Llama with a character tokenizer; start ``relayrl tinker-serve`` on it
+(its own process); warm it up through the SDK with ``cross_entropy`` on the recipe's own
+rendering (the cookbook's ``role_colon`` renderer, the recipe's few-shot prefix, ``What is x +
+y?`` -> the sum) and ``save_state``; then run ``python -m
+tinker_cookbook.recipes.math_rl.train`` unchanged, configured by its command line only:
+``model_name=<the model directory> renderer_name=role_colon base_url=<the service>
+env=arithmetic loss_fn=importance_sampling load_checkpoint_path=<the warm-up checkpoint>``
+(the recipe's default loss, ``stable_reinforce``, is one relayrl refuses). Prints one JSON
+line: the recipe's per-step ``env/all/correct`` and ``env/all/reward/total``, its seconds per
+step (``time/total``) and steps per second; then relayrl's own sync GRPO trainer on the same
+task (the recipe's rendered prompts and answers), warm start, batch, lr and ``max_tokens``,
+and a summary line with the ratio of their median seconds per step.
+
+    .venv/bin/python bench/peer_cookbook.py --setup --steps 20  # makes the venv, reruns in it
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = ROOT / ".bench-venv" / "cookbook"
+LOCK = ROOT / "bench" / "peer_cookbook.lock"
+MAIN_PY = ROOT / ".venv" / "bin" / "python"
+
+
+def setup(main_python: Path) -> Path:
+    """Make the cookbook venv (idempotent); its python."""
+    py = VENV / "bin" / "python"
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    site = subprocess.run([str(main_python), "-c", "import site; print(site.getsitepackages()[0])"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    own = subprocess.run([str(py), "-c", "import site; print(site.getsitepackages()[0])"],
+                         capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    Path(own, "main_venv.pth").write_text(site + "\n")
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "-r", str(LOCK)],
+                   check=True)  # fmt: skip
+    return py
+
+
+def start_service(model: Path, state: Path, python: str) -> tuple[subprocess.Popen[str], str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    cmd = [python, "-m", "relayrl.cli", "tinker-serve", str(model), "--port", "0",
+           "--state-dir", str(state), "--threads", "1"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)  # fmt: skip
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "relayrl tinker-serve: http://" in line:
+            return proc, line.split()[2]
+    raise RuntimeError(f"tinker-serve exited with {proc.wait()}")
+
+
+def warm_up(url: str, model: Path, a: argparse.Namespace) -> str:
+    """SFT through the SDK on the recipe's rendering; the saved state's tinker:// path."""
+    import tinker
+    from tinker_cookbook import renderers
+    from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticEnv
+    from tinker_cookbook.supervised.common import datum_from_model_input_weights
+    from tinker_cookbook.tokenizer_utils import get_tokenizer
+
+    tok = get_tokenizer(str(model))
+    renderer = renderers.get_renderer("role_colon", tok)
+    client = tinker.ServiceClient(base_url=url, api_key="tml-cookbook")
+    tc = client.create_lora_training_client(base_model=str(model), rank=a.rank).result()
+    rng = random.Random(a.seed)
+    prefix = ArithmeticEnv.standard_fewshot_prefix()
+    losses = []
+    for _ in range(a.sft_steps):
+        data, weight = [], 0.0
+        for _ in range(a.sft_batch):
+            x, y = rng.randint(0, a.max_operand), rng.randint(0, a.max_operand)
+            msgs = [*prefix, {"role": "user", "content": f"What is {x} + {y}?"},
+                    {"role": "assistant", "content": str(x + y)}]  # fmt: skip
+            model_input, weights = renderer.build_supervised_example(msgs)
+            data.append(datum_from_model_input_weights(model_input, weights))
+            weight += float(weights.sum())
+        fb = tc.forward_backward(data, "cross_entropy")
+        tc.optim_step(tinker.types.AdamParams(learning_rate=a.sft_lr)).result()
+        losses.append(fb.result().metrics["loss:sum"] / weight)
+    print(json.dumps({"warm_up_loss_first": losses[0], "warm_up_loss_last": losses[-1]}),
+          flush=True)  # fmt: skip
+    tc.save_weights_for_sampler("warm").result()  # a HF directory for relayrl's own trainer
+    return tc.save_state("warm").result().path
+
+
+def run_relayrl(model: Path, hf_dir: Path, out: Path, a: argparse.Namespace) -> dict:
+    """relayrl's own sync GRPO trainer on the recipe's task: the same rendered prompts (the
+    few-shot ``role_colon`` text, special tokens dropped), answers, warm start, batch, lr and
+    ``max_tokens`` (no stop string: completions run to the EOS or the cap)."""
+    import numpy as np
+    from tinker_cookbook import renderers
+    from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticEnv
+    from tinker_cookbook.tokenizer_utils import get_tokenizer
+
+    from relayrl.cluster.local import build_local_roles
+    from relayrl.config import RunConfig, load_config
+    from relayrl.controller.trainer import train
+
+    tok = get_tokenizer(str(model))
+    renderer = renderers.get_renderer("role_colon", tok)
+    rng = np.random.RandomState(a.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "prompts.jsonl", "w") as f:
+        for _ in range(a.groups * a.steps + 400):
+            x, y = int(rng.randint(0, 101)), int(rng.randint(0, 101))
+            msgs = [*ArithmeticEnv.standard_fewshot_prefix(),
+                    {"role": "user", "content": f"What is {x} + {y}?"}]  # fmt: skip
+            ids = renderer.build_generation_prompt(msgs).to_ints()
+            text = tok.decode(ids, skip_special_tokens=True)
+            f.write(json.dumps({"prompt": text, "answer": str(x + y)}) + "\n")
+    cfg = load_config(
+        RunConfig,
+        None,
+        [
+            f"model.path={hf_dir}", f"run_dir={out / 'run'}", f"seed={a.seed}",
+            "data.task=jsonl", f"data.train_path={out / 'prompts.jsonl'}", "data.eval_size=100",
+            "logging.progress=false", "logging.tensorboard=false", f"train.steps={a.steps}",
+            f"algo.prompts_per_step={a.groups}", f"algo.group_size={a.group}",
+            "algo.kl_coef=0.0", "algo.mini_batches=1", f"optim.lr={a.lr}",
+            "optim.warmup_steps=0", f"rollout.max_tokens={a.max_tokens}",
+            "rollout.temperature=1.0", "threads=1",
+        ],
+    )  # fmt: skip
+    train(cfg, lambda actor, critic: build_local_roles(cfg, actor, critic))
+    rows = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    step_s = [float(r["time/step"]) for r in rows if "time/step" in r]
+    return {
+        "arm": "relayrl_trainer",
+        "reward": [round(float(r["reward_mean"]), 4) for r in rows if "reward_mean" in r],
+        "s_per_step": [round(x, 3) for x in step_s],
+        "steps_per_s": len(step_s) / sum(step_s),
+    }
+
+
+def run_recipe(url: str, model: Path, ckpt: str, log: Path, a: argparse.Namespace) -> dict:
+    cmd = [
+        sys.executable, "-m", "tinker_cookbook.recipes.math_rl.train",
+        f"model_name={model}", "renderer_name=role_colon", f"base_url={url}",
+        "env=arithmetic", "loss_fn=importance_sampling", f"load_checkpoint_path={ckpt}",
+        f"group_size={a.group}", f"groups_per_batch={a.groups}", f"max_steps={a.steps}",
+        f"learning_rate={a.lr}", f"max_tokens={a.max_tokens}", f"log_path={log}",
+        "behavior_if_log_dir_exists=delete",
+        "eval_every=0", "save_every=0",
+    ]  # fmt: skip
+    env = {**os.environ, "TINKER_API_KEY": "tml-cookbook", "OMP_NUM_THREADS": "1"}
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - t
+    rows = [json.loads(x) for x in (log / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "env/all/correct" in r]
+    step_s = [float(r["time/total"]) for r in rows]
+    return {
+        "recipe": "tinker_cookbook.recipes.math_rl.train env=arithmetic",
+        "steps": len(rows),
+        "correct": [round(float(r["env/all/correct"]), 4) for r in rows],
+        "reward": [round(float(r["env/all/reward/total"]), 4) for r in rows],
+        "s_per_step": [round(s, 3) for s in step_s],
+        "steps_per_s": len(step_s) / sum(step_s),
+        "wall_s": wall,
+    }
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--setup", action="store_true", help="make .bench-venv/cookbook first")
+    p.add_argument("--main-python", default=str(MAIN_PY), help="the main venv's python")
+    p.add_argument("--out", default=str(ROOT / "bench_out" / "cookbook"))
+    p.add_argument("--hidden", type=int, default=96)
+    p.add_argument("--rank", type=int, default=0, help="LoRA rank (0: full parameters)")
+    p.add_argument("--max-operand", type=int, default=100, help="the recipe draws 0..100")
+    p.add_argument("--sft-steps", type=int, default=300)
+    p.add_argument("--sft-batch", type=int, default=32)
+    p.add_argument("--sft-lr", type=float, default=3e-3)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--group", type=int, default=4)
+    p.add_argument("--groups", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--max-tokens", type=int, default=16,
+                   help="the recipe's 5 assumes BPE: a character tokenizer needs room for the "
+                   "answer and the 7-character stop sequence '\\n\\nUser:'")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    if a.setup and Path(sys.prefix).resolve() != VENV.resolve():
+        py = setup(Path(a.main_python))
+        return subprocess.run([str(py), __file__, *(argv or sys.argv[1:])]).returncode
+    sys.path.insert(0, str(ROOT / "src"))
+    import numpy as np
+
+    from relayrl.model import build_tiny_model
+
+    out = Path(a.out)
+    model = build_tiny_model(out / "base", hidden_size=a.hidden, seed=a.seed)
+    proc, url = start_service(model, out / "state", sys.executable)
+    try:
+        ckpt = warm_up(url, model, a)
+        res: dict[str, Any] = run_recipe(url, model, ckpt, out / "recipe", a)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    print(json.dumps(res), flush=True)
+    model_id = ckpt[len("tinker://") :].split("/")[0]
+    hf_dir = out / "state" / model_id / "sampler_weights" / "warm"
+    own = run_relayrl(model, hf_dir, out / "relayrl", a)
+    print(json.dumps(own), flush=True)
+    print(json.dumps({"summary": "peer_cookbook",
+                      "recipe_s_per_step_median": float(np.median(res["s_per_step"])),
+                      "relayrl_s_per_step_median": float(np.median(own["s_per_step"])),
+                      "ratio": float(np.median(res["s_per_step"]) / np.median(own["s_per_step"]))}),
+          flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""The ``failures`` section: how infrastructure failures are retried, left out and budgeted
+(``relayrl.controller.failures``, docs/failures.md).
+
+An infrastructure failure (an environment that raises or hangs, a reward function that raises,
+a reward worker that dies or times out, an agent that crashes, an engine that aborts a turn) is
+never training data: the sample is generated and scored again up to ``retries`` times, and what
+still fails is left out of the batch and of its group's statistics. A run
+whose failures pass a budget stops with one line (exit 1).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from relayrl.config_base import _Strict
+
+
+class FailuresConfig(_Strict):
+    retries: int = Field(2, ge=0)
+    """Times a sample that failed for infrastructure reasons is generated and scored again
+    (same request, same seed, a fresh environment) before it is left out (every schedule and
+    the held-out evaluation)."""
+    max_consecutive: int = Field(64, ge=1)
+    """Stop the run after this many infrastructure failures in a row (samples, after retries)."""
+    max_rate: float = Field(0.5, gt=0, le=1)
+    """Stop the run when more than this fraction of the last ``window`` samples failed."""
+    window: int = Field(256, ge=1)
+    """Samples over which ``max_rate`` is measured (checked once that many were seen)."""
+    stall_s: float | None = Field(600.0, gt=0)
+    """``async`` / ``overlap``: the trainer waiting while no sample finished generating or
+    scoring for this long is an error naming what is in flight (null: wait for ever)."""

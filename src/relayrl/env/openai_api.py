@@ -1,0 +1,349 @@
+"""The endpoint's request checks, streaming and Responses API (``relayrl.env.openai_server``).
+
+- :class:`APIError` and the parameter readers the routes share.
+- :func:`refuse_unsupported`: every request parameter the endpoint does not honour is a 400
+  naming it, never silently ignored: ``tool_choice`` ``"required"`` or a named function,
+  ``parallel_tool_calls: false``, a ``response_format`` other than text, non-zero
+  ``presence_penalty`` / ``frequency_penalty``, a ``logit_bias``, ``echo``, ``best_of`` > 1,
+  ``suffix``, ``top_logprobs`` > 0.
+- Streaming (``stream: true`` on chat and completions): server-sent events of
+  ``chat.completion.chunk`` / ``text_completion`` chunks, one per generated token (the text
+  the token completes; tool calls as one ``tool_calls`` delta), then the finish chunk,
+  (``stream_options.include_usage``) a usage chunk, and ``data: [DONE]``. The chunks are cut
+  from the call the session recorded, so the streamed tokens are the recorded ones, each
+  chunk with its ``token_ids`` and ``versions``; they are sent once the call has finished
+  generating (the engine hands a call back whole: time to first token is the call's).
+- The Responses API (``POST /v1/responses``, the OpenAI Agents SDK's default): ``input`` (a
+  string, or items: messages with string or ``input_text`` content, ``function_call`` and
+  ``function_call_output``), ``instructions`` (a system message), flat function ``tools``,
+  ``max_output_tokens``, sampling as in chat, are turned into a chat request; the reply
+  becomes a ``response`` whose ``output`` holds a ``message`` (``output_text``) and/or
+  ``function_call`` items. ``previous_response_id`` (server-side state) and ``stream`` are
+  refused with 400.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+
+class APIError(Exception):
+    """An error answered as OpenAI-style JSON with an HTTP status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param, self.kind = (
+            status,
+            message,
+            code,
+            param,
+            kind,
+        )
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def number(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise APIError(400, f"{name} must be a number, got {value!r}", "invalid_type", name)
+    if not lo <= value <= hi:
+        raise APIError(400, f"{name} must be in [{lo}, {hi}], got {value}", "invalid_value", name)
+    return float(value)
+
+
+def integer(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise APIError(400, f"{name} must be an integer, got {value!r}", "invalid_type", name)
+    return value
+
+
+def _unsupported(param: str, what: str) -> APIError:
+    return APIError(400, f"{what} is not supported by this endpoint", "unsupported", param)
+
+
+def refuse_unsupported(body: dict[str, Any]) -> None:
+    """A 400 naming the first parameter the endpoint would not honour (see module)."""
+    choice = body.get("tool_choice")
+    if choice not in (None, "auto", "none"):
+        raise _unsupported("tool_choice", f"tool_choice={json.dumps(choice)} (auto and none are)")
+    if body.get("parallel_tool_calls") is False:
+        raise _unsupported("parallel_tool_calls", "parallel_tool_calls=false")
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise _unsupported("response_format", "a response_format other than text")
+    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
+        if body.get(name) not in (None, 0, 0.0, 1.0 if name == "repetition_penalty" else 0):
+            raise _unsupported(name, f"{name}={body.get(name)}")
+    if body.get("logit_bias"):
+        raise _unsupported("logit_bias", "logit_bias")
+    if body.get("echo"):
+        raise _unsupported("echo", "echo=true")
+    if (body.get("best_of") or 1) > 1:
+        raise _unsupported("best_of", "best_of > 1")
+    if body.get("suffix"):
+        raise _unsupported("suffix", "suffix")
+    if body.get("top_logprobs"):
+        raise _unsupported("top_logprobs", "top_logprobs > 0 (the engine keeps no alternatives)")
+
+
+# ---------------------------------------------------------------------- streaming
+def sse(events: Iterator[dict[str, Any]]) -> Iterator[bytes]:
+    """Server-sent events: ``data: <json>`` per event, then ``data: [DONE]``."""
+    for e in events:
+        yield f"data: {json.dumps(e)}\n\n".encode()
+    yield b"data: [DONE]\n\n"
+
+
+def _pieces(decode: Any, ids: list[int]) -> list[str]:
+    """The text each token adds (a token that ends mid-character adds nothing until the one
+    that completes it)."""
+    out, prev = [], ""
+    for k in range(1, len(ids) + 1):
+        text = decode(ids[:k])
+        if text.endswith("\ufffd") and k < len(ids):
+            out.append("")
+            continue
+        out.append(text[len(prev) :] if text.startswith(prev) else text)
+        prev = text
+    return out
+
+
+def chat_chunks(reply: dict[str, Any], decode: Any, include_usage: bool) -> Iterator[dict]:
+    """A chat reply as ``chat.completion.chunk`` events (see module)."""
+    head = {k: reply[k] for k in ("id", "created", "model")}
+    head["object"] = "chat.completion.chunk"
+    for ch in reply["choices"]:
+        i, msg, ids, versions = ch["index"], ch["message"], ch["token_ids"], ch["versions"]
+        yield {
+            **head,
+            "choices": [
+                {"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+            ],
+        }
+        calls = msg.get("tool_calls")
+        content = msg.get("content") or ""
+        pieces = _pieces(decode, ids) if not calls else [""] * len(ids)
+        if not calls and "".join(pieces) != content:  # cut at a stop string: one piece
+            pieces = [content] + [""] * (len(ids) - 1) if ids else []
+        lps = (ch.get("logprobs") or {}).get("content") or []
+        for k, (t, v) in enumerate(zip(ids, versions, strict=True)):
+            c = {
+                "index": i,
+                "delta": {"content": pieces[k]} if pieces else {},
+                "finish_reason": None,
+                "token_ids": [t],
+                "versions": [v],
+            }
+            if lps:
+                c["logprobs"] = {"content": [lps[k]]}
+            yield {**head, "choices": [c]}
+        if calls:
+            delta = {
+                "content": content or None,
+                "tool_calls": [{"index": j, **call} for j, call in enumerate(calls)],
+            }
+            yield {**head, "choices": [{"index": i, "delta": delta, "finish_reason": None}]}
+        yield {**head, "choices": [{"index": i, "delta": {}, "finish_reason": ch["finish_reason"]}]}
+    if include_usage:
+        yield {**head, "choices": [], "usage": reply["usage"]}
+
+
+def completion_chunks(reply: dict[str, Any], decode: Any, include_usage: bool) -> Iterator[dict]:
+    """A completions reply as streamed ``text_completion`` events (see module)."""
+    head = {k: reply[k] for k in ("id", "object", "created", "model")}
+    for ch in reply["choices"]:
+        ids, versions, text = ch["token_ids"], ch["versions"], ch["text"]
+        pieces = _pieces(decode, ids)
+        if "".join(pieces) != text:
+            pieces = [text] + [""] * (len(ids) - 1) if ids else []
+        for k, (t, v) in enumerate(zip(ids, versions, strict=True)):
+            yield {
+                **head,
+                "choices": [
+                    {
+                        "index": ch["index"],
+                        "text": pieces[k],
+                        "logprobs": None,
+                        "finish_reason": None,
+                        "token_ids": [t],
+                        "versions": [v],
+                    }
+                ],
+            }
+        yield {
+            **head,
+            "choices": [
+                {
+                    "index": ch["index"],
+                    "text": "",
+                    "logprobs": None,
+                    "finish_reason": ch["finish_reason"],
+                }
+            ],
+        }
+    if include_usage:
+        yield {**head, "choices": [], "usage": reply["usage"]}
+
+
+# ---------------------------------------------------------------------- Responses API
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(p.get("text", ""))
+            for p in content
+            if isinstance(p, dict) and p.get("type") in ("input_text", "output_text", "text")
+        )
+    raise APIError(
+        400, "a message's content must be a string or text parts", "invalid_type", "input"
+    )
+
+
+def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
+    """A ``/v1/responses`` request as a chat request (see module)."""
+    for name in ("previous_response_id", "conversation"):
+        if body.get(name):
+            raise _unsupported(name, f"{name} (server-side conversation state)")
+    if body.get("stream"):
+        raise _unsupported("stream", "stream=true on /v1/responses")
+    messages: list[dict[str, Any]] = []
+    if body.get("instructions"):
+        messages.append({"role": "system", "content": str(body["instructions"])})
+    items = body.get("input")
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise APIError(
+            400, "input must be a string or a non-empty list of items", "invalid_type", "input"
+        )
+    for it in items:
+        kind = it.get("type", "message") if isinstance(it, dict) else None
+        if kind == "message":
+            messages.append({"role": it.get("role", "user"), "content": _text_of(it["content"])})
+        elif kind == "function_call":
+            call = {
+                "id": it.get("call_id") or it.get("id"),
+                "type": "function",
+                "function": {"name": it["name"], "arguments": it.get("arguments", "{}")},
+            }
+            last = messages[-1] if messages else None
+            if last and last["role"] == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(call)
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            out = it.get("output")
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": it.get("call_id"),
+                    "content": out if isinstance(out, str) else json.dumps(out),
+                }
+            )
+        elif kind == "reasoning":
+            continue  # the model's own earlier reasoning: none is produced here
+        else:
+            raise _unsupported("input", f"an input item of type {kind!r}")
+    tools = []
+    for t in body.get("tools") or []:
+        if not isinstance(t, dict) or t.get("type") != "function":
+            raise _unsupported(
+                "tools", f"a tool of type {t.get('type') if isinstance(t, dict) else t!r}"
+            )
+        fn = {k: t[k] for k in ("name", "description", "parameters") if k in t}
+        tools.append({"type": "function", "function": fn})
+    chat: dict[str, Any] = {"messages": messages, "model": body.get("model")}
+    if tools:
+        chat["tools"] = tools
+    for k in ("temperature", "top_p", "seed", "tool_choice", "parallel_tool_calls"):
+        if body.get(k) is not None:
+            chat[k] = body[k]
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    text = body.get("text") or {}
+    if isinstance(text, dict) and text.get("format") not in (None, {"type": "text"}):
+        raise _unsupported("text.format", "a text.format other than text")
+    return chat
+
+
+def chat_to_response(reply: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """A chat reply as a ``response`` object (see module)."""
+    ch = reply["choices"][0]
+    msg = ch["message"]
+    output: list[dict[str, Any]] = []
+    if msg.get("content"):
+        output.append(
+            {
+                "type": "message",
+                "id": f"msg_{uuid.uuid4().hex[:24]}",
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": msg["content"], "annotations": []}],
+            }
+        )
+    for call in msg.get("tool_calls") or []:
+        output.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{uuid.uuid4().hex[:24]}",
+                "call_id": call["id"],
+                "name": call["function"]["name"],
+                "arguments": call["function"]["arguments"],
+                "status": "completed",
+            }
+        )
+    u = reply["usage"]
+    incomplete = ch["finish_reason"] == "length"
+    return {
+        "id": "resp_" + reply["id"].removeprefix("chatcmpl-"),  # the recorded call's key
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "incomplete" if incomplete else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "error": None,
+        "model": reply["model"],
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools") or [],
+        "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"),
+        "instructions": body.get("instructions"),
+        "metadata": {},
+        "usage": {
+            "input_tokens": u["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": u["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": u["total_tokens"],
+        },
+        "token_ids": ch["token_ids"],
+        "versions": ch["versions"],
+        "prompt_token_ids": reply["prompt_token_ids"],
+    }

@@ -1,0 +1,134 @@
+"""``tinker://`` checkpoints on local disk, written atomically, readable after a restart.
+
+Layout under the service's state directory (``--state-dir``)::
+
+    <model_id>/weights/<name>/           save_state: trainable.safetensors, optimizer.pt, meta.json
+    <model_id>/sampler_weights/<name>/   save_weights_for_sampler: a Hugging Face model directory
+                                         (adapter merged; ``from_pretrained`` loads it) + meta.json
+
+A checkpoint is written into a temporary sibling directory and renamed into place (after an
+fsync of its files), so a reader, or a service killed mid-write, sees the old checkpoint or the
+new one, never half of one. ``tinker://<model_id>/weights/<name>`` names the first kind,
+``tinker://<model_id>/sampler_weights/<name>`` the second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+KINDS = {"weights": "training", "sampler_weights": "sampler"}
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+class CheckpointError(ValueError):
+    """A bad ``tinker://`` path or a checkpoint that is not there (a user error)."""
+
+
+@dataclass(frozen=True)
+class CheckpointPath:
+    model_id: str
+    kind: str
+    name: str
+
+    @property
+    def uri(self) -> str:
+        return f"tinker://{self.model_id}/{self.kind}/{self.name}"
+
+    @staticmethod
+    def parse(uri: str) -> CheckpointPath:
+        if not uri.startswith("tinker://"):
+            raise CheckpointError(f"checkpoint path must start with tinker://, got {uri!r}")
+        parts = uri[len("tinker://") :].split("/")
+        if len(parts) != 3 or parts[1] not in KINDS or not _NAME.match(parts[2]):
+            raise CheckpointError(
+                f"checkpoint path must be tinker://<model_id>/weights|sampler_weights/<name>, "
+                f"got {uri!r}"
+            )
+        return CheckpointPath(parts[0], parts[1], parts[2])
+
+
+def check_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise CheckpointError(
+            f"checkpoint name {name!r}: use 1-128 letters, digits, '.', '_' or '-'"
+        )
+    return name
+
+
+class CheckpointStore:
+    """The checkpoints of every model of a service, under one directory."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def dir_of(self, path: CheckpointPath) -> Path:
+        return self.root / path.model_id / path.kind / path.name
+
+    def write(
+        self, path: CheckpointPath, fill: Callable[[Path], None], meta: dict[str, Any]
+    ) -> Path:
+        """``fill(tmp_dir)`` writes the files; then meta.json, fsync, and the atomic swap."""
+        out = self.dir_of(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.parent / f".tmp_{path.name}_{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        fill(tmp)
+        (tmp / "meta.json").write_text(json.dumps({**meta, "time": time.time()}, indent=1))
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        if out.exists():
+            old = out.parent / f".old_{path.name}_{os.getpid()}"
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+        fd = os.open(out.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return out
+
+    def read(self, path: CheckpointPath) -> tuple[Path, dict[str, Any]]:
+        """The checkpoint's directory and its meta.json; a missing one is a CheckpointError."""
+        d = self.dir_of(path)
+        if not (d / "meta.json").is_file():
+            raise CheckpointError(f"no checkpoint at {path.uri}")
+        return d, json.loads((d / "meta.json").read_text())
+
+    def list(self, model_id: str) -> list[dict[str, Any]]:
+        """The model's checkpoints as the SDK's ``Checkpoint`` JSON, oldest first."""
+        out = []
+        for kind, ctype in KINDS.items():
+            base = self.root / model_id / kind
+            if not base.is_dir():
+                continue
+            for d in base.iterdir():
+                if d.name.startswith(".") or not (d / "meta.json").is_file():
+                    continue
+                meta = json.loads((d / "meta.json").read_text())
+                size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+                out.append(
+                    {
+                        "checkpoint_id": f"{kind}/{d.name}",
+                        "checkpoint_type": ctype,
+                        "time": datetime.fromtimestamp(meta["time"], UTC).isoformat(),
+                        "tinker_path": CheckpointPath(model_id, kind, d.name).uri,
+                        "size_bytes": size,
+                        "public": False,
+                    }
+                )
+        return sorted(out, key=lambda c: str(c["time"]))

@@ -1,0 +1,144 @@
+"""Tinker ``sample`` requests on a relayrl engine: SamplingParams mapping, stop sequences,
+prompt logprobs (``compute_logprobs``).
+
+SamplingParams -> relayrl's: ``temperature`` (0 = greedy), ``top_p``, ``top_k`` (-1 = off),
+``max_tokens`` (None or more than the context leaves: up to the context), ``seed`` (sample
+``i`` of ``num_samples`` gets ``seed + i``). ``stop``: token ids replace the default stop (EOS);
+``[]`` disables every stop, EOS included; strings are matched on the decoded text after
+generation (EOS still stops) and the sequence is cut after the first token that completes
+one. Logprobs are the engine's behaviour logprobs: the sampled token under the distribution it
+was drawn from (temperature-scaled; at temperature 1 the trainer's recompute, within fp32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from relayrl.rollout.engine import RolloutEngine
+from relayrl.rollout.types import GenerationRequest, Sample, SamplingParams
+from relayrl.tinker.wire import WireSequence, encode_sample_response
+
+
+@dataclass
+class SampleJob:
+    """One ``/api/v1/asample`` request."""
+
+    sampler_id: str
+    prompt: list[int]
+    num_samples: int
+    params: dict[str, Any]
+    prompt_logprobs: bool = False
+
+
+def _stop_rule(stop: Any) -> tuple[list[int], bool, list[str]]:
+    """(stop_token_ids, ignore_eos, stop_strings) of the request's ``stop``."""
+    if stop is None:
+        return [], False, []
+    if isinstance(stop, str):
+        return [], False, [stop]
+    stop = list(stop)
+    if all(isinstance(s, int) for s in stop):
+        return [int(s) for s in stop], True, []
+    if all(isinstance(s, str) for s in stop):
+        return [], False, [s for s in stop if s]
+    raise ValueError(f"stop must be a string, a list of strings or a list of token ids: {stop!r}")
+
+
+def _cut_at_stop(sample: Sample, tokenizer: Any, stops: list[str]) -> tuple[int, bool]:
+    """(tokens to keep, stopped by a string) for string stops."""
+    ids = sample.response_ids
+    if not stops or not any(s in tokenizer.decode(ids) for s in stops):
+        return len(ids), False
+    for k in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:k])
+        if any(s in text for s in stops):
+            return k, True
+    return len(ids), False
+
+
+def prompt_logprobs(model: torch.nn.Module, prompt: list[int]) -> list[float | None]:
+    """log p(prompt[i] | prompt[:i]) in fp32; None for the first token."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt])).logits[0].float()
+    logp = torch.log_softmax(logits[:-1], dim=-1)
+    picked = logp.gather(-1, torch.tensor(prompt[1:])[:, None])[:, 0]
+    return [None, *picked.tolist()]
+
+
+def run_sample_jobs(
+    engine: RolloutEngine, tokenizer: Any, jobs: list[SampleJob], user_error: type[Exception]
+) -> list[bytes | Exception]:
+    """Generate every job's samples in one engine batch; an encoded SampleResponse per job
+    (or the job's error)."""
+    out: list[bytes | Exception | None] = [None] * len(jobs)
+    requests: list[GenerationRequest] = []
+    owners: list[int] = []
+    rules: dict[int, list[str]] = {}
+    ctx = engine.max_model_len
+    for j, job in enumerate(jobs):
+        p = job.params
+        try:
+            if not job.prompt:
+                raise user_error("the prompt is empty")
+            if len(job.prompt) >= ctx:
+                raise user_error(
+                    f"the prompt has {len(job.prompt)} tokens; the model's context is {ctx}, "
+                    "leaving no room to sample"
+                )
+            if max(job.prompt) >= engine.input_vocab or min(job.prompt) < 0:
+                raise user_error(
+                    f"a prompt token id is outside the vocabulary (0..{engine.input_vocab - 1})"
+                )
+            if not 1 <= job.num_samples <= 1024:
+                raise user_error(f"num_samples must be 1..1024, got {job.num_samples}")
+            ids, ignore_eos, strings = _stop_rule(p.get("stop"))
+            room = ctx - len(job.prompt)
+            max_tokens = p.get("max_tokens")
+            max_tokens = room if max_tokens is None else min(int(max_tokens), room)
+            if max_tokens < 1:
+                raise user_error(f"max_tokens must be >= 1, got {p.get('max_tokens')}")
+            temperature = float(p.get("temperature", 1.0))
+            top_k = int(p.get("top_k", -1))
+            seed = p.get("seed")
+        except (ValueError, TypeError) as e:
+            out[j] = e if isinstance(e, user_error) else user_error(str(e))
+            continue
+        rules[j] = strings
+        for i in range(job.num_samples):
+            params = SamplingParams(
+                temperature=temperature if temperature > 0 else 1.0,
+                greedy=temperature <= 0,
+                top_p=float(p.get("top_p", 1.0)),
+                top_k=top_k if top_k > 0 else 0,
+                max_tokens=max_tokens,
+                stop_token_ids=ids,
+                ignore_eos=ignore_eos,
+                seed=None if seed is None else int(seed) + i,
+            )
+            requests.append(GenerationRequest(list(job.prompt), params))
+            owners.append(j)
+    samples = engine.generate(requests) if requests else []
+    per_job: dict[int, list[Sample]] = {}
+    for j, s in zip(owners, samples, strict=True):
+        per_job.setdefault(j, []).append(s)
+    for j, group in per_job.items():
+        errors = [s.error for s in group if s.error]
+        if errors:
+            out[j] = user_error(errors[0])
+            continue
+        seqs = []
+        for s in group:
+            keep, by_string = _cut_at_stop(s, tokenizer, rules[j])
+            seqs.append(
+                WireSequence(
+                    s.response_ids[:keep],
+                    s.behaviour_logprobs[:keep],
+                    stopped=by_string or s.finish_reason in ("eos", "stop"),
+                )
+            )
+        plp = prompt_logprobs(engine.model, jobs[j].prompt) if jobs[j].prompt_logprobs else None
+        out[j] = encode_sample_response(seqs, plp)
+    return [o if o is not None else user_error("no result") for o in out]
