@@ -202,9 +202,9 @@ def _serve(
     device = spec.shared_device()
     try:
         if spec.backend == "vllm":  # rollout.backend: vllm (same interface, same loop)
-            from relayrl.rollout.vllm_backend import VllmEngine
+            from relayrl.rollout.vllm_select import engine_from_spec
 
-            engine: Any = VllmEngine.from_spec(spec, shared)
+            engine: Any = engine_from_spec(spec, shared)  # in process or a server
         else:
             engine = build_own_engine(spec, shared)
     except Exception:

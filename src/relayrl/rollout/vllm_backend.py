@@ -64,10 +64,9 @@ from relayrl.rollout.engine import (
 from relayrl.rollout.sampler import _splitmix64
 from relayrl.rollout.scheduler import Sequence
 from relayrl.rollout.types import EngineReport, FinishReason, GenerationRequest, Sample
+from relayrl.rollout.vllm_server_process import SUPPORTED_HEAD_SIZES
 
 InterruptMode = Literal["reprefill", "keep_kv"]
-SUPPORTED_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-"""vLLM CPU attention's head sizes (0.32.0); other sizes fail at the first forward."""
 
 
 def vllm_available() -> bool:
@@ -221,17 +220,11 @@ class VllmEngine:
             self.load_weights(state_dict)
 
     @classmethod
-    def from_spec(cls, spec: Any, state_dict: Mapping[str, Tensor]) -> Any:
+    def from_spec(cls, spec: Any, state_dict: Mapping[str, Tensor]) -> VllmEngine:
         """Build from an engine worker's ``EngineSpec`` (:mod:`relayrl.cluster.engine_process`);
-        the initial weights come from the worker's shared-memory ``state_dict``. With
-        ``spec.vllm_process`` asking for it, a server process instead (``vllm_select``)."""
-        from relayrl.rollout.vllm_select import make_vllm_engine
-
-        return make_vllm_engine(
+        the initial weights come from the worker's shared-memory ``state_dict``."""
+        return cls(
             spec.model_path,
-            process=getattr(spec, "vllm_process", "in_process"),
-            device=str(getattr(spec, "device", "cpu")),
-            gpu_memory_utilization=getattr(spec, "vllm_gpu_memory_utilization", None),
             eos_token_id=spec.eos_token_id,
             pad_token_id=spec.pad_token_id,
             max_slots=spec.max_slots,

@@ -63,3 +63,24 @@ def make_vllm_engine(
         state_dict=state_dict,
         **common,
     )
+
+
+def engine_from_spec(spec: Any, state_dict: Mapping[str, Tensor]) -> Any:
+    """The engine of an engine worker's ``EngineSpec`` (:mod:`relayrl.cluster.engine_process`):
+    in process (``VllmEngine.from_spec``) or a server process, from ``spec.vllm_process``; the
+    initial weights come from the worker's shared-memory ``state_dict``."""
+    return make_vllm_engine(
+        spec.model_path,
+        process=spec.vllm_process,
+        device=str(spec.device),
+        gpu_memory_utilization=spec.vllm_gpu_memory_utilization,
+        eos_token_id=spec.eos_token_id,
+        pad_token_id=spec.pad_token_id,
+        max_slots=spec.max_slots,
+        version=spec.version,
+        interrupt_mode=spec.vllm_interrupt,
+        kv_cache_gib=spec.vllm_kv_cache_gib,
+        dtype=spec.dtype,
+        state_dict=state_dict,
+        urgent_steps=spec.urgent_steps,
+    )

@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from relayrl.rollout.vllm_backend import SUPPORTED_HEAD_SIZES
+SUPPORTED_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""vLLM CPU attention's head sizes (0.32.0); other sizes fail at the first forward."""
 
 
 def server_args(
