@@ -123,7 +123,32 @@ $(VLLM_STAMP): pyproject.toml requirements-vllm.lock
 
 vllm-venv: $(VLLM_STAMP)
 
+# The CUDA vLLM (a GPU machine: a vLLM server process per replica, NCCL / CUDA IPC weight
+# transfer): the relayrl[vllm-cuda] extra. `make vllm-cuda-lock` resolves vllm==0.32.0 with
+# pyproject.toml's ranges (and the ray extra) from PyPI under lock-constraints.txt less its CPU
+# torch pin into requirements-vllm-cuda.lock; `make vllm-cuda-check` dry-runs that lock with its
+# dependencies (it resolves; nothing is installed: runs on a CPU machine too); a CUDA machine
+# installs it with --no-deps (`make vllm-cuda-venv`, venv .vllm-cuda-venv).
+VLLM_CUDA_PIN := vllm==0.32.0
+VLLM_CUDA_VENV := .vllm-cuda-venv
+.PHONY: vllm-cuda-lock vllm-cuda-check vllm-cuda-venv
+vllm-cuda-lock:
+	grep -v '^torch==' lock-constraints.txt > .vllm-cuda-constraints.txt
+	python3 -m pip install --isolated --dry-run --ignore-installed -q -c .vllm-cuda-constraints.txt \
+	  --report .vllm-cuda-report.json '.[ray]' '$(VLLM_CUDA_PIN)'
+	{ echo "# The CUDA vLLM environment (relayrl[vllm-cuda]): made by \`make vllm-cuda-lock\`."; \
+	  python3 tools/lock_pins.py .vllm-cuda-report.json relayrl; } > requirements-vllm-cuda.lock
+	rm -f .vllm-cuda-constraints.txt .vllm-cuda-report.json
+vllm-cuda-check:
+	python3 -m pip install --isolated --dry-run --ignore-installed -q -r requirements-vllm-cuda.lock
+vllm-cuda-venv:
+	test -x $(VLLM_CUDA_VENV)/bin/python || python3 -m venv $(VLLM_CUDA_VENV)
+	$(VLLM_CUDA_VENV)/bin/python -m pip install -q --no-deps -r requirements-vllm-cuda.lock
+	$(VLLM_CUDA_VENV)/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+	$(VLLM_CUDA_VENV)/bin/python -c "import torch, vllm; assert torch.cuda.is_available()"
+
 # The vLLM backend's tests (skipped by `make test`); the GRPO learning runs are slow-marked:
 # `$(VLLM_PY) -m pytest -m vllm tests/test_vllm_backend.py` runs them too.
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_ENV) $(VLLM_PY) -m pytest -q -m "vllm and not slow" tests/test_vllm_backend.py
+	$(VLLM_ENV) $(VLLM_PY) -m pytest -q -m "vllm and not slow" tests/test_vllm_backend.py \
+		tests/test_vllm_server.py

@@ -62,6 +62,7 @@ _SHARED_GROUPS = {
     "test_ray_multinode": "ray",
     "test_fsdp_train": "ray",
     "test_vllm_backend": "ray",
+    "test_vllm_server": "ray",
     "test_sandbox": "sandbox",
     "test_code_attacks": "sandbox",
 }
@@ -75,6 +76,7 @@ _HEAVY_FIRST = [
     "sandbox",
     "test_run_dir",
     "test_fsdp",
+    "test_world_size_invariance",
 ]
 
 

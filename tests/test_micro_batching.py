@@ -222,7 +222,7 @@ class _GradRecordingActor(ActorWorker):
 
     grads: list[dict[str, torch.Tensor]]
 
-    def _clip_and_step(self) -> float:
+    def _clip_and_step(self) -> torch.Tensor:
         self.grads = getattr(self, "grads", [])
         self.grads.append(
             {n: p.grad.clone() for n, p in self.model.named_parameters() if p.grad is not None}

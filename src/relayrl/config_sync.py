@@ -36,8 +36,10 @@ class WeightSyncConfig(_Strict):
 
     transport: Literal["object_store", "collective"] = "object_store"
     backend: Literal["auto", "gloo", "nccl"] = "auto"
-    """``collective``: ``auto`` = NCCL when the trainer's rank 0 computes on CUDA, else gloo
-    (NCCL needs a GPU per rank: two ranks on one GPU are refused, docs/gpu.md)."""
+    """``collective``: ``auto`` = NCCL when the trainer's rank 0 computes on CUDA and the
+    rollout pool has GPUs, else gloo; ``nccl`` to a pool without GPUs is refused before
+    anything starts (``relayrl.cluster.placement_check``). NCCL needs a GPU per rank: two
+    ranks on one GPU are refused, docs/gpu.md."""
     timeout_s: float = Field(600.0, gt=0)
     """How long a member of the weight group waits for the others (rendezvous, each
     broadcast) before failing."""

@@ -8,6 +8,10 @@ would turn ``0 * inf`` into NaN, in the forward or in the backward pass).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 
@@ -72,9 +76,27 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float =
     return zero_masked(whitened, m)
 
 
+_DEFERRED = contextvars.ContextVar("relayrl_deferred_stats", default=False)
+
+
+@contextlib.contextmanager
+def deferred_stats() -> Iterator[None]:
+    """Inside: ``stats_to_floats`` returns detached float64 0-dim tensors (on the device)
+    instead of floats, so a caller that sums them converts once for a whole training step
+    (no device -> host sync per micro-batch)."""
+    token = _DEFERRED.set(True)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
+
+
 def stats_to_floats(stats: dict[str, Tensor]) -> dict[str, float]:
-    """Detach and convert scalar tensors to python floats with a single device sync."""
+    """Detach and convert scalar tensors to python floats with a single device sync (under
+    ``deferred_stats``: detached float64 tensors, no sync; they add and multiply as floats)."""
     if not stats:
         return {}
+    if _DEFERRED.get():
+        return {k: v.detach().to(torch.float64) for k, v in stats.items()}  # type: ignore[misc]
     values = torch.stack([v.detach().to(torch.float64) for v in stats.values()]).tolist()
     return dict(zip(stats.keys(), values, strict=True))

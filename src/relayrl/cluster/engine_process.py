@@ -91,6 +91,8 @@ class EngineSpec:
     backend: str = "own"  # rollout.backend, and its vLLM knobs
     vllm_interrupt: str = "reprefill"
     vllm_kv_cache_gib: float = 0.25
+    vllm_process: str = "auto"
+    vllm_gpu_memory_utilization: float | None = None
     device: str = "cpu"
     """Where the own engine computes and the shared weights live (``cpu``, ``cuda:<i>``); the
     vLLM backend places itself (its shared weights stay on the CPU)."""
@@ -200,15 +202,32 @@ def _serve(
     device = spec.shared_device()
     try:
         if spec.backend == "vllm":  # rollout.backend: vllm (same interface, same loop)
-            from relayrl.rollout.vllm_backend import VllmEngine
+            from relayrl.rollout.vllm_select import engine_from_spec
 
-            engine: Any = VllmEngine.from_spec(spec, shared)
+            engine: Any = engine_from_spec(spec, shared)  # in process or a server
         else:
             engine = build_own_engine(spec, shared)
     except Exception:
         out_conn.send(("fatal", traceback.format_exc()))
         return
     out_conn.send(("ready", os.getpid()))
+    try:
+        _engine_loop(engine, spec, shared, cmd_conn, out_conn, must_exit, device)
+    finally:  # a vLLM server process (rollout.vllm_process: server) stops with the worker
+        close = getattr(engine, "close", None) if getattr(engine, "server", None) else None
+        if close is not None:
+            close()
+
+
+def _engine_loop(
+    engine: Any,
+    spec: EngineSpec,
+    shared: dict[str, Tensor],
+    cmd_conn: Any,
+    out_conn: Any,
+    must_exit: Callable[[], bool],
+    device: torch.device,
+) -> None:
     busy_since: float | None = None
     spans: list[tuple[float, float]] = []
     while True:

@@ -47,21 +47,33 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
     tokenizer = load_tokenizer(cfg.model.path)
     actor = build_actor(cfg, actor_path)  # device, precision, checkpointing, LoRA: model.*
     rollout: Any  # RolloutEngine | VllmEngine | EngineProcess: the rollout interface
-    if cfg.schedule == "sync" and cfg.rollout.backend == "vllm":  # in this process
-        from relayrl.rollout.vllm_backend import VllmEngine
+    if cfg.schedule == "sync" and cfg.rollout.backend == "vllm":  # this process or a server
+        from relayrl.rollout.vllm_select import make_vllm_engine, use_server
 
         lora = is_lora(actor.model)
-        rollout = VllmEngine(
+        device = str(engine_device(cfg))
+        # a server on the trainer's GPU gets the weights device to device (CUDA IPC)
+        ipc = device != "cpu" and use_server(cfg.rollout.vllm_process, device)
+        ipc = ipc and not lora and not cfg.model.fsdp.enabled
+        rollout = make_vllm_engine(
             cfg.model.path if lora else actor_path,
+            process=cfg.rollout.vllm_process,
+            device=device,
+            gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
+            weight_transfer="ipc" if ipc else None,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
             max_slots=cfg.rollout.max_slots,
             interrupt_mode=cfg.rollout.vllm_interrupt,
             kv_cache_gib=cfg.rollout.vllm_kv_cache_gib,
             dtype=cfg.model.dtype,
-            seed=cfg.seed,  # vLLM re-seeds this process's global RNGs with it at start-up
+            seed=cfg.seed,  # in process, vLLM re-seeds the global RNGs with it at start-up
             state_dict=actor.state_dict() if lora else None,  # LoRA: merged weights
         )
+        if ipc:  # pragma: no cover - needs CUDA (not run here)
+            from relayrl.rollout.vllm_gpu_sync import attach
+
+            attach(rollout, actor.model, "ipc")
     elif cfg.schedule == "sync":
         rollout = RolloutEngine(
             engine_model(cfg, actor, actor_path),
@@ -83,6 +95,8 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
             backend=cfg.rollout.backend,
             vllm_interrupt=cfg.rollout.vllm_interrupt,
             vllm_kv_cache_gib=cfg.rollout.vllm_kv_cache_gib,
+            vllm_process=cfg.rollout.vllm_process,
+            vllm_gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
             device=str(engine_device(cfg)),
             cuda_graphs=cfg.rollout.cuda_graphs,
         )

@@ -79,6 +79,11 @@ class ResourcePool:
         remove_placement_group(self.pg)
 
 
+def alive_nodes() -> list[dict[str, float]]:
+    """The resources of each live node of the joined cluster."""
+    return [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive", True)]
+
+
 def role_pools(cfg: RayConfig, roles: list[str]) -> dict[str, list[str]]:
     """pool name -> the roles placed on it (roles not named in ``cfg.placement`` go to the
     first pool); only pools that get a role are listed."""

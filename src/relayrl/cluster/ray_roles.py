@@ -20,7 +20,14 @@ from typing import Any
 import ray
 import torch
 
-from relayrl.cluster.ray_pools import ResourcePool, create_pools, ensure_ray, role_pools
+from relayrl.cluster.placement_check import check_placement
+from relayrl.cluster.ray_pools import (
+    ResourcePool,
+    alive_nodes,
+    create_pools,
+    ensure_ray,
+    role_pools,
+)
 from relayrl.cluster.ray_rollout import RayRolloutClient
 from relayrl.cluster.ray_weight_sync import WeightGroupMembers
 from relayrl.cluster.ray_workers import HostSpec, RemoteRole, RoleHostActor, WorkerGroup
@@ -80,11 +87,13 @@ def _start_host(pool: ResourcePool, rank: int, spec: HostSpec, weights: Any = No
 def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) -> Roles:
     """Place the roles of ``cfg`` on Ray resource pools and return their controller-side
     handles (``roles.close()`` stops the processes and frees the pools)."""
+    by_pool = role_pools(cfg.ray, needed_roles(cfg))
+    check_placement(cfg, by_pool)  # what cannot work, before Ray starts
     ensure_ray(cfg.ray)
+    check_placement(cfg, by_pool, ray.cluster_resources(), alive_nodes())  # ... fits?
     torch.set_num_threads(1)  # the driver only tokenises and moves batches
     dtype = precision_for(cfg.model, trainable=True).param_dtype  # the shadows' (HF export)
     tokenizer = load_tokenizer(cfg.model.path)
-    by_pool = role_pools(cfg.ray, needed_roles(cfg))
     pools = create_pools(cfg.ray, list(by_pool))
     groups: dict[str, WorkerGroup] = {}
     hosts: list[Any] = []

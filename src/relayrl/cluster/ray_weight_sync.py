@@ -67,14 +67,12 @@ class CollectiveWeightSync:
 
     def weights_backend(self) -> str:
         """gloo or nccl for the weight group (``weight_sync.backend``; ``auto``: NCCL when
-        this (trainer rank 0) process computes on CUDA)."""
+        this (trainer rank 0) process computes on CUDA and the rollout pool has GPUs)."""
+        from relayrl.cluster.placement_check import weight_backend
         from relayrl.model.device import resolve_device
 
-        chosen = self.spec.cfg.weight_sync.backend
-        if chosen != "auto":
-            return str(chosen)
         device = resolve_device(self.spec.cfg.model.device, self.spec.rank)
-        return "nccl" if device.type == "cuda" else "gloo"
+        return weight_backend(self.spec.cfg, device.type == "cuda")
 
     def weights_join(
         self, addr: str, port: int, rank: int, world: int, backend: str, generation: int = 0

@@ -157,11 +157,14 @@ class RoleHost(CollectiveWeightSync):
         lora = actor is not None and is_lora(actor.model)
         path = cfg.model.path if lora else spec.actor_path  # LoRA: merged weights on the base
         state = self._gather(keep=True) if actor is not None else weights
-        if cfg.rollout.backend == "vllm":
-            from relayrl.rollout.vllm_backend import VllmEngine
+        if cfg.rollout.backend == "vllm":  # this process or a server (rollout.vllm_process)
+            from relayrl.rollout.vllm_select import make_vllm_engine
 
-            self.engine = VllmEngine(
+            self.engine = make_vllm_engine(
                 path,
+                process=cfg.rollout.vllm_process,
+                device=str(engine_device(cfg, spec.rank)),
+                gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
                 eos_token_id=tok.eos_token_id,
                 pad_token_id=tok.pad_token_id,
                 max_slots=cfg.rollout.max_slots,

@@ -64,10 +64,9 @@ from relayrl.rollout.engine import (
 from relayrl.rollout.sampler import _splitmix64
 from relayrl.rollout.scheduler import Sequence
 from relayrl.rollout.types import EngineReport, FinishReason, GenerationRequest, Sample
+from relayrl.rollout.vllm_server_process import SUPPORTED_HEAD_SIZES
 
 InterruptMode = Literal["reprefill", "keep_kv"]
-SUPPORTED_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-"""vLLM CPU attention's head sizes (0.32.0); other sizes fail at the first forward."""
 
 
 def vllm_available() -> bool:

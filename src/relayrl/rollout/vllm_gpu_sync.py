@@ -6,9 +6,13 @@ NOT RUN HERE: these engines are GPU-only and relayrl's CI has no GPU; this is wr
 CPU, ``VllmEngine.load_weights`` copies the HF-named tensors in memory with
 ``collective_rpc("reload_weights")`` instead.
 
-Use: start the engine with vLLM's ``weight_transfer_config`` (``engine_kwargs=
-{"weight_transfer_config": {"backend": "nccl"}}`` or ``"ipc"``), then
-``engine.weight_sync = GpuWeightSync(engine, trainer_model, init_info)``; from then on
+Use: start the engine with vLLM's ``weight_transfer_config`` (in process: ``engine_kwargs=
+{"weight_transfer_config": {"backend": "nccl"}}`` or ``"ipc"``; a server process,
+:class:`~relayrl.rollout.vllm_server.VllmServerEngine`: ``weight_transfer="ipc"``), then
+``engine.weight_sync = GpuWeightSync(engine, trainer_model, init_info)`` (``attach`` does
+both steps' second half for a server: CUDA IPC when the trainer's GPU is the server's, else
+NCCL); a server is driven over its RL API (vLLM's ``HTTPVLLMWeightSyncClient``), so sender
+and receiver are different processes. From then on
 ``engine.update_weights(state, version, interrupt)`` keeps its contract (versions, interrupt
 modes, deferral) and moves the weights with ``send_weights()`` (the trainer module's current
 parameters; ``state`` is checked but not copied).
@@ -58,7 +62,13 @@ class GpuWeightSync:
     def __init__(self, engine: Any, model: torch.nn.Module, init_info: Any) -> None:
         from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
 
-        self.client = _InProcessClient(engine.llm)
+        server = getattr(engine, "server", None)
+        if server is not None:  # a VllmServerEngine: over its RL API
+            from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+
+            self.client: Any = HTTPVLLMWeightSyncClient(server.url)
+        else:
+            self.client = _InProcessClient(engine.llm)
         self.trainer = WeightTransferTrainerFactory.trainer_init(
             init_info, client=self.client, source=ModuleSource(model)
         )
@@ -69,3 +79,24 @@ class GpuWeightSync:
 
     def close(self) -> None:
         self.trainer.shutdown()
+
+
+def attach(engine: Any, model: torch.nn.Module, backend: str) -> GpuWeightSync:
+    """Wire ``engine`` (a server started with ``weight_transfer=backend``) to push ``model``'s
+    parameters: ``ipc`` (same GPU, CUDA IPC handles opened by the server process) or ``nccl``
+    (a 2-rank group: this process sends as rank 0)."""
+    if backend == "ipc":
+        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+
+        info: Any = IPCTrainerInitInfo()
+    else:
+        import socket
+
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        info = NCCLTrainerInitInfo(master_address="127.0.0.1", master_port=port, world_size=2)
+    engine.weight_sync = GpuWeightSync(engine, model, info)
+    return engine.weight_sync

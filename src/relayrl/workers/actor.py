@@ -10,8 +10,10 @@ import torch
 from torch import Tensor
 
 from relayrl.algos import POLICY_LOSSES, LossNorm, aggregate_loss, kl_penalty
+from relayrl.algos.masked import deferred_stats
 from relayrl.config import AlgoConfig, OptimConfig, RunConfig
 from relayrl.model import forward_logprobs
+from relayrl.model.device import model_device
 from relayrl.model.loading import has_train_dropout
 from relayrl.model.lora import is_lora
 from relayrl.workers.experience import Experience
@@ -45,12 +47,14 @@ class ReferenceWorker:
     def compute_logprobs(self, exp: Experience) -> Tensor:
         was_training = self.model.training
         self.model.eval()
+        dev = model_device(self.model)  # logprobs stay there until the whole batch is done
         parts = [
-            (idx, forward_logprobs(self.model, mb.batch, self.temperature)[0])
+            (idx, forward_logprobs(self.model, mb.to(dev).batch, self.temperature)[0])
             for idx, mb in exp.micro_batches(self.micro_batch_size, self.micro_batch_tokens)
         ]
         self.model.train(was_training)
-        return exp.scatter_tokens(parts) * exp.response_mask
+        home = exp.response_mask.device
+        return exp.scatter_tokens(parts).to(home) * exp.response_mask  # one transfer
 
 
 class ActorWorker(TrainState, ReferenceWorker):
@@ -120,41 +124,59 @@ class ActorWorker(TrainState, ReferenceWorker):
                 old = self.compute_logprobs(exp)
                 exp = replace(exp, tensors={**exp.tensors, "old_logprobs": old})
         self.model.train()
-        sums: dict[str, float] = defaultdict(float)
-        weights: dict[str, float] = defaultdict(float)
+        # Statistics stay on the model's device as tensors and reach the host once, at the end
+        # (no device -> host sync per micro-batch or mini-batch); the Experience is cut into
+        # mini- and micro-batches on the host and each micro-batch moves to the device whole.
+        dev = model_device(self.model)
+        sums: dict[str, Any] = defaultdict(float)
+        weights: dict[str, Any] = defaultdict(float)
         n_opt = 0
-        for _ in range(a.epochs):
-            for mini in exp.shuffled_splits(a.mini_batches, self.generator):
-                norm = self._loss_norm(mini)  # counts every row, trained or skipped
-                self.optimizer.zero_grad(set_to_none=True)
-                mini_loss = 0.0
-                trained = self._rows_with_gradient(mini)
-                sums["zero_adv_skipped_frac"] += 1.0 - len(trained) / max(len(mini), 1)
-                weights["zero_adv_skipped_frac"] += 1.0
-                if not len(trained):  # a zero gradient still moves Adam's moments
-                    for p in self.model.parameters():
-                        if p.requires_grad:
-                            p.grad = torch.zeros_like(p)
-                else:
-                    for _, micro in trained.micro_batches(a.micro_batch_size, a.micro_batch_tokens):
-                        stats = self._micro_step(micro, norm)
-                        mini_loss += stats.pop("_loss")  # partial losses add up to the mini loss
-                        tokens = float(micro.response_mask.sum())
-                        for k, v in stats.items():
-                            sums[k] += v * tokens
-                            weights[k] += tokens
-                sums["loss"] += mini_loss
-                weights["loss"] += 1.0
-                grad_norm = self._clip_and_step()
-                sums["grad_norm"] += grad_norm
-                weights["grad_norm"] += 1.0
-                n_opt += 1
-        out = {f"actor/{k}": sums[k] / max(weights[k], 1e-12) for k in sums}
+        with deferred_stats():
+            for _ in range(a.epochs):
+                for mini in self._mini_batches(exp):
+                    n_opt += 1
+                    self._train_mini(mini, dev, sums, weights)
+        keys = list(sums)
+        values = torch.stack(
+            [torch.as_tensor(sums[k], dtype=torch.float64, device=dev) for k in keys]
+            + [torch.as_tensor(weights[k], dtype=torch.float64, device=dev) for k in keys]
+        ).tolist()  # the one host transfer of the step
+        pairs = zip(keys, values[: len(keys)], values[len(keys) :], strict=True)
+        out = {f"actor/{k}": v / max(w, 1e-12) for k, v, w in pairs}
         out["actor/lr"] = self.scheduler.get_last_lr()[0]
         out["actor/optimizer_steps"] = float(n_opt)
         return out
 
-    def _micro_step(self, micro: Experience, norm: LossNorm) -> dict[str, float]:
+    def _train_mini(
+        self, mini: Experience, dev: torch.device, sums: dict[str, Any], weights: dict[str, Any]
+    ) -> None:
+        """One optimizer step on ``mini``; its statistics added to ``sums`` / ``weights``
+        (device tensors or floats)."""
+        a = self.algo
+        norm = self._loss_norm(mini)  # counts every row, trained or skipped
+        self.optimizer.zero_grad(set_to_none=True)
+        mini_loss: Any = 0.0
+        trained = self._rows_with_gradient(mini)
+        sums["zero_adv_skipped_frac"] += 1.0 - len(trained) / max(len(mini), 1)
+        weights["zero_adv_skipped_frac"] += 1.0
+        if not len(trained):  # a zero gradient still moves Adam's moments
+            for p in self.model.parameters():
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+        else:
+            for _, micro in trained.micro_batches(a.micro_batch_size, a.micro_batch_tokens):
+                stats = self._micro_step(micro.to(dev), norm)
+                mini_loss = mini_loss + stats.pop("_loss")  # partial losses add up
+                tokens = stats.pop("_tokens")
+                for k, v in stats.items():
+                    sums[k] = sums[k] + v * tokens
+                    weights[k] = weights[k] + tokens
+        sums["loss"] = sums["loss"] + mini_loss
+        weights["loss"] += 1.0
+        sums["grad_norm"] = sums["grad_norm"] + self._clip_and_step()
+        weights["grad_norm"] += 1.0
+
+    def _micro_step(self, micro: Experience, norm: LossNorm) -> dict[str, Any]:
         a = self.algo
         mask = micro.response_mask
         logp, ent = forward_logprobs(self.model, micro.batch, self.temperature, with_entropy=True)
@@ -200,19 +222,20 @@ class ActorWorker(TrainState, ReferenceWorker):
             kl = kl_penalty(logp, micro["ref_logprobs"], a.kl_kind)
             kl_loss = aggregate_loss(kl, mask, norm)
             loss = loss + a.kl_coef * kl_loss
-            stats["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
+            stats["kl"] = (kl.detach() * mask).sum() / mask.sum().clamp(min=1)
         distill = a.distill
         if distill.mode == "loss" and "teacher_logprobs" in micro:
             # k2 = 0.5 (log pi - log pi_teacher)^2: its on-policy gradient is the reverse KL's
             d2 = kl_penalty(logp, micro["teacher_logprobs"], "k2", mask)
             loss = loss + distill.coef * aggregate_loss(d2, mask, norm)
         assert ent is not None
-        ent_mean = float((ent.detach() * mask).sum() / mask.sum().clamp(min=1))
+        ent_mean = (ent.detach() * mask).sum() / mask.sum().clamp(min=1)
         if a.entropy_coef != 0:
             loss = loss - a.entropy_coef * aggregate_loss(ent, mask, norm)
         stats["entropy"] = ent_mean
         loss.backward()
-        stats["_loss"] = float(loss.detach())
+        stats["_loss"] = loss.detach()
+        stats["_tokens"] = mask.sum()
         return stats
 
     def _rows_with_gradient(self, mini: Experience) -> Experience:
@@ -238,6 +261,10 @@ class ActorWorker(TrainState, ReferenceWorker):
         """One optimizer step per training step (epochs = mini_batches = 1)."""
         return self.algo.epochs == 1 and self.algo.mini_batches == 1
 
+    def _mini_batches(self, exp: Experience) -> list[Experience]:
+        """This epoch's mini-batches (a data-parallel rank: its part of the global ones)."""
+        return exp.shuffled_splits(self.algo.mini_batches, self.generator)
+
     def _loss_norm(self, mini: Experience) -> LossNorm:
         """The step-global normaliser (a data-parallel actor sums the counts over ranks)."""
         a = self.algo
@@ -247,11 +274,12 @@ class ActorWorker(TrainState, ReferenceWorker):
     def _reduce_gradients(self) -> None:
         """Hook before clipping: a data-parallel actor all-reduces gradients here."""
 
-    def _clip_and_step(self) -> float:
+    def _clip_and_step(self) -> Tensor:
+        """Reduce, clip, step; the gradient norm before clipping (a device tensor)."""
         self._reduce_gradients()
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).detach()
         self.optimizer.step()
         self.scheduler.step()
         return grad_norm

@@ -52,7 +52,7 @@ class CriticWorker(TrainState):
         n_mini = 0
         total_loss = 0.0
         for _ in range(a.epochs):
-            for mini in exp.shuffled_splits(a.mini_batches, self.generator):
+            for mini in self._mini_batches(exp):
                 norm = self._loss_norm(mini)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss_sum = 0.0
@@ -82,6 +82,10 @@ class CriticWorker(TrainState):
         out = {f"critic/{k}": v / max(count, 1e-12) for k, v in sums.items()}
         out["critic/vf_loss"] = total_loss / max(n_mini, 1)
         return out
+
+    def _mini_batches(self, exp: Experience) -> list[Experience]:
+        """This epoch's mini-batches (a data-parallel rank: its part of the global ones)."""
+        return exp.shuffled_splits(self.algo.mini_batches, self.generator)
 
     def _loss_norm(self, mini: Experience) -> LossNorm:
         """The step-global normaliser (a data-parallel critic sums the counts over ranks)."""

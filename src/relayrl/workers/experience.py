@@ -89,6 +89,21 @@ class Experience:
             self.batch.select(idx), {k: v[idx] for k, v in self.tensors.items()}, samples
         )
 
+    def to(self, device: torch.device) -> Experience:
+        """The batch and every tensor on ``device`` (itself when already there)."""
+        if self.batch.input_ids.device == device:
+            return self
+        b = self.batch
+        batch = TokenBatch(
+            b.input_ids.to(device),
+            b.attention_mask.to(device),
+            b.position_ids.to(device),
+            b.prompt_width,
+            b.response_ids.to(device),
+            b.response_mask.to(device),
+        )
+        return Experience(batch, {k: v.to(device) for k, v in self.tensors.items()}, self.samples)
+
     def micro_batches(
         self, max_seqs: int, max_tokens: int | None = None
     ) -> Iterator[tuple[Tensor, Experience]]:
@@ -147,16 +162,36 @@ class Experience:
 
     def scatter_tokens(self, parts: Sequence[tuple[Tensor, Tensor]]) -> Tensor:
         """Reassemble per-token outputs of ``micro_batches`` into one [B, R] tensor (zeros past
-        each part's width)."""
-        out = torch.zeros(self.response_mask.shape, dtype=parts[0][1].dtype)
+        each part's width) on the parts' device."""
+        # on the parts' device (the model's): one transfer for the whole batch, not one per part
+        first = parts[0][1]
+        out = torch.zeros(self.response_mask.shape, dtype=first.dtype, device=first.device)
         for idx, values in parts:
             out[idx, : values.shape[1]] = values
         return out
 
-    def shuffled_splits(self, n: int, generator: torch.Generator) -> list[Experience]:
-        """A random permutation cut into ``n`` near-equal mini-batches."""
-        perm = torch.randperm(len(self), generator=generator)
-        return [self.select(part) for part in perm.tensor_split(n) if len(part) > 0]
+    def shuffled_splits(
+        self, n: int, generator: torch.Generator, offset: int = 0, total: int | None = None
+    ) -> list[Experience]:
+        """A random permutation of the global batch cut into ``n`` near-equal mini-batches,
+        each restricted to this part of it.
+
+        One process: ``self`` is the global batch (``offset`` 0, ``total`` its length). A
+        data-parallel rank: ``self`` is rows ``offset .. offset + len(self)`` of a global
+        batch of ``total`` rows; every rank draws the same permutation (same generator
+        state), so the union over ranks of their i-th parts is exactly the i-th mini-batch
+        of one process (world-size invariance for every ``n``). A rank's part may be empty;
+        it still takes the step (its gradient is zero, the collectives are joined).
+        """
+        total = len(self) if total is None else total
+        perm = torch.randperm(total, generator=generator)
+        out = []
+        for part in perm.tensor_split(n):
+            if len(part) == 0:
+                continue
+            mine = part[(part >= offset) & (part < offset + len(self))] - offset
+            out.append(self.select(mine))
+        return out
 
     def meta(self) -> dict[str, Any]:
         """Length stats in real tokens; with observation tokens in the batch also the trained

@@ -133,9 +133,9 @@ def _count_micro(exp: Experience, size: int, tokens: int | None) -> int:
     return sum(1 for _ in exp.micro_batches(size, tokens)) if len(exp) else 0
 
 
-def _to_float(norm: Tensor) -> float:
+def _full(norm: Tensor) -> Tensor:
     full = getattr(norm, "full_tensor", None)
-    return float(full() if full is not None else norm)
+    return full() if full is not None else norm
 
 
 def iter_full_tensors(
@@ -300,11 +300,11 @@ class FsdpActorWorker(ShardedCheckpointing, DataParallelActorWorker):
     def _reduce_gradients(self) -> None:
         self.padder.pad(backward=True)  # FSDP reduce-scattered in each backward
 
-    def _clip_and_step(self) -> float:
+    def _clip_and_step(self) -> Tensor:
         self._reduce_gradients()
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
-        grad_norm = _to_float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        grad_norm = _full(torch.nn.utils.clip_grad_norm_(params, max_norm)).detach()
         self.optimizer.step()
         self.scheduler.step()
         return grad_norm

