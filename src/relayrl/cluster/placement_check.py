@@ -110,13 +110,13 @@ def fit_problems(
     for n in names:
         pool = cfg.ray.pools[n]
         scale = pool.bundles if pool.strategy == "STRICT_PACK" else 1
-        need = {r: v * scale for r, v in _demand(cfg, n).items() if v > 0}
+        bundle = {r: v * scale for r, v in _demand(cfg, n).items() if v > 0}
         if nodes and not any(
-            all(float(node.get(r, 0.0)) + 1e-9 >= v for r, v in need.items()) for node in nodes
+            all(float(node.get(r, 0.0)) + 1e-9 >= v for r, v in bundle.items()) for node in nodes
         ):
             what = "its bundles together (STRICT_PACK)" if scale > 1 else "one bundle"
             out.append(
-                f"ray.pools.{n}: {what} needs {need} and no node has that much "
+                f"ray.pools.{n}: {what} needs {bundle} and no node has that much "
                 f"(largest: {max(nodes, key=lambda x: x.get('GPU', 0) + x.get('CPU', 0))})"
             )
     return out

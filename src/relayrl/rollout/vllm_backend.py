@@ -47,23 +47,15 @@ import itertools
 import os
 import random
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from relayrl.rollout.engine import (
-    InvalidRequestError,
-    RolloutEngine,
-    _error_sample,
-    run_until_done,
-)
-from relayrl.rollout.sampler import _splitmix64
-from relayrl.rollout.scheduler import Sequence
-from relayrl.rollout.types import EngineReport, FinishReason, GenerationRequest, Sample
+from relayrl.rollout.types import FinishReason, Sample
+from relayrl.rollout.vllm_frontend import LiveRequest, VllmFrontend, model_shapes, next_submission
 from relayrl.rollout.vllm_server_process import SUPPORTED_HEAD_SIZES
 
 InterruptMode = Literal["reprefill", "keep_kv"]
@@ -97,21 +89,7 @@ def vllm_environment(cache_root: str | Path | None = None) -> dict[str, str]:
     return out
 
 
-@dataclass
-class _Live:
-    """A submitted request and what vLLM produced for it so far."""
-
-    seq: Sequence  # validated request, normalised sampling settings, clipped max_tokens
-    vllm_id: str = ""
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    kv_kept_at: list[int] = field(default_factory=list)
-    num_interrupts: int = 0
-    submissions: int = 0
-
-
-class VllmEngine:
+class VllmEngine(VllmFrontend):
     """vLLM ``LLMEngine`` with the rollout interface, per-token versions and interrupts.
 
     Args:
@@ -143,7 +121,7 @@ class VllmEngine:
         urgent_steps: int = 0,
         engine_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig
 
         vllm_environment()  # before vLLM is imported
         try:
@@ -173,15 +151,10 @@ class VllmEngine:
                 f"{model_path}: head size {head} is not supported by vLLM's CPU attention "
                 f"(supported: {list(SUPPORTED_HEAD_SIZES)}); use rollout.backend=own"
             )
-        with torch.device("meta"):
-            meta = AutoModelForCausalLM.from_config(config)
-        self._shapes = {k: tuple(v.shape) for k, v in meta.state_dict().items()}
         # the validation code of the built-in engine reads these five attributes
-        self.input_vocab = int(meta.get_input_embeddings().num_embeddings)
-        self.output_vocab = int(meta.get_output_embeddings().out_features)
+        self._shapes, self.input_vocab, self.output_vocab = model_shapes(config)
         self.max_model_len = max_model_len
         self._seed_rng = random.Random(seed)
-        del meta
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.max_slots = max_slots
@@ -189,7 +162,7 @@ class VllmEngine:
         self._loaded_version = version  # the version of the weights vLLM holds now
         self.interrupt_mode: InterruptMode = interrupt_mode
         self.urgent_steps = urgent_steps
-        self._live: dict[int, _Live] = {}
+        self._live: dict[int, LiveRequest] = {}
         self._by_vllm_id: dict[str, int] = {}
         self._held: list[int] = []  # submitted while a no-interrupt update waits
         self._deferred: tuple[dict[str, Tensor], int] | None = None
@@ -237,51 +210,16 @@ class VllmEngine:
         )
 
     # ------------------------------------------------------------------ requests
-    def submit(self, request: GenerationRequest) -> int:
-        """Queue a request; returns its id. Raises InvalidRequestError on bad input."""
-        rid = next(self._ids)
-        self._register(rid, request)
-        return rid
-
-    def submit_many(self, requests: Iterable[GenerationRequest]) -> list[int]:
-        return [self.submit(r) for r in requests]
-
-    def _register(self, rid: int, request: GenerationRequest) -> None:
-        seq = RolloutEngine._make_sequence(self, rid, request)  # type: ignore[arg-type]
-        self._live[rid] = live = _Live(seq)
-        self._stats["requests_submitted"] += 1
-        if self._deferred is not None:
-            self._held.append(rid)
-        else:
-            self._add_to_vllm(live)
-
-    def _add_to_vllm(self, live: _Live) -> None:
+    def _send(self, live: LiveRequest) -> None:
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        s, seq = live.seq.settings, live.seq
-        n = len(live.tokens)
-        stop = set(seq.stop_ids) | ({self.eos_token_id} if seq.stop_on_eos else set())
-        # a resubmission continues the request's random stream at a fresh seed
-        seed = s.seed if n == 0 else _splitmix64(s.seed ^ (n * 0x9E3779B97F4A7C15))
+        prompt, fields = next_submission(live, self.eos_token_id)
         params = VSamplingParams(
-            n=1,
-            temperature=0.0 if s.greedy else s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            max_tokens=seq.max_tokens - n,
-            seed=seed & 0x7FFFFFFFFFFFFFFF,
-            stop_token_ids=sorted(stop),
-            ignore_eos=True,  # EOS is in stop_token_ids when it ends the request
-            logprobs=0,
-            output_kind=RequestOutputKind.DELTA,
-            detokenize=False,
+            **fields, top_k=live.seq.settings.top_k, output_kind=RequestOutputKind.DELTA
         )
-        live.vllm_id = f"{seq.request_id}.{live.submissions}"
-        live.submissions += 1
-        self._by_vllm_id[live.vllm_id] = seq.request_id
-        prompt = seq.tokens[: seq.prompt_len] + live.tokens
+        self._by_vllm_id[live.vllm_id] = live.seq.request_id
         self._stats["prefill_tokens"] += len(prompt)
         self.llm.add_request(live.vllm_id, TokensPrompt(prompt_token_ids=prompt), params)
 
@@ -300,13 +238,7 @@ class VllmEngine:
         self._stats["requests_aborted"] += 1
         return True
 
-    def prioritize(self, group_ids: Iterable[int]) -> None:
-        """Accepted for interface parity; vLLM cannot re-prioritise running requests."""
-
     # ------------------------------------------------------------------ running
-    def has_unfinished(self) -> bool:
-        return bool(self._live) or bool(self._finished)
-
     def _in_vllm(self) -> int:
         return len(self._live) - len(self._held)
 
@@ -344,7 +276,7 @@ class VllmEngine:
                 self._stats["requests_finished"] += 1
         return out
 
-    def _finish_reason(self, live: _Live, vllm_reason: str | None) -> FinishReason:
+    def _finish_reason(self, live: LiveRequest, vllm_reason: str | None) -> FinishReason:
         last = live.tokens[-1] if live.tokens else None
         if vllm_reason == "stop":
             if last == self.eos_token_id and live.seq.stop_on_eos:
@@ -353,30 +285,6 @@ class VllmEngine:
         if vllm_reason == "length":
             return "length"
         return "abort"
-
-    def drain(self) -> list[Sample]:
-        out: list[Sample] = []
-        while self.has_unfinished():
-            out.extend(self.step())
-        return out
-
-    def iter_finished(self) -> Iterator[Sample]:
-        while self.has_unfinished():
-            yield from self.step()
-
-    def generate(self, requests: list[GenerationRequest]) -> list[Sample]:
-        """Run ``requests`` to completion; samples in request order (a bad request yields an
-        ``'abort'`` sample with ``error`` set in its place), as the built-in engine."""
-        results: dict[int, Sample] = {}
-        order: list[int] = []
-        for req in requests:
-            rid = next(self._ids)
-            try:
-                self._register(rid, req)
-            except InvalidRequestError as e:
-                results[rid] = _error_sample(rid, req, str(e))
-            order.append(rid)
-        return run_until_done(self.step, order, results, self._finished)
 
     # ------------------------------------------------------------------ weights
     def update_weights(
@@ -387,12 +295,7 @@ class VllmEngine:
         strict: bool = True,
     ) -> None:
         """Load new weights as version ``version`` (see the module doc for both modes)."""
-        if version == self.version:
-            raise ValueError(f"weights are already version {version}")
-        state = dict(state_dict)
-        self._check_state_dict(state, strict)
-        self._stats["weight_updates"] += 1
-        self.version = version
+        state = self._begin_update(state_dict, version, strict)
         if not interrupt and self._in_vllm() > 0:
             # in-flight requests finish on the old weights; keep a private copy until then
             self._deferred = ({k: v.detach().clone() for k, v in state.items()}, version)
@@ -412,7 +315,7 @@ class VllmEngine:
             live.num_interrupts += int(interrupt)
         if interrupt and self.interrupt_mode == "reprefill":
             for live in in_flight:
-                self._add_to_vllm(live)
+                self._send(live)
         elif interrupt:  # keep_kv: say so on the sample
             for live in started:
                 live.kv_kept_at.append(len(live.tokens))
@@ -428,9 +331,8 @@ class VllmEngine:
         self._release_held()
 
     def _release_held(self) -> None:
-        held, self._held = self._held, []
-        for rid in held:
-            self._add_to_vllm(self._live[rid])
+        for rid in self._take_held():
+            self._send(self._live[rid])
 
     def load_weights(self, state_dict: Mapping[str, Tensor]) -> float:
         """Copy HF-named weights into vLLM's model in memory; returns the seconds it took.
@@ -448,21 +350,6 @@ class VllmEngine:
         dt = time.perf_counter() - t0
         self._stats["weight_update_time_s"] += dt
         return dt
-
-    def _check_state_dict(self, state: dict[str, Tensor], strict: bool) -> None:
-        unexpected = sorted(set(state) - set(self._shapes))
-        missing = sorted(set(self._shapes) - set(state))
-        if strict and (unexpected or missing):
-            raise ValueError(
-                f"state_dict does not match the model: unexpected keys {unexpected[:5]}, "
-                f"missing keys {missing[:5]}"
-            )
-        for name, tensor in state.items():
-            if name in self._shapes and tuple(tensor.shape) != self._shapes[name]:
-                raise ValueError(
-                    f"state_dict[{name!r}] has shape {tuple(tensor.shape)}, "
-                    f"the model expects {self._shapes[name]}"
-                )
 
     # ------------------------------------------------------------------ reporting
     def stats(self) -> dict[str, Any]:
@@ -484,26 +371,6 @@ class VllmEngine:
         st["version"] = self.version
         st["weight_copies"] = 1 + int(self._deferred is not None)
         return st
-
-    def report(self) -> EngineReport:
-        return EngineReport(self.stats())
-
-    def _to_sample(self, live: _Live, reason: FinishReason) -> Sample:
-        seq, req = live.seq, live.seq.request
-        meta = dict(req.metadata)
-        if live.kv_kept_at:
-            meta["kv_kept_at"] = list(live.kv_kept_at)
-        return Sample(
-            request_id=seq.request_id,
-            prompt_ids=seq.tokens[: seq.prompt_len],
-            response_ids=live.tokens,
-            behaviour_logprobs=live.logprobs,
-            versions=live.versions,
-            finish_reason=reason,
-            group_id=req.group_id,
-            metadata=meta,
-            num_interrupts=live.num_interrupts,
-        )
 
     def close(self) -> None:
         """Shut vLLM's engine down (frees its KV cache)."""

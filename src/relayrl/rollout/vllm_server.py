@@ -41,19 +41,15 @@ import os
 import random
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from relayrl.rollout.engine import InvalidRequestError, RolloutEngine, _error_sample, run_until_done
-from relayrl.rollout.sampler import _splitmix64
-from relayrl.rollout.scheduler import Sequence
-from relayrl.rollout.types import EngineReport, FinishReason, GenerationRequest, Sample
+from relayrl.rollout.types import FinishReason, Sample
+from relayrl.rollout.vllm_frontend import LiveRequest, VllmFrontend, model_shapes, next_submission
 from relayrl.rollout.vllm_server_process import (
     VllmServer,
     check_head_size,
@@ -66,19 +62,7 @@ from relayrl.rollout.vllm_server_process import (
 SHM = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 
 
-@dataclass
-class _Live:
-    seq: Sequence
-    vllm_id: str = ""
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    num_interrupts: int = 0
-    submissions: int = 0
-    aborted: bool = False
-
-
-class VllmServerEngine:
+class VllmServerEngine(VllmFrontend):
     """The rollout interface over a vLLM server process (see the module doc).
 
     Args: as :class:`~relayrl.rollout.vllm_backend.VllmEngine`, plus ``device`` (``cpu`` or
@@ -106,17 +90,12 @@ class VllmServerEngine:
         startup_timeout_s: float = 600.0,
         urgent_steps: int = 0,  # accepted for parity (the server schedules on its own)
     ) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig
 
         check_head_size(str(model_path), device)
         config = AutoConfig.from_pretrained(str(model_path))
         self.max_model_len = int(max_model_len or config.max_position_embeddings)
-        with torch.device("meta"):
-            meta = AutoModelForCausalLM.from_config(config)
-        self._shapes = {k: tuple(v.shape) for k, v in meta.state_dict().items()}
-        self.input_vocab = int(meta.get_input_embeddings().num_embeddings)
-        self.output_vocab = int(meta.get_output_embeddings().out_features)
-        del meta
+        self._shapes, self.input_vocab, self.output_vocab = model_shapes(config)
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
         self.max_slots = max_slots
         self.version = version  # the newest weights' version (what callers see)
@@ -125,7 +104,7 @@ class VllmServerEngine:
         self.device = device
         self.weight_sync: Any = None  # GPU: vllm_gpu_sync.GpuWeightSync over this server
         self._config_json = Path(model_path) / "config.json"
-        self._live: dict[int, _Live] = {}
+        self._live: dict[int, LiveRequest] = {}
         self._calls: dict[Future[Any], int] = {}
         self._held: list[int] = []
         self._deferred: tuple[dict[str, Tensor], int] | None = None
@@ -175,50 +154,18 @@ class VllmServerEngine:
             self.load_weights(state_dict)
 
     # ------------------------------------------------------------------ requests
-    def submit(self, request: GenerationRequest) -> int:
-        rid = next(self._ids)
-        self._register(rid, request)
-        return rid
-
-    def submit_many(self, requests: Iterable[GenerationRequest]) -> list[int]:
-        return [self.submit(r) for r in requests]
-
-    def _register(self, rid: int, request: GenerationRequest) -> None:
-        seq = RolloutEngine._make_sequence(self, rid, request)  # type: ignore[arg-type]
-        self._live[rid] = live = _Live(seq)
-        self._stats["requests_submitted"] += 1
-        if self._deferred is not None:
-            self._held.append(rid)
-        else:
-            self._send(rid, live)
-
-    def _send(self, rid: int, live: _Live) -> None:
-        s, seq = live.seq.settings, live.seq
-        n = len(live.tokens)
-        stop = set(seq.stop_ids) | ({self.eos_token_id} if seq.stop_on_eos else set())
-        seed = s.seed if n == 0 else _splitmix64(s.seed ^ (n * 0x9E3779B97F4A7C15))
-        live.vllm_id = f"{seq.request_id}.{live.submissions}"
-        live.submissions += 1
-        prompt = seq.tokens[: seq.prompt_len] + live.tokens
+    def _send(self, live: LiveRequest) -> None:
+        prompt, fields = next_submission(live, self.eos_token_id)
+        top_k = live.seq.settings.top_k
         self._stats["prefill_tokens"] += len(prompt)
         self._stats["calls"] += 1
         body = {
             "request_id": live.vllm_id,
             "token_ids": prompt,
-            "sampling_params": {
-                "n": 1,
-                "temperature": 0.0 if s.greedy else s.temperature,
-                "top_p": s.top_p,
-                "top_k": s.top_k if s.top_k > 0 else -1,
-                "max_tokens": seq.max_tokens - n,
-                "seed": seed & 0x7FFFFFFFFFFFFFFF,
-                "stop_token_ids": sorted(stop),
-                "ignore_eos": True,
-                "logprobs": 0,
-                "detokenize": False,
-            },
+            "sampling_params": {**fields, "top_k": top_k if top_k > 0 else -1},
         }
-        self._calls[self._pool.submit(self.server.call, "/inference/v1/generate", body)] = rid
+        call = self._pool.submit(self.server.call, "/inference/v1/generate", body)
+        self._calls[call] = live.seq.request_id
 
     def abort(self, request_id: int) -> bool:
         """Stop a request; its sample (``'abort'``, tokens so far) comes out of a later
@@ -236,13 +183,7 @@ class VllmServerEngine:
             self.server.call("/abort_requests", {"request_ids": [external_id(live.vllm_id)]})
         return True
 
-    def prioritize(self, group_ids: Iterable[int]) -> None:
-        """Accepted for interface parity; vLLM cannot re-prioritise running requests."""
-
     # ------------------------------------------------------------------ running
-    def has_unfinished(self) -> bool:
-        return bool(self._live) or bool(self._finished)
-
     def step(self, timeout: float | None = 0.05) -> list[Sample]:
         """Wait for at least one call to answer (at most ``timeout`` s, so a caller's loop
         stays responsive); returns the samples that finished (and any aborted since)."""
@@ -281,37 +222,13 @@ class VllmServerEngine:
             self._stats["requests_finished"] += int(not live.aborted)
         return str(reason)
 
-    def _finish_reason(self, live: _Live, reason: str | None) -> FinishReason:
+    def _finish_reason(self, live: LiveRequest, reason: str | None) -> FinishReason:
         if live.aborted:
             return "abort"
         if reason == "stop":
             last = live.tokens[-1] if live.tokens else None
             return "eos" if last == self.eos_token_id and live.seq.stop_on_eos else "stop"
         return "length" if reason == "length" else "abort"
-
-    def drain(self) -> list[Sample]:
-        out: list[Sample] = []
-        while self.has_unfinished():
-            out.extend(self.step())
-        return out
-
-    def iter_finished(self) -> Iterator[Sample]:
-        while self.has_unfinished():
-            yield from self.step()
-
-    def generate(self, requests: list[GenerationRequest]) -> list[Sample]:
-        """Run ``requests`` to completion; samples in request order (a bad request: an
-        ``'abort'`` sample with ``error`` set), as the other engines."""
-        results: dict[int, Sample] = {}
-        order: list[int] = []
-        for req in requests:
-            rid = next(self._ids)
-            try:
-                self._register(rid, req)
-            except InvalidRequestError as e:
-                results[rid] = _error_sample(rid, req, str(e))
-            order.append(rid)
-        return run_until_done(self.step, order, results, self._finished)
 
     # ------------------------------------------------------------------ weights
     def update_weights(
@@ -322,12 +239,7 @@ class VllmServerEngine:
         strict: bool = True,
     ) -> None:
         """New weights as version ``version`` (interrupting or not: see the module doc)."""
-        if version == self.version:
-            raise ValueError(f"weights are already version {version}")
-        state = dict(state_dict)
-        self._check_state_dict(state, strict)
-        self._stats["weight_updates"] += 1
-        self.version = version
+        state = self._begin_update(state_dict, version, strict)
         if not interrupt and self._calls:
             self._deferred = ({k: v.detach().clone() for k, v in state.items()}, version)
             return
@@ -348,7 +260,7 @@ class VllmServerEngine:
         else:
             self._load(state, version)
         for rid in resend + self._take_held():
-            self._send(rid, self._live[rid])
+            self._send(self._live[rid])
 
     def _abort_in_flight(self) -> None:
         """Until every call has answered: abort the ones still open. A call whose request
@@ -362,17 +274,13 @@ class VllmServerEngine:
             self.server.call("/abort_requests", {"request_ids": ids})
             wait(open_calls, timeout=0.5)
 
-    def _take_held(self) -> list[int]:
-        held, self._held = self._held, []
-        return held
-
     def _apply_deferred(self) -> None:
         assert self._deferred is not None
         state, version = self._deferred
         self._deferred = None
         self._load(state, version)
         for rid in self._take_held():
-            self._send(rid, self._live[rid])
+            self._send(self._live[rid])
 
     def _load(self, state: Mapping[str, Tensor], version: int) -> None:
         self.load_weights(state)
@@ -411,21 +319,6 @@ class VllmServerEngine:
     def server_version(self) -> int:
         return int(self.server.call("/weight_info", get=True)["weight_version"])
 
-    def _check_state_dict(self, state: dict[str, Tensor], strict: bool) -> None:
-        unexpected = sorted(set(state) - set(self._shapes))
-        missing = sorted(set(self._shapes) - set(state))
-        if strict and (unexpected or missing):
-            raise ValueError(
-                f"state_dict does not match the model: unexpected keys {unexpected[:5]}, "
-                f"missing keys {missing[:5]}"
-            )
-        for name, tensor in state.items():
-            if name in self._shapes and tuple(tensor.shape) != self._shapes[name]:
-                raise ValueError(
-                    f"state_dict[{name!r}] has shape {tuple(tensor.shape)}, "
-                    f"the model expects {self._shapes[name]}"
-                )
-
     # ------------------------------------------------------------------ reporting
     def stats(self) -> dict[str, Any]:
         """The other engines' keys (``steps``: the waits on the server; its busy time is
@@ -446,23 +339,6 @@ class VllmServerEngine:
         st["version"] = self.version
         st["weight_copies"] = 1 + int(self._deferred is not None)
         return st
-
-    def report(self) -> EngineReport:
-        return EngineReport(self.stats())
-
-    def _to_sample(self, live: _Live, reason: FinishReason) -> Sample:
-        seq, req = live.seq, live.seq.request
-        return Sample(
-            request_id=seq.request_id,
-            prompt_ids=seq.tokens[: seq.prompt_len],
-            response_ids=live.tokens,
-            behaviour_logprobs=live.logprobs,
-            versions=live.versions,
-            finish_reason=reason,
-            group_id=req.group_id,
-            metadata=dict(req.metadata),
-            num_interrupts=live.num_interrupts,
-        )
 
     def close(self) -> None:
         """Stop the server process and free its shared-memory weights."""
