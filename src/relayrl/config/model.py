@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from relayrl.config.base import (
-    Fraction,
-    _Strict,
-)
+from relayrl.config.base import Fraction, KeyProblem, _Strict
 
 
 class LoraConfig(_Strict):
@@ -25,6 +22,10 @@ class LoraConfig(_Strict):
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1
     )
     """Module names (suffixes) that get adapters, as ``peft.LoraConfig.target_modules``."""
+    save_merged: bool = False
+    """Also write each checkpoint's actor as base + merged adapters, a plain Hugging Face
+    directory ``actor_merged/`` beside the adapter (``from_pretrained`` / vLLM load it with no
+    peft). Not with ``model.fsdp.enabled`` (the adapters are sharded there)."""
 
 
 class FsdpConfig(_Strict):
@@ -64,3 +65,15 @@ class ModelConfig(_Strict):
     """LoRA adapters on the actor (null: full fine-tuning); the reference is then the actor
     with its adapters disabled (no second copy of the weights)."""
     fsdp: FsdpConfig = Field(default_factory=FsdpConfig)
+
+    @model_validator(mode="after")
+    def _merged_export(self) -> ModelConfig:
+        if self.lora is not None and self.lora.save_merged and self.fsdp.enabled:
+            raise KeyProblem(
+                "lora.save_merged",
+                True,
+                "needs the whole actor in one process; with model.fsdp.enabled its adapters "
+                "are sharded (merge the adapter checkpoint afterwards)",
+                related=("fsdp.enabled",),
+            )
+        return self

@@ -33,6 +33,7 @@ from relayrl.controller.background_eval import BackgroundEval
 from relayrl.controller.checkpoint import (
     load_role_state,
     load_trainer_state,
+    merged_export,
     newest_intact,
     rng_state,
     role_state,
@@ -413,6 +414,8 @@ def _save(cfg: RunConfig, roles: Roles, b: _Boundary) -> Path:
         (ckpt / "actor" / FORMAT_FILE).write_text(fmt + "\n")
 
     writers.append(write_format)
+    if cfg.model.lora is not None and cfg.model.lora.save_merged:
+        writers.append(merged_export(roles.actor.model, roles.tokenizer))
     return save_checkpoint(
         cfg.run_dir,
         b.step,
