@@ -42,4 +42,6 @@ class WeightSyncConfig(_Strict):
     ranks on one GPU are refused, docs/gpu.md."""
     timeout_s: float = Field(600.0, gt=0)
     """How long a member of the weight group waits for the others (rendezvous, each
-    broadcast) before failing."""
+    broadcast) before failing; also the bound on each request of a weight update to a vLLM
+    server process (``rollout.vllm_process``), past which the run stops naming the server
+    and the version."""
