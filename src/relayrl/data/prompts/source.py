@@ -12,8 +12,8 @@ gives; step ``s`` of ``n`` prompts takes stream positions ``s * n .. s * n + n -
 epoch's permutation is built once (O(rows)) and kept (the last ``EPOCH_CACHE`` epochs), so a
 step costs O(n) amortised, whatever the file's size.
 
-Prompts are tokenised when first drawn (``relayrl.data.prompts.tokens.RowCache``): the file's rows
-are parsed and checked at start, not tokenised, so a million rows start in seconds. The
+Prompts are tokenised when first drawn (``relayrl.data.prompts.tokens.RowCache``): the file's
+rows are parsed and checked at start, not tokenised, so a million rows start in seconds. The
 permutation is over the training rows (the non-blank rows outside the held-out split); a drawn
 row that turns out longer than ``data.max_prompt_tokens`` is counted (``skipped``) and replaced
 by a row drawn at random: redraw ``k`` = 1, 2, ... of stream position ``p`` is row
