@@ -30,7 +30,7 @@ from typing import Any
 from relayrl.config import DataConfig
 from relayrl.config.eval import EvalConfig
 from relayrl.controller.failures import infra_cause, retry_failed
-from relayrl.controller.prompts import PromptSource, TokenizedPrompt
+from relayrl.data.prompts import PromptSource, TokenizedPrompt
 from relayrl.reward import answers_equal, extract_final_answer, extract_integer_answer
 from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
 from relayrl.workers.reward import RewardWorker

@@ -44,10 +44,10 @@ from relayrl.controller.checkpoint import (
 from relayrl.controller.evaluate import held_out_metrics
 from relayrl.controller.failures import InfraBudgetExceeded
 from relayrl.controller.faults import RunFault, RunInterrupted, StepGuard, signal_name
-from relayrl.controller.prompts import PromptSource
 from relayrl.controller.run_dir import claim_run_dir, record_config
 from relayrl.controller.schedules import make_schedule
 from relayrl.data.prompt_format import FORMAT_FILE, prompt_format
+from relayrl.data.prompts import PromptSource
 from relayrl.reward import RewardFunctionError, get_reward_fn, score
 from relayrl.telemetry import MetricsLogger, StepProgress, print_summary
 from relayrl.telemetry.monitors import RunMonitor
