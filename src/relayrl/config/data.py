@@ -32,7 +32,7 @@ class ArithmeticConfig(_Strict):
 
 
 class PromptSourceConfig(_Strict):
-    """How dataset rows become prompts (``relayrl.data.sources`` / ``relayrl.data.prompting``)."""
+    """How dataset rows become prompts (``relayrl.data.prompts.read`` and ``.template``)."""
 
     prompt_key: str = "prompt"
     answer_key: str = "answer"
