@@ -69,13 +69,14 @@ if "relayrl_test_digits" not in skyrl_gym.registry:
     skyrl_gym.register(id="relayrl_test_digits", entry_point="test_env_skyrl:DigitsEnv")
 
 
-def _run(factory, replies, row, max_turns=4):
+def _run(factory, replies, row, max_turns=4, isolation="thread"):
     tok = qwen_tokenizer()
     runner = EpisodeRunner(
         ScriptedEngine(tok, replies),
         factory,
         ChatTemplateRenderer(tok),
         RunnerLimits(max_turns=max_turns, max_model_len=4096),
+        isolation=isolation,
     )
     req = GenerationRequest([1], SamplingParams(max_tokens=80), metadata=row)
     try:
@@ -148,6 +149,30 @@ def test_skyrl_gsm8k_multi_turn_turn_rewards_and_its_own_max_turns():
     assert s.metadata["env"]["turns"] == 2 and s.metadata["env"]["outcome"] == 1.0
 
 
+def test_skyrl_text2sql_in_a_worker_process(spider):
+    """``env.isolation: process``: the SkyRL env is built and stepped in a spawned worker."""
+    factory = resolve_factory(
+        "skyrl", {"env_class": "text2sql", "env_config": {"db_path": str(spider)}}
+    )
+    replies = [
+        "<sql>SELECT max(price) FROM items</sql>",
+        "<think>5</think><solution>SELECT 5</solution>",
+    ]
+    tok, s = _run(factory, replies, SQL_ROW, isolation="process")
+    env = s.metadata["env"]
+    assert env["stop_reason"] == "env_done" and env["turns"] == 2 and env["outcome"] == 1.0
+    assert "<observation> 0\n 5\n" in tok.decode(s.prompt_ids + s.response_ids)
+
+
+@pytest.mark.parametrize(("reply", "reward"), [("so #### 42", 1.0), ("#### 41", 0.0), ("42", 0.0)])
+def test_skyrl_gsm8k_scores_one_turn(reply, reward):
+    factory = resolve_factory("skyrl", {"env_class": "gsm8k"})
+    _, s = _run(factory, [reply], {"prompt": "12+30=", "answer": "42"})
+    env = s.metadata["env"]
+    assert env["stop_reason"] == "env_done" and env["turns"] == 1
+    assert env["outcome"] == reward and env["turn_rewards"] == []
+
+
 @pytest.mark.parametrize("env_class", ["relayrl_test_digits", "test_env_skyrl:DigitsEnv"])
 def test_a_user_defined_base_text_env_runs_unchanged(env_class):
     closed.clear()
@@ -181,20 +206,15 @@ def tiny_path(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("skyrl") / "m", hidden_size=32, seed=1)
 
 
-@pytest.mark.parametrize(
-    ("env_class", "extras"),
-    [("gsm8k_multi_turn", "{max_turns: 2}"), ("relayrl_test_digits", "{max_turns: 2}")],
-)
-def test_grpo_trains_through_a_skyrl_env(tiny_path, tmp_path, env_class, extras):
+def _train(model, run_dir, *overrides):
     from helpers import run_config
     from relayrl.cluster.local import build_local_roles
     from relayrl.controller.trainer import train
 
     cfg = run_config(
-        tiny_path,
-        tmp_path / "run",
+        model,
+        run_dir,
         "env.factory=skyrl",
-        f"env.kwargs={{env_class: {env_class}, extras: {extras}}}",
         "env.outcome=env",
         "env.max_turns=2",
         "rollout.max_tokens=8",
@@ -203,13 +223,43 @@ def test_grpo_trains_through_a_skyrl_env(tiny_path, tmp_path, env_class, extras)
         "data.eval_size=2",
         "train.steps=2",
         "train.save_every=0",
+        *overrides,
     )
     train(cfg, lambda a, c: build_local_roles(cfg, a, c))
-    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in recs if "reward_mean" in r]
     assert len(steps) == 2
     for r in steps:
         assert r["env/episodes"] == 4 and r.get("env/failures", 0) == 0
+        assert r["env/stop_env_done"] + r.get("env/stop_max_turns", 0) == 4
         assert 1 <= r["env/turns_mean"] <= 2
-        assert 0.0 <= r["reward_mean"] <= 1.0
         assert r["actor/optimizer_steps"] > 0 and math.isfinite(r["actor/grad_norm"])
+    return steps
+
+
+@pytest.mark.parametrize("env_class", ["gsm8k_multi_turn", "relayrl_test_digits"])
+def test_grpo_trains_through_a_skyrl_env(tiny_path, tmp_path, env_class):
+    """On relayrl's arithmetic rows (``answer`` -> ``reward_spec.ground_truth``)."""
+    steps = _train(
+        tiny_path,
+        tmp_path / "run",
+        f"env.kwargs={{env_class: {env_class}, extras: {{max_turns: 2}}}}",
+    )
+    assert all(0.0 <= r["reward_mean"] <= 1.0 for r in steps)
+
+
+def test_grpo_trains_through_skyrl_text2sql_on_skyrl_shaped_jsonl_rows(tiny_path, tmp_path, spider):
+    """docs/environments.md's example: SkyRL-shaped rows (``db_id``, ``data``, ``reward_spec``)
+    in a JSONL file, the SQLite database under ``env_config.db_path``."""
+    rows = tmp_path / "sql.jsonl"
+    rows.write_text("".join(json.dumps({**SQL_ROW, "prompt": f"q{i}?"}) + "\n" for i in range(6)))
+    steps = _train(
+        tiny_path,
+        tmp_path / "run",
+        "data.task=jsonl",
+        f"data.train_path={rows}",
+        f"env.kwargs={{env_class: text2sql, env_config: {{db_path: '{spider}'}}, "
+        "extras: {max_turns: 2}}",
+    )
+    # a tiny model writes no <solution>: SkyRL's format check scores every episode -1
+    assert all(r["reward_mean"] == -1.0 for r in steps)
