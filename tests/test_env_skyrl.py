@@ -186,6 +186,14 @@ def test_a_user_defined_base_text_env_runs_unchanged(env_class):
     assert closed == ["digits"]
 
 
+def test_a_skyrl_shaped_message_list_prompt_goes_to_init_as_is():
+    factory = resolve_factory("skyrl", {"env_class": "relayrl_test_digits"})
+    prompt = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Go"}]
+    tok, s = _run(factory, ["1", "2"], {"prompt": prompt, "max_turns": 2})
+    text = tok.decode(s.prompt_ids + s.response_ids)
+    assert "system\nBe terse.<|im_end|>" in text and "user\nGo<|im_end|>" in text
+
+
 def test_relayrl_max_turns_bounds_a_skyrl_episode():
     closed.clear()
     factory = resolve_factory("skyrl", {"env_class": "relayrl_test_digits"})
