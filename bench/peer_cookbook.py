@@ -275,6 +275,8 @@ def run_recipe(url: str, model: Path, ckpt: str, log: Path, a: argparse.Namespac
         "steps": len(rows),
         "correct": [round(float(r["env/all/correct"]), 4) for r in rows],
         "reward": [round(float(r["env/all/reward/total"]), 4) for r in rows],
+        "format": [round(float(r["env/all/format"]), 4) for r in rows],
+        "kl_sample_train_max": max(abs(float(r["optim/kl_sample_train_v1"])) for r in rows),
         "s_per_step": [round(s, 3) for s in step_s],
         "steps_per_s": len(step_s) / sum(step_s),
         "wall_s": wall,
