@@ -140,7 +140,7 @@ def recipe_correct(tc: Any, renderer: Any, problems: list[tuple[int, int]], a: a
     from tinker_cookbook import renderers
     from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticEnv
 
-    sc = tc.save_weights_and_get_sampling_client(name)
+    sc = tc.save_weights_and_get_sampling_client(name).result()
     params = tinker.types.SamplingParams(max_tokens=a.max_tokens, temperature=1.0,
                                          stop=renderer.get_stop_sequences())  # fmt: skip
     prefix = ArithmeticEnv.standard_fewshot_prefix()
@@ -158,7 +158,10 @@ def recipe_correct(tc: Any, renderer: Any, problems: list[tuple[int, int]], a: a
 
 
 def warm_up(url: str, model: Path, a: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    """SFT through the SDK on the recipe's rendering (``sft_lr``'s schedule), evaluated every
+    """SFT through the SDK on the recipe's rendering: each datum a conversation of the
+    few-shot prefix and ``--sft-pack`` questions with their answers (the first one at the
+    place the recipe's own question takes; loss on every answer), ``sft_lr``'s schedule,
+    evaluated every
     ``--sft-eval-every`` steps by ``recipe_correct`` on held-out problems and stopped once it
     reaches ``--sft-target``; the saved state's tinker:// path and the warm-up's figures."""
     import tinker
@@ -176,16 +179,18 @@ def warm_up(url: str, model: Path, a: argparse.Namespace) -> tuple[str, dict[str
     held = [(draw.randint(0, a.max_operand), draw.randint(0, a.max_operand))
             for _ in range(a.sft_eval_size)]  # fmt: skip
     prefix = ArithmeticEnv.standard_fewshot_prefix()
+    every = renderers.TrainOnWhat.ALL_ASSISTANT_MESSAGES  # the few-shot "9" too
     losses, evals, t0 = [], {}, time.perf_counter()
     for step in range(a.sft_steps):
         data, weight = [], 0.0
         while len(data) < a.sft_batch:
-            x, y = rng.randint(0, a.max_operand), rng.randint(0, a.max_operand)
-            if (x, y) in held:
-                continue
-            msgs = [*prefix, {"role": "user", "content": f"What is {x} + {y}?"},
-                    {"role": "assistant", "content": str(x + y)}]  # fmt: skip
-            model_input, weights = renderer.build_supervised_example(msgs)
+            msgs = [*prefix]
+            while len(msgs) < len(prefix) + 2 * a.sft_pack:
+                x, y = rng.randint(0, a.max_operand), rng.randint(0, a.max_operand)
+                if (x, y) not in held:
+                    msgs += [{"role": "user", "content": f"What is {x} + {y}?"},
+                             {"role": "assistant", "content": str(x + y)}]  # fmt: skip
+            model_input, weights = renderer.build_supervised_example(msgs, every)
             data.append(datum_from_model_input_weights(model_input, weights))
             weight += float(weights.sum())
         fb = tc.forward_backward(data, "cross_entropy")
@@ -194,6 +199,8 @@ def warm_up(url: str, model: Path, a: argparse.Namespace) -> tuple[str, dict[str
         done = step + 1
         if a.sft_eval_every and (done % a.sft_eval_every == 0 or done == a.sft_steps):
             evals[done] = recipe_correct(tc, renderer, held, a, f"eval{done}")
+            print(f"warm-up step {done}: loss {losses[-1]:.4f}, correct {evals[done]:.3f}",
+                  file=sys.stderr, flush=True)  # fmt: skip
             if a.sft_target and evals[done] >= a.sft_target:
                 break
     info = {"warm_up_steps": len(losses), "warm_up_s": round(time.perf_counter() - t0, 1),
@@ -311,6 +318,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-operand", type=int, default=100, help="the recipe draws 0..100")
     p.add_argument("--sft-steps", type=int, default=300)
     p.add_argument("--sft-batch", type=int, default=32)
+    p.add_argument("--sft-pack", type=int, default=6, help="questions per SFT datum")
+    p.add_argument(
+        "--warm-start",
+        default="",
+        help="a tinker:// state in --out's state dir from an earlier run: no warm-up",
+    )
+    p.add_argument("--model-seed", type=int, default=None, help="the tiny model's init (--seed)")
     p.add_argument("--sft-lr", type=float, default=3e-3, help="peak, after --sft-warmup")
     p.add_argument("--sft-warmup", type=int, default=50, help="linear warmup steps")
     p.add_argument("--sft-eval-every", type=int, default=250, help="0: no evaluation")
@@ -355,11 +369,15 @@ def main(argv: list[str] | None = None) -> int:
     from relayrl.model import build_tiny_model
 
     out = Path(a.out)
+    init = a.seed if a.model_seed is None else a.model_seed
     model = build_tiny_model(out / "base", hidden_size=a.hidden, num_layers=a.layers,
-                             seed=a.seed)  # fmt: skip
+                             max_position_embeddings=512, seed=init)  # fmt: skip
     proc, url = start_service(model, out / "state", sys.executable, a.seed)
     try:
-        ckpt, info = warm_up(url, model, a)
+        if a.warm_start:
+            ckpt, info = a.warm_start, {"warm_start": a.warm_start}
+        else:
+            ckpt, info = warm_up(url, model, a)
         res: dict[str, Any] = run_recipe(url, model, ckpt, out / "recipe", a)
     finally:
         proc.terminate()
