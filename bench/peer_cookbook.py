@@ -316,7 +316,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--rank", type=int, default=0, help="LoRA rank (0: full parameters)")
     p.add_argument("--max-operand", type=int, default=100, help="the recipe draws 0..100")
-    p.add_argument("--sft-steps", type=int, default=300)
+    p.add_argument("--sft-steps", type=int, default=1500, help="at most (--sft-target)")
     p.add_argument("--sft-batch", type=int, default=32)
     p.add_argument("--sft-pack", type=int, default=6, help="questions per SFT datum")
     p.add_argument(
@@ -327,12 +327,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model-seed", type=int, default=None, help="the tiny model's init (--seed)")
     p.add_argument("--sft-lr", type=float, default=3e-3, help="peak, after --sft-warmup")
     p.add_argument("--sft-warmup", type=int, default=50, help="linear warmup steps")
-    p.add_argument("--sft-eval-every", type=int, default=250, help="0: no evaluation")
+    p.add_argument("--sft-eval-every", type=int, default=100, help="0: no evaluation")
     p.add_argument("--sft-eval-size", type=int, default=64, help="held-out problems")
     p.add_argument(
         "--sft-target",
         type=float,
-        default=0.3,
+        default=0.25,
         help="stop once the held-out correct rate reaches this (0: never)",
     )
     p.add_argument("--steps", type=int, default=20)

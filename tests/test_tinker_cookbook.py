@@ -5,7 +5,7 @@ tinker_cookbook.recipes.math_rl.train``), unmodified, against ``relayrl tinker-s
 stamp matches the lock; building it needs the package registry once).
 
 The default-suite test runs the recipe for 2 steps on a tiny untrained model to completion;
-the slow one is the bench's default run (warm start to 30% correct, 20 recipe steps) and
+the slow one is the bench's default run (warm start to 25% correct, 20 recipe steps at lr 1e-4) and
 checks that the recipe's reward rises."""
 
 from __future__ import annotations
@@ -75,10 +75,10 @@ def test_recipe_runs_unmodified_to_completion(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_recipe_reward_rises(tmp_path: Path) -> None:
-    """The bench's default run (seed 0): warm start through the SDK until 30% of held-out
+    """The bench's default run (seed 0): warm start through the SDK until 25% of held-out
     samples are correct, then 20 recipe steps; the mean ``env/all/correct`` of the last 5
     steps is above that of the first 5."""
     recipe, summary = _run(tmp_path, timeout=3600)
-    assert max(summary["warm_up_correct"].values()) >= 0.3
+    assert max(summary["warm_up_correct"].values()) >= 0.25
     assert recipe["steps"] == 20 and recipe["kl_sample_train_max"] < 1e-4
-    assert summary["rise"] > 0.05, summary
+    assert summary["rise"] > 0.03, summary  # measured 0.08-0.13 (docs/tinker.md)
