@@ -65,6 +65,8 @@ _SHARED_GROUPS = {
     "test_vllm_server": "ray",
     "test_sandbox": "sandbox",
     "test_code_attacks": "sandbox",
+    "test_models_fetch": "smollm2",  # one worker converts the cached model (issue 38)
+    "test_smollm2_grpo": "smollm2",
 }
 _HEAVY_FIRST = [
     "ray",
