@@ -20,9 +20,17 @@ EASY = "reasoning_gym:basic_arithmetic?size=600&seed=0&max_terms=2&max_digits=1"
 
 
 def test_spec_parsing_and_one_line_errors() -> None:
-    name, params = parse_spec("reasoning_gym:chain_sum?size=10&seed=3&allow_negation=true&x=a,b")
+    name, params = parse_spec(
+        "reasoning_gym:chain_sum?size=10&seed=3&allow_negation=true&x=a,b&ops=+,-"
+    )
     assert name == "reasoning_gym:chain_sum"
-    assert params == {"size": 10, "seed": 3, "allow_negation": True, "x": ("a", "b")}
+    assert params == {
+        "size": 10,
+        "seed": 3,
+        "allow_negation": True,
+        "x": ("a", "b"),
+        "ops": ("+", "-"),
+    }
     with pytest.raises(DataError, match="unknown reasoning_gym task 'basic_arith'"):
         load_prompt_dataset("reasoning_gym:basic_arith")
     with pytest.raises(DataError, match="reasoning_gym rejects the config"):

@@ -2,8 +2,9 @@
 ``humaneval``, usable wherever a prompt file is (``data.train_path``, ``data.eval_path``,
 ``relayrl eval --data``).
 
-Spec grammar: ``NAME[?key=value&key=value...]``. Values are read as ``true``/``false``, an
-integer, a float, a comma list (a tuple of strings, e.g. ``operators=+,-``), else a string.
+Spec grammar: ``NAME[?key=value&key=value...]`` (``%XX`` escapes decoded; ``+`` is kept).
+Values are read as ``true``/``false``, an integer, a float, a comma list (a tuple of strings,
+e.g. ``operators=+,-``), else a string.
 
 - ``reasoning_gym:<task>``: ``size`` (default 1000) problems of ``reasoning_gym.create_dataset(
   task, seed=seed, size=size, **rest)`` (``seed`` default 0; the other keys are the task's own
@@ -20,7 +21,7 @@ held-out problem, duplicates included.
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl
+from urllib.parse import unquote
 
 from relayrl.data.jsonl import DataError
 from relayrl.data.records import PromptRecord
@@ -60,7 +61,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Value]]:
     for part in filter(None, query.split("&")):
         if "=" not in part:
             raise DataError(f"{spec}: {part!r} is not key=value")
-        ((key, raw),) = parse_qsl(part, keep_blank_values=True)
+        key, raw = (unquote(t) for t in part.split("=", 1))  # "+" stays "+" (an operator)
         if key in params:
             raise DataError(f"{spec}: {key!r} is given twice")
         params[key] = _value(raw)
