@@ -72,3 +72,28 @@ def test_changed_file_is_refused(tmp_path, monkeypatch) -> None:
     with pytest.raises(ModelFetchError, match="is not the pinned"):
         fetch_model("smollm2", cache=tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+def test_what_the_real_tokenizer_exposes(smol_dir: Path) -> None:
+    """No BOS is added (the chat template's ``<|im_start|>`` opens every turn, once); EOS is
+    ``<|im_end|>``, which is also the pad token; the template keeps the multi-turn prefix
+    property (prompt + reply + bridge == the re-rendered conversation, token for token); it
+    renders no tool calls."""
+    from relayrl.data import PromptRecord, tokenize_prompts
+    from relayrl.env.render import ChatTemplateRenderer
+
+    tok = load_tokenizer(smol_dir)
+    assert tok("2+3", add_special_tokens=True).input_ids == tok("2+3").input_ids
+    assert tok.bos_token_id not in tok("2+3").input_ids
+    assert tok.eos_token_id == tok.pad_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+    kept, _ = tokenize_prompts([PromptRecord("What is 2+3?")], tok, 128, system_prompt="Be brief.")
+    ids = kept[0][1]
+    assert ids[0] == tok.convert_tokens_to_ids("<|im_start|>") and ids[:2] != [ids[0]] * 2
+    assert tok.decode(ids).endswith("<|im_start|>assistant\n")
+    r = ChatTemplateRenderer(tok)
+    user = [{"role": "user", "content": "hi"}]
+    said = {"role": "assistant", "content": "Hello! How can I help?"}
+    nxt = [{"role": "user", "content": "2+2?"}]
+    reply = tok(said["content"], add_special_tokens=False).input_ids + [tok.eos_token_id]
+    bridge = r.observation(nxt, history=[*user, said], turn_ids=reply)
+    assert r.prompt(user) + reply + bridge == r.conversation([*user, said, *nxt])
