@@ -39,9 +39,9 @@ import torch
 
 from relayrl.cluster.local import build_local_roles
 from relayrl.config import ArithmeticConfig, DataConfig, RunConfig, SFTConfig, load_config
-from relayrl.controller.prompts import PromptSource
 from relayrl.controller.sft import run_sft
 from relayrl.controller.trainer import train
+from relayrl.data.prompts import PromptSource
 from relayrl.model import build_tiny_model, load_tokenizer
 
 ARITH = {"min_operand": 0, "max_operand": 99, "operators": ["+"], "num_operands": 2}

@@ -129,9 +129,9 @@ def filler_model(root: Path, sft: Path, seed: int, a: argparse.Namespace) -> Pat
     if (out / "config.json").exists():
         return out
     from relayrl.config import ArithmeticConfig, SFTConfig
-    from relayrl.controller.prompts import arithmetic_task
     from relayrl.controller.sft import run_sft
     from relayrl.data import write_jsonl
+    from relayrl.data.prompts import arithmetic_task
 
     held = {p.record.prompt for p in held_out(sft, seed, 200)}
     rng = random.Random(seed)
@@ -152,7 +152,7 @@ def filler_model(root: Path, sft: Path, seed: int, a: argparse.Namespace) -> Pat
 
 def held_out(model: Path, seed: int, n: int) -> list:
     from relayrl.config import ArithmeticConfig, DataConfig
-    from relayrl.controller.prompts import PromptSource
+    from relayrl.data.prompts import PromptSource
     from relayrl.model import load_tokenizer
 
     data = DataConfig(arithmetic=ArithmeticConfig(**ARITH), eval_size=200)
@@ -268,7 +268,7 @@ def trl_prompts(model: Path, seed: int, a: argparse.Namespace, held: Path) -> li
     """relayrl's draws for steps 0..steps-1, in order (the held-out file excluded, as relayrl's
     runs exclude it): TRL's (unshuffled) dataset."""
     from relayrl.config import RunConfig, load_config
-    from relayrl.controller.prompts import PromptSource
+    from relayrl.data.prompts import PromptSource
     from relayrl.model import load_tokenizer
 
     cfg = load_config(RunConfig, None, [f"seed={seed}", f"data.eval_path={held}"])

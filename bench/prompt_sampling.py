@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from relayrl.config import RunConfig, load_config
-from relayrl.controller.prompts import PromptSource
+from relayrl.data.prompts import PromptSource
 from relayrl.model import build_tiny_model, load_tokenizer
 
 

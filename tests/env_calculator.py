@@ -22,10 +22,10 @@ from relayrl.cluster.local import build_local_roles
 from relayrl.config import ArithmeticConfig, DataConfig, RunConfig, SFTConfig, load_config
 from relayrl.controller.checkpoint import latest_checkpoint
 from relayrl.controller.evaluate import greedy_pass_rate
-from relayrl.controller.prompts import PromptSource, arithmetic_task, tokenize_prompts
 from relayrl.controller.sft import run_sft
 from relayrl.controller.trainer import train
 from relayrl.data import write_jsonl
+from relayrl.data.prompts import PromptSource, arithmetic_task, tokenize_prompts
 from relayrl.env.builtin.calculator import make_calculator_env, sft_traces
 from relayrl.env.render import PlainRenderer
 from relayrl.env.runner import EpisodeRunner, RunnerLimits

@@ -8,8 +8,8 @@ from pathlib import Path
 from types import ModuleType
 
 from relayrl.config import ArithmeticConfig, DataConfig, RunConfig, SFTConfig, load_config
-from relayrl.controller.prompts import PromptSource
 from relayrl.controller.sft import run_sft
+from relayrl.data.prompts import PromptSource
 from relayrl.model import build_tiny_model, load_tokenizer
 
 ARITH = dict(min_operand=0, max_operand=99, operators=["+"], num_operands=2)

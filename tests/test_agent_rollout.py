@@ -19,8 +19,8 @@ import torch
 from helpers import run_config
 from relayrl.cluster.local import build_local_roles
 from relayrl.controller.algorithms import make_requests
-from relayrl.controller.prompts import PromptSource
 from relayrl.controller.trainer import train
+from relayrl.data.prompts import PromptSource
 from relayrl.env.agent_rollout import AgentRollout, attach_agent
 from relayrl.env.scoring import expand_segments
 from relayrl.model import load_causal_lm, load_tokenizer

@@ -21,9 +21,9 @@ import pytest
 from helpers import ARITH, TEST_SEED, run_config
 from relayrl.cluster.local import build_local_roles
 from relayrl.config import ArithmeticConfig, DataConfig, SFTConfig
-from relayrl.controller.prompts import PromptSource
 from relayrl.controller.sft import run_sft
 from relayrl.controller.trainer import train
+from relayrl.data.prompts import PromptSource
 from relayrl.model import build_tiny_model, load_tokenizer
 
 

@@ -12,9 +12,9 @@ import torch
 from helpers import run_config
 from relayrl.cluster.local import build_local_roles
 from relayrl.controller.algorithms import make_kl_controller, refill_prompts, rl_step
-from relayrl.controller.prompts import PromptSource
 from relayrl.controller.trainer import train
 from relayrl.data import dynamic_sample, has_signal
+from relayrl.data.prompts import PromptSource
 
 
 @pytest.mark.parametrize(

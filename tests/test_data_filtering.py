@@ -15,7 +15,7 @@ from relayrl.data import (
     PromptRecord,
     difficulty_bucket,
     filter_by_pass_rate,
-    load_prompt_dataset,
+    load_prompts,
     measure_pass_rates,
     run_difficulty_filter,
     tokenize_prompts,
@@ -79,7 +79,7 @@ def test_filter_command_on_tiny_model(sft_model: Path, tmp_path: Path, outcome) 
     from relayrl.cluster.local import build_local_roles
     from relayrl.reward import RewardService
 
-    kept = load_prompt_dataset(out, require_answer=True)
+    kept = list(load_prompts(out, require_answer=True))
     roles = build_local_roles(cfg, str(sft_model), None)
     prompts, _ = tokenize_prompts(kept, roles.tokenizer, cfg.data.max_prompt_tokens)
     with RewardService("arithmetic", tokenizer=roles.tokenizer) as svc:

@@ -1,4 +1,5 @@
-"""JSONL loaders: round trips and file:line errors on real temp files."""
+"""JSONL files: prompt rows through the one loader (``load_prompts``), SFT rows, round trips and
+file:line errors on real temp files."""
 
 import json
 from pathlib import Path
@@ -9,7 +10,7 @@ from relayrl.data import (
     DataError,
     PromptRecord,
     SFTRecord,
-    load_prompts_jsonl,
+    load_prompts,
     load_sft_jsonl,
     write_jsonl,
 )
@@ -33,14 +34,14 @@ def test_load_prompts(tmp_path: Path) -> None:
             '{"prompt": "y", "answer": -1.5}',
         ],
     )
-    assert load_prompts_jsonl(p) == [
+    assert list(load_prompts(p)) == [
         PromptRecord("3+5=", "8"),
         PromptRecord("2*4=", "8", {"domain": "math", "level": 2}),
         PromptRecord("free text", None),
         PromptRecord("x", None),
         PromptRecord("y", "-1.5"),
     ]
-    assert load_prompts_jsonl(str(p))[1].as_sample() == {
+    assert list(load_prompts(str(p)))[1].as_sample() == {
         "domain": "math",
         "level": 2,
         "prompt": "2*4=",
@@ -59,14 +60,14 @@ def test_load_sft(tmp_path: Path) -> None:
 def test_unicode_and_bom(tmp_path: Path) -> None:
     p = tmp_path / "u.jsonl"
     p.write_bytes("\ufeff".encode() + '{"prompt": "ünï ✓", "answer": "é"}\n'.encode())
-    assert load_prompts_jsonl(p) == [PromptRecord("ünï ✓", "é")]
+    assert list(load_prompts(p)) == [PromptRecord("ünï ✓", "é")]
 
 
 def test_write_jsonl_round_trip(tmp_path: Path) -> None:
     prompts = [PromptRecord("a", "1", {"k": [1, 2]}), PromptRecord("ü", None)]
     path = tmp_path / "sub" / "dir" / "p.jsonl"
     assert write_jsonl(path, prompts) == 2
-    assert load_prompts_jsonl(path) == prompts
+    assert list(load_prompts(path)) == prompts
     sft = [SFTRecord("q", "r")]
     write_jsonl(tmp_path / "s.jsonl", sft)
     assert load_sft_jsonl(tmp_path / "s.jsonl") == sft
@@ -96,7 +97,7 @@ GOOD = '{"prompt": "1+1=", "answer": "2"}'
         ("null", "expected a JSON object, got null"),
         ('{"answer": "2"}', "missing required field 'prompt'"),
         ('{"prompt": 12}', "field 'prompt' must be a string, got number"),
-        ('{"prompt": null}', "field 'prompt' must be a string, got null"),
+        ('{"prompt": null}', "missing required field 'prompt'"),  # null: no prompt
         ('{"prompt": "q", "answer": [2]}', "field 'answer' must be a string or number, got array"),
         (
             '{"prompt": "q", "answer": true}',
@@ -107,7 +108,7 @@ GOOD = '{"prompt": "1+1=", "answer": "2"}'
 def test_prompt_errors_report_file_and_line(tmp_path: Path, bad_line: str, message: str) -> None:
     p = _write(tmp_path / "bad.jsonl", [GOOD, "", GOOD, bad_line, GOOD])
     with pytest.raises(DataError) as info:
-        load_prompts_jsonl(p)
+        load_prompts(p)
     assert str(info.value) == f"{p}:4: {message}"
 
 
@@ -131,14 +132,14 @@ def test_invalid_utf8_reports_line(tmp_path: Path) -> None:
     p = tmp_path / "bin.jsonl"
     p.write_bytes(GOOD.encode() + b"\n" + b'{"prompt": "\xff"}\n')
     with pytest.raises(DataError) as info:
-        load_prompts_jsonl(p)
+        load_prompts(p)
     assert str(info.value).startswith(f"{p}:2: not valid UTF-8")
 
 
 def test_missing_file_and_directory(tmp_path: Path) -> None:
     missing = tmp_path / "nope.jsonl"
     with pytest.raises(DataError) as info:
-        load_prompts_jsonl(missing)
+        load_prompts(missing)
     assert str(info.value) == f"{missing}: file not found"
     with pytest.raises(DataError, match="not a file"):
         load_sft_jsonl(tmp_path)
@@ -147,8 +148,8 @@ def test_missing_file_and_directory(tmp_path: Path) -> None:
 def test_empty_file(tmp_path: Path) -> None:
     p = _write(tmp_path / "empty.jsonl", ["", "  "])
     with pytest.raises(DataError) as info:
-        load_prompts_jsonl(p)
-    assert str(info.value) == f"{p}: no records (the file is empty)"
+        load_prompts(p)
+    assert str(info.value) == f"{p}: no records (the dataset is empty)"
 
 
 def test_data_error_is_value_error() -> None:

@@ -9,13 +9,8 @@ from pathlib import Path
 import datasets
 import pytest
 
-from relayrl.data import (
-    DataError,
-    PromptRecord,
-    load_prompt_dataset,
-    render_prompt,
-    tokenize_prompts,
-)
+from relayrl.data import DataError, PromptRecord, render_prompt, tokenize_prompts
+from relayrl.data.prompts.read import records_row_by_row
 
 ROWS = [
     {"prompt": "3+5=", "answer": "8", "domain": "math"},
@@ -43,7 +38,7 @@ def test_same_records_from_jsonl_hf_disk_and_parquet(tmp_path: Path) -> None:
     ds.select(range(2)).to_parquet(str(tmp_path / "pq_dir" / "a.parquet"))
     ds.select(range(2, 3)).to_parquet(str(tmp_path / "pq_dir" / "b.parquet"))
     for path in (j, tmp_path / "hf", tmp_path / "p.parquet", tmp_path / "pq_dir"):
-        assert load_prompt_dataset(path) == EXPECTED, path
+        assert records_row_by_row(path) == EXPECTED, path
 
 
 def test_dataset_dict_splits_and_custom_keys(tmp_path: Path) -> None:
@@ -55,16 +50,16 @@ def test_dataset_dict_splits_and_custom_keys(tmp_path: Path) -> None:
     )
     dd.save_to_disk(str(tmp_path / "dd"))
     kw = dict(prompt_key="question", answer_key="solution")
-    assert load_prompt_dataset(tmp_path / "dd", **kw) == [PromptRecord("1+1=", "2")]
-    assert load_prompt_dataset(tmp_path / "dd", split="test", **kw) == [PromptRecord("2+2=", "4")]
+    assert records_row_by_row(tmp_path / "dd", **kw) == [PromptRecord("1+1=", "2")]
+    assert records_row_by_row(tmp_path / "dd", split="test", **kw) == [PromptRecord("2+2=", "4")]
     with pytest.raises(DataError, match="no split 'dev'"):
-        load_prompt_dataset(tmp_path / "dd", split="dev", **kw)
+        records_row_by_row(tmp_path / "dd", split="dev", **kw)
 
 
 def test_chat_messages_rows(tmp_path: Path) -> None:
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+2="}]
     p = _jsonl(tmp_path / "m.jsonl", [{"messages": msgs, "answer": "3"}])
-    (rec,) = load_prompt_dataset(p)
+    (rec,) = records_row_by_row(p)
     assert rec.prompt == "1+2=" and rec.extra["messages"] == msgs and rec.answer == "3"
 
 
@@ -79,9 +74,9 @@ def test_row_without_answer_is_a_clear_error(tmp_path: Path, fmt: str) -> None:
         path = tmp_path / ("hf" if fmt == "hf" else "p.parquet")
         ds.save_to_disk(str(path)) if fmt == "hf" else ds.to_parquet(str(path))
         where = f"{path}[row 1]: "
-    assert load_prompt_dataset(path)[1].answer is None  # optional by default (RLHF prompts)
+    assert records_row_by_row(path)[1].answer is None  # optional by default (RLHF prompts)
     with pytest.raises(DataError) as err:
-        load_prompt_dataset(path, require_answer=True)
+        records_row_by_row(path, require_answer=True)
     assert str(err.value).startswith(where + "missing required field 'answer'")
 
 
@@ -98,18 +93,18 @@ def test_row_without_answer_is_a_clear_error(tmp_path: Path, fmt: str) -> None:
 def test_bad_rows(tmp_path: Path, row: dict, message: str) -> None:
     p = _jsonl(tmp_path / "bad.jsonl", [{"prompt": "ok"}, row])
     with pytest.raises(DataError, match=f"bad.jsonl:2: .*{message}"):
-        load_prompt_dataset(p)
+        records_row_by_row(p)
 
 
 def test_missing_and_empty_paths(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="file not found"):
-        load_prompt_dataset(tmp_path / "nope.jsonl")
+        records_row_by_row(tmp_path / "nope.jsonl")
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(DataError, match="no records"):
-        load_prompt_dataset(tmp_path / "empty.jsonl")
+        records_row_by_row(tmp_path / "empty.jsonl")
     (tmp_path / "somedir").mkdir()
     with pytest.raises(DataError, match="neither a saved dataset nor Parquet"):
-        load_prompt_dataset(tmp_path / "somedir")
+        records_row_by_row(tmp_path / "somedir")
 
 
 class ToyTokenizer:
@@ -152,7 +147,7 @@ def test_chat_template_applied_when_tokenizer_has_one() -> None:
     assert text == "<user> hi <assistant> hello <user> 1+1 <assistant>"
     kept, report = tokenize_prompts([rec], chat, max_tokens=100)
     assert chat.calls == [False]  # the template carries its own special tokens
-    assert kept[0][1] == [6, 4, 2, 3, 11]  # "<user> what is 1+1 <assistant>"
+    assert kept[0].ids == [6, 4, 2, 3, 11]  # "<user> what is 1+1 <assistant>"
 
 
 def test_over_length_prompts_are_reported_and_skipped() -> None:
@@ -164,7 +159,7 @@ def test_over_length_prompts_are_reported_and_skipped() -> None:
         PromptRecord("x"),
     ]
     kept, report = tokenize_prompts(records, tok, max_tokens=8)
-    assert [r.prompt for r, _ in kept] == ["a b c", "x"]
+    assert [p.record.prompt for p in kept] == ["a b c", "x"]
     assert report.total == 4 and report.too_long == 1 and report.empty == 1
     assert report.skipped == 2
     assert report.message() == "skipped 2 of 4 prompts (1 longer than 8 tokens, 1 empty)"
@@ -177,13 +172,13 @@ def test_real_tokenizer_skip_count(tmp_path: Path) -> None:
     tok = load_tokenizer(build_tiny_model(tmp_path / "m", hidden_size=16))
     records = [PromptRecord("3+5="), PromptRecord("1" * 200), PromptRecord("12+13=")]
     kept, report = tokenize_prompts(records, tok, max_tokens=16)
-    assert [r.prompt for r, _ in kept] == ["3+5=", "12+13="] and report.too_long == 1
-    assert kept[0][1] == list(tok("3+5=").input_ids)
+    assert [p.record.prompt for p in kept] == ["3+5=", "12+13="] and report.too_long == 1
+    assert kept[0].ids == list(tok("3+5=").input_ids)
 
 
 def test_prompt_source_reads_hf_and_parquet(tmp_path: Path) -> None:
     from relayrl.config import DataConfig
-    from relayrl.controller.prompts import PromptSource
+    from relayrl.data.prompts import PromptSource
     from relayrl.model import build_tiny_model, load_tokenizer
 
     tok = load_tokenizer(build_tiny_model(tmp_path / "m", hidden_size=16))

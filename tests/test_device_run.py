@@ -53,7 +53,10 @@ def test_device_run_steps_pass_on_cpu(tmp_path):
 def test_without_cuda_the_gpu_tools_refuse_in_one_line(tool):
     out = subprocess.run(
         [sys.executable, str(ROOT / "tools" / tool)],  # default: --device cuda
-        capture_output=True, text=True, env=ENV, timeout=120,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
     )
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
@@ -75,9 +78,16 @@ def test_device_kit_packages_are_pinned_in_the_lock():
 # what the GPU image lacks and the kit does not bring: relayrl's GPU paths must not import it
 ABSENT_ON_IMAGE = ["datasets", "fastapi", "uvicorn", "openai", "ray", "vllm"]
 GPU_PATH_MODULES = [
-    "relayrl.cli", "relayrl.demo", "relayrl.config", "relayrl.workers.build",
-    "relayrl.workers.fsdp", "relayrl.rollout", "relayrl.cluster.engine_process",
-    "relayrl.cluster.weight_collective", "relayrl.cluster.local", "relayrl.controller.trainer",
+    "relayrl.cli",
+    "relayrl.demo",
+    "relayrl.config",
+    "relayrl.workers.build",
+    "relayrl.workers.fsdp",
+    "relayrl.rollout",
+    "relayrl.cluster.engine_process",
+    "relayrl.cluster.weight_collective",
+    "relayrl.cluster.local",
+    "relayrl.controller.trainer",
     "relayrl.plan.memory",
 ]
 
@@ -94,8 +104,9 @@ for m in {GPU_PATH_MODULES!r}:
     __import__(m)
 print('ok')
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=300
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
 
@@ -147,6 +158,9 @@ def test_planner_uses_the_measured_figures_by_default():
     assert seen["mfu"] == 0.4
     run(argparse.Namespace(hardware="h200-measured", mfu=0.5, decode_eff=0.7))
     assert (seen["mfu"], seen["decode_eff"]) == (0.5, 0.7)  # given values win
-    tm = _time_model(argparse.Namespace(model="qwen2.5-0.5b", hardware="h200-measured",
-                                        mfu=0.3, decode_eff=0.6, profile=None))
+    tm = _time_model(
+        argparse.Namespace(
+            model="qwen2.5-0.5b", hardware="h200-measured", mfu=0.3, decode_eff=0.6, profile=None
+        )
+    )
     assert tm.step_overhead_s == MEASURED["h200-measured"].decode_step_overhead_s

@@ -20,7 +20,7 @@ from helpers import run_config
 from relayrl.algos import compute_advantages
 from relayrl.cli import main
 from relayrl.cluster.local import build_local_roles
-from relayrl.config_failures import FailuresConfig
+from relayrl.config.failures import FailuresConfig
 from relayrl.controller.failures import (
     FailureLog,
     InfraBudgetExceeded,

@@ -360,7 +360,7 @@ def _sft_config(path: Path, model: Path, out: Path) -> Path:
 def test_sft_renders_prompts_as_rl_does_and_records_the_format(chat_tiny, tmp_path, capsys):
     from relayrl.controller.sft import tokenize_record
     from relayrl.data import PromptRecord, SFTRecord
-    from relayrl.data.prompting import encode_prompts
+    from relayrl.data.prompts import encode_prompts
     from relayrl.model import load_tokenizer
 
     tok = load_tokenizer(chat_tiny)

@@ -98,10 +98,13 @@ def test_unknown_target_module_is_a_one_line_error(tiny):
 
 
 def test_lora_grpo_run_steps_with_shared_reference(tiny, tmp_path):
+    """Two steps with a KL term; ``model.lora.save_merged`` writes ``actor_merged/`` beside the
+    adapter checkpoint, a plain HF model equal to base + the checkpoint's adapter."""
     cfg = run_config(
         tiny,
         tmp_path / "lora",
         *LORA,
+        "model.lora.save_merged=true",
         "train.steps=2",
         "algo.prompts_per_step=4",
         "algo.group_size=2",
@@ -110,6 +113,17 @@ def test_lora_grpo_run_steps_with_shared_reference(tiny, tmp_path):
     )
     out = train(cfg, lambda a, c: build_local_roles(cfg, a, c))
     assert out["eval_after"] is not None
+    ckpt = tmp_path / "lora" / "checkpoints" / "step_000002"
+    merged = AutoModelForCausalLM.from_pretrained(ckpt / "actor_merged")
+    adapter = PeftModel.from_pretrained(load_causal_lm(tiny), str(ckpt / "actor"))
+    exp = random_experience(tiny)
+    torch.testing.assert_close(_logp(merged, exp), _logp(adapter, exp), atol=1e-5, rtol=0)
+    assert not any("lora" in k for k in merged.state_dict())
+
+
+def test_merged_export_is_refused_under_fsdp(tiny):
+    with pytest.raises(ValueError, match="lora.save_merged"):
+        scale_config(tiny, *LORA, "model.lora.save_merged=true", "model.fsdp.enabled=true")
 
 
 @pytest.mark.slow

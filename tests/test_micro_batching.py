@@ -10,7 +10,7 @@ import torch
 from helpers import run_config
 from relayrl.cluster.local import build_local_roles
 from relayrl.controller.algorithms import make_requests, old_logprobs
-from relayrl.controller.prompts import PromptSource
+from relayrl.data.prompts import PromptSource
 from relayrl.rollout.types import Sample
 from relayrl.workers import ActorWorker, Experience, ReferenceWorker
 

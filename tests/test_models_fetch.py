@@ -87,7 +87,7 @@ def test_what_the_real_tokenizer_exposes(smol_dir: Path) -> None:
     assert tok.bos_token_id not in tok("2+3").input_ids
     assert tok.eos_token_id == tok.pad_token_id == tok.convert_tokens_to_ids("<|im_end|>")
     kept, _ = tokenize_prompts([PromptRecord("What is 2+3?")], tok, 128, system_prompt="Be brief.")
-    ids = kept[0][1]
+    ids = kept[0].ids
     assert ids[0] == tok.convert_tokens_to_ids("<|im_start|>") and ids[:2] != [ids[0]] * 2
     assert tok.decode(ids).endswith("<|im_start|>assistant\n")
     r = ChatTemplateRenderer(tok)

@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from relayrl.config import RunConfig, load_config
-from relayrl.controller import prompt_table
-from relayrl.controller.prompts import PromptSource
-from relayrl.data import DataError, load_prompt_dataset
-from relayrl.data.rows import load_prompt_rows
+from relayrl.data import DataError
+from relayrl.data.prompts import PromptSource, load_prompts
+from relayrl.data.prompts import source as source_mod
+from relayrl.data.prompts.read import records_row_by_row
 from relayrl.model import build_tiny_model, load_tokenizer
 
 
@@ -61,9 +61,9 @@ def _cfg(path, *extra):
 
 def test_arrow_rows_are_the_records_of_the_row_reader(tmp_path) -> None:
     paths = _write_all(tmp_path, _rows(30))
-    expected = load_prompt_dataset(paths["jsonl"])
+    expected = records_row_by_row(paths["jsonl"])
     for name, path in paths.items():
-        rows = load_prompt_rows(path)
+        rows = load_prompts(path)
         if name != "jsonl":
             assert rows._table is not None, name  # kept as Arrow, no record per row
         assert list(rows) == expected, name
@@ -71,7 +71,7 @@ def test_arrow_rows_are_the_records_of_the_row_reader(tmp_path) -> None:
         assert rows[-1] == expected[-1] and rows[3:6] == expected[3:6]
         if name == "parquet_groups":
             assert len(rows._table.to_batches()) == 5  # 30 rows in groups of 7
-        assert load_prompt_dataset(path) == expected, name
+        assert records_row_by_row(path) == expected, name
 
 
 def test_tables_that_need_row_checks_keep_their_errors(tmp_path) -> None:
@@ -81,35 +81,34 @@ def test_tables_that_need_row_checks_keep_their_errors(tmp_path) -> None:
 
     null_prompt = write("np.parquet", [{"prompt": "a", "answer": "1"}, {"answer": "2"}])
     with pytest.raises(DataError, match=r"np.parquet\[row 1\]: missing required field 'prompt'"):
-        load_prompt_rows(null_prompt)
+        load_prompts(null_prompt)
     bools = write("b.parquet", [{"prompt": "a", "answer": True}])
     with pytest.raises(DataError, match=r"b.parquet\[row 0\]: field 'answer' must be a string or"):
-        load_prompt_rows(bools)
+        load_prompts(bools)
     no_answer = write("na.parquet", [{"prompt": "a", "answer": "1"}, {"prompt": "b"}])
     with pytest.raises(DataError, match=r"na.parquet\[row 1\]: missing required field 'answer'"):
-        load_prompt_rows(no_answer, require_answer=True)
-    assert [r.answer for r in load_prompt_rows(no_answer)] == ["1", None]
+        load_prompts(no_answer, require_answer=True)
+    assert [r.answer for r in load_prompts(no_answer)] == ["1", None]
     ints = write("ints.parquet", [{"prompt": 7, "answer": "1"}])
     with pytest.raises(DataError, match=r"ints.parquet\[row 0\]: field 'prompt' must be a string"):
-        load_prompt_rows(ints)
+        load_prompts(ints)
     chat = [{"messages": [{"role": "user", "content": "hi"}], "answer": "x"}]
     datasets.Dataset.from_list(chat).save_to_disk(str(tmp_path / "chat"))
-    rows = load_prompt_rows(tmp_path / "chat")  # the chat form: through the row reader
-    assert list(rows) == load_prompt_dataset(tmp_path / "chat") and rows[0].prompt == "hi"
+    rows = load_prompts(tmp_path / "chat")  # the chat form: through the row reader
+    assert list(rows) == records_row_by_row(tmp_path / "chat") and rows[0].prompt == "hi"
     (tmp_path / "bad.parquet").write_bytes(b"not parquet")
     with pytest.raises(DataError, match="bad.parquet: cannot read Parquet"):
-        load_prompt_rows(tmp_path / "bad.parquet")
+        load_prompts(tmp_path / "bad.parquet")
     write("empty.parquet", [])
     with pytest.raises(DataError, match="no records"):
-        load_prompt_rows(tmp_path / "empty.parquet")
+        load_prompts(tmp_path / "empty.parquet")
 
 
 def test_parquet_and_saved_datasets_draw_what_the_jsonl_file_draws(tmp_path, tok, monkeypatch):
     """The same 700 rows as JSONL, Parquet, a Parquet directory and a saved dataset, read
     lazily (PRETOKENIZE made small): the same eval set, the same prompts at every step (over
     an epoch: redraws of the over-long rows included), the same skip counts."""
-    monkeypatch.setattr(prompt_table, "PRETOKENIZE", 16)
-    monkeypatch.setattr("relayrl.controller.prompts.PRETOKENIZE", 16)
+    monkeypatch.setattr(source_mod, "PRETOKENIZE", 16)
     paths = _write_all(tmp_path, _rows(700))
     sources = {
         name: PromptSource(_cfg(p, "data.max_prompt_tokens=64", "data.eval_size=20"), tok, seed=3)
@@ -145,9 +144,9 @@ def test_a_large_parquet_file_starts_without_tokenising_it(tmp_path, tok, rows) 
     src = PromptSource(_cfg(tmp_path / "t.parquet"), tok, seed=0)
     start = time.perf_counter() - t
     print(f"{rows} Parquet rows: start {start:.2f} s")
-    assert src._cache.seen <= prompt_table.PRETOKENIZE + 400
+    assert src._cache.seen <= source_mod.PRETOKENIZE + 400
     assert start < 30.0
-    first_fresh = prompt_table.PRETOKENIZE // 64 + 1
+    first_fresh = source_mod.PRETOKENIZE // 64 + 1
     times = []
     for step in range(first_fresh, first_fresh + 20):
         t = time.perf_counter()

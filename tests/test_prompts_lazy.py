@@ -12,10 +12,10 @@ import time
 import pytest
 
 from relayrl.config import RunConfig, load_config
-from relayrl.controller import prompt_table
-from relayrl.controller.prompts import PromptSource
-from relayrl.data import DataError, load_prompt_dataset
-from relayrl.data.rows import load_prompt_rows
+from relayrl.data import DataError
+from relayrl.data.prompts import PromptSource, load_prompts
+from relayrl.data.prompts import source as source_mod
+from relayrl.data.prompts.read import records_row_by_row
 from relayrl.model import build_tiny_model, load_tokenizer
 
 
@@ -46,23 +46,22 @@ def _prompts(rows: int) -> list[str]:
 
 def test_rows_load_like_records_and_bad_rows_keep_their_errors(tmp_path) -> None:
     path = _write(tmp_path / "t.jsonl", _prompts(20))
-    assert list(load_prompt_rows(path)) == load_prompt_dataset(path)
+    assert list(load_prompts(path)) == records_row_by_row(path)
     with path.open("a") as f:
         f.write('\n{"prompt": "x", "answer": true}\n')
     with pytest.raises(DataError, match=r"t.jsonl:22: field 'answer' must be a string or number"):
-        load_prompt_rows(path)
+        load_prompts(path)
     (tmp_path / "m.jsonl").write_text(
         json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n"
     )
-    assert list(load_prompt_rows(tmp_path / "m.jsonl")) == load_prompt_dataset(tmp_path / "m.jsonl")
+    assert list(load_prompts(tmp_path / "m.jsonl")) == records_row_by_row(tmp_path / "m.jsonl")
 
 
 def test_over_long_prompts_are_redrawn_at_draw_time(tmp_path, tok, monkeypatch) -> None:
     """A file over PRETOKENIZE rows (made small here): nothing over-long is ever drawn, each
     step still has n prompts, the skips are counted once per row as found, and a fresh
     source (a resume) draws the same prompts at any step."""
-    monkeypatch.setattr(prompt_table, "PRETOKENIZE", 16)
-    monkeypatch.setattr("relayrl.controller.prompts.PRETOKENIZE", 16)
+    monkeypatch.setattr(source_mod, "PRETOKENIZE", 16)
     path = _write(tmp_path / "t.jsonl", _prompts(700))
     cfg = _cfg(path, "data.max_prompt_tokens=64", "data.eval_size=20")
     src = PromptSource(cfg, tok, seed=1)
@@ -103,7 +102,7 @@ def test_without_over_long_prompts_draws_match_tokenising_everything(tmp_path, t
 
 
 def test_a_file_of_only_over_long_prompts_is_an_error_at_start(tmp_path, tok, monkeypatch):
-    monkeypatch.setattr("relayrl.controller.prompts.PRETOKENIZE", 4)
+    monkeypatch.setattr(source_mod, "PRETOKENIZE", 4)
     path = _write(tmp_path / "t.jsonl", ["9" * 120] * 10)
     cfg = _cfg(path, "data.max_prompt_tokens=64", f"data.eval_path={path}")
     with pytest.raises(DataError, match="10 of 10 prompts in .* are longer than"):
@@ -124,9 +123,9 @@ def test_a_large_file_starts_without_tokenising_it(tmp_path, tok, rows) -> None:
     src = PromptSource(_cfg(tmp_path / "t.jsonl"), tok, seed=0)
     start = time.perf_counter() - t
     print(f"{rows} rows: start {start:.2f} s")
-    assert src._cache.seen <= prompt_table.PRETOKENIZE + 400
+    assert src._cache.seen <= source_mod.PRETOKENIZE + 400
     assert start < 60.0
-    first_epoch = prompt_table.PRETOKENIZE // 64 + 1  # steps whose prompts are not tokenised yet
+    first_epoch = source_mod.PRETOKENIZE // 64 + 1  # steps whose prompts are not tokenised yet
     times = []
     for step in range(first_epoch, first_epoch + 20):
         t = time.perf_counter()

@@ -10,9 +10,9 @@ import random
 import pytest
 
 from relayrl.config import RunConfig, load_config
-from relayrl.controller import prompts as prompts_mod
-from relayrl.controller.prompts import PromptSource, TokenizedPrompt
 from relayrl.data import PromptRecord
+from relayrl.data.prompts import PromptSource, TokenizedPrompt
+from relayrl.data.prompts import source as prompts_mod
 
 
 def _cfg():

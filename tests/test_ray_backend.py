@@ -23,8 +23,8 @@ from relayrl.cluster.local import build_local_roles  # noqa: E402
 from relayrl.cluster.ray_roles import build_ray_roles  # noqa: E402
 from relayrl.controller.algorithms import make_requests  # noqa: E402
 from relayrl.controller.checkpoint import latest_checkpoint  # noqa: E402
-from relayrl.controller.prompts import PromptSource  # noqa: E402
 from relayrl.controller.trainer import train  # noqa: E402
+from relayrl.data.prompts import PromptSource  # noqa: E402
 from relayrl.model import load_causal_lm, load_critic  # noqa: E402
 from relayrl.rollout import GenerationRequest, SamplingParams  # noqa: E402
 from relayrl.workers import ActorWorker, CriticWorker, Experience  # noqa: E402

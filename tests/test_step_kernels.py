@@ -13,8 +13,8 @@ from relayrl.rollout import (
     RolloutEngine,
     SamplingParams,
     direct_forward,
-    varlen_decode,
 )
+from relayrl.rollout.cpu_kernels import varlen_decode
 from test_rollout_helpers import EOS, PAD, random_prompts, tiny_model
 
 pytestmark = pytest.mark.skipif(

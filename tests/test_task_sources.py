@@ -8,9 +8,10 @@ import pytest
 import reasoning_gym
 
 from relayrl.config import DataConfig
-from relayrl.controller.prompts import PromptSource
-from relayrl.data import DataError, load_prompt_dataset
+from relayrl.data import DataError
+from relayrl.data import load_prompts as load_prompt_dataset
 from relayrl.data.humaneval_source import convert_tests, humaneval_records, skipped_problems
+from relayrl.data.prompts import PromptSource
 from relayrl.data.task_sources import parse_spec
 from relayrl.model.tiny import build_char_tokenizer
 from relayrl.reward import get_reward_fn

@@ -13,8 +13,8 @@ from helpers import run_config
 from relayrl.cluster.local import build_local_roles
 from relayrl.controller.algorithms import make_requests
 from relayrl.controller.checkpoint import latest_checkpoint
-from relayrl.controller.prompts import PromptSource
 from relayrl.controller.trainer import train
+from relayrl.data.prompts import PromptSource
 from relayrl.workers import Experience
 
 

@@ -16,7 +16,7 @@ from relayrl.algos.turn_credit import (
 )
 from relayrl.cluster.local import build_local_roles
 from relayrl.config import RunConfig
-from relayrl.config_io import load_config
+from relayrl.config.io import load_config
 from relayrl.controller.trainer import train
 from relayrl.env.turn_credit import turn_advantages
 from relayrl.model import build_tiny_model

@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams, varlen_decode
+from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
+from relayrl.rollout.cpu_kernels import varlen_decode
 from relayrl.rollout.split_attention import causal_mask
 from test_rollout_helpers import random_prompts, tiny_model
 
@@ -176,7 +177,7 @@ def test_engine_gives_the_same_tokens_with_and_without_it(tmp_path) -> None:
 
 def test_no_compiler_means_sdpa_and_a_reason(tmp_path) -> None:
     code = (
-        "from relayrl.rollout import varlen_decode as v\n"
+        "from relayrl.rollout.cpu_kernels import varlen_decode as v\n"
         "print(v.available(), v.unavailable_reason())\n"
     )
     env = {**os.environ, "CC": "no-such-cc", "RELAYRL_CACHE_DIR": str(tmp_path)}

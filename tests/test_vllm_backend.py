@@ -420,7 +420,7 @@ def test_vllm_rollout_logprobs_equal_trainer_logprobs(
     from helpers import run_config
     from relayrl.cluster.local import build_local_roles
     from relayrl.controller.algorithms import make_requests
-    from relayrl.controller.prompts import PromptSource
+    from relayrl.data.prompts import PromptSource
     from relayrl.rollout.vllm_backend import VllmEngine
     from relayrl.telemetry.mismatch import MismatchMonitor
     from relayrl.workers import Experience
@@ -625,7 +625,7 @@ def test_collective_weight_sync_into_a_vllm_replica_on_ray(tmp_path):
     from helpers import run_config
     from relayrl.cluster.ray_roles import build_ray_roles
     from relayrl.controller.algorithms import make_requests
-    from relayrl.controller.prompts import PromptSource
+    from relayrl.data.prompts import PromptSource
     from relayrl.workers import Experience
 
     model, _ = build(tmp_path, "llama")

@@ -97,6 +97,7 @@ class EngineSpec:
     """Where the own engine computes and the shared weights live (``cpu``, ``cuda:<i>``); the
     vLLM backend places itself (its shared weights stay on the CPU)."""
     cuda_graphs: bool | None = None  # rollout.cuda_graphs (None: on for CUDA)
+    weight_sync_timeout_s: float = 600.0  # weight_sync.timeout_s (a vLLM server's updates)
 
     def shared_device(self) -> torch.device:
         """The device of the shared weight tensors (CPU for the vLLM backend)."""

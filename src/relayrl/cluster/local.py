@@ -68,6 +68,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
             kv_cache_gib=cfg.rollout.vllm_kv_cache_gib,
             dtype=cfg.model.dtype,
             seed=cfg.seed,  # in process, vLLM re-seeds the global RNGs with it at start-up
+            weight_sync_timeout_s=cfg.weight_sync.timeout_s,
             state_dict=actor.state_dict() if lora else None,  # LoRA: merged weights
         )
         if ipc:  # pragma: no cover - needs CUDA (not run here)
@@ -99,6 +100,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
             vllm_gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
             device=str(engine_device(cfg)),
             cuda_graphs=cfg.rollout.cuda_graphs,
+            weight_sync_timeout_s=cfg.weight_sync.timeout_s,
         )
         rollout = EngineProcess(spec, actor.state_dict(), sync_timeout_s=cfg.weight_sync.timeout_s)
     reference = None

@@ -174,6 +174,7 @@ class RoleHost(CollectiveWeightSync):
                 dtype=cfg.model.dtype,
                 seed=cfg.seed,
                 state_dict=dict(state) if state is not None else None,
+                weight_sync_timeout_s=cfg.weight_sync.timeout_s,
             )
             return
         precision = precision_for(cfg.model, trainable=False)

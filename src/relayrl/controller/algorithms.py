@@ -23,8 +23,8 @@ from relayrl.algos import (
 )
 from relayrl.config import RunConfig
 from relayrl.controller.failures import FailureLog, infra_cause, retry_failed
-from relayrl.controller.prompts import TokenizedPrompt
 from relayrl.data import dynamic_sample
+from relayrl.data.prompts import TokenizedPrompt
 from relayrl.env.export import save_trajectories
 from relayrl.env.scoring import expand_episodes
 from relayrl.env.turn_credit import turn_advantages

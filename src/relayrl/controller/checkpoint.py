@@ -32,12 +32,26 @@ import torch
 
 from relayrl.controller.faults import CheckpointWriteError
 from relayrl.model import weights_problem
+from relayrl.model.lora import save_merged
 
 STATE_FILE = "trainer_state.pt"
 SHARDED_KEY = "sharded_dir"
 """In a role's entry of ``trainer_state.pt``: the folder of its sharded checkpoint."""
 
 Writer = Callable[[Path], None]
+MERGED_DIR = "actor_merged"
+"""With ``model.lora.save_merged``: base + merged adapters, a plain HF directory."""
+
+
+def merged_export(model: Any, tokenizer: Any) -> Writer:
+    """A writer of ``MERGED_DIR``: the LoRA actor's adapters merged into a copy of its base."""
+
+    def write(ckpt: Path) -> None:
+        save_merged(model, tokenizer, ckpt / MERGED_DIR)
+
+    return write
+
+
 """Writes part of a checkpoint into the (temporary) checkpoint directory it is given."""
 
 

@@ -1,7 +1,7 @@
 """Held-out evaluation: pass rate, pass@k and maj@k of the current policy.
 
 One code path for ``relayrl eval`` and the evals inside training (``eval.*`` in the run
-config, ``relayrl.config_eval``). Each prompt gets ``n`` answers (greedy when ``n`` is 1, the
+config, ``relayrl.config.eval``). Each prompt gets ``n`` answers (greedy when ``n`` is 1, the
 default), each answer is scored by the run's reward and counts as correct when its verifiable
 outcome is >= 1.
 
@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.config import DataConfig
-from relayrl.config_eval import EvalConfig
+from relayrl.config.eval import EvalConfig
 from relayrl.controller.failures import infra_cause, retry_failed
-from relayrl.controller.prompts import PromptSource, TokenizedPrompt
+from relayrl.data.prompts import PromptSource, TokenizedPrompt
 from relayrl.reward import answers_equal, extract_final_answer, extract_integer_answer
 from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
 from relayrl.workers.reward import RewardWorker

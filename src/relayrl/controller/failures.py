@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from relayrl.config_failures import FailuresConfig
+from relayrl.config.failures import FailuresConfig
 from relayrl.controller.faults import RunFault
 from relayrl.env.scoring import env_info
 from relayrl.rollout.types import GenerationRequest, Sample

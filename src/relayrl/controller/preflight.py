@@ -142,7 +142,7 @@ def check_context(cfg: RunConfig, tokenizer: Any, ctx: Context, training: bool =
     room = ctx.tokens - max_tokens
     if max_prompt <= room:
         return
-    from relayrl.controller.prompts import PromptSource
+    from relayrl.data.prompts import PromptSource
 
     source = PromptSource(cfg.data, tokenizer, cfg.seed, with_train=training)
     for name, lengths in source.prompt_lengths(per_step=cfg.algo.prompts_per_step).items():

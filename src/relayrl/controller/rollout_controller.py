@@ -25,9 +25,9 @@ from relayrl.controller.algorithms import group_outcomes, group_requests
 from relayrl.controller.buffer import GroupBuffer, ScoredGroup
 from relayrl.controller.failures import infra_cause
 from relayrl.controller.faults import RunFault
-from relayrl.controller.prompts import PromptSource, TokenizedPrompt
 from relayrl.controller.staleness import StalenessGate
 from relayrl.data.dynamic import has_signal
+from relayrl.data.prompts import PromptSource, TokenizedPrompt
 from relayrl.env.scoring import scoring_view
 from relayrl.rollout import Sample
 from relayrl.telemetry.timeline import Timeline

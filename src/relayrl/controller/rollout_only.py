@@ -17,8 +17,8 @@ from typing import Any
 from relayrl.config import RunConfig
 from relayrl.controller.algorithms import make_requests, rollout_and_score
 from relayrl.controller.failures import FailureLog
-from relayrl.controller.prompts import PromptSource
 from relayrl.controller.schedules import attach_episodes
+from relayrl.data.prompts import PromptSource
 from relayrl.rollout import Sample
 from relayrl.workers import Roles
 

@@ -32,9 +32,9 @@ from relayrl.controller.algorithms import (
 )
 from relayrl.controller.buffer import GroupBuffer
 from relayrl.controller.failures import FailureLog
-from relayrl.controller.prompts import PromptSource
 from relayrl.controller.rollout_controller import RolloutController
 from relayrl.controller.staleness import StalenessGate
+from relayrl.data.prompts import PromptSource
 from relayrl.env.registry import resolve_factory
 from relayrl.env.render import make_renderer
 from relayrl.env.runner import EpisodeRunner, RunnerLimits

@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 import random
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from relayrl.config import DataConfig, PromptSourceConfig, SFTConfig
+from relayrl.config import SFTConfig
 from relayrl.controller.checkpoint import (
     checkpoint_step,
     latest_checkpoint,
@@ -36,15 +36,9 @@ from relayrl.controller.checkpoint import (
 from relayrl.controller.evaluate import greedy_pass_rate
 from relayrl.controller.faults import RunFault, RunInterrupted, StepGuard, signal_name
 from relayrl.controller.preflight import check_sft_lengths, check_sft_val_prompts
-from relayrl.controller.prompts import arithmetic_task, tokenize_prompts
-from relayrl.data import (
-    PromptRecord,
-    SFTRecord,
-    load_prompts_jsonl,
-    load_sft_jsonl,
-    render_prompt,
-)
+from relayrl.data import PromptRecord, SFTRecord, load_sft_jsonl
 from relayrl.data.prompt_format import FORMAT_FILE, prompt_format
+from relayrl.data.prompts import arithmetic_task, load_prompts, render_prompt, tokenize_prompts
 from relayrl.model import (
     forward_logprobs,
     load_causal_lm,
@@ -287,16 +281,19 @@ def _validator(
 ) -> Callable[[], float]:
     """Greedy pass rate on ``val_path`` or on a validation stream of the arithmetic task
     (never the RL eval set: ``exclude_prompts``)."""
+    rows: Sequence[PromptRecord]
     if cfg.val_path is not None:
-        rows = load_prompts_jsonl(cfg.val_path)
+        rows = load_prompts(cfg.val_path)
     elif cfg.task == "arithmetic":
         task = arithmetic_task(cfg.arithmetic, seed=cfg.seed + 2)
         rows = task.sample(2 * cfg.eval_size)
     else:
         raise ValueError("SFT eval_every needs task 'arithmetic' or a val_path (prompt, answer)")
     records = [r for r in rows if r.prompt not in (exclude_prompts or ())]
-    fmt = DataConfig(source=PromptSourceConfig(**cfg.data.source.model_dump()))  # as trained
-    prompts = tokenize_prompts(records[: cfg.eval_size], tokenizer, 10**9, fmt)[0]
+    fmt = cfg.data.source  # the prompt format, as trained
+    prompts = tokenize_prompts(
+        records[: cfg.eval_size], tokenizer, 10**9, fmt.chat_template, fmt.system_prompt
+    )[0]
     engine = RolloutEngine(
         model,
         eos_token_id=tokenizer.eos_token_id,

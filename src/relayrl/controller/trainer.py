@@ -33,6 +33,7 @@ from relayrl.controller.background_eval import BackgroundEval
 from relayrl.controller.checkpoint import (
     load_role_state,
     load_trainer_state,
+    merged_export,
     newest_intact,
     rng_state,
     role_state,
@@ -43,10 +44,10 @@ from relayrl.controller.checkpoint import (
 from relayrl.controller.evaluate import held_out_metrics
 from relayrl.controller.failures import InfraBudgetExceeded
 from relayrl.controller.faults import RunFault, RunInterrupted, StepGuard, signal_name
-from relayrl.controller.prompts import PromptSource
 from relayrl.controller.run_dir import claim_run_dir, record_config
 from relayrl.controller.schedules import make_schedule
 from relayrl.data.prompt_format import FORMAT_FILE, prompt_format
+from relayrl.data.prompts import PromptSource
 from relayrl.reward import RewardFunctionError, get_reward_fn, score
 from relayrl.telemetry import MetricsLogger, StepProgress, print_summary
 from relayrl.telemetry.monitors import RunMonitor
@@ -413,6 +414,8 @@ def _save(cfg: RunConfig, roles: Roles, b: _Boundary) -> Path:
         (ckpt / "actor" / FORMAT_FILE).write_text(fmt + "\n")
 
     writers.append(write_format)
+    if cfg.model.lora is not None and cfg.model.lora.save_merged:
+        writers.append(merged_export(roles.actor.model, roles.tokenizer))
     return save_checkpoint(
         cfg.run_dir,
         b.step,

@@ -1,8 +1,9 @@
 """Datasets and built-in tasks (layer 5; may import ``reward``).
 
-- records and JSONL files (``records``, ``jsonl``); JSONL, Parquet and saved Hugging Face
-  datasets behind one loader (``sources``); chat templates and tokenisation with a skip
-  report (``prompting``);
+- records and JSONL files (``records``, ``jsonl``);
+- the prompt pipeline (``prompts``): JSONL, Parquet and saved Hugging Face datasets behind one
+  loader, chat templates, tokenising with a skip report, the hold-out and the seeded per-step
+  draw (``PromptSource``), built from ``cfg.data`` in one place;
 - the arithmetic task (``arithmetic``);
 - difficulty filtering by measured pass rate (``filtering``) and DAPO dynamic sampling
   (``dynamic``).
@@ -17,10 +18,18 @@ from relayrl.data.filtering import (
     measure_pass_rates,
     run_difficulty_filter,
 )
-from relayrl.data.jsonl import DataError, load_prompts_jsonl, load_sft_jsonl, write_jsonl
-from relayrl.data.prompting import SkipReport, has_chat_template, render_prompt, tokenize_prompts
+from relayrl.data.jsonl import DataError, load_sft_jsonl, write_jsonl
+from relayrl.data.prompts import (
+    PromptSource,
+    SkipReport,
+    TokenizedPrompt,
+    has_chat_template,
+    load_prompts,
+    prompt_from_row,
+    render_prompt,
+    tokenize_prompts,
+)
 from relayrl.data.records import PromptRecord, SFTRecord
-from relayrl.data.sources import load_prompt_dataset, prompt_from_row
 
 __all__ = [
     "ArithmeticTask",
@@ -28,15 +37,16 @@ __all__ = [
     "DynamicSamplingStats",
     "FilterReport",
     "PromptRecord",
+    "PromptSource",
     "SFTRecord",
     "SkipReport",
+    "TokenizedPrompt",
     "difficulty_bucket",
     "dynamic_sample",
     "filter_by_pass_rate",
     "has_chat_template",
     "has_signal",
-    "load_prompt_dataset",
-    "load_prompts_jsonl",
+    "load_prompts",
     "load_sft_jsonl",
     "measure_pass_rates",
     "prompt_from_row",

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.data.jsonl import DataError, write_jsonl
+from relayrl.data.prompts.tokens import TokenizedPrompt
 from relayrl.data.records import PromptRecord
 
 __all__ = [
@@ -98,7 +99,7 @@ def filter_by_pass_rate(
 
 def measure_pass_rates(
     engine: Any,
-    prompts: Sequence[tuple[PromptRecord, list[int]]],
+    prompts: Sequence[TokenizedPrompt],
     service: Any,
     n: int,
     *,
@@ -110,7 +111,7 @@ def measure_pass_rates(
     pass_threshold: float = 1.0,
     chunk_prompts: int = 64,
 ) -> list[float]:
-    """Pass rate of each (record, prompt ids) under ``engine``'s current policy.
+    """Pass rate of each prompt (its record and token ids) under ``engine``'s current policy.
 
     ``n`` seeded samples per prompt (seed from (seed, prompt index, k)); each is scored by
     ``service`` (a ``RewardService``); a sample passes when its raw ``outcome`` is
@@ -124,7 +125,8 @@ def measure_pass_rates(
     for start in range(0, len(prompts), chunk_prompts):
         chunk = prompts[start : start + chunk_prompts]
         requests = []
-        for j, (rec, ids) in enumerate(chunk):
+        for j, p in enumerate(chunk):
+            rec, ids = p.record, p.ids
             for k in range(n):
                 s = (seed * 1_000_003 + (start + j) * n + k) & 0x7FFFFFFF
                 params = SamplingParams(
@@ -164,8 +166,8 @@ def run_difficulty_filter(
     """
     import torch
 
-    from relayrl.data.prompting import tokenize_prompts
-    from relayrl.data.sources import load_prompt_dataset
+    from relayrl.data.prompts.tasks import read_rows
+    from relayrl.data.prompts.tokens import tokenize_prompts
     from relayrl.model import load_causal_lm, load_tokenizer, set_threads
     from relayrl.reward.service import build_reward_service
     from relayrl.rollout import RolloutEngine
@@ -175,13 +177,7 @@ def run_difficulty_filter(
     if input_path is None:
         raise ValueError("relayrl filter: give --input or set data.train_path")
     src = cfg.data.source
-    records = load_prompt_dataset(
-        input_path,
-        prompt_key=src.prompt_key,
-        answer_key=src.answer_key,
-        require_answer=src.require_answer,
-        split=src.split,
-    )
+    records = read_rows(src, str(input_path))
     set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.model.path)
@@ -202,7 +198,7 @@ def run_difficulty_filter(
     if not prompts:
         raise DataError(skip.why_none(str(input_path)))
     room = engine.max_model_len - cfg.rollout.max_tokens
-    over = [len(ids) for _, ids in prompts if len(ids) > room]
+    over = [len(p.ids) for p in prompts if len(p.ids) > room]
     if over:  # the engine would cut their answers short without a word
         raise DataError(
             f"{len(over)} of {len(prompts)} prompts in {input_path} are longer than {room} "
@@ -225,7 +221,7 @@ def run_difficulty_filter(
             stop_token_ids=stop,
             seed=cfg.seed,
         )
-    kept, report = filter_by_pass_rate([r for r, _ in prompts], rates, low, high)
+    kept, report = filter_by_pass_rate([p.record for p in prompts], rates, low, high)
     report.total = len(records)
     report.skipped = skip.skipped
     report.samples_per_prompt = n

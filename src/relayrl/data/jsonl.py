@@ -1,4 +1,8 @@
-"""JSONL datasets: prompt rows and SFT rows, with ``file:line`` errors for bad rows."""
+"""JSONL files: reading SFT rows and any JSON objects with ``file:line`` errors, writing rows.
+
+Prompt rows are read by the prompt pipeline's one loader (``relayrl.data.prompts.read``), which
+takes JSONL, Parquet and saved datasets alike.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,9 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from relayrl.data.records import PromptRecord, SFTRecord
+from relayrl.data.records import SFTRecord
 
-__all__ = ["DataError", "load_prompts_jsonl", "load_sft_jsonl", "write_jsonl"]
+__all__ = ["DataError", "iter_jsonl_objects", "load_sft_jsonl", "write_jsonl"]
 
 T = TypeVar("T")
 
@@ -83,19 +87,6 @@ def _load(path: str | Path, parse: Callable[[dict[str, Any], str], T]) -> list[T
     return records
 
 
-def _prompt_row(row: dict[str, Any], where: str) -> PromptRecord:
-    prompt = _required_str(row, "prompt", where)
-    answer = row.get("answer")
-    if answer is not None:
-        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
-            raise DataError(
-                where + f"field 'answer' must be a string or number, got {_json_type(answer)}"
-            )
-        answer = str(answer)
-    extra = {k: v for k, v in row.items() if k not in ("prompt", "answer")}
-    return PromptRecord(prompt=prompt, answer=answer, extra=extra)
-
-
 def _sft_row(row: dict[str, Any], where: str) -> SFTRecord:
     prompt = _required_str(row, "prompt", where)
     if "segments" not in row:
@@ -119,22 +110,13 @@ def _sft_row(row: dict[str, Any], where: str) -> SFTRecord:
     return SFTRecord(prompt, joined, tuple(segments))
 
 
-def load_prompts_jsonl(path: str | Path) -> list[PromptRecord]:
-    """Load RL prompts: ``prompt`` (string, required), ``answer`` (optional string or number,
-    stored as a string; null means none); every other field goes into ``extra``.
-
-    Blank lines are skipped. Raises ``DataError`` (``"{path}:{lineno}: ..."``) on a bad
-    line, and ``DataError`` naming the path when the file is missing or has no rows.
-    """
-    return _load(path, _prompt_row)
-
-
 def load_sft_jsonl(path: str | Path) -> list[SFTRecord]:
     """Load SFT pairs: ``prompt`` and ``response`` (strings, required); other fields are
     ignored. Optional ``segments``: ``[{"text": str, "train": bool}, ...]`` splitting the
     response into pieces the loss covers (``train``, default true) or skips (an environment's
     observations); ``response`` may then be left out, and if given must equal the texts joined.
-    Errors as for ``load_prompts_jsonl``."""
+    Blank lines are skipped. Raises ``DataError`` (``"{path}:{lineno}: ..."``) on a bad line,
+    and ``DataError`` naming the path when the file is missing or has no rows."""
     return _load(path, _sft_row)
 
 

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from relayrl.data.prompting import has_chat_template
+from relayrl.data.prompts.template import has_chat_template
 
 __all__ = ["FORMAT_FILE", "format_mismatch", "prompt_format", "read_prompt_format"]
 

@@ -24,7 +24,7 @@ class PromptRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """A flat JSON row (``prompt``, ``answer`` when set, then extra fields) that
-        ``load_prompts_jsonl`` reads back into an equal record."""
+        ``relayrl.data.prompts.load_prompts`` reads back into an equal record."""
         row: dict[str, Any] = {"prompt": self.prompt}
         if self.answer is not None:
             row["answer"] = self.answer

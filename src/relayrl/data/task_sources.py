@@ -15,7 +15,7 @@ e.g. ``operators=+,-``), else a string.
 
 Held out: with ``data.eval_path`` unset, ``data.eval_size`` seeded problems of the generated
 set are held out and every training row with the same prompt text is dropped (the rule of any
-prompt file, ``relayrl.controller.prompt_table.hold_out_rows``), so training never sees a
+prompt file, ``relayrl.data.prompts.hold_out.hold_out_rows``), so training never sees a
 held-out problem, duplicates included.
 """
 

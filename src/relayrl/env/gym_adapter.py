@@ -7,16 +7,21 @@
   reward, done, info)`` too), where the action is the assistant turn's text and an observation
   is a string (a ``user`` message), a message dict or a list of messages;
 - SkyRL-gym's ``BaseTextEnv`` (``init(prompt) -> (messages, metadata)``, ``step(action) ->
-  {"observations": [...], "reward": r, "done": d, "metadata": {...}}``).
+  {"observations": [...], "reward": r, "done": d, "metadata": {...}}``); the real package's
+  registered environments by id: :mod:`relayrl.env.skyrl_adapter` (``env.factory: skyrl``).
 
 ``make(row)`` builds the environment of one episode from the dataset row (a fresh one each
 episode, as both APIs expect; it may return an instance or a class to call with no argument).
-The first messages: SkyRL's ``init`` gets the row's ``prompt`` as a chat (``[{"role": "user",
-...}]``) and returns the first messages; Gymnasium's ``reset`` gets ``options=row`` and
-``seed=row.get("seed")``, and its observation is the first user message. Per-step rewards are
+The first messages: SkyRL's ``init`` gets the row's ``prompt`` as a chat (a string becomes
+``[{"role": "user", ...}]``, a list of messages is passed as is) and returns the first
+messages; Gymnasium's ``reset`` gets ``options=row`` and ``seed=row.get("seed")``, and its
+observation is the first user message. Per-step rewards are
 the :class:`StepResult` rewards: the one of the step that ends the episode is its outcome
 (``env.outcome: env``), the earlier ones are turn rewards; ``truncated`` ends the episode too
-(``info["truncated"]``). ``close`` is called when the episode's environment is let go.
+(``info["truncated"]``). A SkyRL step's ``postprocessed_action`` is kept in ``info`` but not
+applied (the trained tokens are the engine's, so the next turn extends them unchanged), and the
+env's ``get_metrics()`` at the end of an episode is ``info["metrics"]``. ``close`` is called
+when the episode's environment is let go.
 Everything a step or reset does runs on the environment's own loop (``relayrl.env.pool``), so
 a blocking gym env never stalls the others; sync methods run in a worker thread.
 """
@@ -51,7 +56,12 @@ class GymTextEnvironment(Environment):
         env = await call_maybe_async(self.make, dict(row))
         self.env = env() if isinstance(env, type) else env
         if hasattr(self.env, "init"):  # SkyRL-gym BaseTextEnv
-            prompt = [{"role": "user", "content": str(row.get("prompt", ""))}]
+            raw = row.get("prompt", "")
+            prompt = (
+                check_messages(raw, "row['prompt']")
+                if isinstance(raw, list)
+                else [{"role": "user", "content": str(raw)}]
+            )
             out = await call_maybe_async(self.env.init, prompt)
             msgs = out[0] if isinstance(out, tuple) else out
             return _messages(msgs, "init")
@@ -71,6 +81,11 @@ class GymTextEnvironment(Environment):
         if isinstance(out, Mapping):  # SkyRL-gym: BaseTextEnvStepOutput (a TypedDict)
             obs, reward = out.get("observations") or [], out.get("reward")
             done, info = bool(out.get("done")), dict(out.get("metadata") or {})
+            if out.get("postprocessed_action") is not None:  # recorded; the tokens stand
+                info["postprocessed_action"] = out["postprocessed_action"]
+            metrics = getattr(self.env, "get_metrics", None)
+            if done and callable(metrics):
+                info["metrics"] = dict(await call_maybe_async(metrics) or {})
         elif isinstance(out, tuple) and len(out) == 5:
             obs, reward, terminated, truncated, info = out
             done, info = bool(terminated or truncated), dict(info or {})

@@ -17,6 +17,7 @@ BUILTIN: dict[str, str] = {
     "latency": "relayrl.env.builtin.latency:make_latency_env",
     "mcp": "relayrl.env.mcp_tools:make_mcp_env",
     "gym": "relayrl.env.gym_adapter:make_gym_env",
+    "skyrl": "relayrl.env.skyrl_adapter:make_skyrl_env",
 }
 
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from relayrl.rollout import varlen_decode
+from relayrl.rollout.cpu_kernels import varlen_decode
 
 SUPPORTED = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"})
 """Model classes (by name) whose decoder layer is the one ``direct_logits`` runs."""

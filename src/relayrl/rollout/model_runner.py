@@ -22,14 +22,13 @@ Two ways to run a step:
   two, merged while merging is cheaper than another attention call), each reading only its
   own columns of the cache: without them every row would read, and attend over, as many
   columns as the longest sequence. In float32 on the CPU no row needs any of this:
-  ``relayrl.rollout.varlen_decode`` walks each row's own columns of the arena in one call per
-  layer, the prompt tokens too (token ``t`` of a prompt reads its slot's columns ``0 .. t``,
-  written by ``cache.update`` just before attention): no gathers, masks, buckets or
-  per-prompt calls, a step's attention is one call per layer whatever it holds
-  (``varlen_decode=False`` turns it off). For Llama, Qwen2 and Mistral models the split
-  forward itself runs without ``nn.Module`` calls (``relayrl.rollout.direct_forward``: the
-  same operations, bitwise the same logits, checked at first use; ``direct=False`` turns it
-  off); on CUDA its decode-only steps replay CUDA graphs (``relayrl.rollout.cuda_graphs``).
+  ``cpu_kernels.varlen_decode`` walks each row's own columns of the arena in one call per layer,
+  the prompt tokens too (token ``t`` of a prompt reads its slot's columns ``0 .. t``, written by
+  ``cache.update`` just before attention): no gathers, masks, buckets or per-prompt calls, a step's
+  attention is one call per layer whatever it holds (``varlen_decode=False`` turns it off). For
+  Llama, Qwen2 and Mistral models the split forward runs without ``nn.Module`` calls
+  (``relayrl.rollout.direct_forward``, bitwise the same logits, checked at first use; off:
+  ``direct=False``); on CUDA, decode steps replay CUDA graphs.
 - **Padded** (the fallback, any model whose attention goes through ``cache.update`` and a 4D
   mask): rows right-aligned in an ``[n, q]`` window, the last column is every row's last
   token, leading pad columns write to the cache's trash column. Decode rows and prefills run
@@ -42,13 +41,15 @@ the model's ``device`` by non-blocking copies (``relayrl.rollout.transfer``); no
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from relayrl.rollout import direct_forward, varlen_decode
+from relayrl.rollout import direct_forward
 from relayrl.rollout import split_attention as attention
+from relayrl.rollout.cpu_kernels import varlen_decode
 from relayrl.rollout.cuda_graphs import DecodeGraphs
 from relayrl.rollout.kv_cache import SlotKVCache
 from relayrl.rollout.transfer import (
@@ -92,11 +93,10 @@ class ModelRunner:
         # 0 turns bucketing off.
         self.bucket_overhead = bucket_overhead
         self.bucket_min_len = bucket_min_len  # the shortest class: lengths <= this
-        # What one more prefill attention call costs, in query-key pairs (on this CPU ~12 us,
-        # ~2000 pairs of a 4-head, 16-dim layer); see ``_prompt_by_prompt``.
+        # one more prefill attention call's cost, in query-key pairs (``_prompt_by_prompt``)
         self.prefill_call_cost = prefill_call_cost
-        # split forwards of supported models through ``direct_forward`` (no module calls)
-        self.direct = direct
+        # split forwards through ``direct_forward`` (no module calls; off: RELAYRL_DIRECT_FORWARD=0)
+        self.direct = direct and os.environ.get("RELAYRL_DIRECT_FORWARD", "1") != "0"
         # decode rows through ``varlen_decode`` (float32 on the CPU, when its kernel builds):
         # each row reads its own cache length, no buckets, no gathers, no masks; decode-only
         # direct steps through CUDA graphs when ``graphs`` (``relayrl.rollout.cuda_graphs``)

@@ -19,7 +19,7 @@ whether it was interrupted and re-prefilled. It is the stateless equivalent of o
 no generator on the logits' device: the uniforms are computed on the host (the same numbers
 on every device) and copied with the step's other inputs.
 
-On the CPU (float32 logits, the step library of ``relayrl.rollout.varlen_decode`` built)
+On the CPU (float32 logits, the step library of ``relayrl.rollout.cpu_kernels.varlen_decode`` built)
 everything after the log_softmax, i.e. the uniforms, the float64 CDF, the search, greedy
 rows' argmax and the token's logprob, runs in one C call (``sample_rows_f32``) with the same
 results as the torch operations (``tests/test_step_kernels.py``): 3.5-5.5x less sampler
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from relayrl.rollout import varlen_decode
+from relayrl.rollout.cpu_kernels import varlen_decode
 from relayrl.rollout.transfer import device_tensor, to_host
 
 _MASK64 = (1 << 64) - 1

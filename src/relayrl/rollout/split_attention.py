@@ -14,7 +14,7 @@ for the duration of the forward:
   SDPA call over all of them with a block-diagonal mask, or one plain-causal call per prompt
   when that costs less (``ModelRunner._prompt_by_prompt``);
 - or, in float32 on the CPU, every row of the step, decode row or prompt token, in one call
-  of ``relayrl.rollout.varlen_decode`` reading its own slot's first ``position + 1`` columns
+  of ``cpu_kernels.varlen_decode`` reading its own slot's first ``position + 1`` columns
   (``SplitState.decode_varlen``).
 """
 
@@ -30,7 +30,7 @@ from torch import Tensor
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from relayrl.rollout import varlen_decode
+from relayrl.rollout.cpu_kernels import varlen_decode
 from relayrl.rollout.kv_cache import SlotKVCache, read_rows
 
 SPLIT_ATTENTION = "relayrl_split_sdpa"

@@ -32,12 +32,14 @@ def make_vllm_engine(
     weight_transfer: str | None = None,
     interrupt_mode: str = "reprefill",
     state_dict: Mapping[str, Tensor] | None = None,
+    weight_sync_timeout_s: float = 600.0,
     **common: Any,
 ) -> Any:
     """The vLLM engine for ``process`` on ``device``; ``common``: the arguments both engines
     take (``eos_token_id``, ``pad_token_id``, ``max_slots``, ``version``, ``seed``,
     ``kv_cache_gib``, ``dtype``); ``weight_transfer`` (a GPU server): vLLM's transfer
-    engine to start (``ipc`` / ``nccl``), driven by ``vllm_gpu_sync.attach``."""
+    engine to start (``ipc`` / ``nccl``), driven by ``vllm_gpu_sync.attach``;
+    ``weight_sync_timeout_s`` (a server): the bound on each request of a weight update."""
     device = str(device)
     if use_server(process, device):
         from relayrl.rollout.vllm_server import VllmServerEngine
@@ -53,6 +55,7 @@ def make_vllm_engine(
             gpu_memory_utilization=gpu_memory_utilization,
             weight_transfer=weight_transfer,
             state_dict=state_dict,
+            weight_sync_timeout_s=weight_sync_timeout_s,
             **common,
         )
     from relayrl.rollout.vllm_backend import VllmEngine
@@ -83,4 +86,5 @@ def engine_from_spec(spec: Any, state_dict: Mapping[str, Tensor]) -> Any:
         dtype=spec.dtype,
         state_dict=state_dict,
         urgent_steps=spec.urgent_steps,
+        weight_sync_timeout_s=spec.weight_sync_timeout_s,
     )

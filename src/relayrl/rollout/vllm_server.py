@@ -52,12 +52,21 @@ from relayrl.rollout.types import FinishReason, Sample
 from relayrl.rollout.vllm_frontend import LiveRequest, VllmFrontend, model_shapes, next_submission
 from relayrl.rollout.vllm_server_process import (
     VllmServer,
+    VllmServerError,
     check_head_size,
     default_gpu_memory_utilization,
     external_id,
     free_port,
     server_args,
 )
+
+GENERATE_TIMEOUT_S = 3600.0
+"""The bound on one generation call (a call runs until its request finishes or is aborted)."""
+
+
+class VllmWeightSyncError(RuntimeError):
+    """A weight update did not reach the vLLM server: it died or hung (docs/failures.md)."""
+
 
 SHM = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 
@@ -68,7 +77,8 @@ class VllmServerEngine(VllmFrontend):
     Args: as :class:`~relayrl.rollout.vllm_backend.VllmEngine`, plus ``device`` (``cpu`` or
     ``cuda[:i]``: where the server computes), ``gpu_memory_utilization`` (GPU; None: 90% of
     the free memory), ``weight_transfer`` (GPU: ``nccl`` / ``ipc``, vLLM's engine that
-    ``weight_sync`` drives) and ``startup_timeout_s``.
+    ``weight_sync`` drives), ``startup_timeout_s`` and ``weight_sync_timeout_s`` (the bound
+    on each server request but generation's: ``weight_sync.timeout_s``).
     """
 
     def __init__(
@@ -88,6 +98,7 @@ class VllmServerEngine(VllmFrontend):
         gpu_memory_utilization: float | None = None,
         weight_transfer: str | None = None,
         startup_timeout_s: float = 600.0,
+        weight_sync_timeout_s: float = 600.0,
         urgent_steps: int = 0,  # accepted for parity (the server schedules on its own)
     ) -> None:
         from transformers import AutoConfig
@@ -148,13 +159,15 @@ class VllmServerEngine(VllmFrontend):
             env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         elif ":" in device:
             env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
-        self.server = VllmServer(args, port, env, startup_timeout_s)
+        self._broken: str | None = None  # why the engine refuses requests (a failed update)
+        self.server = VllmServer(args, port, env, startup_timeout_s, weight_sync_timeout_s)
         self.server.call("/update_weight_version", {"new_version": str(version)})
         if state_dict is not None:
             self.load_weights(state_dict)
 
     # ------------------------------------------------------------------ requests
     def _send(self, live: LiveRequest) -> None:
+        self._check_usable()
         prompt, fields = next_submission(live, self.eos_token_id)
         top_k = live.seq.settings.top_k
         self._stats["prefill_tokens"] += len(prompt)
@@ -164,7 +177,9 @@ class VllmServerEngine(VllmFrontend):
             "token_ids": prompt,
             "sampling_params": {**fields, "top_k": top_k if top_k > 0 else -1},
         }
-        call = self._pool.submit(self.server.call, "/inference/v1/generate", body)
+        call = self._pool.submit(
+            self.server.call, "/inference/v1/generate", body, timeout=GENERATE_TIMEOUT_S
+        )
         self._calls[call] = live.seq.request_id
 
     def abort(self, request_id: int) -> bool:
@@ -187,6 +202,7 @@ class VllmServerEngine(VllmFrontend):
     def step(self, timeout: float | None = 0.05) -> list[Sample]:
         """Wait for at least one call to answer (at most ``timeout`` s, so a caller's loop
         stays responsive); returns the samples that finished (and any aborted since)."""
+        self._check_usable()
         if self._deferred is not None and not self._calls:
             self._apply_deferred()
         if self._calls and not self._finished:
@@ -238,7 +254,29 @@ class VllmServerEngine(VllmFrontend):
         interrupt: bool = True,
         strict: bool = True,
     ) -> None:
-        """New weights as version ``version`` (interrupting or not: see the module doc)."""
+        """New weights as version ``version`` (interrupting or not: see the module doc).
+
+        Every server request of the update is bounded by ``weight_sync_timeout_s``; a server
+        that dies or hangs meanwhile raises ``VllmWeightSyncError`` naming the server and the
+        version, and the engine refuses every later request (its weights may be half loaded).
+        """
+        self._check_usable()
+        try:
+            self._update(state_dict, version, interrupt, strict)
+        except VllmServerError as e:
+            self._broken = (
+                f"weight update to version {version} failed: {e}; the server may hold a "
+                "half-updated model and serves no more requests"
+            )
+            raise VllmWeightSyncError(self._broken) from e
+
+    def _check_usable(self) -> None:
+        if self._broken is not None:
+            raise VllmWeightSyncError(self._broken)
+
+    def _update(
+        self, state_dict: Mapping[str, Tensor], version: int, interrupt: bool, strict: bool
+    ) -> None:
         state = self._begin_update(state_dict, version, strict)
         if not interrupt and self._calls:
             self._deferred = ({k: v.detach().clone() for k, v in state.items()}, version)
@@ -278,7 +316,11 @@ class VllmServerEngine(VllmFrontend):
         assert self._deferred is not None
         state, version = self._deferred
         self._deferred = None
-        self._load(state, version)
+        try:
+            self._load(state, version)
+        except VllmServerError as e:
+            self._broken = f"deferred weight update to version {version} failed: {e}"
+            raise VllmWeightSyncError(self._broken) from e
         for rid in self._take_held():
             self._send(self._live[rid])
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
@@ -122,12 +123,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class VllmServerError(RuntimeError):
+    """A vLLM server process died or did not answer a request in time."""
+
+
 class VllmServer:
     """One vLLM server process: started on construction (healthy or an error with its log's
-    tail), HTTP helpers, ``close`` stops it."""
+    tail), HTTP helpers (each request bounded by ``call_timeout_s``), ``close`` stops it."""
 
-    def __init__(self, args: list[str], port: int, env: Mapping[str, str], timeout_s: float):
+    def __init__(
+        self,
+        args: list[str],
+        port: int,
+        env: Mapping[str, str],
+        timeout_s: float,
+        call_timeout_s: float = 600.0,
+    ):
         self.url = f"http://127.0.0.1:{port}"
+        self.call_timeout_s = call_timeout_s
         self.log = Path(tempfile.mkstemp(prefix="relayrl-vllm-", suffix=".log")[1])
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
@@ -156,13 +169,38 @@ class VllmServer:
     def tail(self, n: int = 2000) -> str:
         return self.log.read_text(errors="replace")[-n:]
 
-    def call(self, path: str, body: Mapping[str, Any] | None = None, get: bool = False) -> Any:
+    def call(
+        self,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        get: bool = False,
+        timeout: float | None = None,
+    ) -> Any:
+        """One request to the server, answered within ``timeout`` seconds (default
+        ``call_timeout_s``) or a ``VllmServerError`` that says whether the process died (its
+        exit code and log's tail) or hung."""
         data = None if get else json.dumps(body or {}).encode()
         req = urllib.request.Request(
             self.url + path, data=data, headers={"content-type": "application/json"}
         )
-        with urllib.request.urlopen(req, timeout=3600) as r:
-            return json.loads(r.read() or b"null")
+        limit = self.call_timeout_s if timeout is None else timeout
+        try:
+            with urllib.request.urlopen(req, timeout=limit) as r:
+                return json.loads(r.read() or b"null")
+        except urllib.error.HTTPError:
+            raise  # the server answered: its own error
+        except (OSError, TimeoutError) as e:
+            raise VllmServerError(self._what_happened(path, limit, e)) from e
+
+    def _what_happened(self, path: str, limit: float, err: BaseException) -> str:
+        time.sleep(0.2)  # a killed server's socket closes before its exit is reaped
+        code = self.proc.poll()
+        if code is not None:
+            return f"vLLM server {self.url} (pid {self.proc.pid}) exited ({code}) during {path}"
+        return (
+            f"vLLM server {self.url} (pid {self.proc.pid}) did not answer {path} within "
+            f"{limit:g} s ({type(err).__name__}: {err})"
+        )
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -33,7 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
-from relayrl.config_sections import LoraConfig
+from relayrl.config import LoraConfig
 from relayrl.model.loading import (
     disable_dropout,
     load_causal_lm,

@@ -1,6 +1,6 @@
 """The ``env.agent`` section: train an agent written against the ``openai`` client.
 
-A leaf like ``relayrl.config_env`` (imports nothing from relayrl but the strict base). With
+With
 ``env.agent.function`` set, each rollout runs the user's agent against relayrl's
 OpenAI-compatible endpoint (``relayrl.env.agent_rollout``) instead of one engine request.
 """
@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from relayrl.config_base import KeyProblem, _Strict
+from relayrl.config.base import KeyProblem, _Strict
 
 
 class AgentConfig(_Strict):

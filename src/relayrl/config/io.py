@@ -1,6 +1,6 @@
 """Reading a run config: YAML with line numbers, ``key=value`` overrides, one-line errors.
 
-A leaf beside ``relayrl.config`` (which re-exports ``load_config`` and ``dump_config``).
+``relayrl.config`` re-exports ``load_config`` and ``dump_config``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from relayrl.config_base import ConfigError, KeyProblem
+from relayrl.config.base import ConfigError, KeyProblem
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -48,7 +48,8 @@ def _format_error(
     """One line: where the key was set (``command line``: by an override, itself or a section
     above it; else ``file:line``), the key, its value and what is wrong."""
     first = err.errors()[0]
-    loc, value, msg = list(first["loc"]), first.get("input"), first["msg"]
+    loc: list[Any] = list(first["loc"])
+    value, msg = first.get("input"), first["msg"]
     problem = first.get("ctx", {}).get("error")
     related: list[list[Any]] = []
     if isinstance(problem, KeyProblem):

@@ -1,6 +1,6 @@
 """The run config's building blocks: value types, the strict base model and its errors.
 
-A leaf (imports nothing from relayrl); ``relayrl.config`` re-exports every name.
+``relayrl.config`` re-exports every name.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Parquet files and saved Hugging Face datasets as Arrow tables, and their prompt columns.
 
-``arrow_table(path, split)`` reads what ``relayrl.data.sources`` accepts besides JSONL:
+``arrow_table(path, split)`` reads what ``relayrl.data.prompts.read`` accepts besides JSONL:
 
 - a ``.parquet`` file or a directory of them (sorted by path, rows numbered across the files
   in that order) through ``pyarrow.parquet`` (no ``datasets`` cache is written);

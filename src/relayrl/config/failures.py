@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from relayrl.config_base import _Strict
+from relayrl.config.base import _Strict
 
 
 class FailuresConfig(_Strict):

@@ -1,6 +1,5 @@
 """The ``env`` section of the run config: multi-turn episodes (``relayrl.env``).
 
-A leaf like ``relayrl.config_algo`` (imports nothing from relayrl but the strict base).
 Without ``env.factory`` a run is single-turn, as before.
 """
 
@@ -10,8 +9,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from relayrl.config_agent import AgentConfig  # env.agent (i20b)
-from relayrl.config_base import KeyProblem, _Strict
+from relayrl.config.agent import AgentConfig  # env.agent (i20b)
+from relayrl.config.base import KeyProblem, _Strict
 
 
 class EnvConfig(_Strict):

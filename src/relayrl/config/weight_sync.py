@@ -1,7 +1,7 @@
 """The weight-sync section of the run config (``weight_sync``): how the trainer's weights reach
 rollout replicas that do not share its process.
 
-A leaf like ``relayrl.config`` (it imports only ``config_base``; ``config`` imports it).
+Imports only ``relayrl.config.base``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from relayrl.config_base import _Strict
+from relayrl.config.base import _Strict
 
 
 class WeightSyncConfig(_Strict):
@@ -42,4 +42,6 @@ class WeightSyncConfig(_Strict):
     ranks on one GPU are refused, docs/gpu.md."""
     timeout_s: float = Field(600.0, gt=0)
     """How long a member of the weight group waits for the others (rendezvous, each
-    broadcast) before failing."""
+    broadcast) before failing; also the bound on each request of a weight update to a vLLM
+    server process (``rollout.vllm_process``), past which the run stops naming the server
+    and the version."""

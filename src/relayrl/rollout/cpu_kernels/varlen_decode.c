@@ -1,14 +1,12 @@
-"""The C source of ``relayrl.rollout.varlen_decode``'s kernel (built there, once per machine).
+/* The decode attention kernel of relayrl.rollout.cpu_kernels.varlen_decode (built by cpu_kernels.build).
 
-Three paths, one set of bits: plain C (``-DRELAYRL_SCALAR`` or a target without SSE2), SSE2
-(4 lanes: x86-64's baseline), and on an x86-64 CPU with AVX2 an 8-wide path chosen at run
-time (``__builtin_cpu_supports``; functions compiled with ``target("avx2")``, no FMA). Every
-float operation runs in the order the source writes it (no fast-math, ``-ffp-contract=off``)
-and every lane of a wider path repeats a narrower one's operations in its order, so the
-paths agree bit for bit (``tests/test_varlen_decode.py``).
-"""
+   Three paths, one set of bits: plain C (-DRELAYRL_SCALAR or a target without SSE2), SSE2
+   (4 lanes: x86-64's baseline), and on an x86-64 CPU with AVX2 an 8-wide path chosen at run
+   time (__builtin_cpu_supports; functions compiled with target("avx2"), no FMA). Every
+   float operation runs in the order the source writes it (no fast-math, -ffp-contract=off)
+   and every lane of a wider path repeats a narrower one's operations in its order, so the
+   paths agree bit for bit (tests/test_varlen_decode.py). */
 
-SOURCE = r"""
 #include <stdint.h>
 #if defined(__SSE2__) && !defined(RELAYRL_SCALAR)
 #include <emmintrin.h>
@@ -525,4 +523,3 @@ void decode_attention_f32(const float *q, const float *k, const float *v,
         }
     }
 }
-"""

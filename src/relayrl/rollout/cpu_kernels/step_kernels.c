@@ -1,14 +1,12 @@
-"""The C source of the float32 CPU step's other pieces, built with ``varlen_decode_source``
-into one library (``relayrl.rollout.varlen_decode``): a layer's rotary embedding, cache writes
-and attention in one call (``attend_layer_f32``, after ``decode_attention_f32`` in the same
-unit), the residual add with LlamaRMSNorm (``add_rms_f32``) and the sampler's inverse-CDF
-draw after its log_softmax (``sample_rows_f32``: SplitMix64 uniforms, a float64 running CDF,
-torch.searchsorted's binary search; ``relayrl.rollout.sampler``). Like the kernel they repeat
-torch's float operations in torch's order (the build forbids reassociation and contraction),
-so the direct path keeps the module path's bits (``tests/test_step_kernels.py``).
-"""
+/* The C source of the float32 CPU step's other pieces, built with varlen_decode.c
+   into one library (relayrl.rollout.cpu_kernels.varlen_decode): a layer's rotary embedding, cache writes
+   and attention in one call (attend_layer_f32, after decode_attention_f32 in the same
+   unit), the residual add with LlamaRMSNorm (add_rms_f32) and the sampler's inverse-CDF
+   draw after its log_softmax (sample_rows_f32: SplitMix64 uniforms, a float64 running CDF,
+   torch.searchsorted's binary search; relayrl.rollout.sampler). Like the kernel they repeat
+   torch's float operations in torch's order (the build forbids reassociation and contraction),
+   so the direct path keeps the module path's bits (tests/test_step_kernels.py). */
 
-STEP_SOURCE = r"""
 #include <math.h>
 #include <stdint.h>
 
@@ -179,4 +177,3 @@ void sample_rows_f32(const float *logits, int64_t ls, const float *probs, const 
         logprobs[i] = (double)logp[i * vocab + lo];
     }
 }
-"""

@@ -1,25 +1,43 @@
-"""A prompt dataset held as rows, each turned into a ``PromptRecord`` only when it is asked for.
+"""Reading a prompt dataset: JSONL, Parquet or a saved Hugging Face dataset, one row format,
+one loader (``load_prompts``).
 
-``load_prompt_rows`` reads the whole dataset and checks every row up front (the same
-``DataError`` messages, naming ``file:line``, as ``load_prompt_dataset``), but keeps a JSONL
-file's rows as the decoded JSON objects plus each row's prompt string: building a million
-``PromptRecord`` objects (and their ``extra`` dicts) costs as much again as parsing the file,
-and a run only ever looks at the rows it draws. The prompt strings are kept because the
-held-out split (``relayrl.controller.prompt_table.hold_out_rows``) needs every row's prompt.
+``load_prompts(path)`` picks the reader from what ``path`` is:
+
+- a directory written by ``datasets.Dataset.save_to_disk`` (or a ``DatasetDict``: then
+  ``split`` chooses, default ``"train"``) -> ``datasets.load_from_disk``;
+- a ``.parquet`` file, or a directory of them -> ``pyarrow.parquet`` (files sorted by path);
+- anything else -> JSONL, with ``file:line`` errors;
+- a spec that is no path, ``reasoning_gym:<task>?size=N&seed=S`` or ``humaneval`` -> the
+  built-in task sources (``relayrl.data.task_sources``).
+
+Each row becomes a ``PromptRecord`` (``prompt_from_row``): ``prompt_key`` (a string; or, when
+the row has no prompt but a ``messages`` list of chat turns, the content of its last user turn,
+the turns kept in ``extra["messages"]`` for the chat template), ``answer_key`` (string or
+number, stored as a string) and every other column in ``extra``. With ``require_answer`` a row
+without an answer is an error naming the row ("the reward needs it"), not a silently
+unscorable prompt. Errors are ``DataError`` with ``path[row N]: ...`` (``path:line: ...`` for
+JSONL); a missing path, an empty dataset or a directory that is neither form is one too.
+
+``load_prompts`` checks every row up front but returns ``PromptRows``, which builds a row's
+record only when it is asked for: building a million ``PromptRecord`` objects (and their
+``extra`` dicts) costs as much again as parsing the file, and a run only ever looks at the
+rows it draws. Every row's prompt string is kept, because the held-out split
+(``relayrl.data.prompts.hold_out``) needs them all.
 
 A JSONL file is decoded in one pass (the file's bytes, split on ``\\n``, each line through
 the ``json`` module's C scanner, which is what ``json.loads`` runs less two regex matches)
 with a check of the prompt and answer fields per row; a file with a bad line (or rows in the
-chat ``messages`` form) goes through the row-by-row reader instead, which raises the exact
-error. Measured on 200k short rows (CPU time): 0.30-0.33 s against 1.26-1.50 s for
-``load_prompt_dataset`` (iterating lines with a message prefix per line, a record per row).
+chat ``messages`` form) goes through the row-by-row reader (``records_row_by_row``) instead,
+which raises the exact error. Measured on 200k short rows (CPU time): 0.30-0.33 s against
+1.26-1.50 s for the row-by-row reader (iterating lines with a message prefix per line, a
+record per row).
 
 A Parquet file (or directory of them) or a saved Hugging Face dataset is kept as its Arrow
-table (``relayrl.data.arrow_rows``): the prompt column is read once as a list of strings and
-the column types are checked, so no row needs a check of its own; a row becomes a dict and a
-record when it is drawn. A table that needs per-row checks (nulls in the prompt column, an
+table (``relayrl.data.prompts.arrow``): the prompt column is read once as a list of strings
+and the column types are checked, so no row needs a check of its own; a row becomes a dict and
+a record when it is drawn. A table that needs per-row checks (nulls in the prompt column, an
 answer column of another type, chat ``messages`` rows, features ``datasets`` decodes) goes
-through ``load_prompt_dataset``, which raises the exact ``path[row N]: ...`` error. Measured
+through the row-by-row reader, which raises the exact ``path[row N]: ...`` error. Measured
 (``bench/prompt_sampling.py --format parquet`` / ``hf``, CPU time of the whole start-up): 1M
 rows 2.5-2.7 s against 21 s for a record per row through ``datasets``.
 """
@@ -32,14 +50,113 @@ import json
 import json.scanner
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, cast, overload
 
-from relayrl.data.arrow_rows import arrow_table, is_hf_dir, parquet_files, prompt_columns
-from relayrl.data.jsonl import DataError
+from relayrl.data.jsonl import DataError, _json_type, iter_jsonl_objects
+from relayrl.data.prompts.arrow import (
+    arrow_table,
+    hf_dataset,
+    is_hf_dir,
+    parquet_files,
+    prompt_columns,
+    read_parquet,
+)
 from relayrl.data.records import PromptRecord
-from relayrl.data.sources import load_prompt_dataset, prompt_from_row
+from relayrl.data.task_sources import is_task_source, load_task_source
 
-__all__ = ["PromptRows", "load_prompt_rows"]
+__all__ = ["PromptRows", "load_prompts", "prompt_from_row", "records_row_by_row"]
+
+
+def prompt_from_row(
+    row: dict[str, Any],
+    where: str,
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    require_answer: bool = False,
+) -> PromptRecord:
+    """One dataset row as a ``PromptRecord`` (see the module docstring); ``where`` prefixes
+    the ``DataError`` messages."""
+    extra: dict[str, Any] = {}
+    if prompt_key in row and row[prompt_key] is not None:
+        prompt = row[prompt_key]
+        if not isinstance(prompt, str):
+            raise DataError(
+                where + f"field {prompt_key!r} must be a string, got {_json_type(prompt)}"
+            )
+    elif isinstance(row.get("messages"), list):
+        messages = row["messages"]
+        users = [
+            m
+            for m in messages
+            if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str)
+        ]
+        if not users:
+            raise DataError(where + "field 'messages' has no user turn with string content")
+        prompt = users[-1]["content"]
+        extra["messages"] = messages
+    else:
+        raise DataError(where + f"missing required field {prompt_key!r}")
+    answer = row.get(answer_key)
+    if answer is None:
+        if require_answer:
+            raise DataError(
+                where + f"missing required field {answer_key!r} (the reward needs a reference "
+                "answer; set data.answer_key or data.require_answer=false)"
+            )
+    else:
+        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+            raise DataError(
+                where + f"field {answer_key!r} must be a string or number, got {_json_type(answer)}"
+            )
+        answer = str(answer)
+    for k, v in row.items():
+        if k not in (prompt_key, answer_key, "messages"):
+            extra[k] = v
+    return PromptRecord(prompt=prompt, answer=answer, extra=extra)
+
+
+def _hf_rows(path: Path, split: str | None) -> Iterator[dict[str, Any]]:
+    """The rows of a saved dataset (as ``datasets`` yields them) or of Parquet file(s) (as
+    ``pyarrow`` converts them: the same Python values), in order."""
+    if is_hf_dir(path):
+        yield from hf_dataset(path, split)
+        return
+    for batch in read_parquet(path).to_batches(max_chunksize=4096):
+        yield from batch.to_pylist()
+
+
+def records_row_by_row(
+    path: str | Path,
+    *,
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    require_answer: bool = False,
+    split: str | None = None,
+) -> list[PromptRecord]:
+    """Every row of the dataset at ``path`` as a ``PromptRecord``, checked one by one: the
+    reference reader that ``load_prompts`` falls back to for the exact ``DataError`` (a missing
+    path, an empty dataset, a bad row) and for rows its fast readers do not take."""
+    p = Path(path)
+    if not p.exists() and is_task_source(path):  # reasoning_gym:<task>, humaneval
+        return load_task_source(str(path))
+    if not p.exists():
+        raise DataError(f"{path}: file not found")
+    records: list[PromptRecord] = []
+    if is_hf_dir(p) or parquet_files(p):
+        for i, row in enumerate(_hf_rows(p, split)):
+            records.append(
+                prompt_from_row(row, f"{path}[row {i}]: ", prompt_key, answer_key, require_answer)
+            )
+    elif p.is_dir():
+        raise DataError(f"{path}: a directory that is neither a saved dataset nor Parquet files")
+    else:
+        for lineno, row in iter_jsonl_objects(p):
+            records.append(
+                prompt_from_row(row, f"{path}:{lineno}: ", prompt_key, answer_key, require_answer)
+            )
+    if not records:
+        raise DataError(f"{path}: no records (the dataset is empty)")
+    return records
 
 
 class PromptRows(Sequence[PromptRecord]):
@@ -48,7 +165,7 @@ class PromptRows(Sequence[PromptRecord]):
     Backed by the decoded JSON objects (``rows``), records built already (``records``) or an
     Arrow table (``table``, a ``pyarrow.Table``). ``prompt(i)`` is row ``i``'s prompt string
     without building its record; ``is_blank(i)`` says the row has an empty prompt and no chat
-    turns (``tokenize_prompts`` skips those); ``records(indices)`` builds several at once.
+    turns (tokenising skips those); ``records(indices)`` builds several at once.
     """
 
     def __init__(
@@ -168,7 +285,7 @@ def _fast_jsonl(
         text = text[1:]
     # json.loads(line) is: skip JSON whitespace, scan one value, only whitespace after it;
     # the C scanner called directly does the same without two regex matches per line
-    scan = json.scanner.make_scanner(json.JSONDecoder())
+    scan = json.scanner.make_scanner(cast(Any, json.JSONDecoder()))  # typeshed: a context
     rows: list[Any] = []
     append_row = rows.append
     try:
@@ -199,7 +316,7 @@ def _fast_jsonl(
     return PromptRows(prompts, rows=rows, prompt_key=prompt_key, answer_key=answer_key)
 
 
-def load_prompt_rows(
+def load_prompts(
     path: str | Path,
     *,
     prompt_key: str = "prompt",
@@ -207,7 +324,9 @@ def load_prompt_rows(
     require_answer: bool = False,
     split: str | None = None,
 ) -> PromptRows:
-    """``load_prompt_dataset``'s rows (same formats, checks and errors) as ``PromptRows``."""
+    """The prompt dataset at ``path`` (JSONL, Parquet or a saved Hugging Face dataset), every
+    row checked, as ``PromptRows`` (module docstring). Raises ``DataError`` for a missing path,
+    an empty dataset or a bad row."""
     p = Path(path)
     if is_hf_dir(p) or parquet_files(p):
         table = _arrow_rows(p, prompt_key, answer_key, require_answer, split)
@@ -220,7 +339,7 @@ def load_prompt_rows(
                 raise DataError(f"{path}: no records (the dataset is empty)")
             return fast
     return PromptRows.of(
-        load_prompt_dataset(
+        records_row_by_row(
             path,
             prompt_key=prompt_key,
             answer_key=answer_key,

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from relayrl.config_base import KeyProblem, Seed, _Strict
+from relayrl.config.base import KeyProblem, Seed, _Strict
 
 PositiveInt = Annotated[int, Field(ge=1)]
 

@@ -16,92 +16,34 @@ same call (token ``t`` reads columns ``0 .. t``, its own keys written before att
 causal mask of a prefill is each row's length, so a step with admissions needs no prefill
 mask and no per-prompt call.
 
-It is C compiled once per machine with the system C compiler (``cc``, into
-``$RELAYRL_CACHE_DIR`` or ``~/.cache/relayrl``, keyed by the source's and flags' hash) and
-called through ``ctypes``; float32 on the CPU only. When no compiler is there, or for another
-dtype or device, ``available()`` is False and the runner keeps SDPA. Per row and kv head,
-its query heads two at a time (each key and value block read once for both): scores four
-columns per block, the softmax with its own exp (Cephes' ``expf`` polynomial), values in
-16-float blocks, the next row's keys and values prefetched; SSE2, or 8 lanes where the CPU
-has AVX2 (chosen at run time, ``wide_path``). The three paths (plain C, SSE2, AVX2) give the
-same bits: how, in ``relayrl.rollout.varlen_decode_source``. Results agree with SDPA to
-float32 rounding (~1e-6 on scores of a few units).
+It is C (``varlen_decode.c``) compiled once per machine with the system C compiler
+(``relayrl.rollout.cpu_kernels.build``) and called through ``ctypes``; float32 on the CPU only.
+When no compiler is there, or for another dtype or device, ``available()`` is False and the
+runner keeps SDPA. Per row and kv head, its query heads two at a time (each key and value block
+read once for both): scores four columns per block, the softmax with its own exp (Cephes'
+``expf`` polynomial), values in 16-float blocks, the next row's keys and values prefetched;
+SSE2, or 8 lanes where the CPU has AVX2 (chosen at run time, ``wide_path``). The three paths
+(plain C, SSE2, AVX2) give the same bits: how, in ``varlen_decode.c``. Results agree with SDPA
+to float32 rounding (~1e-6 on scores of a few units).
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
 import subprocess
-import tempfile
 import threading
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from relayrl.rollout.step_kernels_source import STEP_SOURCE
-from relayrl.rollout.varlen_decode_source import SOURCE as KERNEL_SOURCE
-
-SOURCE = KERNEL_SOURCE + STEP_SOURCE
-"""The library's C: the attention kernel, then the step's other pieces."""
+from relayrl.rollout.cpu_kernels.build import build as _build
 
 _LOCK = threading.Lock()
 _LIB: ctypes.CDLL | None = None
 _TRIED = False
 _ERROR: str | None = None
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("RELAYRL_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "relayrl"
-    )
-    return Path(root) / "kernels"
-
-
-FLAGS = ("-O3", "-fno-fast-math", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
-"""No reassociation, no fused multiply-adds: the source's order is the order that runs."""
-
-
-def _build(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
-    """Compile ``SOURCE`` once per source and flags (atomic rename: concurrent builders never
-    see a partial file). ``defines``, e.g. ``("-DRELAYRL_SCALAR",)``: the plain C path."""
-    flags = FLAGS + tuple(defines)
-    digest = hashlib.sha256((SOURCE + " ".join(flags)).encode()).hexdigest()[:16]
-    out_dir = _cache_dir()
-    lib = out_dir / f"varlen_decode_{digest}.so"
-    if not lib.exists():
-        out_dir.mkdir(parents=True, exist_ok=True)
-        cc = os.environ.get("CC", "cc")
-        with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-            src = Path(tmp) / "varlen_decode.c"
-            src.write_text(SOURCE)
-            part = Path(tmp) / lib.name
-            cmd = [cc, *flags, str(src), "-o", str(part)]
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-            if res.returncode != 0:
-                raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr.strip()[:500]}")
-            os.replace(part, lib)
-    handle = ctypes.CDLL(str(lib))
-    fn = handle.decode_attention_f32
-    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [ptr] * 6 + [i64] * 5 + [ctypes.c_float, ptr, i64]
-    fn.restype = None
-    layer = handle.attend_layer_f32
-    layer.argtypes = [ptr, i64] * 3 + [ptr] * 8 + [i64] * 5 + [ctypes.c_float, ptr, i64]
-    layer.restype = None
-    rms = handle.add_rms_f32
-    rms.argtypes = [ptr] * 5 + [i64] * 2 + [ctypes.c_float, i64]
-    rms.restype = None
-    draw = handle.sample_rows_f32
-    draw.argtypes = [ptr, i64, ptr, ptr, i64, i64] + [ptr] * 6
-    draw.restype = None
-    handle.relayrl_wide.restype = ctypes.c_int
-    handle.relayrl_set_wide.argtypes = [ctypes.c_int]
-    handle.relayrl_set_wide.restype = ctypes.c_int
-    return handle
 
 
 def _library() -> ctypes.CDLL | None:
