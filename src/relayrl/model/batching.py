@@ -8,11 +8,13 @@ does not shift positions: a padded row gives the same logits as the unpadded seq
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from relayrl.algos import entropy_from_logits, logprobs_from_logits
 from relayrl.model.device import compute_context, model_device
@@ -88,6 +90,47 @@ def _model_inputs(model: torch.nn.Module, batch: TokenBatch) -> dict[str, Tensor
     }
 
 
+LOGIT_CHUNK_ROWS = 256
+"""Token positions per chunk of the logprob / entropy computation: one chunk's fp32 softmax is
+256 x V x 4 bytes (48 MiB at a 49,152-token vocabulary)."""
+
+_KEEPS_LOGITS: dict[type, bool] = {}
+
+
+def keeps_logits(model: torch.nn.Module) -> bool:
+    """Whether the model's forward takes ``logits_to_keep`` (Hugging Face causal LMs since
+    transformers 4.45; under a ``peft`` wrapper, the base model's forward decides)."""
+    get_base = getattr(model, "get_base_model", None)
+    base: torch.nn.Module = get_base() if callable(get_base) else model
+    key = type(base)
+    if key not in _KEEPS_LOGITS:
+        params = inspect.signature(base.forward).parameters
+        _KEEPS_LOGITS[key] = "logits_to_keep" in params
+    return _KEEPS_LOGITS[key]
+
+
+def _entropy_low_memory(logits: Tensor, temperature: float) -> Tensor:
+    """``entropy_from_logits`` over chunks of ``LOGIT_CHUNK_ROWS`` positions; with gradients,
+    each chunk is recomputed in the backward (``torch.utils.checkpoint``) instead of keeping its
+    softmax: the saved memory is one chunk's, not B x R x V x 4 bytes twice over."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    if not flat.requires_grad:
+        return entropy_from_logits(logits, temperature=temperature)
+    parts = [
+        checkpoint(
+            entropy_from_logits,
+            flat[i : i + LOGIT_CHUNK_ROWS],
+            LOGIT_CHUNK_ROWS,
+            temperature,
+            use_reentrant=False,
+        )
+        for i in range(0, flat.shape[0], LOGIT_CHUNK_ROWS)
+    ]
+    if not parts:
+        return entropy_from_logits(logits, temperature=temperature)
+    return torch.cat(parts).reshape(logits.shape[:-1])
+
+
 def forward_logprobs(
     model: torch.nn.Module,
     batch: TokenBatch,
@@ -96,18 +139,31 @@ def forward_logprobs(
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log pi(y_t | x, y_<t) of the response tokens (fp32), and optionally entropy.
 
-    With temperature != 1 the logits are divided by it first, matching the sampler. The forward
-    runs on the model's device in its compute dtype (``relayrl.model.device``); the results are
-    fp32 (float64 for a float64 model) on the batch's device, where the losses are computed.
+    With temperature != 1 the logits are divided by it (chunk by chunk), matching the sampler.
+    The forward runs on the model's device in its compute dtype (``relayrl.model.device``); the
+    results are fp32 (float64 for a float64 model) on the batch's device, where the losses are
+    computed.
+
+    Memory (a 49k-token vocabulary makes the logits the largest tensors): the LM head runs on
+    the last R + 1 positions only (``logits_to_keep``, where the model takes it), so the logits
+    are B x (R + 1) x V, not B x (P + R) x V; logprobs and entropy are computed in chunks of
+    ``LOGIT_CHUNK_ROWS`` positions, the entropy's softmax recomputed in the backward.
+    Measured peak memory: ``bench/smollm2_memory.py`` (figures in docs/smollm2.md).
     """
+    inputs = _model_inputs(model, batch)
+    r = batch.response_ids.shape[1]
+    keep = keeps_logits(model) and batch.prompt_width >= 1
     with compute_context(model):
-        out = model(**_model_inputs(model, batch), use_cache=False)
-    logits = upcast_logits(out.logits[:, _response_hidden_slice(batch)])
-    if temperature != 1.0:
-        logits = logits / temperature
+        if keep:
+            out = model(**inputs, use_cache=False, logits_to_keep=r + 1)
+        else:
+            out = model(**inputs, use_cache=False)
+    logits = out.logits[:, :r] if keep else out.logits[:, _response_hidden_slice(batch)]
+    logits = upcast_logits(logits)
     home = batch.response_ids.device
-    logp = logprobs_from_logits(logits, batch.response_ids.to(logits.device)).to(home)
-    ent = entropy_from_logits(logits).to(home) if with_entropy else None
+    ids = batch.response_ids.to(logits.device)
+    logp = logprobs_from_logits(logits, ids, temperature, LOGIT_CHUNK_ROWS).to(home)
+    ent = _entropy_low_memory(logits, temperature).to(home) if with_entropy else None
     return logp, ent
 
 

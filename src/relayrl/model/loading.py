@@ -19,6 +19,8 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from relayrl.model.known_models import KNOWN_MODELS, resolve_model_path
+
 # Loading reports and shard progress bars are noise in an RL run's console.
 hf_logging.set_verbosity_error()
 hf_logging.disable_progress_bar()
@@ -30,8 +32,13 @@ class ModelPathError(ValueError):
 
 def check_model_dir(path: str | Path) -> Path:
     """Return ``path`` as a Path if it holds a Hugging Face model, else raise a one-line error
-    (also for a weights file that cannot be read: see :func:`weights_problem`)."""
-    p = Path(path)
+    (also for a weights file that cannot be read: see :func:`weights_problem`). A known model's
+    short name (``smollm2``: ``relayrl.model.known_models``) is its fetched directory."""
+    p = resolve_model_path(path)
+    if not p.is_dir() and str(path) in KNOWN_MODELS:
+        raise ModelPathError(
+            f"model {str(path)!r} is not fetched yet (no {p}): run `relayrl models fetch {path}`"
+        )
     if not p.is_dir():
         raise ModelPathError(f"model directory not found: {p}")
     if not (p / "config.json").is_file():

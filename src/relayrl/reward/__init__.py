@@ -3,7 +3,8 @@
 - reward functions ``fn(prompt, completion, sample) -> float | dict``, a name registry and
   import paths (``functions``), built-ins (``arithmetic``, ``exact_match``, ``math``,
   ``regex``, ``format``, ``overlong``, ``code``: ``builtin``), the math answer verifier
-  (``math_answer``);
+  (``math_answer``); the built-in task sources' ``reasoning_gym`` and ``humaneval``
+  (``task_rewards``);
 - the code sandbox (``sandbox``; bubblewrap where installed) and the harness whose verdict
   the program under test cannot reach (``code_harness``);
 - weighted mixing, per-domain z-scores and batch logging (``mixing``);
@@ -12,6 +13,7 @@
 """
 
 from relayrl.reward import builtin as _builtin  # noqa: F401  (registers the built-ins)
+from relayrl.reward import task_rewards as _task_rewards  # noqa: F401  (reasoning_gym, humaneval)
 from relayrl.reward.builtin import (
     code_tests,
     extract_code,

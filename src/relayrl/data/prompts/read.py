@@ -6,7 +6,9 @@ one loader (``load_prompts``).
 - a directory written by ``datasets.Dataset.save_to_disk`` (or a ``DatasetDict``: then
   ``split`` chooses, default ``"train"``) -> ``datasets.load_from_disk``;
 - a ``.parquet`` file, or a directory of them -> ``pyarrow.parquet`` (files sorted by path);
-- anything else -> JSONL, with ``file:line`` errors.
+- anything else -> JSONL, with ``file:line`` errors;
+- a spec that is no path, ``reasoning_gym:<task>?size=N&seed=S`` or ``humaneval`` -> the
+  built-in task sources (``relayrl.data.task_sources``).
 
 Each row becomes a ``PromptRecord`` (``prompt_from_row``): ``prompt_key`` (a string; or, when
 the row has no prompt but a ``messages`` list of chat turns, the content of its last user turn,
@@ -60,6 +62,7 @@ from relayrl.data.prompts.arrow import (
     read_parquet,
 )
 from relayrl.data.records import PromptRecord
+from relayrl.data.task_sources import is_task_source, load_task_source
 
 __all__ = ["PromptRows", "load_prompts", "prompt_from_row", "records_row_by_row"]
 
@@ -134,6 +137,8 @@ def records_row_by_row(
     reference reader that ``load_prompts`` falls back to for the exact ``DataError`` (a missing
     path, an empty dataset, a bad row) and for rows its fast readers do not take."""
     p = Path(path)
+    if not p.exists() and is_task_source(path):  # reasoning_gym:<task>, humaneval
+        return load_task_source(str(path))
     if not p.exists():
         raise DataError(f"{path}: file not found")
     records: list[PromptRecord] = []
