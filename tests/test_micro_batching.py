@@ -268,9 +268,7 @@ def _float64_batch(tmp_path, rows: int = 8) -> tuple[torch.nn.Module, Experience
     exp = Experience.from_samples(samples, pad_id=0)
     mask = exp.response_mask
     prox = ReferenceWorker(model, 64).compute_logprobs(exp)
-    exp.behaviour_logprobs = (
-        prox + torch.randn(mask.shape, generator=g, dtype=prox.dtype)
-    ) * mask
+    exp.behaviour_logprobs = (prox + torch.randn(mask.shape, generator=g, dtype=prox.dtype)) * mask
     adv = torch.randn(mask.shape, generator=g, dtype=torch.float64) * mask
     adv[::4] = 0.0
     exp.advantages = adv

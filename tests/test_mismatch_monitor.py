@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-
 from types import SimpleNamespace
 
 import pytest

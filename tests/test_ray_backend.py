@@ -173,9 +173,7 @@ def test_data_parallel_actor_of_two_gives_the_gradients_of_one(sft_model, tmp_pa
             load_critic(sft_model, torch.float64), cfg.algo, cfg.optim, cfg.seed
         )
         exp.values = roles.critic.compute_values(exp)
-        torch.testing.assert_close(
-            exp.values, local_critic.compute_values(exp), atol=1e-10, rtol=0
-        )
+        torch.testing.assert_close(exp.values, local_critic.compute_values(exp), atol=1e-10, rtol=0)
         exp.returns = torch.randn(
             exp.response_mask.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64
         )

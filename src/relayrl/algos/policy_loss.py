@@ -241,7 +241,7 @@ def decoupled_ppo_loss(
     :func:`behaviour_weights`; default ``token-mask``: a token with w > ``behav_weight_cap``
     gets loss 0 but stays in the mask, so it still counts in the normaliser, as in AReaL).
     ``apply_behav_weight=False`` keeps what the cap masks but drops the factor w (the
-    rollout correction then supplies the weight: see ``relayrl.controller.algorithms``).
+    rollout correction then supplies the weight: see ``relayrl.controller.offpolicy``).
     With prox == behav this is exactly :func:`ppo_clip_loss` with old = prox.
     Stats as PPO (approx_kl = mean(prox - logp)) plus behav_weight_mean / behav_weight_max
     (of the raw w) over valid tokens and capped_frac = fraction of valid tokens whose weight
