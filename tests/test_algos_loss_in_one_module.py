@@ -41,6 +41,12 @@ def clipped_reinforce(x: PolicyLossInputs, algo: AlgoConfig) -> tuple[Tensor, di
     return loss, {"loss": loss.detach(), "ratio_mean": (ratio * mask).sum() / mask.sum()}
 
 
+def parity_reward(prompt: str, completion: str, sample: dict) -> float:
+    """1 for a completion of even length: the untrained tiny model's answers score apart, so
+    the groups' advantages are not all 0 and the loss moves the weights."""
+    return float(len(completion) % 2 == 0)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=16)
@@ -54,6 +60,7 @@ TINY = [
     "rollout.max_tokens=4",
     "data.eval_size=2",
     "algo.policy_loss=clipped_reinforce",
+    "reward.fn=test_algos_loss_in_one_module:parity_reward",
 ]
 
 
@@ -72,12 +79,13 @@ def test_a_loss_defined_here_trains(tiny: Path, tmp_path: Path, schedule: str) -
     assert all(c["weights"] == (schedule == "async") for c in CALLS)
     if schedule == "async":
         assert all("offpolicy/behav_weight_mean" in r for r in steps)
+    assert any(r["actor/pg_loss"] != 0.0 for r in steps)  # it had something to learn from
     saved = tmp_path / "run" / "checkpoints" / "step_000002" / "actor"
     assert saved.is_dir()
 
 
 def test_an_unregistered_loss_is_refused_before_the_run(tiny: Path, tmp_path: Path) -> None:
-    cfg = run_config(tiny, tmp_path / "run", *TINY[:-1], "algo.policy_loss=clipped_reinfrce")
+    cfg = run_config(tiny, tmp_path / "run", *TINY, "algo.policy_loss=clipped_reinfrce")
     with pytest.raises(ConfigError, match="unknown algo.policy_loss 'clipped_reinfrce'"):
         train(cfg, lambda a, c: build_local_roles(cfg, a, c))
     assert not (tmp_path / "run").exists()
