@@ -99,7 +99,7 @@ def _batch(model_dir: Path, rows: int, prompt: int, response: int, rank: int, wo
     resps = [torch.randint(3, vocab, (response,), generator=g).tolist() for _ in range(rows)]
     keep = list(range(rank, rows, world))
     exp = Experience(pack_batch([prompts[i] for i in keep], [resps[i] for i in keep], 0))
-    exp["advantages"] = torch.randn(len(keep), 1, generator=g).expand(-1, response).clone()
+    exp.advantages = torch.randn(len(keep), 1, generator=g).expand(-1, response).clone()
     return exp
 
 

@@ -27,7 +27,7 @@ def train_lora(
     stats = []
     for step in range(steps):
         exp = shard(random_experience(model_dir, seed=step, dtype=torch.float64), rank, world or 1)
-        exp["old_logprobs"] = actor.compute_logprobs(exp)
+        exp.old_logprobs = actor.compute_logprobs(exp)
         stats.append(actor.update(exp))
     return actor, stats
 

@@ -21,8 +21,8 @@ def critic_experience(model_dir: Path) -> Experience:
     exp = random_experience(model_dir, dtype=torch.float64)
     g = torch.Generator().manual_seed(5)
     mask = exp.response_mask.to(torch.float64)
-    exp["returns"] = torch.randn(mask.shape, generator=g, dtype=torch.float64) * mask
-    exp["values"] = torch.randn(mask.shape, generator=g, dtype=torch.float64) * 0.1 * mask
+    exp.returns = torch.randn(mask.shape, generator=g, dtype=torch.float64) * mask
+    exp.values = torch.randn(mask.shape, generator=g, dtype=torch.float64) * 0.1 * mask
     return exp
 
 
@@ -43,8 +43,8 @@ def train_actor(
     stats = []
     for step in range(steps):
         exp = shard(random_experience(model_dir, seed=step, dtype=torch.float64), rank, world or 1)
-        exp["old_logprobs"] = actor.compute_logprobs(exp)
-        stats.append({**actor.update(exp), "old_logprobs": exp["old_logprobs"]})
+        exp.old_logprobs = actor.compute_logprobs(exp)
+        stats.append({**actor.update(exp), "old_logprobs": exp.old_logprobs})
     return actor, stats
 
 
@@ -97,13 +97,13 @@ def rank_main(rank: int, world: int, init_file: str, model_dir: str, out_dir: st
     ckpt = out / "sharded"
     save_sharded(ckpt, {"actor": actor})
     exp2 = shard(random_experience(d, seed=1, dtype=torch.float64), rank, world)
-    exp2["old_logprobs"] = actor.compute_logprobs(exp2)
+    exp2.old_logprobs = actor.compute_logprobs(exp2)
     actor.update(exp2)
     straight = actor.state_dict()
     fresh, _ = train_actor(d, rank, world, steps=0)
     load_sharded(ckpt, {"actor": fresh})
     exp2 = shard(random_experience(d, seed=1, dtype=torch.float64), rank, world)
-    exp2["old_logprobs"] = fresh.compute_logprobs(exp2)
+    exp2.old_logprobs = fresh.compute_logprobs(exp2)
     fresh.update(exp2)
     resumed = fresh.state_dict()
     extra = lora_and_offload(d, rank, world)  # tests/dp_ranks.py: LoRA DP, cpu_offload

@@ -34,7 +34,7 @@ def actor_weights(model_dir: Path, rank: int, world: int, agg: str, fsdp: bool) 
     actor = build_actor(scale_config(model_dir, *opts), str(model_dir), rank, max(world, 1))
     for step in range(2):
         exp = shard(random_experience(model_dir, seed=step, dtype=torch.float64), rank, world or 1)
-        exp["old_logprobs"] = actor.compute_logprobs(exp)
+        exp.old_logprobs = actor.compute_logprobs(exp)
         actor.update(exp)
     return actor.state_dict()
 

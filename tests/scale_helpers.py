@@ -29,7 +29,7 @@ def random_experience(
     exp = Experience(batch)
     adv = torch.randn(rows, 1, generator=g, dtype=dtype).expand_as(batch.response_mask).clone()
     adv[::4] = 0.0
-    exp["advantages"] = adv * batch.response_mask.to(dtype)
+    exp.advantages = adv * batch.response_mask.to(dtype)
     return exp
 
 

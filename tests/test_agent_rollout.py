@@ -152,7 +152,7 @@ def test_agent_rollouts_record_the_engines_tokens(chat_model, tmp_path):
     exp = Experience.from_samples(samples, tok.pad_token_id)
     recomputed = ReferenceWorker(model, 8, cfg.rollout.temperature).compute_logprobs(exp)
     mask = exp.response_mask.bool()
-    behav = exp["behaviour_logprobs"]
+    behav = exp.behaviour_logprobs
     # fp32, but the server batched several rollouts' calls into one decode step while the
     # trainer packs whole trajectories: max gap measured 5.8e-6 (AVX-512), 1.4e-5 (avx2
     # kernels), 4.4e-6 (default kernels); 1e-5 failed under avx2

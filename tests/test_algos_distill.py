@@ -27,7 +27,7 @@ def _exp() -> Experience:
         Sample(1, [1, 2], [5], [-0.5], [0], "stop", group_id=0),
     ]
     exp = Experience.from_samples(samples, pad_id=0)
-    exp["advantages"] = torch.tensor([[1.0, 1.0], [-1.0, 0.0]])
+    exp.advantages = torch.tensor([[1.0, 1.0], [-1.0, 0.0]])
     return exp
 
 
@@ -52,8 +52,8 @@ def test_reverse_kl_signal(overrides, expected) -> None:
     exp = _exp()
     roles = SimpleNamespace(teacher=_Teacher())
     distill_from_teacher(roles, exp, cfg)  # type: ignore[arg-type]
-    torch.testing.assert_close(exp["advantages"], torch.tensor(expected))
-    assert "teacher_logprobs" in exp
+    torch.testing.assert_close(exp.advantages, torch.tensor(expected))
+    assert exp.teacher_logprobs is not None
 
 
 def test_missing_teacher_names_the_key(tmp_path) -> None:

@@ -11,9 +11,12 @@ from relayrl.algos import (
     AGGREGATION_MODES,
     POLICY_LOSSES,
     LossNorm,
+    PolicyLossInputs,
     decoupled_ppo_loss,
+    get_policy_loss,
     ppo_clip_loss,
 )
+from relayrl.config import AlgoConfig
 
 D = torch.float64
 PROPS = settings(max_examples=40, deadline=None)
@@ -25,11 +28,35 @@ def _leaf(rows: list[list[float]]) -> torch.Tensor:
 
 
 def test_registry() -> None:
-    assert POLICY_LOSSES["ppo"] is ppo_clip_loss
-    assert POLICY_LOSSES["decoupled_ppo"] is decoupled_ppo_loss
-    assert set(POLICY_LOSSES) == {
-        "ppo", "decoupled_ppo", "gspo", "gspo_token", "cispo", "sapo", "gmpo"
-    }  # fmt: skip
+    weighted = {"gspo", "gspo_token", "cispo", "sapo", "gmpo"}
+    assert {"ppo", "decoupled_ppo"} | weighted <= set(POLICY_LOSSES)  # tests may add their own
+    assert POLICY_LOSSES["ppo"].off_policy == "behaviour"  # naive PPO off the sync schedule
+    assert POLICY_LOSSES["decoupled_ppo"].off_policy == "in_loss"
+    assert all(POLICY_LOSSES[n].off_policy == "weight" for n in weighted)
+    with pytest.raises(ValueError, match="unknown algo.policy_loss 'nope'; registered: cispo"):
+        get_policy_loss("nope")
+
+
+def test_registered_losses_are_the_functions_with_the_run_settings() -> None:
+    """The registry's one signature (inputs, algo) gives what the loss function gives with the
+    algo section's clip range and its own knobs."""
+    g = torch.Generator().manual_seed(0)
+    shape = (3, 5)
+    logp = torch.randn(shape, generator=g, dtype=D) - 1
+    old = logp + 0.3 * torch.randn(shape, generator=g, dtype=D)
+    behav = old + 0.3 * torch.randn(shape, generator=g, dtype=D)
+    adv = torch.randn(shape, generator=g, dtype=D)
+    mask = torch.ones(shape, dtype=D)
+    mask[2, 3:] = 0
+    norm = LossNorm.for_batch(mask, "token-mean")
+    algo = AlgoConfig(clip_eps_low=0.1, clip_eps_high=0.3, behav_weight_cap=1.5)
+    x = PolicyLossInputs(logp, old, behav, adv, mask, norm)
+    common = dict(advantages=adv, response_mask=mask, norm=norm, eps_low=0.1, eps_high=0.3)
+    loss, _ = POLICY_LOSSES["ppo"](x, algo)
+    assert float(loss) == float(ppo_clip_loss(logp, old, **common)[0])
+    loss, _ = POLICY_LOSSES["decoupled_ppo"](x, algo)
+    expected = decoupled_ppo_loss(logp, old, behav, behav_weight_cap=1.5, **common)[0]
+    assert float(loss) == float(expected)
 
 
 def test_ppo_clip_hand_case() -> None:

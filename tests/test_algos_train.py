@@ -13,6 +13,7 @@ import pytest
 from helpers import run_config
 from relayrl.cluster.local import build_local_roles
 from relayrl.config import ConfigError, RunConfig, load_config
+from relayrl.controller.preflight import check_policy_loss
 from relayrl.controller.trainer import train
 from relayrl.model import build_tiny_model
 
@@ -143,6 +144,11 @@ def test_config_errors_name_the_key(tmp_path):
         "command line: bad value for 'algo.rollout_correction.level' ('sequence'): "
         "icepop masks tokens: use level token"
     )
+    # a loss name is checked against the registry before the run starts (a run's own module
+    # may register one: tests/test_algos_loss_in_one_module.py); a non-name still here
     with pytest.raises(ConfigError) as err:
-        load_config(RunConfig, None, ["algo.policy_loss=gpg"])
-    assert str(err.value).startswith("command line: bad value for 'algo.policy_loss' ('gpg'):")
+        load_config(RunConfig, None, ["algo.policy_loss=gp-g"])
+    assert str(err.value).startswith("command line: bad value for 'algo.policy_loss' ('gp-g'):")
+    cfg = load_config(RunConfig, None, ["algo.policy_loss=gpg"])
+    with pytest.raises(ConfigError, match=r"^unknown algo.policy_loss 'gpg'; registered: cispo"):
+        check_policy_loss(cfg)

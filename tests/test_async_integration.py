@@ -188,9 +188,9 @@ def test_decoupled_equals_ppo_on_fresh_data(sft_model, tmp_path):
     prompts = PromptSource(cfg.data, roles.tokenizer, 0).for_step(0, 4)
     samples = roles.rollout.generate(make_requests(prompts, cfg, 0, [roles.tokenizer.eos_token_id]))
     exp = Experience.from_samples(samples, roles.tokenizer.pad_token_id)
-    exp["old_logprobs"] = roles.actor.compute_logprobs(exp)
-    exp["behaviour_logprobs"] = exp["old_logprobs"].clone()  # fresh: behav == prox
-    exp["advantages"] = torch.randn(
+    exp.old_logprobs = roles.actor.compute_logprobs(exp)
+    exp.behaviour_logprobs = exp.old_logprobs.clone()  # fresh: behav == prox
+    exp.advantages = torch.randn(
         exp.response_mask.shape, generator=torch.Generator().manual_seed(0)
     )
     import copy

@@ -11,10 +11,13 @@ import torch
 
 from helpers import run_config
 from relayrl.cluster.local import build_local_roles
-from relayrl.controller.algorithms import make_kl_controller, refill_prompts, rl_step
+from relayrl.controller.algorithms import make_kl_controller
+from relayrl.controller.dynamic_sampling import refill_prompts
+from relayrl.controller.schedules import SyncSchedule
 from relayrl.controller.trainer import train
 from relayrl.data import dynamic_sample, has_signal
 from relayrl.data.prompts import PromptSource
+from relayrl.telemetry.timeline import Timeline
 
 
 @pytest.mark.parametrize(
@@ -100,17 +103,18 @@ def test_grpo_step_with_dynamic_sampling(sft_model: Path, tmp_path: Path, outcom
     prompts = source.for_step(0, cfg.algo.prompts_per_step)
     stop = [roles.tokenizer.eos_token_id]
     refill = refill_prompts(source, 0, cfg.data.dynamic_sampling.max_rounds)
-    exp, stats = rl_step(roles, prompts, cfg, 0, stop, make_kl_controller(cfg), refill)
+    schedule = SyncSchedule(roles, cfg, source, stop, Timeline())
+    exp, stats = schedule.step(0, make_kl_controller(cfg))  # the same seeded draw as `prompts`
     outcome(dropped_frac=stats["dynamic/dropped_frac"], rounds=stats["dynamic/rounds"])
     assert 0.0 < stats["dynamic/dropped_frac"] < 1.0  # ~37% pass rate: some groups are flat
     assert stats["dynamic/filled"] == 1.0 and stats["dynamic/rounds"] >= 2
     assert len(exp) == 32 * 8
-    groups = exp["group_index"]
+    groups = exp.group_index
     assert sorted(set(groups.tolist())) == list(range(32))
     for g in range(32):
-        s = exp["scores"][groups == g]
+        s = exp.scores[groups == g]
         assert s.numel() == 8 and s.max() > s.min()  # every kept group carries signal
-        adv = exp["advantages"][groups == g]
+        adv = exp.advantages[groups == g]
         assert torch.count_nonzero(adv) > 0
     # refills are fresh prompts, not the step's own
     first = {p.record.prompt for p in prompts}

@@ -116,7 +116,7 @@ def test_trainer_recompute_equals_behaviour_logprobs_on_model_tokens(tiny):
     recomputed = trainer.compute_logprobs(exp)
     mask = exp.response_mask.bool()
     assert int((~mask & (exp.batch.attention_mask[:, exp.batch.prompt_width :] > 0)).sum()) > 0
-    torch.testing.assert_close(recomputed[mask], exp["behaviour_logprobs"][mask], atol=1e-5, rtol=0)
+    torch.testing.assert_close(recomputed[mask], exp.behaviour_logprobs[mask], atol=1e-5, rtol=0)
     assert recomputed[~mask].abs().sum() == 0  # observation tokens: never a logprob
 
 
@@ -323,11 +323,11 @@ def test_staleness_counts_trained_tokens_only():
 
     s = Sample(0, [1], [5, 6, 7, 8], [0.0] * 4, [3, -50, -50, 3], "eos", loss_mask=[1, 0, 0, 1])
     exp = Experience.from_samples([s], pad_id=0)
-    exp["advantages"] = torch.ones(1, 4)
+    exp.advantages = torch.ones(1, 4)
     sched = AsyncSchedule.__new__(AsyncSchedule)
     sched.cfg = RunConfig.model_validate({"async": {"max_token_staleness": 2}})
     sched.staleness_hist = Counter()
-    out = sched._bound_staleness(exp, step=4)
+    out = sched.bound_staleness(exp, step=4)
     assert out["staleness_max"] == 1 and out["stale_token_frac"] == 0.0
     assert sched.staleness_hist == Counter({1: 2})
 

@@ -110,7 +110,7 @@ def test_a_template_that_breaks_the_prefix_starts_a_new_counted_segment(engine_a
         "grpo",
         token_rewards=last_token_rewards(scores, exp.response_mask),
         response_mask=exp.response_mask,
-        group_index=exp["group_index"],
+        group_index=exp.group_index,
         episode_index=episodes,
         eps=0.0,
     )

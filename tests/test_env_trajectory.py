@@ -165,7 +165,7 @@ def test_grpo_advantage_is_zero_on_observation_tokens():
         "grpo",
         token_rewards=last_token_rewards(torch.tensor([1.0, 0.0]), exp.response_mask),
         response_mask=exp.response_mask,
-        group_index=exp["group_index"],
+        group_index=exp.group_index,
     )
     assert adv[0, 2] == 0 and adv[0, 3] == 0 and adv[0, 0] > 0 and adv[0, 4] > 0
     assert adv[1, 2:].abs().sum() == 0

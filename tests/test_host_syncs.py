@@ -47,7 +47,7 @@ def test_one_host_read_per_training_step(model_dir, monkeypatch, opts):
     cfg = scale_config(model_dir, *opts, "algo.micro_batch_size=2", "algo.entropy_coef=0.01")
     actor = build_actor(cfg, str(model_dir))
     exp = random_experience(model_dir, rows=8)
-    exp["old_logprobs"] = actor.compute_logprobs(exp)
+    exp.old_logprobs = actor.compute_logprobs(exp)
     counter = HostReads()
     tolist = torch.Tensor.tolist
 

@@ -9,7 +9,8 @@ import torch
 
 from helpers import run_config
 from relayrl.cluster.local import build_local_roles
-from relayrl.controller.algorithms import make_requests, old_logprobs
+from relayrl.controller.algorithms import make_requests
+from relayrl.controller.offpolicy import old_logprobs
 from relayrl.data.prompts import PromptSource
 from relayrl.rollout.types import Sample
 from relayrl.workers import ActorWorker, Experience, ReferenceWorker
@@ -30,7 +31,7 @@ def _exp(lengths: list[int], prompt_lengths: list[int] | None = None) -> Experie
         for i, (p, n) in enumerate(zip(prompt_lengths, lengths, strict=True))
     ]
     exp = Experience.from_samples(samples, pad_id=0)
-    exp["advantages"] = (
+    exp.advantages = (
         torch.arange(len(lengths), dtype=torch.float32)[:, None].expand(-1, max(lengths))
         * exp.response_mask
     )
@@ -42,8 +43,8 @@ def test_micro_batches_trim_each_to_its_longest_response():
     parts = list(exp.micro_batches(2))
     assert [p[0].tolist() for p in parts] == [[0, 1], [2, 3]]
     assert [p[1].batch.response_ids.shape[1] for p in parts] == [9, 4]
-    assert parts[1][1]["advantages"].shape == (2, 4)  # per-token tensors trimmed with it
-    assert parts[1][1]["group_index"].tolist() == [2, 3]  # per-sequence tensors untouched
+    assert parts[1][1].advantages.shape == (2, 4)  # per-token tensors trimmed with it
+    assert parts[1][1].group_index.tolist() == [2, 3]  # per-sequence tensors untouched
 
 
 def test_token_budget_packs_sorted_rows_under_the_budget():
@@ -67,8 +68,8 @@ def test_token_budget_packs_sorted_rows_under_the_budget():
 
 def test_scatter_tokens_round_trips():
     exp = _exp([2, 9, 4, 1, 6])
-    parts = [(idx, micro["advantages"]) for idx, micro in exp.micro_batches(3, max_tokens=24)]
-    torch.testing.assert_close(exp.scatter_tokens(parts), exp["advantages"])
+    parts = [(idx, micro.advantages) for idx, micro in exp.micro_batches(3, max_tokens=24)]
+    torch.testing.assert_close(exp.scatter_tokens(parts), exp.advantages)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +85,7 @@ def batch(sft_model, tmp_path_factory):
     prompts = PromptSource(cfg.data, roles.tokenizer, 0).for_step(0, 4)
     samples = roles.rollout.generate(make_requests(prompts, cfg, 0, [roles.tokenizer.eos_token_id]))
     exp = Experience.from_samples(samples, roles.tokenizer.pad_token_id)
-    exp["advantages"] = (
+    exp.advantages = (
         torch.randn(exp.response_mask.shape, generator=torch.Generator().manual_seed(0))
         * exp.response_mask
     )
@@ -109,7 +110,7 @@ def _update(cfg, model, exp, **algo) -> tuple[dict[str, torch.Tensor], dict[str,
 def test_dynamic_micro_batches_give_the_same_update(batch, loss_agg):
     cfg, roles, exp = batch
     exp = copy.copy(exp)
-    exp.tensors = dict(exp.tensors, old_logprobs=roles.actor.compute_logprobs(exp))
+    exp.old_logprobs = roles.actor.compute_logprobs(exp)
     common = dict(loss_agg=loss_agg, mini_batches=1)
     ref, ref_grads = _update(cfg, roles.actor.model, exp, micro_batch_size=64, **common)
     packed, grads = _update(
@@ -145,7 +146,7 @@ def test_single_update_without_recompute_is_the_same_update(batch):
     """One update per step: pi_old = the update's own detached logprobs == a recompute."""
     cfg, roles, exp = batch
     fresh = copy.copy(exp)
-    fresh.tensors = {k: v for k, v in exp.tensors.items() if k != "old_logprobs"}
+    fresh.old_logprobs = None
     assert (
         old_logprobs(
             roles,
@@ -155,7 +156,7 @@ def test_single_update_without_recompute_is_the_same_update(batch):
         is None
     )
     recomputed = copy.copy(fresh)
-    recomputed.tensors = dict(fresh.tensors, old_logprobs=roles.actor.compute_logprobs(fresh))
+    recomputed.old_logprobs = roles.actor.compute_logprobs(fresh)
     skip, _ = _update(cfg, roles.actor.model, fresh, mini_batches=1)
     full, _ = _update(cfg, roles.actor.model, recomputed, mini_batches=1)
     for k, v in full.items():
@@ -170,7 +171,7 @@ def test_naive_ppo_off_policy_uses_the_behaviour_policy(batch):
     naive = cfg.model_copy(
         update={"schedule": "async", "algo": cfg.algo.model_copy(update={"policy_loss": "ppo"})}
     )
-    assert old_logprobs(roles, exp, naive) is exp["behaviour_logprobs"]
+    assert old_logprobs(roles, exp, naive) is exp.behaviour_logprobs
     decoupled = cfg.model_copy(update={"schedule": "async"})
     assert decoupled.policy_loss == "decoupled_ppo"
     prox = old_logprobs(roles, exp, decoupled)  # default mini_batches=2: recomputed
@@ -184,11 +185,11 @@ def test_skipping_zero_advantage_rows_gives_the_same_update(batch, loss_agg):
     step is skipped after a real one (Adam's moments still move on the zero gradient)."""
     cfg, roles, exp = batch
     zeroed = copy.copy(exp)
-    adv = exp["advantages"].clone()
+    adv = exp.advantages.clone()
     adv[::2] = 0.0  # half the rows carry no signal
-    zeroed.tensors = dict(exp.tensors, advantages=adv)
+    zeroed.advantages = adv
     nothing = copy.copy(exp)
-    nothing.tensors = dict(exp.tensors, advantages=torch.zeros_like(adv))
+    nothing.advantages = torch.zeros_like(adv)
 
     def two_steps(skip: bool) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         a = cfg.algo.model_copy(
@@ -213,7 +214,7 @@ def test_zero_advantage_rows_are_trained_when_the_loss_has_other_terms(batch):
         a = cfg.algo.model_copy(update=update)
         actor = ActorWorker(copy.deepcopy(roles.actor.model), a, cfg.optim, 12, seed=0)
         zero = copy.copy(exp)
-        zero.tensors = dict(exp.tensors, advantages=torch.zeros_like(exp["advantages"]))
+        zero.advantages = torch.zeros_like(exp.advantages)
         assert len(actor._rows_with_gradient(zero)) == len(exp)
 
 
@@ -267,12 +268,10 @@ def _float64_batch(tmp_path, rows: int = 8) -> tuple[torch.nn.Module, Experience
     exp = Experience.from_samples(samples, pad_id=0)
     mask = exp.response_mask
     prox = ReferenceWorker(model, 64).compute_logprobs(exp)
-    exp["behaviour_logprobs"] = (
-        prox + torch.randn(mask.shape, generator=g, dtype=prox.dtype)
-    ) * mask
+    exp.behaviour_logprobs = (prox + torch.randn(mask.shape, generator=g, dtype=prox.dtype)) * mask
     adv = torch.randn(mask.shape, generator=g, dtype=torch.float64) * mask
     adv[::4] = 0.0
-    exp["advantages"] = adv
+    exp.advantages = adv
     model.requires_grad_(True)
     return model, exp
 
@@ -291,7 +290,7 @@ def test_decoupled_ppo_proximal_logprobs_from_the_update_forward_are_exact(tmp_p
         )
         batch = copy.copy(exp)
         if with_prox:  # the separate forward, as with mini_batches > 1
-            batch.tensors = dict(exp.tensors, old_logprobs=actor.compute_logprobs(exp))
+            batch.old_logprobs = actor.compute_logprobs(exp)
         actor.stats = actor.update(batch)
         return actor
 
@@ -339,7 +338,7 @@ def test_a_model_with_dropout_keeps_the_separate_proximal_forward(tmp_path, monk
         )
         batch = copy.copy(exp)
         if with_prox:
-            batch.tensors = dict(exp.tensors, old_logprobs=actor.compute_logprobs(exp))
+            batch.old_logprobs = actor.compute_logprobs(exp)
         torch.manual_seed(11)  # the same dropout masks in every run
         if shortcut:  # what the update would do without the dropout check
             monkeypatch.setattr("relayrl.workers.actor.has_train_dropout", lambda m: False)
@@ -368,11 +367,29 @@ def test_a_model_with_dropout_keeps_the_separate_proximal_forward(tmp_path, monk
 
 
 def test_async_decoupled_step_makes_no_separate_forward_with_one_update(batch):
-    """The whole step (``make_experience`` + ``update_roles``) on the async schedule: with
+    """The whole step (``grpo_step``, phases 3-5) on the async schedule: with
     mini_batches = 1 the actor runs no logprob forward outside the update, with 2 it runs one
     (pi_prox before the first optimizer step)."""
-    from relayrl.controller.algorithms import make_experience, make_kl_controller, update_roles
+    from relayrl.controller.algorithms import grpo_step, make_kl_controller
+    from relayrl.controller.failures import FailureLog
     from relayrl.workers import Roles
+
+    class Given:
+        """A schedule that hands the step a given scored batch and syncs nothing."""
+
+        mismatch = None
+
+        def __init__(self, samples, scores, c):
+            self.samples, self.scores, self.failures = samples, scores, FailureLog(c.failures)
+
+        def rollout(self, step):
+            return list(self.samples), self.scores, {}
+
+        def bound_staleness(self, exp, step):
+            return {}
+
+        def sync_weights(self, step, trained):
+            return {}
 
     cfg, roles, exp = batch
     scores = torch.tensor([float(i % 2) for i in range(len(exp))])
@@ -389,8 +406,7 @@ def test_async_decoupled_step_makes_no_separate_forward_with_one_update(batch):
         actor.compute_logprobs = lambda e, real=real, calls=calls: calls.append(len(e)) or real(e)
         step_roles = Roles(actor, roles.rollout, roles.reward, roles.tokenizer)
         kl = make_kl_controller(c)
-        step_exp = make_experience(step_roles, exp.samples, scores, c, kl)
-        stats = update_roles(step_roles, step_exp, c, kl)
+        _, stats = grpo_step(step_roles, c, Given(exp.samples, scores, c), 0, kl)
         assert len(calls) == forwards, mini_batches
         assert stats["actor/optimizer_steps"] == mini_batches
         assert "actor/pg_behav_weight_mean" in stats

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -57,7 +58,7 @@ def test_bad_settings() -> None:
         MismatchMonitor(jump_factor=1)
 
 
-class _Batch(dict):
+class _Batch(SimpleNamespace):
     """The three tensors and ``response_mask`` an Experience offers the monitor."""
 
     response_mask = torch.tensor([[1, 1, 0]])
@@ -65,7 +66,9 @@ class _Batch(dict):
 
 def test_observe_experience_prefers_the_steps_recompute() -> None:
     exp = _Batch(
-        behaviour_logprobs=torch.tensor([[-1.0, -2.0, 0.0]]), versions=torch.tensor([[4, 4, 0]])
+        behaviour_logprobs=torch.tensor([[-1.0, -2.0, 0.0]]),
+        versions=torch.tensor([[4, 4, 0]]),
+        old_logprobs=None,
     )
     calls = []
 
@@ -76,7 +79,7 @@ def test_observe_experience_prefers_the_steps_recompute() -> None:
     mon = MismatchMonitor(threshold=0.1)
     out = mon.observe_experience(exp, forward, trainer_version=4)
     assert len(calls) == 1 and out["mismatch/max_abs"] == pytest.approx(0.5)
-    exp["old_logprobs"] = torch.tensor([[-1.0, -2.25, 0.0]])
+    exp.old_logprobs = torch.tensor([[-1.0, -2.25, 0.0]])
     out = mon.observe_experience(exp, forward, trainer_version=4)
     assert len(calls) == 1 and out["mismatch/max_abs"] == pytest.approx(0.25)
     assert mon.observe_experience(exp, forward, trainer_version=5)["mismatch/tokens"] == 0

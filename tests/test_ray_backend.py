@@ -149,11 +149,11 @@ def test_data_parallel_actor_of_two_gives_the_gradients_of_one(sft_model, tmp_pa
         samples = roles.rollout.generate(make_requests(prompts, cfg, 0, [tok.eos_token_id]))
         exp = Experience.from_samples(samples, tok.pad_token_id)
         local = ActorWorker.from_config(load_causal_lm(sft_model, torch.float64), cfg)
-        exp["old_logprobs"] = roles.actor.compute_logprobs(exp)  # split by rank, gathered
+        exp.old_logprobs = roles.actor.compute_logprobs(exp)  # split by rank, gathered
         torch.testing.assert_close(
-            exp["old_logprobs"], local.compute_logprobs(exp), atol=1e-10, rtol=0
+            exp.old_logprobs, local.compute_logprobs(exp), atol=1e-10, rtol=0
         )
-        exp["advantages"] = torch.randn(
+        exp.advantages = torch.randn(
             exp.response_mask.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64
         )
         dp_stats = roles.actor.update(exp)
@@ -172,11 +172,9 @@ def test_data_parallel_actor_of_two_gives_the_gradients_of_one(sft_model, tmp_pa
         local_critic = CriticWorker(
             load_critic(sft_model, torch.float64), cfg.algo, cfg.optim, cfg.seed
         )
-        exp["values"] = roles.critic.compute_values(exp)
-        torch.testing.assert_close(
-            exp["values"], local_critic.compute_values(exp), atol=1e-10, rtol=0
-        )
-        exp["returns"] = torch.randn(
+        exp.values = roles.critic.compute_values(exp)
+        torch.testing.assert_close(exp.values, local_critic.compute_values(exp), atol=1e-10, rtol=0)
+        exp.returns = torch.randn(
             exp.response_mask.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64
         )
         dp_c = roles.critic.update(exp)
@@ -369,8 +367,8 @@ def _update_actor(roles, cfg, step):
     prompts = PromptSource(cfg.data, tok, 0).for_step(step, 4)
     samples = roles.rollout.generate(make_requests(prompts, cfg, step, [tok.eos_token_id]))
     exp = Experience.from_samples(samples, tok.pad_token_id)
-    exp["old_logprobs"] = roles.actor.compute_logprobs(exp)
-    exp["advantages"] = torch.randn(
+    exp.old_logprobs = roles.actor.compute_logprobs(exp)
+    exp.advantages = torch.randn(
         exp.response_mask.shape, generator=torch.Generator().manual_seed(step)
     )
     roles.actor.update(exp)
@@ -420,8 +418,8 @@ def test_collective_weight_sync_equals_the_object_store_payload(sft_model, tmp_p
         prompts = PromptSource(cfg.data, tok, 0).for_step(0, 4)
         samples = client.generate(make_requests(prompts, cfg, 0, [tok.eos_token_id]))
         exp = Experience.from_samples(samples, tok.pad_token_id)
-        exp["old_logprobs"] = roles.actor.compute_logprobs(exp)
-        exp["advantages"] = torch.randn(
+        exp.old_logprobs = roles.actor.compute_logprobs(exp)
+        exp.advantages = torch.randn(
             exp.response_mask.shape, generator=torch.Generator().manual_seed(0)
         )
         roles.actor.update(exp)

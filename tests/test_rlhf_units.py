@@ -256,21 +256,17 @@ def _sample(ids, prompt="rome is"):
 
 def _experience(samples, scores, logp=None, ref=None):
     r = max(len(s.response_ids) for s in samples)
-    tensors = {"scores": torch.tensor(scores)}
     mask = torch.zeros(len(samples), r)
     for i, s in enumerate(samples):
         mask[i, : len(s.response_ids)] = 1
-    if logp is not None:
-        tensors["old_logprobs"], tensors["ref_logprobs"] = logp, ref
-
-    class Exp(SimpleNamespace):
-        def __contains__(self, k):
-            return k in self.tensors
-
-        def __getitem__(self, k):
-            return self.tensors[k]
-
-    return Exp(samples=samples, tensors=tensors, response_mask=mask)
+    return SimpleNamespace(  # the fields of an Experience the monitor reads
+        samples=samples,
+        scores=torch.tensor(scores),
+        old_logprobs=logp,
+        ref_logprobs=ref,
+        behaviour_logprobs=None,
+        response_mask=mask,
+    )
 
 
 def test_run_monitor_proxy_vs_gold_and_divergence():

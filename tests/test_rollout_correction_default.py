@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from relayrl.config import RunConfig, load_config
-from relayrl.controller.algorithms import correct_rollout, needs_behaviour_weight
+from relayrl.controller.offpolicy import correct_rollout, needs_behaviour_weight
 from relayrl.model import build_tiny_model
 from relayrl.model.batching import pack_batch
 from relayrl.workers import Experience
@@ -40,14 +40,14 @@ def _case(cfg: RunConfig) -> tuple[dict[str, float], Experience, torch.Tensor]:
     exp = Experience(batch)
     mask = batch.response_mask
     trainer = actor.compute_logprobs(exp)
-    exp["behaviour_logprobs"] = (trainer - torch.tensor(W).log()) * mask
-    exp["advantages"] = torch.ones(mask.shape) * mask
+    exp.behaviour_logprobs = (trainer - torch.tensor(W).log()) * mask
+    exp.advantages = torch.ones(mask.shape) * mask
     return correct_rollout(SimpleNamespace(actor=actor), exp, cfg), exp, mask
 
 
 def _weights(exp: Experience, mask: torch.Tensor) -> list[float]:
     """The weights of the 6 response tokens, row 0 then row 1."""
-    w = exp["rollout_weights"] * mask
+    w = exp.rollout_weights * mask
     return [x for row, n in zip(w.tolist(), LENGTHS, strict=True) for x in row[:n]]
 
 
@@ -99,4 +99,4 @@ def test_no_extra_weight_where_the_loss_has_its_own(tiny, overrides):
     cfg = _cfg(tiny, *overrides)
     assert not needs_behaviour_weight(cfg)
     _, exp, _ = _case(cfg)
-    assert "rollout_weights" not in exp
+    assert exp.rollout_weights is None

@@ -205,12 +205,12 @@ def test_max_token_staleness_at_consumption(mode, factor):
         Sample(1, [1], [5], [-0.1], [5], "eos", group_id=0),  # 3 padded positions
     ]
     exp = Experience.from_samples(samples, pad_id=0)
-    exp["advantages"] = torch.ones(2, 4)
+    exp.advantages = torch.ones(2, 4)
     fake = SimpleNamespace(cfg=cfg, staleness_hist=Counter())
-    stats = AsyncSchedule._bound_staleness(fake, exp, step=5)
+    stats = AsyncSchedule.bound_staleness(fake, exp, step=5)
     assert stats["staleness_max"] == 4.0
     assert stats["staleness_mean"] == pytest.approx((0 + 1 + 3 + 4 + 0) / 5)
     assert stats["stale_token_frac"] == pytest.approx(2 / 5)
-    assert exp["advantages"][0].tolist() == [1.0, 1.0, factor, factor]
-    assert exp["advantages"][1, 0] == 1.0
+    assert exp.advantages[0].tolist() == [1.0, 1.0, factor, factor]
+    assert exp.advantages[1, 0] == 1.0
     assert dict(fake.staleness_hist) == {0: 2, 1: 1, 3: 1, 4: 1}

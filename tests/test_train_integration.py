@@ -80,7 +80,7 @@ def test_rollout_logprobs_equal_trainer_logprobs(sft_model, tmp_path, temperatur
     samples = roles.rollout.generate(make_requests(prompts, cfg, 0, [roles.tokenizer.eos_token_id]))
     exp = Experience.from_samples(samples, roles.tokenizer.pad_token_id)
     recomputed = roles.actor.compute_logprobs(exp)
-    torch.testing.assert_close(recomputed, exp["behaviour_logprobs"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(recomputed, exp.behaviour_logprobs, atol=1e-5, rtol=0)
     assert exp.response_mask.sum() > len(samples)  # real multi-token responses
 
 

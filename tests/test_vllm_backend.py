@@ -445,7 +445,7 @@ def test_vllm_rollout_logprobs_equal_trainer_logprobs(
     assert exp.response_mask.sum() > len(samples)
     trainer = roles.actor.compute_logprobs(exp)
     mon = MismatchMonitor(threshold=TOL)
-    figures = mon.observe(exp["behaviour_logprobs"], trainer, exp.response_mask, step=0)
+    figures = mon.observe(exp.behaviour_logprobs, trainer, exp.response_mask, step=0)
     assert figures["mismatch/tokens"] == float(exp.response_mask.sum())
     assert figures["mismatch/max_abs"] < TOL and figures["mismatch/frac_over"] == 0.0, figures
 
@@ -658,8 +658,8 @@ def test_collective_weight_sync_into_a_vllm_replica_on_ray(tmp_path):
         prompts = PromptSource(cfg.data, tok, 0).for_step(0, 2)
         samples = client.generate(make_requests(prompts, cfg, 0, [tok.eos_token_id]))
         exp = Experience.from_samples(samples, tok.pad_token_id)
-        exp["old_logprobs"] = roles.actor.compute_logprobs(exp)
-        exp["advantages"] = torch.randn(
+        exp.old_logprobs = roles.actor.compute_logprobs(exp)
+        exp.advantages = torch.randn(
             exp.response_mask.shape, generator=torch.Generator().manual_seed(0)
         )
         roles.actor.update(exp)
@@ -700,7 +700,7 @@ def test_collective_weight_sync_into_a_vllm_replica_on_ray(tmp_path):
         exp = Experience.from_samples(after_coll, tok.pad_token_id)
         recompute = roles.actor.compute_logprobs(exp)
         mask = exp.response_mask.bool()
-        gap = (exp["behaviour_logprobs"] - recompute)[mask].abs().max()
+        gap = (exp.behaviour_logprobs - recompute)[mask].abs().max()
         assert gap < TOL, float(gap)
     finally:
         roles.close()

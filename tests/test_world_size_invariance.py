@@ -52,8 +52,8 @@ def test_rank_parts_of_mini_batches_union_to_one_process():
 
     rows = 10
     exp = Experience(pack_batch([[1]] * rows, [[2]] * rows, pad_id=0))
-    exp["row"] = torch.arange(rows)
-    one = [m["row"].tolist() for m in exp.shuffled_splits(4, torch.Generator().manual_seed(3))]
+    exp.group_index = torch.arange(rows)  # each row's own id
+    one = [m.group_index.tolist() for m in exp.shuffled_splits(4, torch.Generator().manual_seed(3))]
     blocks = [(0, 5), (5, 8), (8, 10)]
     parts = [
         exp.select(list(range(a, b))).shuffled_splits(
@@ -64,7 +64,7 @@ def test_rank_parts_of_mini_batches_union_to_one_process():
     assert all(len(p) == len(one) for p in parts)
     empty = 0
     for i, mini in enumerate(one):
-        union = [r for p in parts for r in p[i]["row"].tolist()]
+        union = [r for p in parts for r in p[i].group_index.tolist()]
         assert sorted(union) == sorted(mini)
         empty += sum(len(p[i]) == 0 for p in parts)
     assert empty > 0  # the case the ranks must still step through

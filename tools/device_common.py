@@ -178,7 +178,7 @@ def random_batch(vocab: int, rows: int, prompt: int, response: int, seed: int = 
     prompts = [torch.randint(3, vocab, (prompt,), generator=g).tolist() for _ in range(rows)]
     resps = [torch.randint(3, vocab, (response,), generator=g).tolist() for _ in range(rows)]
     exp = Experience(pack_batch(prompts, resps, 0))
-    exp["advantages"] = torch.randn(rows, 1, generator=g).expand(-1, response).clone()
+    exp.advantages = torch.randn(rows, 1, generator=g).expand(-1, response).clone()
     return exp
 
 

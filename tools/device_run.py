@@ -166,9 +166,9 @@ def step_engine(run: Run) -> dict[str, Any]:
     rewards = torch.zeros_like(mask)
     last = (mask.sum(1).long() - 1).clamp(min=0)
     rewards[torch.arange(len(exp)), last] = torch.rand(len(exp), generator=g)
-    exp["advantages"], _ = compute_grpo(rewards, mask, exp["group_index"])
-    exp["old_logprobs"] = actor.compute_logprobs(exp)
-    d = (exp["old_logprobs"] - exp["behaviour_logprobs"]).abs() * mask
+    exp.advantages, _ = compute_grpo(rewards, mask, exp.group_index)
+    exp.old_logprobs = actor.compute_logprobs(exp)
+    d = (exp.old_logprobs - exp.behaviour_logprobs).abs() * mask
     mean_diff, max_diff = float(d.sum() / mask.sum()), float(d.max())
     stats = actor.update(exp)
     finite = all(v == v and abs(v) != float("inf") for v in stats.values())

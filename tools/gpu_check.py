@@ -108,10 +108,10 @@ def run_rank(rank: int, world: int, port: int, args: argparse.Namespace, out: st
         rewards = torch.zeros_like(mask)
         last = (mask.sum(1).long() - 1).clamp(min=0)
         rewards[torch.arange(len(exp)), last] = score + 0.01 * last.float()
-        exp["advantages"], _ = compute_grpo(rewards, mask, exp["group_index"])
+        exp.advantages, _ = compute_grpo(rewards, mask, exp.group_index)
         t0 = time.perf_counter()
-        exp["old_logprobs"] = actor.compute_logprobs(exp)
-        d = (exp["old_logprobs"] - exp["behaviour_logprobs"]).abs() * mask
+        exp.old_logprobs = actor.compute_logprobs(exp)
+        d = (exp.old_logprobs - exp.behaviour_logprobs).abs() * mask
         diffs_mean.append(float(d.sum() / mask.sum()))
         diffs_max.append(float(d.max()))
         stats = actor.update(exp)

@@ -40,7 +40,13 @@ from relayrl.algos.policy_loss import (
     decoupled_ppo_loss,
     ppo_clip_loss,
 )
-from relayrl.algos.registry import POLICY_LOSSES
+from relayrl.algos.registry import (
+    POLICY_LOSSES,
+    PolicyLoss,
+    PolicyLossInputs,
+    get_policy_loss,
+    register_policy_loss,
+)
 from relayrl.algos.rollout_correction import CORRECTION_MODES, mismatch_stats, rollout_correction
 from relayrl.algos.sequence_losses import gmpo_loss, gspo_loss, gspo_token_loss
 from relayrl.algos.value_loss import clipped_value_loss
@@ -53,6 +59,8 @@ __all__ = [
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
+    "PolicyLoss",
+    "PolicyLossInputs",
     "AdaptiveKLController",
     "FixedKLController",
     "LossNorm",
@@ -72,6 +80,7 @@ __all__ = [
     "decoupled_ppo_loss",
     "discounted_returns",
     "entropy_from_logits",
+    "get_policy_loss",
     "gmpo_loss",
     "gspo_loss",
     "gspo_token_loss",
@@ -83,6 +92,7 @@ __all__ = [
     "masked_whiten",
     "mismatch_stats",
     "ppo_clip_loss",
+    "register_policy_loss",
     "rollout_correction",
     "sapo_loss",
 ]

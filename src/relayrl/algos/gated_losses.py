@@ -3,7 +3,8 @@ CISPO (MiniMax-M1, 2025) and SAPO (Qwen, 2025).
 
 PPO's clip zeroes the gradient of a token whose ratio left the trust region; these keep
 every token's gradient and bound its size instead. Inputs, masking and stats follow
-:mod:`relayrl.algos.policy_loss`.
+:mod:`relayrl.algos.policy_loss`; each registers itself (``cispo``, ``sapo``:
+:mod:`relayrl.algos.registry`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from relayrl.algos.policy_loss import (
     no_behaviour_weight_stats,
     weighted,
 )
+from relayrl.algos.registry import LossOutput, PolicyLossInputs, register_policy_loss
+from relayrl.config import AlgoConfig
 
 
 def _token_ratio(
@@ -122,3 +125,22 @@ def sapo_loss(
             **no_behaviour_weight_stats(ratio, mask),
         }
     return loss, stats_to_floats(stats)
+
+
+@register_policy_loss("cispo")
+def cispo(x: PolicyLossInputs, algo: AlgoConfig) -> LossOutput:
+    """:func:`cispo_loss` around ``x.old_logprobs``."""
+    return cispo_loss(x.logprobs, old_logprobs=x.old_logprobs, **x.common(algo))
+
+
+@register_policy_loss("sapo")
+def sapo(x: PolicyLossInputs, algo: AlgoConfig) -> LossOutput:
+    """:func:`sapo_loss` around ``x.old_logprobs``, gate temperatures ``algo.sapo_tau_pos``
+    / ``algo.sapo_tau_neg``."""
+    return sapo_loss(
+        x.logprobs,
+        old_logprobs=x.old_logprobs,
+        tau_pos=algo.sapo_tau_pos,
+        tau_neg=algo.sapo_tau_neg,
+        **x.common(algo),
+    )

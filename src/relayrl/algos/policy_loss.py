@@ -9,6 +9,9 @@ Every loss takes ``token_weights`` (constant, [B, T], e.g. the rollout correctio
 :mod:`relayrl.algos.rollout_correction`): the per-token loss is multiplied by it before
 aggregation, a weight-0 token stays in the normaliser.
 
+Each loss registers itself under its ``algo.policy_loss`` name with the registry's one
+signature (:mod:`relayrl.algos.registry`): ``ppo`` and ``decoupled_ppo`` here.
+
 Stat names: ``clipfrac_upper`` / ``clipfrac_lower`` are the fractions of tokens whose
 *ratio* clip is active above (A > 0) / below (A < 0); ``dual_clipfrac`` is the dual-clip
 fraction. veRL's ``pg_clipfrac_lower`` is the dual-clip fraction, not the lower ratio clip:
@@ -25,7 +28,8 @@ from torch import Tensor
 
 from relayrl.algos.aggregation import LossNorm, aggregate_loss
 from relayrl.algos.masked import as_bool_mask, masked_mean, stats_to_floats, zero_masked
-from relayrl.config import BehavWeightMode
+from relayrl.algos.registry import LossOutput, PolicyLossInputs, register_policy_loss
+from relayrl.config import AlgoConfig, BehavWeightMode
 
 # exp() of a log-ratio beyond +-20 is a broken sample, not a policy update: clamp it so the
 # loss stays finite. Such a token is far outside any clip range, so only the unclipped
@@ -237,7 +241,7 @@ def decoupled_ppo_loss(
     :func:`behaviour_weights`; default ``token-mask``: a token with w > ``behav_weight_cap``
     gets loss 0 but stays in the mask, so it still counts in the normaliser, as in AReaL).
     ``apply_behav_weight=False`` keeps what the cap masks but drops the factor w (the
-    rollout correction then supplies the weight: see ``relayrl.controller.algorithms``).
+    rollout correction then supplies the weight: see ``relayrl.controller.offpolicy``).
     With prox == behav this is exactly :func:`ppo_clip_loss` with old = prox.
     Stats as PPO (approx_kl = mean(prox - logp)) plus behav_weight_mean / behav_weight_max
     (of the raw w) over valid tokens and capped_frac = fraction of valid tokens whose weight
@@ -267,3 +271,33 @@ def decoupled_ppo_loss(
         stats["behav_weight_max"] = w.amax() if mask.numel() else pg.new_zeros(())
         stats["capped_frac"] = masked_mean(affected.to(pg.dtype), mask)
     return loss, stats_to_floats(stats)
+
+
+@register_policy_loss("ppo", off_policy="behaviour")
+def ppo(x: PolicyLossInputs, algo: AlgoConfig) -> LossOutput:
+    """:func:`ppo_clip_loss` around ``x.old_logprobs`` (off the sync schedule naive PPO: the
+    controller makes pi_old the engine's behaviour logprobs)."""
+    return ppo_clip_loss(x.logprobs, old_logprobs=x.old_logprobs, **x.common(algo))
+
+
+@register_policy_loss("decoupled_ppo", off_policy="in_loss")
+def decoupled_ppo(x: PolicyLossInputs, algo: AlgoConfig) -> LossOutput:
+    """:func:`decoupled_ppo_loss` with pi_prox = ``x.old_logprobs``, pi_behav =
+    ``x.behaviour_logprobs`` and ``algo.behav_weight_*``. A rollout-correction weight in
+    ``x.token_weights`` (the same ratio pi_prox / pi_behav, ``algo.rollout_correction.mode``
+    other than none) replaces the behaviour weight; what the behaviour-weight mode masks stays
+    masked. Mode none (reject_kl only) keeps the behaviour weight and only adds the rejections.
+    """
+    if x.behaviour_logprobs is None:
+        raise ValueError("decoupled_ppo needs the batch's behaviour logprobs (pi_behav)")
+    replaced = x.token_weights is not None and algo.rollout_correction.mode != "none"
+    return decoupled_ppo_loss(
+        x.logprobs,
+        prox_logprobs=x.old_logprobs,
+        behav_logprobs=x.behaviour_logprobs,
+        behav_weight_cap=algo.behav_weight_cap,
+        behav_weight_mode=algo.behav_weight_mode,
+        behav_weight_lower=algo.behav_weight_lower,
+        apply_behav_weight=not replaced,
+        **x.common(algo),
+    )

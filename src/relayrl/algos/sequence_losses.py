@@ -6,7 +6,8 @@ the update. Each function returns a per-token loss matrix aggregated by ``norm``
 of sequence i sits on each of its tokens. With ``loss_agg: seq-mean-token-mean`` (what the
 papers and veRL use; veRL forces it for GSPO and takes a plain row mean for GMPO) the loss is
 the mean over sequences; relayrl honours whatever ``loss_agg`` says (``token-mean`` weights
-a sequence by its length). Inputs, masking and stats follow :mod:`relayrl.algos.policy_loss`.
+a sequence by its length). Inputs, masking and stats follow :mod:`relayrl.algos.policy_loss`;
+each registers itself (``gspo``, ``gspo_token``, ``gmpo``: :mod:`relayrl.algos.registry`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from relayrl.algos.policy_loss import (
     no_behaviour_weight_stats,
     weighted,
 )
+from relayrl.algos.registry import LossOutput, PolicyLossInputs, register_policy_loss
+from relayrl.config import AlgoConfig
 
 
 def _row_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -146,3 +149,21 @@ def gmpo_loss(
             **no_behaviour_weight_stats(log_ratio, mask),
         }
     return loss, stats_to_floats(stats)
+
+
+@register_policy_loss("gspo")
+def gspo(x: PolicyLossInputs, algo: AlgoConfig) -> LossOutput:
+    """:func:`gspo_loss` around ``x.old_logprobs``."""
+    return gspo_loss(x.logprobs, old_logprobs=x.old_logprobs, **x.common(algo))
+
+
+@register_policy_loss("gspo_token")
+def gspo_token(x: PolicyLossInputs, algo: AlgoConfig) -> LossOutput:
+    """:func:`gspo_token_loss` around ``x.old_logprobs``."""
+    return gspo_token_loss(x.logprobs, old_logprobs=x.old_logprobs, **x.common(algo))
+
+
+@register_policy_loss("gmpo")
+def gmpo(x: PolicyLossInputs, algo: AlgoConfig) -> LossOutput:
+    """:func:`gmpo_loss` around ``x.old_logprobs``."""
+    return gmpo_loss(x.logprobs, old_logprobs=x.old_logprobs, **x.common(algo))

@@ -134,14 +134,14 @@ class AlgoConfig(_Strict):
     """GSPO / GMPO / SAPO as in their papers (and veRL, which forces it): seq-mean-token-mean."""
     seq_mean_empty_rows: EmptyRows = "count"
     """seq-mean-* denominators: every row of the step (relayrl) or ``skip`` empty ones (veRL)."""
-    policy_loss: (
-        Literal["ppo", "decoupled_ppo", "gspo", "gspo_token", "cispo", "sapo", "gmpo"] | None
-    ) = None
-    """``ppo`` (clip centred on pi_old), ``decoupled_ppo`` (AReaL) or a 2025 loss
-    (``relayrl.algos.registry``). Default: ``ppo`` for the sync schedule, ``decoupled_ppo`` for
-    overlap and async (off-policy correction on). The 2025 losses are centred on the
-    recomputed pi_old in every schedule; off the sync schedule they get decoupled PPO's
-    behaviour weight (``behav_weight_*``), replaced by ``algo.rollout_correction`` when set."""
+    policy_loss: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """A loss registered in ``relayrl.algos.registry`` (checked before the run starts):
+    ``ppo`` (clip centred on pi_old), ``decoupled_ppo`` (AReaL), a 2025 loss (``gspo``,
+    ``gspo_token``, ``cispo``, ``sapo``, ``gmpo``) or one of your own. Default: ``ppo`` for
+    the sync schedule, ``decoupled_ppo`` for overlap and async (off-policy correction on).
+    The 2025 losses are centred on the recomputed pi_old in every schedule; off the sync
+    schedule they get decoupled PPO's behaviour weight (``behav_weight_*``), replaced by
+    ``algo.rollout_correction`` when set."""
     clip_eps_low: float = Field(0.2, gt=0, lt=1)
     """The ratio is clipped below at 1 - clip_eps_low, so it must stay in (0, 1)."""
     clip_eps_high: float = Field(0.2, gt=0, le=10)

@@ -1,14 +1,20 @@
-"""The RL algorithms as short programs over roles, one training step each.
+"""The RL algorithms as short programs over roles: one function per training step.
 
-Read top to bottom like the papers' pseudo-code:
-GRPO (DeepSeekMath, Shao et al. 2024) and PPO-RLHF (InstructGPT, Ouyang et al. 2022).
+Read top to bottom like the papers' pseudo-code, each in numbered phases:
+:func:`grpo_step` (GRPO, DeepSeekMath, Shao et al. 2024) and :func:`ppo_step` (PPO-RLHF,
+InstructGPT, Ouyang et al. 2022). The same function serves every schedule: the schedule
+(``controller.schedules``, a :class:`StepSchedule`) says where the scored samples come from
+(sync: generated now with the current weights; overlap / async: the oldest finished groups of
+the buffer), bounds their staleness and moves the new weights to the engine. pi_old and the
+off-policy correction weights are decided in one module, ``controller.offpolicy``. Run
+management (run directory, signals, checkpoints, logging) is ``controller.trainer``'s.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -17,13 +23,11 @@ from relayrl.algos import (
     AdaptiveKLController,
     FixedKLController,
     apply_kl_to_rewards,
-    behaviour_weights,
     compute_advantages,
-    rollout_correction,
 )
 from relayrl.config import RunConfig
-from relayrl.controller.failures import FailureLog, infra_cause, retry_failed
-from relayrl.data import dynamic_sample
+from relayrl.controller import offpolicy
+from relayrl.controller.failures import FailureLog, retry_failed
 from relayrl.data.prompts import TokenizedPrompt
 from relayrl.env.export import save_trajectories
 from relayrl.env.scoring import expand_episodes
@@ -34,6 +38,175 @@ from relayrl.workers import Experience, Roles
 from relayrl.workers.teacher import load_teacher
 
 KLController = FixedKLController | AdaptiveKLController
+
+
+class StepSchedule(Protocol):
+    """What a step asks of its schedule (``controller.schedules``)."""
+
+    failures: FailureLog  # infrastructure failures: counts, budget
+    mismatch: MismatchMonitor  # engine vs trainer logprobs
+
+    def rollout(self, step: int) -> tuple[list[Sample], Tensor, dict[str, float]]:
+        """Phases 1-2: the step's scored samples, their scores and the stats so far."""
+        ...
+
+    def bound_staleness(self, exp: Experience, step: int) -> dict[str, float]:
+        """Staleness stats; stale tokens' advantages dropped or down-weighted (async)."""
+        ...
+
+    def sync_weights(self, step: int, trained: tuple[float, float]) -> dict[str, float]:
+        """Phase 6: the actor's weights to the engine as version ``step + 1`` (``trained``:
+        the perf-counter span of phases 3-5, for the timeline)."""
+        ...
+
+
+def grpo_step(
+    roles: Roles, cfg: RunConfig, schedule: StepSchedule, step: int, kl_ctl: KLController
+) -> tuple[Experience, dict[str, float]]:
+    """One GRPO step: G answers per prompt, group-normalised outcome advantages, clipped update.
+
+    Also DAPO / Dr.GRPO / RLOO / REINFORCE++ (``algo.advantage``), any registered policy loss
+    (``algo.policy_loss``), multi-turn episodes (``env``) and on-policy distillation
+    (``algo.distill``). ``kl_ctl`` is unused (GRPO's KL is a loss term, ``algo.kl_coef``).
+    """
+    a = cfg.algo
+    # 1-2. Generate and score (schedule): G = algo.group_size answers per prompt, each with its
+    #      reward; infrastructure failures left out, episodes split at a prefix break expanded.
+    samples, scores, stats = schedule.rollout(step)
+    t0 = time.perf_counter()
+    samples, scores, episodes = admit(roles, cfg, schedule.failures, samples, scores, step)
+    exp = Experience.from_samples(samples, roles.tokenizer.pad_token_id)
+    exp.scores = scores
+
+    # 3. Reference and proximal logprobs: pi_old (None: the update's own forward; see
+    #    offpolicy.old_logprobs), log pi_ref for the KL loss term when kl_coef > 0.
+    exp.old_logprobs = offpolicy.old_logprobs(roles, exp, cfg)
+    if a.kl_coef > 0 and roles.reference is not None:
+        exp.ref_logprobs = roles.reference.compute_logprobs(exp)
+
+    # 4. Advantages: the score on the last response token; A_i = (r_i - mean_g r) / (std_g r +
+    #    eps) over answer i's group g, on each of its tokens (an episode counted once).
+    split = len(set(episodes)) < len(episodes)
+    exp.advantages, _ = compute_advantages(
+        a.advantage_name,
+        token_rewards=last_token_rewards(scores, exp.response_mask),
+        response_mask=exp.response_mask,
+        group_index=exp.group_index,
+        episode_index=list(episodes) if split else None,
+        **_estimator_kwargs(cfg),
+    )
+    if a.turn_credit == "stepwise_grpo":  # per-turn advantages (multi-turn episodes)
+        assert exp.group_index is not None
+        exp.advantages = turn_advantages(
+            samples, scores, exp.response_mask, exp.group_index.tolist(), a.turn_gamma
+        )
+    if a.distill.teacher_path is not None:
+        distill_from_teacher(roles, exp, cfg)
+    exp.outcomes = roles.reward.outcomes(samples, scores)  # raw verifiable outcome
+    stats.update(schedule.bound_staleness(exp, step))
+    stats.update(schedule.failures.metrics())
+
+    # 5. Update: the off-policy correction weights and mismatch stats (offpolicy.correct),
+    #    then the actor's epochs x mini-batches of the registered policy loss.
+    stats.update(offpolicy.correct(roles, exp, cfg, schedule.mismatch, step))
+    if exp.teacher_logprobs is not None:
+        stats["distill/reverse_kl"] = distill_gap(exp)
+    stats.update(roles.actor.update(exp))
+    t1 = time.perf_counter()
+    stats["time/train"] = t1 - t0
+
+    # 6. Weight sync: the new weights reach the engine as version step + 1.
+    stats.update(schedule.sync_weights(step, (t0, t1)))
+    return exp, stats
+
+
+def ppo_step(
+    roles: Roles, cfg: RunConfig, schedule: StepSchedule, step: int, kl_ctl: KLController
+) -> tuple[Experience, dict[str, float]]:
+    """One PPO-RLHF step: r_t = -beta KL_t (+ the score on the last token), values, GAE,
+    critic then actor update, beta adapted (``algo.adaptive_kl_target``)."""
+    a = cfg.algo
+    assert roles.critic is not None and roles.reference is not None, "PPO needs critic and ref"
+    # 1-2. Generate and score (schedule): one answer per prompt (or algo.group_size), each
+    #      with its reward; infrastructure failures left out.
+    samples, scores, stats = schedule.rollout(step)
+    t0 = time.perf_counter()
+    samples, scores, _ = admit(roles, cfg, schedule.failures, samples, scores, step)
+    exp = Experience.from_samples(samples, roles.tokenizer.pad_token_id)
+    exp.scores = scores
+
+    # 3. Reference and proximal logprobs: pi_old now (the KL in the reward reads it), pi_ref,
+    #    and the critic's values V(s_t) before the update.
+    exp.old_logprobs = old = offpolicy.old_logprobs(roles, exp, cfg, needed_now=True)
+    exp.ref_logprobs = roles.reference.compute_logprobs(exp)
+    assert old is not None
+    exp.values = roles.critic.compute_values(exp)
+
+    # 4. Advantages: r_t = -beta * KL_t(pi_old || pi_ref) + score * [t = T]; GAE(gamma, lambda)
+    #    gives A_t and the critic's targets R_t = A_t + V_t.
+    token_rewards, exp.kl = apply_kl_to_rewards(
+        scores, old, exp.ref_logprobs, exp.response_mask, kl_ctl.value, a.kl_kind
+    )
+    exp.advantages, exp.returns = compute_advantages(
+        a.advantage_name,
+        token_rewards=token_rewards,
+        response_mask=exp.response_mask,
+        values=exp.values,
+        group_index=exp.group_index,
+        **_estimator_kwargs(cfg),
+    )
+    exp.outcomes = roles.reward.outcomes(samples, scores)  # raw verifiable outcome
+    stats.update(schedule.bound_staleness(exp, step))
+    stats.update(schedule.failures.metrics())
+
+    # 5. Update: the off-policy correction weights, the critic (clipped value loss), the
+    #    actor (registered policy loss); beta follows the step's KL.
+    stats.update(offpolicy.correct(roles, exp, cfg, schedule.mismatch, step))
+    stats.update(roles.critic.update(exp))
+    stats.update(roles.actor.update(exp))
+    mean_kl = kl_for_controller(exp.kl, exp.response_mask, a.adaptive_kl_metric)
+    kl_ctl.update(mean_kl, len(exp))
+    stats["kl_in_reward"] = mean_kl
+    stats["kl_beta"] = float(kl_ctl.value)
+    t1 = time.perf_counter()
+    stats["time/train"] = t1 - t0
+
+    # 6. Weight sync: the new weights reach the engine as version step + 1.
+    stats.update(schedule.sync_weights(step, (t0, t1)))
+    return exp, stats
+
+
+StepFunction = Callable[
+    [Roles, RunConfig, StepSchedule, int, KLController], tuple[Experience, dict[str, float]]
+]
+
+
+def step_function(cfg: RunConfig) -> StepFunction:
+    """The run's step: :func:`ppo_step` for ``algo.name: ppo``, else :func:`grpo_step`."""
+    return ppo_step if cfg.algo.name == "ppo" else grpo_step
+
+
+def admit(
+    roles: Roles,
+    cfg: RunConfig,
+    failures: FailureLog,
+    samples: Sequence[Sample],
+    scores: Tensor,
+    step: int | None = None,
+) -> tuple[list[Sample], Tensor, list[int]]:
+    """The samples that train, their scores and the episode of each.
+
+    Infrastructure failures are left out first (``FailureLog.admit``: out of the batch, of
+    their group's statistics and of the loss normaliser; counted; budgeted). Multi-turn
+    samples (``relayrl.env``) carry a loss mask: observation tokens are attended to and never
+    trained (``Experience.response_mask``). An episode split at a prefix break trains each of
+    its segments, each episode counted once in its group's statistics (``expand_episodes``).
+    With ``train.save_trajectories`` what the step trains is written as JSONL."""
+    samples, scores = failures.admit(samples, scores, grouped=cfg.algo.name != "ppo")
+    samples, scores, episodes = expand_episodes(samples, scores)
+    if step is not None and cfg.train.save_trajectories:
+        save_trajectories(cfg.run_dir, step, samples, scores.tolist(), roles.tokenizer)
+    return list(samples), scores, list(episodes)
 
 
 def group_requests(
@@ -99,264 +272,32 @@ def rollout_and_score(
     return samples, scores, reward_stats
 
 
-def old_logprobs(roles: Roles, exp: Experience, cfg: RunConfig) -> Tensor | None:
-    """pi_old of the PPO ratio for this batch.
-
-    - naive PPO on possibly stale data (``policy_loss: ppo`` in ``overlap`` / ``async``):
-      the behaviour policy's logprobs, as the engine reported them (the clip is centred on
-      the policy that generated the tokens: AReaL's "naive PPO" baseline);
-    - one update per step (``recompute_old_logprobs: auto``, epochs = mini_batches = 1):
-      None, and the actor takes its own detached logprobs in the update's forward, micro-batch
-      by micro-batch: they are the pre-update policy's (``ActorWorker.update``; it computes
-      them first itself when its model has dropout). This holds for decoupled PPO's pi_prox
-      off the sync schedule too: its ratio pi_theta / pi_prox is then exactly 1 at the
-      forward, its behaviour weight exp(pi_prox - pi_behav) the same numbers, one forward
-      fewer per step;
-    - otherwise the pre-update actor's logprobs, recomputed here (decoupled PPO's proximal
-      policy pi_prox; on fresh data equal to the behaviour logprobs).
-    """
-    a = cfg.algo
-    if cfg.policy_loss == "ppo" and cfg.schedule != "sync":
-        return exp["behaviour_logprobs"]
-    if a.recompute_old_logprobs == "auto" and a.epochs == 1 and a.mini_batches == 1:
-        return None
-    return roles.actor.compute_logprobs(exp)
-
-
-def grpo_experience(
-    roles: Roles,
-    samples: Sequence[Sample],
-    scores: Tensor,
-    cfg: RunConfig,
-    episodes: Sequence[int] | None = None,
-) -> Experience:
-    """GRPO's batch: pi_old (proximal) and pi_ref logprobs, group-normalised advantages.
-
-    ``episodes``: the episode of each sample (segments of one prefix-broken episode share
-    one), so that the group statistics count an episode once (``compute_advantages``)."""
-    exp = Experience.from_samples(samples, roles.tokenizer.pad_token_id)
-    exp["scores"] = scores
-    old = old_logprobs(roles, exp, cfg)
-    if old is not None:
-        exp["old_logprobs"] = old
-    if cfg.algo.kl_coef > 0 and roles.reference is not None:
-        exp["ref_logprobs"] = roles.reference.compute_logprobs(exp)
-    exp["advantages"], _ = compute_advantages(
-        cfg.algo.advantage_name,
-        token_rewards=last_token_rewards(scores, exp.response_mask),
-        response_mask=exp.response_mask,
-        group_index=exp["group_index"],
-        episode_index=None if episodes is None else list(episodes),
-        **_estimator_kwargs(cfg),
-    )
-    if cfg.algo.turn_credit == "stepwise_grpo":  # per-turn advantages (multi-turn episodes)
-        groups = exp["group_index"].tolist()
-        exp["advantages"] = turn_advantages(
-            samples, scores, exp.response_mask, groups, cfg.algo.turn_gamma
-        )
-    if cfg.algo.distill.teacher_path is not None:
-        distill_from_teacher(roles, exp, cfg)
-    return exp
-
-
 def distill_from_teacher(roles: Roles, exp: Experience, cfg: RunConfig) -> None:
     """On-policy distillation (``algo.distill``): the teacher scores the student's samples.
 
     d_t = log pi_student(y_t) - log pi_teacher(y_t), the student's logprob being the engine's
     (the distribution the token was sampled from). ``mode: reward``: A_t <- A_t - coef * d_t
     (or -coef * d_t alone without ``task_reward``); ``mode: loss``: the actor adds
-    coef * agg(0.5 d_t^2) on ``exp["teacher_logprobs"]``. The teacher is loaded on first use.
+    coef * agg(0.5 d_t^2) on ``exp.teacher_logprobs``. The teacher is loaded on first use.
     """
     d = cfg.algo.distill
     if roles.teacher is None:
         roles.teacher = load_teacher(cfg)
     mask = exp.response_mask
-    exp["teacher_logprobs"] = teacher = roles.teacher.compute_logprobs(exp)
+    exp.teacher_logprobs = teacher = roles.teacher.compute_logprobs(exp)
     if d.mode == "reward":
-        reverse_kl = (exp["behaviour_logprobs"] - teacher) * mask
-        task = exp["advantages"] if d.task_reward else torch.zeros_like(teacher)
-        exp["advantages"] = task - d.coef * reverse_kl
+        assert exp.behaviour_logprobs is not None and exp.advantages is not None
+        reverse_kl = (exp.behaviour_logprobs - teacher) * mask
+        task = exp.advantages if d.task_reward else torch.zeros_like(teacher)
+        exp.advantages = task - d.coef * reverse_kl
 
 
-def ppo_experience(
-    roles: Roles, samples: Sequence[Sample], scores: Tensor, cfg: RunConfig, kl_ctl: KLController
-) -> Experience:
-    """PPO-RLHF's batch: r_t = -beta KL_t (+ score on the last token), values, GAE."""
-    assert roles.critic is not None and roles.reference is not None, "PPO needs critic and ref"
-    exp = Experience.from_samples(samples, roles.tokenizer.pad_token_id)
-    exp["scores"] = scores
-    exp["old_logprobs"] = roles.actor.compute_logprobs(exp)
-    exp["ref_logprobs"] = roles.reference.compute_logprobs(exp)
-    exp["values"] = roles.critic.compute_values(exp)
-    token_rewards, exp["kl"] = apply_kl_to_rewards(
-        scores,
-        exp["old_logprobs"],
-        exp["ref_logprobs"],
-        exp.response_mask,
-        kl_ctl.value,
-        cfg.algo.kl_kind,
-    )
-    exp["advantages"], exp["returns"] = compute_advantages(
-        cfg.algo.advantage_name,
-        token_rewards=token_rewards,
-        response_mask=exp.response_mask,
-        values=exp["values"],
-        group_index=exp["group_index"],
-        **_estimator_kwargs(cfg),
-    )
-    return exp
-
-
-def make_experience(
-    roles: Roles,
-    samples: Sequence[Sample],
-    scores: Tensor,
-    cfg: RunConfig,
-    kl_ctl: KLController,
-    step: int | None = None,
-    failures: FailureLog | None = None,
-) -> Experience:
-    """The step's batch. Multi-turn samples (``relayrl.env``) carry a loss mask: observation
-    tokens are attended to and never trained (``Experience.response_mask``); GAE steps from
-    one model token to the next over them. An episode split at a prefix break trains each of
-    its segments, each episode counted once in its group's statistics (``expand_episodes``).
-    Infrastructure failures are left out first (``FailureLog.admit``: out of the batch, of
-    their group's statistics and of the loss normaliser; counted; budgeted)."""
-    failures = failures or FailureLog(cfg.failures)
-    samples, scores = failures.admit(samples, scores, grouped=cfg.algo.name != "ppo")
-    samples, scores, episodes = expand_episodes(samples, scores)
-    if step is not None and cfg.train.save_trajectories:  # what this step trains, as JSONL
-        save_trajectories(cfg.run_dir, step, samples, scores.tolist(), roles.tokenizer)
-    if cfg.algo.name == "ppo":
-        exp = ppo_experience(roles, samples, scores, cfg, kl_ctl)
-    else:
-        split = len(set(episodes)) < len(episodes)
-        exp = grpo_experience(roles, samples, scores, cfg, episodes if split else None)
-    exp["outcomes"] = roles.reward.outcomes(samples, scores)  # raw verifiable outcome
-    return exp
-
-
-def trainer_logprobs(roles: Roles, exp: Experience, cfg: RunConfig, compute: bool) -> Tensor | None:
-    """The trainer's logprobs of the batch at the start of the step (pi_old / pi_prox).
-
-    Reused from ``exp["old_logprobs"]`` when the actor computed them (not for naive PPO off
-    the sync schedule, whose pi_old is the engine's). Otherwise, with ``compute``, one actor
-    forward; they also become ``old_logprobs`` when the step had none (identical values to the
-    update's own detached logprobs), else None.
-    """
-    naive = cfg.policy_loss == "ppo" and cfg.schedule != "sync"
-    if "old_logprobs" in exp and not naive:
-        return exp["old_logprobs"]
-    if not compute:
-        return None
-    logprobs = roles.actor.compute_logprobs(exp)
-    if "old_logprobs" not in exp:
-        exp["old_logprobs"] = logprobs
-    return logprobs
-
-
-def correct_rollout(roles: Roles, exp: Experience, cfg: RunConfig) -> dict[str, float]:
-    """Train / inference mismatch: monitor it, and weight the policy loss when configured.
-
-    rho = pi_trainer / pi_engine of every sampled token (``relayrl.algos.rollout_correction``).
-    With ``algo.rollout_correction`` enabled its weights go to ``exp["rollout_weights"]``,
-    which the actor multiplies into the policy loss (of any ``algo.policy_loss``). Whenever
-    the trainer's logprobs exist anyway the ``rollout_corr/*`` mismatch stats are logged,
-    correction or not (mode ``none`` reports them without weighting anything).
-    """
-    rc = cfg.algo.rollout_correction
-    behav = needs_behaviour_weight(cfg)
-    trainer = trainer_logprobs(roles, exp, cfg, compute=rc.enabled or behav)
-    if trainer is None:
-        return {}
-    weights, stats = rollout_correction(
-        trainer,
-        exp["behaviour_logprobs"],
-        exp.response_mask,
-        mode=rc.mode,
-        level=rc.level,
-        cap=rc.cap,
-        lower=rc.lower,
-        upper=rc.upper,
-        batch_normalize=rc.batch_normalize,
-        reject_kl=rc.reject_kl,
-        kl_estimator=rc.kl_estimator,
-        kl_agg=rc.kl_agg,
-        mismatch_threshold=rc.mismatch_threshold,
-    )
-    if rc.enabled:
-        exp["rollout_weights"] = weights.to(torch.float32)
-    if behav:
-        a = cfg.algo
-        factor, w, affected = behaviour_weights(
-            trainer, exp["behaviour_logprobs"], exp.response_mask,
-            a.behav_weight_mode, a.behav_weight_cap, a.behav_weight_lower,
-        )  # fmt: skip
-        prior = exp["rollout_weights"] if rc.enabled else 1.0  # reject_kl's rejections
-        exp["rollout_weights"] = (factor * prior).to(torch.float32)
-        mask = exp.response_mask.bool()
-        n = mask.sum().clamp(min=1)
-        stats["offpolicy/behav_weight_mean"] = float(w[mask].sum() / n)
-        stats["offpolicy/behav_weight_max"] = float(w[mask].max()) if mask.any() else 0.0
-        stats["offpolicy/capped_frac"] = float(affected.sum() / n)
-    return stats
-
-
-def needs_behaviour_weight(cfg: RunConfig) -> bool:
-    """Whether a 2025 loss (gspo, cispo, sapo, gmpo, ...) gets decoupled PPO's behaviour
-    weight from :func:`correct_rollout`: off the sync schedule (data can be stale, so the
-    off-policy correction is on by default, as ``decoupled_ppo`` is) unless
-    ``algo.rollout_correction.mode`` is set, whose weight (the same ratio pi_prox / pi_behav)
-    then replaces it, as for decoupled PPO. The weight is f(w), w = exp(pi_prox - pi_behav),
-    f from ``algo.behav_weight_mode`` / ``behav_weight_cap`` / ``behav_weight_lower``."""
-    return (
-        cfg.schedule != "sync"
-        and cfg.policy_loss not in ("ppo", "decoupled_ppo")
-        and cfg.algo.rollout_correction.mode == "none"
-    )
-
-
-def update_roles(
-    roles: Roles,
-    exp: Experience,
-    cfg: RunConfig,
-    kl_ctl: KLController,
-    mismatch: MismatchMonitor | None = None,
-    version: int | None = None,
-) -> dict[str, float]:
-    """One training step on ``exp``: rollout correction, critic first (PPO), then the actor;
-    adapt beta. With ``mismatch`` the train/inference mismatch of the tokens generated under
-    the trainer's weights (``version``) is logged (``mismatch/*``, a warning when it jumps)
-    whenever the step has the trainer's logprobs before the update (several mini-batches or
-    epochs, ``recompute_old_logprobs: always``, a rollout correction); with one update per
-    step, decoupled PPO's included, pi_old comes from the update's own forward and there is
-    none to compare (``old_logprobs``)."""
-    stats: dict[str, float] = correct_rollout(roles, exp, cfg)
-    naive = cfg.policy_loss == "ppo" and cfg.schedule != "sync"  # pi_old is the engine's
-    if mismatch is not None and "old_logprobs" in exp and not naive:
-        stats.update(
-            mismatch.observe(
-                exp["behaviour_logprobs"],
-                exp["old_logprobs"],
-                exp.response_mask,
-                exp["versions"] if "versions" in exp else None,
-                version,
-                step=version,
-            )
-        )
-    if "teacher_logprobs" in exp:
-        mask = exp.response_mask
-        gap = (exp["behaviour_logprobs"] - exp["teacher_logprobs"]) * mask
-        stats["distill/reverse_kl"] = float(gap.sum() / mask.sum().clamp(min=1))
-    if roles.critic is not None and "returns" in exp:
-        stats.update(roles.critic.update(exp))
-    stats.update(roles.actor.update(exp))
-    if "kl" in exp:
-        mean_kl = kl_for_controller(exp["kl"], exp.response_mask, cfg.algo.adaptive_kl_metric)
-        kl_ctl.update(mean_kl, len(exp))
-        stats["kl_in_reward"] = mean_kl
-        stats["kl_beta"] = float(kl_ctl.value)
-    return stats
+def distill_gap(exp: Experience) -> float:
+    """``distill/reverse_kl``: mean over trained tokens of log pi_behav - log pi_teacher."""
+    assert exp.behaviour_logprobs is not None and exp.teacher_logprobs is not None
+    mask = exp.response_mask
+    gap = (exp.behaviour_logprobs - exp.teacher_logprobs) * mask
+    return float(gap.sum() / mask.sum().clamp(min=1))
 
 
 def kl_for_controller(kl: Tensor, response_mask: Tensor, metric: str) -> float:
@@ -368,117 +309,6 @@ def kl_for_controller(kl: Tensor, response_mask: Tensor, metric: str) -> float:
         per_seq = (kl * mask).sum(-1) / mask.sum(-1).clamp(min=1)
         return float(per_seq.mean()) if len(per_seq) else 0.0
     return float((kl * mask).sum() / mask.sum().clamp(min=1))
-
-
-def rl_step(
-    roles: Roles,
-    prompts: Sequence[TokenizedPrompt],
-    cfg: RunConfig,
-    step: int,
-    stop_ids: list[int],
-    kl_ctl: KLController,
-    refill: Callable[[int, int], Sequence[TokenizedPrompt]] | None = None,
-    mismatch: MismatchMonitor | None = None,
-    failures: FailureLog | None = None,
-) -> tuple[Experience, dict[str, float]]:
-    """One synchronous step: generate G answers per prompt, score, build the batch, train.
-
-    With ``data.dynamic_sampling.enabled`` (DAPO) groups whose raw outcomes are all equal are
-    dropped and ``refill(round, n)`` supplies prompts for more rounds (see ``dynamic_rollout``).
-    Infrastructure failures are retried, then left out and counted (``failures``, the run's
-    ``FailureLog``: ``failures/*`` in the stats).
-    """
-    timer: dict[str, float] = {}
-    failures = failures or FailureLog(cfg.failures)
-    if cfg.data.dynamic_sampling.enabled:
-        samples, scores, stats = dynamic_rollout(roles, prompts, cfg, step, stop_ids, timer, refill)
-    else:
-        requests = make_requests(prompts, cfg, step, stop_ids)
-        samples, scores, stats = rollout_and_score(roles, requests, timer, cfg.failures.retries)
-    t0 = time.perf_counter()
-    exp = make_experience(roles, samples, scores, cfg, kl_ctl, step=step, failures=failures)
-    stats.update(failures.metrics())
-    stats.update(update_roles(roles, exp, cfg, kl_ctl, mismatch, step))
-    timer["time/train"] = time.perf_counter() - t0
-    stats.update(timer)
-    return exp, stats
-
-
-def group_outcomes(group: Sequence[tuple[Sample, float]]) -> list[float]:
-    """The raw outcomes of a scored group (before reward mixing): what dynamic sampling
-    tests for variance. Infrastructure failures are no outcome (``controller.failures``)."""
-    return [
-        float(s.metadata.get("reward", {}).get("outcome", v))
-        for s, v in group
-        if infra_cause(s) is None
-    ]
-
-
-REFILL_STEP_BASE = 10_000_000
-
-
-def refill_prompts(
-    source: Any, step: int, max_rounds: int
-) -> Callable[[int, int], Sequence[TokenizedPrompt]]:
-    """Prompts for dynamic-sampling round r >= 1 of ``step``: ``source.for_step`` at step
-    indices no training step uses, so refills are fresh and resume-exact."""
-    return lambda rnd, n: source.for_step(REFILL_STEP_BASE + step * max_rounds + rnd, n)
-
-
-def dynamic_rollout(
-    roles: Roles,
-    prompts: Sequence[TokenizedPrompt],
-    cfg: RunConfig,
-    step: int,
-    stop_ids: list[int],
-    timer: dict[str, float],
-    refill: Callable[[int, int], Sequence[TokenizedPrompt]] | None,
-) -> tuple[list[Sample], Tensor, dict[str, float]]:
-    """DAPO dynamic sampling: keep groups whose raw verifiable outcomes differ, refill until
-    ``prompts_per_step`` groups or ``max_rounds`` rounds; log ``dynamic/dropped_frac``.
-
-    The outcome of a sample is the reward service's raw ``outcome`` when recorded, else its
-    score. Kept groups are renumbered 0..B-1. If no group is kept, round 0's groups are used
-    (all-zero advantages: the update only moves the KL and entropy terms).
-    """
-    timer["time/generate"] = timer["time/score"] = 0.0
-    first: dict[str, Any] = {}
-
-    def generate(rnd: int, n: int) -> list[list[tuple[Sample, float]]]:
-        batch = list(prompts) if rnd == 0 else list(refill(rnd, n) if refill else [])
-        if not batch:
-            return []
-        sub: dict[str, float] = {}
-        samples, scores, stats = rollout_and_score(
-            roles, make_requests(batch, cfg, step, stop_ids), sub, cfg.failures.retries
-        )
-        timer["failures/retried"] = timer.get("failures/retried", 0.0)
-        timer["failures/retried"] += sub.get("failures/retried", 0.0)
-        timer["time/generate"] += sub["time/generate"]
-        timer["time/score"] += sub["time/score"]
-        groups: dict[Any, list[tuple[Sample, float]]] = {}
-        for sample, value in zip(samples, scores.tolist(), strict=True):
-            groups.setdefault(sample.group_id, []).append((sample, value))
-        if rnd == 0:
-            first.update(stats=stats, groups=list(groups.values()), scores=scores)
-        return list(groups.values())
-
-    kept, ds = dynamic_sample(
-        generate, group_outcomes, len(prompts), cfg.data.dynamic_sampling.max_rounds
-    )
-    if not kept:
-        kept = first.get("groups", [])
-    samples, values = [], []
-    for new_id, group in enumerate(kept):
-        for sample, value in group:
-            sample.group_id = new_id
-            samples.append(sample)
-            values.append(value)
-    stats = dict(first.get("stats", {}))
-    stats.update(ds.as_metrics())
-    if "scores" in first:
-        stats["dynamic/raw_pass_rate"] = float((first["scores"] >= 1.0).float().mean())
-    return samples, torch.tensor(values, dtype=torch.float32), stats
 
 
 def _estimator_kwargs(cfg: RunConfig) -> dict[str, Any]:
@@ -502,6 +332,7 @@ def _estimator_kwargs(cfg: RunConfig) -> dict[str, Any]:
 
 
 def make_kl_controller(cfg: RunConfig) -> KLController:
+    """beta of PPO's KL penalty: adaptive towards ``algo.adaptive_kl_target``, else fixed."""
     a = cfg.algo
     if a.adaptive_kl_target is not None:
         return AdaptiveKLController(a.kl_coef, a.adaptive_kl_target, a.adaptive_kl_horizon)
@@ -510,8 +341,10 @@ def make_kl_controller(cfg: RunConfig) -> KLController:
 
 @torch.no_grad()
 def rollout_stats(exp: Experience) -> dict[str, float]:
-    scores = exp["scores"]
-    outcomes = exp.tensors.get("outcomes", scores)
+    """reward_mean, pass_rate (of the raw outcomes when recorded) and the length stats."""
+    scores = exp.scores
+    assert scores is not None
+    outcomes = exp.outcomes if exp.outcomes is not None else scores
     return {
         "reward_mean": float(scores.mean()),
         "pass_rate": float((outcomes >= 1.0).float().mean()),

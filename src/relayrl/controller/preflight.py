@@ -4,6 +4,7 @@ key or file, not an ``IndexError`` in a forward pass after minutes of loading.
 ``check_run`` (``relayrl train | eval | filter``) runs before anything is written to the run
 directory:
 
+- ``algo.policy_loss`` names a registered loss (``relayrl.algos.registry``);
 - every model directory the run loads (``model.path``, ``model.critic_path`` for PPO,
   ``reward.model_path``) exists and holds ``config.json`` and tokenizer files;
 - ``env.factory`` names a builtin environment or a ``package.module:callable`` that imports,
@@ -32,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from relayrl.algos import get_policy_loss
 from relayrl.config import ConfigError, RunConfig
 from relayrl.data import DataError
 from relayrl.data.prompt_format import format_mismatch
@@ -47,6 +49,7 @@ __all__ = [
     "Context",
     "check_context",
     "check_env",
+    "check_policy_loss",
     "check_run",
     "check_sft_lengths",
     "check_sft_val_prompts",
@@ -89,6 +92,7 @@ def _run_models(cfg: RunConfig, training: bool) -> list[tuple[str, str]]:
 def check_run(cfg: RunConfig, training: bool = True) -> None:
     """All start-up checks of an RL run (see the module docstring); ``training=False`` for
     ``relayrl eval`` / ``filter``, which load no critic. Raises one-line errors."""
+    check_policy_loss(cfg)
     models = _run_models(cfg, training)
     for _, path in models:
         check_model_dir(path)
@@ -106,6 +110,17 @@ def check_run(cfg: RunConfig, training: bool = True) -> None:
     contexts = [c for key, path in models if (c := model_context(key, path)) is not None]
     if contexts:
         check_context(cfg, tokenizer, min(contexts, key=lambda c: c.tokens), training)
+
+
+def check_policy_loss(cfg: RunConfig) -> None:
+    """``algo.policy_loss`` names a registered loss (``relayrl.algos.registry``), else a
+    ``ConfigError`` listing the registered ones."""
+    if cfg.algo.name == "dpo":  # DPO has its own loss
+        return
+    try:
+        get_policy_loss(cfg.policy_loss)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_env(cfg: RunConfig) -> None:

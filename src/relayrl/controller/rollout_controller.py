@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 from relayrl.config import RunConfig
-from relayrl.controller.algorithms import group_outcomes, group_requests
+from relayrl.controller.algorithms import group_requests
 from relayrl.controller.buffer import GroupBuffer, ScoredGroup
+from relayrl.controller.dynamic_sampling import group_outcomes
 from relayrl.controller.failures import infra_cause
 from relayrl.controller.faults import RunFault
 from relayrl.controller.staleness import StalenessGate

@@ -1,12 +1,14 @@
 """Schedules: where a training step's batch comes from and when weights move.
 
+A schedule runs the algorithm's one step function (``controller.algorithms``: ``grpo_step``,
+``ppo_step``) and serves it what differs between schedules (``StepSchedule``): ``rollout``
+(phases 1-2, the scored samples), ``bound_staleness`` and ``sync_weights`` (phase 6).
+
 ``SyncSchedule``: generate the step's groups with the current weights, then train (one
 process). ``AsyncSchedule`` (``overlap`` = eta 1 without interruption, ``async`` = eta and
 interrupt from the config): the engine worker generates continuously under the staleness gate
 while the trainer trains; each step takes the B oldest finished groups from the buffer,
-recomputes the proximal logprobs with the pre-update actor (decoupled PPO), checks every
-token's staleness, trains and pushes the new weights with their version.
-The algorithm code (``make_experience`` / ``update_roles``) is the same for all three.
+checks every token's staleness, trains and pushes the new weights with their version.
 
 Multi-turn episodes (``env.factory``) run through the same schedules: ``attach_environments``
 wraps the rollout role in an ``EpisodeRunner`` (engine-shaped: each request is an episode,
@@ -25,12 +27,12 @@ import torch
 from relayrl.config import RunConfig
 from relayrl.controller.algorithms import (
     KLController,
-    make_experience,
-    refill_prompts,
-    rl_step,
-    update_roles,
+    make_requests,
+    rollout_and_score,
+    step_function,
 )
 from relayrl.controller.buffer import GroupBuffer
+from relayrl.controller.dynamic_sampling import dynamic_rollout, refill_prompts
 from relayrl.controller.failures import FailureLog
 from relayrl.controller.rollout_controller import RolloutController
 from relayrl.controller.staleness import StalenessGate
@@ -39,6 +41,7 @@ from relayrl.env.registry import resolve_factory
 from relayrl.env.render import make_renderer
 from relayrl.env.runner import EpisodeRunner, RunnerLimits
 from relayrl.env.scoring import EpisodeScorer
+from relayrl.rollout import Sample
 from relayrl.telemetry.mismatch import MismatchMonitor
 from relayrl.telemetry.timeline import Timeline
 from relayrl.workers import Experience, Roles
@@ -95,6 +98,7 @@ class SyncSchedule:
     ):
         self.roles, self.cfg, self.source, self.stop_ids = roles, cfg, source, stop_ids
         self.timeline = timeline
+        self.algorithm = step_function(cfg)  # grpo_step or ppo_step
         self._engine_counts = (0, 0)
         self.mismatch = MismatchMonitor()  # engine vs trainer logprobs, per step
         self.failures = FailureLog(cfg.failures)  # infrastructure failures: counts, budget
@@ -112,31 +116,12 @@ class SyncSchedule:
         return int(st.get("steps", 0)), int(st.get("slot_steps", 0))
 
     def step(self, step: int, kl_ctl: KLController) -> tuple[Experience, dict[str, float]]:
+        """The algorithm's step, then this step's idle fraction, episodes and slot use."""
         env_metrics(self.roles)  # drop what an evaluation between steps counted
-        prompts = self.source.for_step(step, self.cfg.algo.prompts_per_step)
-        t0 = time.perf_counter()
-        refill = refill_prompts(self.source, step, self.cfg.data.dynamic_sampling.max_rounds)
-        exp, stats = rl_step(
-            self.roles, prompts, self.cfg, step, self.stop_ids, kl_ctl, refill, self.mismatch,
-            failures=self.failures,
-        )  # fmt: skip
-        t1 = t0 + stats["time/generate"]
-        self.timeline.add("rollout", "generate", t0, t1)
-        self.timeline.add("reward", "score", t1, t1 + stats["time/score"])
-        self.timeline.add(
-            "trainer", "train", time.perf_counter() - stats["time/train"], time.perf_counter()
-        )
-        with self.timeline.span("trainer", "weight_sync"):
-            t_sync = time.perf_counter()
-            self.roles.rollout.update_weights(
-                self.roles.actor.state_dict(), version=step + 1, interrupt=False
-            )
-            stats["time/weight_sync"] = time.perf_counter() - t_sync
+        exp, stats = self.algorithm(self.roles, self.cfg, self, step, kl_ctl)
         stats["trainer_idle_frac"] = stats["time/generate"] / max(
             stats["time/generate"] + stats["time/score"] + stats["time/train"], 1e-9
         )
-        stats["staleness_max"] = 0.0
-        stats["staleness_mean"] = 0.0
         stats.update(env_metrics(self.roles))
         # slot utilisation of this step's generation: the straggler tail leaves slots empty
         (s0, u0), (s1, u1) = self._engine_counts, self._slot_counts()
@@ -144,6 +129,45 @@ class SyncSchedule:
         if s1 > s0:
             stats["engine_slot_utilisation"] = (u1 - u0) / ((s1 - s0) * self.cfg.rollout.max_slots)
         return exp, stats
+
+    def rollout(self, step: int) -> tuple[list[Sample], torch.Tensor, dict[str, float]]:
+        """Phases 1-2 now, with the current weights: the step's prompts (a seeded draw that
+        depends only on (seed, step)), G requests each, generated and scored; with
+        ``data.dynamic_sampling.enabled`` (DAPO) flat groups dropped and refilled
+        (``dynamic_rollout``). Infrastructure failures are retried (``failures.retries``)."""
+        cfg = self.cfg
+        prompts = self.source.for_step(step, cfg.algo.prompts_per_step)
+        t0 = time.perf_counter()
+        timer: dict[str, float] = {}
+        if cfg.data.dynamic_sampling.enabled:
+            refill = refill_prompts(self.source, step, cfg.data.dynamic_sampling.max_rounds)
+            samples, scores, stats = dynamic_rollout(
+                self.roles, prompts, cfg, step, self.stop_ids, timer, refill
+            )
+        else:
+            requests = make_requests(prompts, cfg, step, self.stop_ids)
+            samples, scores, stats = rollout_and_score(
+                self.roles, requests, timer, cfg.failures.retries
+            )
+        stats.update(timer)
+        t1 = t0 + stats["time/generate"]
+        self.timeline.add("rollout", "generate", t0, t1)
+        self.timeline.add("reward", "score", t1, t1 + stats["time/score"])
+        return samples, scores, stats
+
+    def bound_staleness(self, exp: Experience, step: int) -> dict[str, float]:
+        """Fresh data: every token was generated by the weights being trained."""
+        return {"staleness_max": 0.0, "staleness_mean": 0.0}
+
+    def sync_weights(self, step: int, trained: tuple[float, float]) -> dict[str, float]:
+        """The actor's weights into the engine as version ``step + 1`` (no request in flight)."""
+        self.timeline.add("trainer", "train", *trained)
+        with self.timeline.span("trainer", "weight_sync"):
+            t_sync = time.perf_counter()
+            self.roles.rollout.update_weights(
+                self.roles.actor.state_dict(), version=step + 1, interrupt=False
+            )
+            return {"time/weight_sync": time.perf_counter() - t_sync}
 
     def close(self) -> dict[str, Any]:
         """The engine's counters since it started (as the async schedule's ``engine``)."""
@@ -171,7 +195,9 @@ class AsyncSchedule:
         self.staleness_hist: Counter[int] = Counter()
         self.mismatch = MismatchMonitor()  # engine vs trainer logprobs of fresh tokens
         self.failures = FailureLog(cfg.failures)  # infrastructure failures: counts, budget
+        self.algorithm = step_function(cfg)  # grpo_step or ppo_step
         self._retried = 0
+        self._waited = 0.0
         self._wall0 = 0.0
         self._idle = 0.0
         self._engine_busy = 0.0
@@ -194,30 +220,10 @@ class AsyncSchedule:
         self.controller.start()
 
     def step(self, step: int, kl_ctl: KLController) -> tuple[Experience, dict[str, float]]:
+        """The algorithm's step, then the engine's and the buffer's figures."""
         cfg = self.cfg
-        with self.timeline.span("trainer", "wait"):
-            groups, waited = self.buffer.wait_time(cfg.algo.prompts_per_step, self.controller.check)
-        self._idle += waited
-        samples = [s for g in groups for s in g.samples]
-        scores = torch.cat([g.scores for g in groups])
-        t0 = time.perf_counter()
-        with self.timeline.span("trainer", "train"):
-            exp = make_experience(
-                self.roles, samples, scores, cfg, kl_ctl, step=step, failures=self.failures
-            )
-            stats = self._bound_staleness(exp, step)
-            stats.update(self.failures.metrics())
-            stats.update(update_roles(self.roles, exp, cfg, kl_ctl, self.mismatch, step))
-        stats["time/train"] = time.perf_counter() - t0
-        with self.timeline.span("trainer", "weight_sync"):
-            t1 = time.perf_counter()
-            # Weights first, then open the gate: every group admitted under version i + 1 is
-            # queued behind the update, so the engine never generates it with older weights.
-            self.roles.rollout.update_weights(
-                self.roles.actor.state_dict(), version=step + 1, interrupt=cfg.interrupt
-            )
-            self.controller.set_version(step + 1)
-            stats["time/weight_sync"] = time.perf_counter() - t1
+        exp, stats = self.algorithm(self.roles, cfg, self, step, kl_ctl)
+        waited = self._waited
         report = self.roles.rollout.report()
         engine_stats, spans = report.counters, report.busy_spans
         for s0, e0 in spans:
@@ -240,13 +246,38 @@ class AsyncSchedule:
             stats["dynamic/dropped_frac"] = c.groups_dropped / max(c.groups_completed, 1)
         return exp, stats
 
-    def _bound_staleness(self, exp: Experience, step: int) -> dict[str, float]:
+    def rollout(self, step: int) -> tuple[list[Sample], torch.Tensor, dict[str, float]]:
+        """Phases 1-2 happened in the engine worker and the reward service: the B oldest
+        finished, scored groups of the buffer (waiting for them is the trainer's idle time)."""
+        with self.timeline.span("trainer", "wait"):
+            groups, waited = self.buffer.wait_time(
+                self.cfg.algo.prompts_per_step, self.controller.check
+            )
+        self._idle += waited
+        self._waited = waited
+        samples = [s for g in groups for s in g.samples]
+        return samples, torch.cat([g.scores for g in groups]), {}
+
+    def sync_weights(self, step: int, trained: tuple[float, float]) -> dict[str, float]:
+        """Weights first, then open the gate: every group admitted under version i + 1 is
+        queued behind the update, so the engine never generates it with older weights."""
+        self.timeline.add("trainer", "train", *trained)
+        with self.timeline.span("trainer", "weight_sync"):
+            t1 = time.perf_counter()
+            self.roles.rollout.update_weights(
+                self.roles.actor.state_dict(), version=step + 1, interrupt=self.cfg.interrupt
+            )
+            self.controller.set_version(step + 1)
+            return {"time/weight_sync": time.perf_counter() - t1}
+
+    def bound_staleness(self, exp: Experience, step: int) -> dict[str, float]:
         """Record staleness = trainer version - token version; enforce max_token_staleness.
 
         Counted per trained token: ``response_mask`` is 0 on observation tokens of multi-turn
         samples (their version is a placeholder), so they never count or get dropped."""
         mask = exp.response_mask > 0
-        stale = (step - exp["versions"]).masked_fill(~mask, 0)
+        assert exp.versions is not None
+        stale = (step - exp.versions).masked_fill(~mask, 0)
         values = stale[mask]
         self.staleness_hist.update(values.tolist())
         out = {
@@ -257,7 +288,8 @@ class AsyncSchedule:
         if limit is not None:
             over = (stale > limit) & mask
             factor = 0.0 if self.cfg.async_.stale_tokens == "drop" else self.cfg.async_.stale_weight
-            exp["advantages"] = torch.where(over, exp["advantages"] * factor, exp["advantages"])
+            assert exp.advantages is not None
+            exp.advantages = torch.where(over, exp.advantages * factor, exp.advantages)
             out["stale_token_frac"] = float(over.sum()) / max(float(mask.sum()), 1.0)
         return out
 

@@ -142,8 +142,7 @@ class MismatchMonitor:
         ``behaviour_logprobs``, ``response_mask`` and ``versions`` against its ``old_logprobs``
         when the step recomputed them (the pre-update actor's), else ``compute_logprobs(exp)``
         (one extra forward: the default single-update sync step has no recompute)."""
-        trainer = exp["old_logprobs"] if "old_logprobs" in exp else compute_logprobs(exp)
-        versions = exp["versions"] if "versions" in exp else None
+        trainer = exp.old_logprobs if exp.old_logprobs is not None else compute_logprobs(exp)
         return self.observe(
-            exp["behaviour_logprobs"], trainer, exp.response_mask, versions, trainer_version, step
+            exp.behaviour_logprobs, trainer, exp.response_mask, exp.versions, trainer_version, step
         )

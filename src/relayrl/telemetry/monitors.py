@@ -115,13 +115,13 @@ class RunMonitor:
         n_distinct = distinct_responses(completions)
         out["monitor/distinct_responses"] = float(n_distinct)
         out["monitor/distinct_frac"] = n_distinct / len(completions)
-        if "ref_logprobs" in exp:
-            logp = exp["old_logprobs"] if "old_logprobs" in exp else exp["behaviour_logprobs"]
+        if exp.ref_logprobs is not None:
+            logp = exp.old_logprobs if exp.old_logprobs is not None else exp.behaviour_logprobs
             out["monitor/kl_seq"] = float(
-                sequence_kl(logp, exp["ref_logprobs"], exp.response_mask).mean()
+                sequence_kl(logp, exp.ref_logprobs, exp.response_mask).mean()
             )
-        if self.gold_score is not None and "scores" in exp:
-            out.update(self._proxy_vs_gold(exp["scores"].tolist(), prompts, completions, fields))
+        if self.gold_score is not None and exp.scores is not None:
+            out.update(self._proxy_vs_gold(exp.scores.tolist(), prompts, completions, fields))
         return out
 
     def _proxy_vs_gold(

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from relayrl.algos import POLICY_LOSSES, LossNorm, aggregate_loss, kl_penalty
+from relayrl.algos import LossNorm, PolicyLossInputs, aggregate_loss, get_policy_loss, kl_penalty
 from relayrl.algos.masked import deferred_stats
 from relayrl.config import AlgoConfig, OptimConfig, RunConfig
 from relayrl.model import forward_logprobs
@@ -80,6 +80,7 @@ class ActorWorker(TrainState, ReferenceWorker):
             self.model.requires_grad_(True)
         self.algo = algo
         self.policy_loss = policy_loss
+        self.loss_fn = get_policy_loss(policy_loss)  # registered: relayrl.algos.registry
         self.grad_clip = optim.grad_clip
         self.max_response_tokens = max_response_tokens
         self.optimizer, self.scheduler = make_optimizer(
@@ -105,7 +106,8 @@ class ActorWorker(TrainState, ReferenceWorker):
         )
 
     def update(self, exp: Experience) -> dict[str, float]:
-        """Epochs x mini-batches of PPO-clip (or decoupled PPO) steps on ``exp``.
+        """Epochs x mini-batches of policy-loss steps on ``exp`` (the loss ``algo.policy_loss``
+        names, looked up in ``relayrl.algos.registry``).
 
         Reads ``old_logprobs`` (pi_old, recomputed at the start of the step: the proximal policy),
         ``behaviour_logprobs`` (the engine's), ``advantages`` and optionally ``ref_logprobs``.
@@ -117,12 +119,11 @@ class ActorWorker(TrainState, ReferenceWorker):
         Loss = policy loss + kl_coef * agg(KL(pi || pi_ref)) - entropy_coef * agg(H).
         """
         a = self.algo
-        if "old_logprobs" not in exp:
+        if exp.old_logprobs is None:
             if not self.single_update:
                 raise ValueError("old_logprobs missing and the step makes more than one update")
             if has_train_dropout(self.model):
-                old = self.compute_logprobs(exp)
-                exp = replace(exp, tensors={**exp.tensors, "old_logprobs": old})
+                exp = replace(exp, old_logprobs=self.compute_logprobs(exp))
         self.model.train()
         # Statistics stay on the model's device as tensors and reach the host once, at the end
         # (no device -> host sync per micro-batch or mini-batch); the Experience is cut into
@@ -177,56 +178,37 @@ class ActorWorker(TrainState, ReferenceWorker):
         weights["grad_norm"] += 1.0
 
     def _micro_step(self, micro: Experience, norm: LossNorm) -> dict[str, Any]:
+        """Forward, loss, backward on one micro-batch: the registered policy loss
+        (``algo.policy_loss``), + kl_coef * agg(KL(pi || pi_ref)) (GRPO's KL loss) + the
+        distillation term - entropy_coef * agg(H)."""
         a = self.algo
         mask = micro.response_mask
         logp, ent = forward_logprobs(self.model, micro.batch, self.temperature, with_entropy=True)
+        assert micro.advantages is not None
         # one update per step: pi_old = pi_theta before the update = these logprobs, detached
-        old = micro["old_logprobs"] if "old_logprobs" in micro else logp.detach() * mask
-        # rollout correction (controller): constant per-token weights on the policy loss
-        weights = micro["rollout_weights"] if "rollout_weights" in micro else None
-        common: dict[str, Any] = dict(
-            advantages=micro["advantages"],
+        old = micro.old_logprobs if micro.old_logprobs is not None else logp.detach() * mask
+        inputs = PolicyLossInputs(
+            logp,
+            old_logprobs=old,
+            behaviour_logprobs=micro.behaviour_logprobs,
+            advantages=micro.advantages,
             response_mask=mask,
             norm=norm,
-            eps_low=a.clip_eps_low,
-            eps_high=a.clip_eps_high,
-            dual_clip=a.dual_clip,
-            token_weights=weights,
+            token_weights=micro.rollout_weights,  # off-policy / rollout correction, constant
         )
-        loss_fn = POLICY_LOSSES[self.policy_loss]
-        if self.policy_loss == "decoupled_ppo":
-            # A rollout-correction weight (the same ratio pi_prox / pi_behav) replaces the
-            # behaviour weight; what the behaviour-weight mode masks stays masked. Mode none
-            # (reject_kl only) keeps the behaviour weight and only adds the rejections.
-            replaced = weights is not None and a.rollout_correction.mode != "none"
-            loss, stats = loss_fn(
-                logp,
-                prox_logprobs=old,
-                behav_logprobs=micro["behaviour_logprobs"],
-                behav_weight_cap=a.behav_weight_cap,
-                behav_weight_mode=a.behav_weight_mode,
-                behav_weight_lower=a.behav_weight_lower,
-                apply_behav_weight=not replaced,
-                **common,
-            )
-        elif self.policy_loss == "sapo":
-            loss, stats = loss_fn(
-                logp, old_logprobs=old, tau_pos=a.sapo_tau_pos, tau_neg=a.sapo_tau_neg, **common
-            )
-        else:
-            loss, stats = loss_fn(logp, old_logprobs=old, **common)
+        loss, stats = self.loss_fn(inputs, a)
         stats = {
             f"pg_{k}" if not k.startswith(("clip", "approx")) else k: v for k, v in stats.items()
         }
-        if a.name == "grpo" and a.kl_coef > 0 and "ref_logprobs" in micro:
-            kl = kl_penalty(logp, micro["ref_logprobs"], a.kl_kind)
+        if a.name == "grpo" and a.kl_coef > 0 and micro.ref_logprobs is not None:
+            kl = kl_penalty(logp, micro.ref_logprobs, a.kl_kind)
             kl_loss = aggregate_loss(kl, mask, norm)
             loss = loss + a.kl_coef * kl_loss
             stats["kl"] = (kl.detach() * mask).sum() / mask.sum().clamp(min=1)
         distill = a.distill
-        if distill.mode == "loss" and "teacher_logprobs" in micro:
+        if distill.mode == "loss" and micro.teacher_logprobs is not None:
             # k2 = 0.5 (log pi - log pi_teacher)^2: its on-policy gradient is the reverse KL's
-            d2 = kl_penalty(logp, micro["teacher_logprobs"], "k2", mask)
+            d2 = kl_penalty(logp, micro.teacher_logprobs, "k2", mask)
             loss = loss + distill.coef * aggregate_loss(d2, mask, norm)
         assert ent is not None
         ent_mean = (ent.detach() * mask).sum() / mask.sum().clamp(min=1)
@@ -251,7 +233,8 @@ class ActorWorker(TrainState, ReferenceWorker):
         loss_distill = a.distill.teacher_path is not None and a.distill.mode == "loss"
         if not a.skip_zero_advantage or loss_kl or loss_distill or a.entropy_coef != 0:
             return mini
-        keep = ((mini["advantages"] * mini.response_mask) != 0).any(dim=1)
+        assert mini.advantages is not None
+        keep = ((mini.advantages * mini.response_mask) != 0).any(dim=1)
         if bool(keep.all()):
             return mini
         return mini.select(keep.nonzero().squeeze(1))

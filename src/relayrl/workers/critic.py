@@ -58,10 +58,11 @@ class CriticWorker(TrainState):
                 loss_sum = 0.0
                 for _, micro in mini.micro_batches(a.micro_batch_size, a.micro_batch_tokens):
                     values = forward_values(self.model, micro.batch)
+                    assert micro.values is not None and micro.returns is not None
                     loss, stats = clipped_value_loss(
                         values,
-                        micro["values"],
-                        micro["returns"],
+                        micro.values,
+                        micro.returns,
                         micro.response_mask,
                         norm,
                         clip_range=a.vf_clip,

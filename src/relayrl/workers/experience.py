@@ -1,7 +1,27 @@
-"""Experience: a padded token batch plus named per-sequence / per-token tensors.
+"""Experience: one step's batch, a padded token batch plus named, typed per-row fields.
 
-This is what flows between roles in one iteration (veRL calls it DataProto). Per-token
-tensors are [B, R] aligned with ``batch.response_ids``; per-sequence tensors are [B].
+This is what flows between roles in one iteration (veRL calls it DataProto). Every field is
+named and optional (None until a phase of the step fills it; ``controller.algorithms`` says
+which phase fills which). Per-token fields are [B, R] aligned with ``batch.response_ids``;
+per-sequence fields are [B]:
+
+=====================  ======  ==============================================================
+field                  shape   meaning (units)
+=====================  ======  ==============================================================
+``behaviour_logprobs`` [B, R]  log pi_behav(y_t): the engine's, at sampling time (nats)
+``versions``           [B, R]  policy version that generated each token (int)
+``group_index``        [B]     the prompt group of each row (int; its own row without one)
+``scores``             [B]     the reward of each sequence (after mixing)
+``outcomes``           [B]     the raw verifiable outcome (1.0 = solved)
+``old_logprobs``       [B, R]  log pi_old / pi_prox, the trainer's before the update (nats)
+``ref_logprobs``       [B, R]  log pi_ref of the frozen reference (nats)
+``teacher_logprobs``   [B, R]  log pi_teacher (on-policy distillation; nats)
+``values``             [B, R]  V(s_t) of the critic before the update
+``returns``            [B, R]  the critic's targets R_t
+``advantages``         [B, R]  A_t
+``kl``                 [B, R]  PPO's per-token KL(pi_old || pi_ref) in the reward (nats)
+``rollout_weights``    [B, R]  constant per-token weights of the policy loss (off-policy)
+=====================  ======  ==============================================================
 
 Multi-turn samples (``Sample.loss_mask``, ``relayrl.env``) hold observation tokens inside a
 row: ``batch.attention_mask`` keeps every real token (the model attends to all of them), while
@@ -14,7 +34,7 @@ is ``real_token_mask * loss_mask``, so observation tokens are never trained or c
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -23,16 +43,39 @@ from torch import Tensor
 from relayrl.model import TokenBatch, pack_batch
 from relayrl.rollout.types import Sample
 
+_NOT_TENSORS = frozenset({"batch", "samples"})
+
 
 @dataclass
 class Experience:
     batch: TokenBatch
-    tensors: dict[str, Tensor] = field(default_factory=dict)
     samples: list[Sample] = field(default_factory=list)
+    behaviour_logprobs: Tensor | None = None
+    versions: Tensor | None = None
+    group_index: Tensor | None = None
+    scores: Tensor | None = None
+    outcomes: Tensor | None = None
+    old_logprobs: Tensor | None = None
+    ref_logprobs: Tensor | None = None
+    teacher_logprobs: Tensor | None = None
+    values: Tensor | None = None
+    returns: Tensor | None = None
+    advantages: Tensor | None = None
+    kl: Tensor | None = None
+    rollout_weights: Tensor | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A tensor field must have one row per sequence (ValueError otherwise)."""
+        if isinstance(value, Tensor) and name not in _NOT_TENSORS and "batch" in self.__dict__:
+            if value.dim() == 0 or value.shape[0] != len(self):
+                rows = value.shape[0] if value.dim() else 0
+                raise ValueError(f"tensor '{name}' has {rows} rows, batch has {len(self)}")
+        object.__setattr__(self, name, value)
 
     @classmethod
     def from_samples(cls, samples: Sequence[Sample], pad_id: int) -> Experience:
-        """Pack finished samples; behaviour logprobs and token versions come along [B, R].
+        """Pack finished samples; behaviour logprobs and token versions come along [B, R],
+        the group of each row [B].
 
         A sample's ``loss_mask`` (None = all ones) zeroes its observation tokens in
         ``response_mask``; a loss mask whose length is not the response's is a ValueError."""
@@ -53,24 +96,26 @@ class Experience:
                         f"{n} response tokens"
                     )
                 batch.response_mask[i, :n] *= torch.as_tensor(s.loss_mask, dtype=torch.float32)
-        exp = cls(batch, {"behaviour_logprobs": behav, "versions": versions}, list(samples))
         groups = [s.group_id if s.group_id is not None else i for i, s in enumerate(samples)]
-        exp.tensors["group_index"] = torch.as_tensor(groups, dtype=torch.long)
-        return exp
+        return cls(
+            batch,
+            list(samples),
+            behaviour_logprobs=behav,
+            versions=versions,
+            group_index=torch.as_tensor(groups, dtype=torch.long),
+        )
 
     def __len__(self) -> int:
         return len(self.batch)
 
-    def __getitem__(self, key: str) -> Tensor:
-        return self.tensors[key]
-
-    def __setitem__(self, key: str, value: Tensor) -> None:
-        if value.shape[0] != len(self):
-            raise ValueError(f"tensor '{key}' has {value.shape[0]} rows, batch has {len(self)}")
-        self.tensors[key] = value
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.tensors
+    def tensors(self) -> dict[str, Tensor]:
+        """The fields that are set, by name (the batch and the samples apart)."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name not in _NOT_TENSORS and value is not None:
+                out[f.name] = value
+        return out
 
     @property
     def response_mask(self) -> Tensor:
@@ -85,8 +130,11 @@ class Experience:
     def select(self, index: Tensor | Sequence[int]) -> Experience:
         idx = torch.as_tensor(index, dtype=torch.long)
         samples = [self.samples[int(i)] for i in idx] if self.samples else []
-        return Experience(
-            self.batch.select(idx), {k: v[idx] for k, v in self.tensors.items()}, samples
+        return replace(
+            self,
+            batch=self.batch.select(idx),
+            samples=samples,
+            **{k: v[idx] for k, v in self.tensors().items()},
         )
 
     def to(self, device: torch.device) -> Experience:
@@ -102,7 +150,7 @@ class Experience:
             b.response_ids.to(device),
             b.response_mask.to(device),
         )
-        return Experience(batch, {k: v.to(device) for k, v in self.tensors.items()}, self.samples)
+        return replace(self, batch=batch, **{k: v.to(device) for k, v in self.tensors().items()})
 
     def micro_batches(
         self, max_seqs: int, max_tokens: int | None = None
@@ -156,9 +204,9 @@ class Experience:
         )
         tensors = {
             k: v[:, :keep] if v.dim() >= 2 and v.shape[1] == r else v
-            for k, v in self.tensors.items()
+            for k, v in self.tensors().items()
         }
-        return Experience(batch, tensors, self.samples)
+        return replace(self, batch=batch, **tensors)
 
     def scatter_tokens(self, parts: Sequence[tuple[Tensor, Tensor]]) -> Tensor:
         """Reassemble per-token outputs of ``micro_batches`` into one [B, R] tensor (zeros past
