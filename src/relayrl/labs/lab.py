@@ -19,10 +19,9 @@ Steps, each a real relayrl component on a tiny word-level model of the city lang
 Expected (asserted by the tests on the checked-in seed 0, and by a slow test on seeds 1-4):
 with beta = 0.1 proxy and true score both rise; with beta = 0 the proxy rises higher while
 the true score falls below the SFT policy's (reward hacking); diversity falls in both.
-Measured on seed 0 (one CPU thread, ~1 minute): RM held-out agreement 0.725 against a noise
-ceiling of 0.753, 0.914 against the truth; final (RM score, true score): SFT (-0.18, -0.40),
-beta 0.1 (+1.15, +0.96) at KL 1.7, beta 0 (+1.54, -3.00) at KL 98 -- it repeats one good
-word until the length limit, never finishing the sentence.
+The seed-0 figures (RM agreement, final proxy and true scores, KL) are in
+docs/measurements.md; with beta = 0 the policy repeats one good word until the length limit,
+never finishing the sentence.
 
 Design choices that make the result reliable (each measured): a word-level tokenizer with a
 BOS token (short sequences; the BOS is an attention sink, so a small model can count words);

@@ -1,11 +1,10 @@
 """Torch thread counts chosen from the CPUs this process can actually use.
 
 On a machine whose cores are busy with other work, more torch threads than idle cores is the
-worst choice: every parallel region ends at a barrier that waits for the thread the kernel
-has descheduled. Measured on a 2-core machine, 200 SFT steps of the demo model: 2 threads
-6.9 s idle, 16-51 s with one ``while True: pass`` process beside it; 1 thread 6.9-7.0 s in
-both cases. ``threads: auto`` therefore takes the number of CPUs that are idle when the
-process starts, within its affinity mask, less what its own helper processes will take.
+worst choice: every parallel region ends at a barrier that waits for the thread the kernel has
+descheduled (figures: docs/measurements.md, "Figures behind code choices"). ``threads: auto``
+therefore takes the number of CPUs that are idle when the process starts, within its affinity
+mask, less what its own helper processes will take.
 """
 
 from __future__ import annotations

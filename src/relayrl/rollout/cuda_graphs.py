@@ -1,9 +1,9 @@
 """CUDA-graph capture and replay of the own engine's decode step.
 
 On a GPU a decode step of the own engine is bound by the host, not the chip: the direct
-forward of a 24-layer model launches ~800 small kernels at ~10 us each (measured on an H200:
-77 ms a step at any batch size, 0.4% of the HBM roofline at 256 rows), while the same step
-replayed as a CUDA graph is one launch. This module captures it.
+forward of a 24-layer model launches ~800 small kernels, each with a fixed launch cost
+(the H200 figures are in docs/gpu.md), while the same step replayed as a CUDA graph is one
+launch. This module captures it.
 
 What is captured, per graph: ONE decode step of ``B`` batch rows reading ``C`` KV columns,
 from the token embedding to the fp32 logits of every row: the mask built from the positions,
@@ -142,8 +142,8 @@ class DecodeGraphs:
             is added).
         min_kv_columns: the fewest KV columns a graph reads.
         check_addresses: compare the model's tensor addresses with the captured ones at
-            every step (~0.1 us a tensor); off, a replaced weight tensor goes unseen until
-            ``weights_updated`` or ``invalidate``.
+            every step (one pointer comparison a tensor); off, a replaced weight tensor goes
+            unseen until ``weights_updated`` or ``invalidate``.
     """
 
     def __init__(

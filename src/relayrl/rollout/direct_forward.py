@@ -2,10 +2,9 @@
 
 On CPU a decode step of a small model is mostly Python overhead: each ``Module.__call__``
 (hook dispatch), ``transformers``' per-model wrappers (output capture, mask construction that
-split attention then ignores, output dataclasses) cost more than the matmuls. Measured on the
-tiny bench model (2 layers, hidden 64) before this path: a step at 1 row took ~60% of a step at
-32 rows, so the tail of a heavy-tailed rollout (a few long requests left) ran at a fraction of
-the full-batch rate.
+split attention then ignores, output dataclasses) cost more than the matmuls, so the tail of
+a heavy-tailed rollout (a few long requests left) runs at a fraction of the full-batch rate
+(figures: docs/measurements.md).
 
 ``direct_logits`` runs the same operations, in the same order, on the same parameters as
 ``LlamaForCausalLM.forward`` (embedding, per layer RMSNorm -> q/k/v -> rotary -> cache write ->
@@ -151,9 +150,9 @@ def _lin(x: Tensor, layer: torch.nn.Module) -> Tensor:
 
 FUSE_MAX_ELEMENTS = 1 << 20
 """Linears that read the same input run as one GEMM on the CPU when their weights hold at
-most this many elements together: there a call's fixed cost is most of its time (the
-default bench model: 15 GEMMs of 64 x <=256 per forward, ~10 us each, mostly overhead); the
-price is a copy of those weights, which larger models are not worth."""
+most this many elements together: there a call's fixed cost is most of its time (the default
+bench model runs 15 GEMMs of 64 x <=256 per forward); the price is a copy of those weights,
+which larger models are not worth."""
 
 _FUSED: weakref.WeakKeyDictionary[torch.nn.Module, tuple[list, Tensor, Tensor | None]] = (
     weakref.WeakKeyDictionary()

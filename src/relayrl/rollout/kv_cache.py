@@ -216,8 +216,8 @@ def read_rows(arena: Tensor, rows: Tensor | slice, columns: int) -> Tensor:
     """The first ``columns`` columns of arena ``rows``: a view for a slice, else a gather.
 
     The gather is ``index_select`` on the column-sliced view (one strided copy of exactly the
-    rows and columns read), 2-2.5x faster on the CPU than advanced indexing
-    ``arena[rows, :, :columns]`` (32 rows x 256 columns: 88 us vs 136 us); the same values.
+    rows and columns read), faster on the CPU than advanced indexing
+    ``arena[rows, :, :columns]`` (docs/measurements.md); the same values.
     """
     if isinstance(rows, slice):
         return arena[rows, :, :columns]

@@ -2,11 +2,10 @@
 
 :func:`relayrl.plan.profiling.profile` times bare Hugging Face forwards. The engine does more
 per step (slot bookkeeping, the KV cache's slots, sampling with per-token logprobs, one
-forward per prefill), and for a small model that is most of a step: on this project's tiny
-model a bare decode forward at batch 16 took 1.5 ms where the engine's step took 2-6 ms,
-and an episode that comes back from its environment pays a whole prefill forward for its
-~50 tokens. :func:`engine_profile` keeps ``profile``'s training figures and replaces its
-generation ones with the engine's, measured with ``threads`` torch threads:
+forward per prefill), and for a small model that is most of a step
+(docs/measurements.md), and an episode that comes back from its environment pays a whole
+prefill forward for its ~50 tokens. :func:`engine_profile` keeps ``profile``'s training
+figures and replaces its generation ones with the engine's, measured with ``threads`` torch threads:
 
 * ``decode_step_s[b]``: median seconds of an engine step with ``b`` running sequences of
   ``context`` cached tokens and nothing admitted (one token each);

@@ -28,18 +28,16 @@ A JSONL file is decoded in one pass (the file's bytes, split on ``\\n``, each li
 the ``json`` module's C scanner, which is what ``json.loads`` runs less two regex matches)
 with a check of the prompt and answer fields per row; a file with a bad line (or rows in the
 chat ``messages`` form) goes through the row-by-row reader (``records_row_by_row``) instead,
-which raises the exact error. Measured on 200k short rows (CPU time): 0.30-0.33 s against
-1.26-1.50 s for the row-by-row reader (iterating lines with a message prefix per line, a
-record per row).
+which raises the exact error (the two readers' times: docs/measurements.md).
 
 A Parquet file (or directory of them) or a saved Hugging Face dataset is kept as its Arrow
 table (``relayrl.data.prompts.arrow``): the prompt column is read once as a list of strings
 and the column types are checked, so no row needs a check of its own; a row becomes a dict and
 a record when it is drawn. A table that needs per-row checks (nulls in the prompt column, an
 answer column of another type, chat ``messages`` rows, features ``datasets`` decodes) goes
-through the row-by-row reader, which raises the exact ``path[row N]: ...`` error. Measured
-(``bench/prompt_sampling.py --format parquet`` / ``hf``, CPU time of the whole start-up): 1M
-rows 2.5-2.7 s against 21 s for a record per row through ``datasets``.
+through the row-by-row reader, which raises the exact ``path[row N]: ...`` error
+(``bench/prompt_sampling.py --format parquet`` / ``hf`` measures start-up; figures in
+docs/measurements.md).
 """
 
 from __future__ import annotations
@@ -220,8 +218,8 @@ class PromptRows(Sequence[PromptRecord]):
 
     def _row(self, i: int) -> dict[str, Any]:
         """Row ``i`` as a dict; of a table, a one-row slice of the record batch holding it
-        (``Table.take`` concatenates a column's chunks first: O(rows) a call, measured 3-5 ms
-        for 64 rows of 1M; a slice of the batch is O(log batches), ~10 us a row)."""
+        (``Table.take`` concatenates a column's chunks first: O(rows) a call; a slice of the
+        batch is O(log batches))."""
         if self._table is None:
             assert self._rows is not None
             return self._rows[i]

@@ -5,8 +5,8 @@ tokenises it once (token in, token out); ``SkipReport.note`` is the length filte
 that is empty or longer than ``max_tokens`` (``data.max_prompt_tokens``) is skipped and
 counted. ``RowCache`` puts the two together over a dataset's rows, a row tokenised the first
 time it is asked for and kept (a ``TokenizedPrompt``, or ``None`` when skipped, counted once
-per row), so a run of a million rows starts in seconds and tokenises only what it draws
-(~45 us a prompt on one core). ``tokenize_prompts`` is the same over a list, all at once.
+per row), so a run of a million rows starts in seconds and tokenises only what it draws.
+``tokenize_prompts`` is the same over a list, all at once.
 """
 
 from __future__ import annotations

@@ -269,9 +269,8 @@ class Rows:
 
 ATEN_SUM_LANES = {"AVX512": 8, "AVX2": 8, "DEFAULT": 8}
 """Floats per vector in which ATen's float32 ``sum`` adds under each of its x86 CPU kernel
-sets (the order ``add_rms_norm`` repeats). Measured with torch 2.13: 8 under all three;
-under AVX512 the sum runs the AVX2 kernel (16-lane emulation disagrees, 8-lane agrees on
-every row)."""
+sets (the order ``add_rms_norm`` repeats); under AVX512 the sum runs the AVX2 kernel
+(docs/measurements.md says how this was found)."""
 
 RMS_MAX_DIM = 256
 """``add_rms_norm`` handles rows of at most this many floats: fewer than 64 vectors, so
