@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from relayrl.reward import _sandbox_os as sos
 from relayrl.reward import code_tests, detect_isolation
+from relayrl.reward.sandbox import os_limits as sos
 
 pytestmark = pytest.mark.skipif(
     detect_isolation() != "bwrap", reason="needs bubblewrap (apt-get install -y bubblewrap)"

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from relayrl.reward import code_tests
-from relayrl.reward.code_harness import (
+from relayrl.reward.sandbox.code_harness import (
     Opaque,
     decode_value,
     harness_program,

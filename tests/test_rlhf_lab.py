@@ -19,7 +19,7 @@ from relayrl.controller.checkpoint import latest_checkpoint
 from relayrl.controller.trainer import train
 from relayrl.labs.lab import GOLD_FN, LabConfig, run_lab
 from relayrl.model.reward_model import encode
-from relayrl.reward.rm_scorer import RewardModelScorer
+from relayrl.reward.service.rm_scorer import RewardModelScorer
 from relayrl.telemetry import read_metrics
 
 

@@ -19,7 +19,7 @@ from relayrl.data import DataError
 from relayrl.data import city_lang as cl
 from relayrl.data.preferences import load_preferences, split_pairs
 from relayrl.reward import get_reward_fn
-from relayrl.reward.rm_scorer import MixedReward
+from relayrl.reward.service.rm_scorer import MixedReward
 from relayrl.rollout.types import Sample
 from relayrl.telemetry.monitors import (
     distinct_n,

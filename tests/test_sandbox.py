@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from relayrl.reward import Sandbox, SandboxLimits, code_tests, detect_isolation
-from relayrl.reward._sandbox_os import cgroup_bases
 from relayrl.reward.sandbox import processes_of_uid
+from relayrl.reward.sandbox.os_limits import cgroup_bases
 
 ROOT = os.geteuid() == 0
 BWRAP = detect_isolation() == "bwrap"
@@ -425,7 +425,7 @@ def _sandbox_processes() -> list[int]:
             except OSError:
                 continue
             if (
-                b"_sandbox_boot.py" in cmd
+                b"sandbox/boot.py" in cmd
                 or b"/.relayrl/runner.py" in cmd
                 or b"/sys/runner.py" in cmd
             ):
@@ -479,7 +479,7 @@ def test_root_fallback_refuses_what_a_fresh_uid_cannot_reach(tmp_path: Path) -> 
 
 
 def test_weaker_modes_warn_once(box, caplog: pytest.LogCaptureFixture) -> None:
-    from relayrl.reward import sandbox as sandbox_mod
+    from relayrl.reward.sandbox import api as sandbox_mod
 
     sandbox_mod._warned.discard("fallback")
     sb, _ = box("fallback")
@@ -496,12 +496,12 @@ def test_boot_never_mounts_in_the_callers_namespace(tmp_path: Path) -> None:
     import json
     import subprocess
 
-    from relayrl.reward import sandbox as sandbox_mod
+    from relayrl.reward.sandbox import api as sandbox_mod
 
     cfg = {"mode": "namespace", "private_tmp": True, "limits": {"disk_mb": 1}, "env": {}}
     (tmp_path / "boot.json").write_text(json.dumps(cfg))
     before = _mounts()
-    boot = Path(sandbox_mod.__file__).with_name("_sandbox_boot.py")
+    boot = Path(sandbox_mod.__file__).with_name("boot.py")
     # inside a private mount namespace of its own (but not pid 1 of a new pid namespace):
     # should a regression mount anything, it stays there
     wrap = ["unshare", "--mount"] if ROOT and shutil.which("unshare") else []

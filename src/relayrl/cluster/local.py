@@ -20,7 +20,7 @@ from relayrl.config import RunConfig
 from relayrl.model import load_tokenizer, set_threads
 from relayrl.model.lora import is_lora
 from relayrl.reward import build_reward_service
-from relayrl.reward.rm_scorer import build_reward_fn, reward_model_scorers
+from relayrl.reward.service.rm_scorer import build_reward_fn, reward_model_scorers
 from relayrl.rollout import RolloutEngine
 from relayrl.workers import RewardWorker, Roles
 from relayrl.workers.build import (

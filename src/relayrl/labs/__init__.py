@@ -10,7 +10,7 @@
 The parts the lab is made of live in their layers: the city language and preference pairs in
 ``relayrl.data`` (``city_lang``, ``preferences``), the Bradley-Terry and DPO losses in
 ``relayrl.algos.preference_loss``, the reward model's head in ``relayrl.model.reward_model``,
-scoring with it in ``relayrl.reward.rm_scorer``, reward-model training and DPO in
+scoring with it in ``relayrl.reward.service.rm_scorer``, reward-model training and DPO in
 ``relayrl.controller`` (``rm_training``, ``dpo``), the run monitors in
 ``relayrl.telemetry.monitors``. Nothing below imports this package.
 """

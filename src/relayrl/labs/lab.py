@@ -59,7 +59,7 @@ from relayrl.labs.measures import (
 from relayrl.labs.report import clean_zero
 from relayrl.labs.word_model import build_word_model
 from relayrl.model import load_causal_lm, load_tokenizer
-from relayrl.reward.rm_scorer import RewardModelScorer
+from relayrl.reward.service.rm_scorer import RewardModelScorer
 from relayrl.telemetry import read_metrics
 
 __all__ = ["GOLD_FN", "LabConfig", "hacking_verdict", "main_lab", "run_lab"]

@@ -23,7 +23,7 @@ import torch
 from relayrl.data import city_lang as cl
 from relayrl.data.preferences import PreferencePair
 from relayrl.model import forward_logprobs, load_causal_lm, load_tokenizer, pack_batch
-from relayrl.reward.rm_scorer import RewardModelScorer
+from relayrl.reward.service.rm_scorer import RewardModelScorer
 from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
 from relayrl.telemetry.monitors import distinct_n, distinct_responses
 

@@ -7,8 +7,8 @@ tokenised separately and concatenated (the policy's token-in layout), right-padd
 
 Next to the weights, ``relayrl_rm.json`` (``RM_STATS_FILE``) records the held-out figures and
 the mean and std of the reward over the training completions; the scorer
-(``relayrl.reward.rm_scorer.RewardModelScorer``) uses them to normalise scores to mean 0, std 1
-on the data the model was trained on (InstructGPT normalises its RM so that reference
+(``relayrl.reward.service.rm_scorer.RewardModelScorer``) uses them to normalise scores to mean
+0, std 1 on the data the model was trained on (InstructGPT normalises its RM so that reference
 completions score 0 on average). Training is
 ``relayrl.controller.rm_training`` (``relayrl rm``).
 """

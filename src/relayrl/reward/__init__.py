@@ -3,10 +3,10 @@
 - reward functions ``fn(prompt, completion, sample) -> float | dict``, a name registry and
   import paths (``functions``), built-ins (``arithmetic``, ``exact_match``, ``math``,
   ``regex``, ``format``, ``overlong``, ``code``: ``builtin``), the math answer verifier
-  (``math_answer``); the built-in task sources' ``reasoning_gym`` and ``humaneval``
+  (``math``); the built-in task sources' ``reasoning_gym`` and ``humaneval``
   (``task_rewards``);
 - the code sandbox (``sandbox``; bubblewrap where installed) and the harness whose verdict
-  the program under test cannot reach (``code_harness``);
+  the program under test cannot reach (``sandbox.code_harness``);
 - weighted mixing, per-domain z-scores and batch logging (``mixing``);
 - the asynchronous reward service with a process pool and batched model scorers
   (``service``).
@@ -34,7 +34,7 @@ from relayrl.reward.functions import (
     register_reward_fn,
     score,
 )
-from relayrl.reward.math_answer import (
+from relayrl.reward.math.answer import (
     answers_equal,
     extract_final_answer,
     parse_answer,

@@ -5,7 +5,7 @@ name                what it scores
 ==================  ===============================================================
 ``math``            1.0 if the completion's final answer equals ``sample['answer']``
                     (``\\boxed{}`` or last number; compared symbolically and
-                    numerically, see ``relayrl.reward.math_answer``), else 0.0
+                    numerically, see ``relayrl.reward.math.answer``), else 0.0
 ``regex``           1.0 if the stripped completion fully matches a pattern
                     (``pattern=`` keyword, else ``sample['answer_regex']``)
 ``format``          1.0 if the completion is made of the required tag blocks in
@@ -27,10 +27,10 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from relayrl.reward.code_harness import harness_program, judge, plan_tests
 from relayrl.reward.functions import register_reward_fn
-from relayrl.reward.math_answer import verify_math
+from relayrl.reward.math.answer import verify_math
 from relayrl.reward.sandbox import Sandbox, SandboxLimits, SandboxResult
+from relayrl.reward.sandbox.code_harness import harness_program, judge, plan_tests
 from relayrl.reward.verifiers import strip_special_tokens
 
 
@@ -170,7 +170,7 @@ def extract_code(completion: str) -> str:
 def _run_assert_tests(box: Sandbox, source: str, tests: list[str]) -> tuple[int, str | None]:
     """(number of tests passed, reason of the first failure) for assert-style tests, in one
     sandboxed run. The sandbox only evaluates the probes of each test and sends back their
-    values; every comparison is made here (see ``relayrl.reward.code_harness``)."""
+    values; every comparison is made here (see ``relayrl.reward.sandbox.code_harness``)."""
     plans = plan_tests(tests)
     result = _started(
         box.run(

@@ -1,7 +1,8 @@
 """Reward role: decode completions and score them with a reward function.
 
 A function with a ``score_batch(prompts, completions, samples)`` method (a model-based
-scorer such as ``relayrl.reward.rm_scorer.RewardModelScorer``) is called once per batch instead.
+scorer such as ``relayrl.reward.service.rm_scorer.RewardModelScorer``) is called once per batch
+instead.
 
 Scores here are the raw verifiable outcome (the contract for filters and pass rates); shaping
 and KL penalties are applied by the algorithm afterwards.

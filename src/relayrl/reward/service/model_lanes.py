@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from relayrl.reward.worker_pool import Job
+from relayrl.reward.service.worker_pool import Job
 
 __all__ = ["ModelLane", "ModelScorer", "model_value", "run_inline"]
 

@@ -49,9 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from relayrl.reward import _sandbox_os as sos
-from relayrl.reward._sandbox_os import processes_of_session, processes_of_uid
-from relayrl.reward._sandbox_run import (
+from relayrl.reward.sandbox import os_limits as sos
+from relayrl.reward.sandbox.os_limits import processes_of_session, processes_of_uid
+from relayrl.reward.sandbox.run import (
     BOOT_FAILED,
     CHANNEL_BYTES,
     MODES,

@@ -29,7 +29,8 @@ Reward functions see ``sample.metadata`` (prompt, answer and the dataset's extra
 ``response_length`` (tokens) and ``finish_reason``.
 
 This module is the public API (submitting, combining the parts, polling, stats, closing); the
-process pool is ``relayrl.reward.worker_pool`` and the model lanes ``relayrl.reward.model_lanes``.
+process pool is ``relayrl.reward.service.worker_pool`` and the model lanes
+``relayrl.reward.service.model_lanes``.
 """
 
 from __future__ import annotations
@@ -47,10 +48,10 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from relayrl.reward._guards import MAX_COMPONENTS, call_guarded, checked
 from relayrl.reward.mixing import RewardMix, ScoreResult
-from relayrl.reward.model_lanes import ModelLane, ModelScorer, run_inline
-from relayrl.reward.worker_pool import Job, WorkerPool
+from relayrl.reward.service.guards import MAX_COMPONENTS, call_guarded, checked
+from relayrl.reward.service.model_lanes import ModelLane, ModelScorer, run_inline
+from relayrl.reward.service.worker_pool import Job, WorkerPool
 
 __all__ = [
     "ModelScorer",
@@ -162,7 +163,7 @@ class RewardService:
         self._completed: collections.deque[tuple[Any, ScoreResult]] = collections.deque()
         self._slots = threading.BoundedSemaphore(max_pending) if max_pending else None
         self._closed = False
-        self._counts = collections.Counter()
+        self._counts: collections.Counter[str] = collections.Counter()
         self._latency_sum = 0.0
         self._t_start = time.monotonic()
         self._scorer_weights = {n: w for n, _, w in scorers}

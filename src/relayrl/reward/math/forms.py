@@ -1,4 +1,4 @@
-"""Answer forms the expression parser alone gets wrong (``relayrl.reward.math_answer``).
+"""Answer forms the expression parser alone gets wrong (``relayrl.reward.math.answer``).
 
 - mixed numbers: ``2\\frac{1}{2}`` and ``2 1/2`` are 5/2, not 2 * 1/2 (``mixed_numbers``
   rewrites them to ``(2+\\frac{1}{2})`` before parsing);

@@ -1,7 +1,7 @@
 """The math verifier's tokenizer and recursive-descent parser: answer text to a small tree.
 
 Nothing is ever ``eval``-ed (model output is untrusted): ``Parser(tokenize(s)).parse()``
-builds nested tuples (``Node``) that ``relayrl.reward.math_answer`` evaluates as exact
+builds nested tuples (``Node``) that ``relayrl.reward.math.answer`` evaluates as exact
 rationals or sympy objects. Nesting depth (``MAX_DEPTH``) and literal exponents
 (``MAX_EXPONENT``) are capped; anything the grammar does not accept raises ``ParseError``.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from relayrl.reward.math_extract import FUNCTIONS
+from relayrl.reward.math.extract import FUNCTIONS
 
 __all__ = ["MAX_DEPTH", "MAX_EXPONENT", "Node", "ParseError", "Parser", "tokenize"]
 

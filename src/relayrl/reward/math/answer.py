@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from relayrl.reward.math_extract import extract_final_answer, normalize, normalize_answer
-from relayrl.reward.math_forms import number_from_words, split_interval, split_union
-from relayrl.reward.math_parse import MAX_EXPONENT, Node, ParseError, Parser, tokenize
+from relayrl.reward.math.extract import extract_final_answer, normalize, normalize_answer
+from relayrl.reward.math.forms import number_from_words, split_interval, split_union
+from relayrl.reward.math.parse import MAX_EXPONENT, Node, ParseError, Parser, tokenize
 
 __all__ = [
     "MathValue",

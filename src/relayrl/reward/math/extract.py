@@ -1,6 +1,6 @@
 """Math answers as text: extract a completion's final answer and normalise it for parsing.
 
-Part of the math verifier (``relayrl.reward.math_answer`` has the rules and the public API);
+Part of the math verifier (``relayrl.reward.math.answer`` has the rules and the public API);
 this module holds its first two steps: ``extract_final_answer`` (boxed, ``<answer>``, "answer
 is", the last inline math or number) and ``normalize`` / ``normalize_answer`` (``$``,
 ``\\left``, spacing, ``\\dfrac``, degrees, currency, ``\\text{}`` units, trailing words,
@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from relayrl.reward.math_forms import mixed_numbers, strip_variable_prefixes
+from relayrl.reward.math.forms import mixed_numbers, strip_variable_prefixes
 from relayrl.reward.verifiers import strip_special_tokens
 
 __all__ = ["FUNCTIONS", "Normalized", "extract_final_answer", "normalize", "normalize_answer"]

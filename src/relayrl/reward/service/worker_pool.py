@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from relayrl.reward._guards import call_guarded, checked
 from relayrl.reward.mixing import RewardMix, ScoreResult
 from relayrl.reward.sandbox import remove_orphaned_dirs
+from relayrl.reward.service.guards import call_guarded, checked
 
 log = logging.getLogger(__name__)
 

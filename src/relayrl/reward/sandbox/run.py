@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from relayrl.reward import _sandbox_os as sos
-from relayrl.reward._sandbox_os import processes_of_session, processes_of_uid
+from relayrl.reward.sandbox import os_limits as sos
+from relayrl.reward.sandbox.os_limits import processes_of_session, processes_of_uid
 
 IsolationMode = Literal["bwrap", "namespace", "userns", "fallback"]
 MODES = ("bwrap", "namespace", "userns", "fallback")
@@ -35,8 +35,8 @@ SandboxStatus = Literal[
     "sandbox_error",
 ]
 
-_BOOT = Path(__file__).with_name("_sandbox_boot.py")
-_RUNNER = Path(__file__).with_name("_sandbox_runner.py")
+_BOOT = Path(__file__).with_name("boot.py")
+_RUNNER = Path(__file__).with_name("runner.py")
 BOOT_FAILED = 197
 CHANNEL_BYTES = 16 << 20
 

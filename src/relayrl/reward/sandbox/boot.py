@@ -1,4 +1,4 @@
-"""Sandbox boot: run as ``python -I -S _sandbox_boot.py HOSTDIR`` by ``relayrl.reward.sandbox``.
+"""Sandbox boot: run as ``python -I -S boot.py HOSTDIR`` by ``relayrl.reward.sandbox``.
 
 ``bwrap`` mode: it runs on the host (trusted, as the caller), and in order it joins the
 run's cgroups (so that every process of the sample is counted), makes the interpreter's

@@ -1,0 +1,23 @@
+"""The asynchronous reward service: samples scored as they finish, off the generation path.
+
+- ``server``: ``RewardService`` (submit / poll / score_batch), ``build_reward_service``;
+- ``worker_pool``: the process pool that runs reward functions, with restarts and timeouts;
+- ``guards``: a reward function's call and its return contract, checked in the worker;
+- ``model_lanes`` / ``rm_scorer``: batched model scorers (a reward model) beside the functions.
+"""
+
+from relayrl.reward.service.server import (
+    ModelScorer,
+    RewardService,
+    ServiceClosed,
+    build_reward_service,
+    service_enabled,
+)
+
+__all__ = [
+    "ModelScorer",
+    "RewardService",
+    "ServiceClosed",
+    "build_reward_service",
+    "service_enabled",
+]
