@@ -80,7 +80,9 @@ def test_rollout_logprobs_equal_trainer_logprobs(sft_model, tmp_path, temperatur
     samples = roles.rollout.generate(make_requests(prompts, cfg, 0, [roles.tokenizer.eos_token_id]))
     exp = Experience.from_samples(samples, roles.tokenizer.pad_token_id)
     recomputed = roles.actor.compute_logprobs(exp)
-    torch.testing.assert_close(recomputed, exp.behaviour_logprobs, atol=1e-5, rtol=0)
+    # the engine's and the trainer's fp32 logits differ by float rounding (different GEMMs);
+    # dividing by the temperature scales that difference by 1 / T in the logprobs
+    torch.testing.assert_close(recomputed, exp.behaviour_logprobs, atol=1e-5 / temperature, rtol=0)
     assert exp.response_mask.sum() > len(samples)  # real multi-token responses
 
 
