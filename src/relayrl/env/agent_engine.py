@@ -12,8 +12,8 @@ everything that touches the engine, in order:
    ``RolloutEngine`` / ``VllmEngine``), or ``engine.poll(timeout)`` for a polling client (the
    ``EngineProcess`` client of an engine in its own process: requests are tagged with a ticket
    in their metadata, and requests the worker rejects come back through ``rejected()``);
-3. hand streamed requests their new tokens, then resolve the futures of the samples that
-   finished (after the observers have seen them).
+3. hand streamed requests their new tokens; show the samples that finished to the observers,
+   then resolve their futures.
 
 Streaming (``generate(request, on_tokens=sink)``): the sink is called on this thread, first
 with empty lists once the engine has accepted the request, then after every step with the
@@ -69,6 +69,7 @@ class EngineOwner:
         self._streams: dict[int, tuple[TokenSink, list[int]]] = {}  # key -> (sink, [sent])
         self._progress = getattr(engine, "progress", None) if not self.polling else None
         self.observers: list[Callable[[Sample], None]] = []
+        self.aborts_requested = 0  # abort() calls on unfinished requests
         self._tickets = itertools.count()
         self._closed = threading.Event()
         self.error: BaseException | None = None
@@ -95,13 +96,15 @@ class EngineOwner:
         """Stop the request of ``fut`` (from ``generate``): not yet submitted, it is dropped
         (the future is cancelled); running, the engine aborts it and the future gets the
         ``'abort'`` sample with the tokens so far. A finished request is left alone."""
-        if fut.cancel() or fut.done() or self._closed.is_set():
+        if fut.done() or self._closed.is_set():
             return
-        self._inbox.put(("abort", fut, Future()))
+        self.aborts_requested += 1
+        if not fut.cancel():
+            self._inbox.put(("abort", fut, Future()))
 
     def observe(self, fn: Callable[[Sample], None]) -> None:
         """Call ``fn(sample)`` on the owner thread for every sample the engine hands back,
-        before its future resolves (e.g. to know when a request finished)."""
+        before its stream's last tokens and its future (to know when a request finished)."""
         self.observers.append(fn)
 
     def call(self, fn: Callable[[Any], T], timeout: float | None = None) -> T:
@@ -217,16 +220,16 @@ class EngineOwner:
                     sink(*new)
 
     def _finish(self, key: int, s: Sample) -> None:
-        """Hand a finished sample's last tokens to its sink, show it to the observers, then
+        """Show a finished sample to the observers, hand its last tokens to its sink, then
         resolve its future."""
+        for fn in self.observers:
+            fn(s)
         stream = self._streams.pop(key, None)
         if stream is not None:
             sink, sent = stream
             k = sent[0]
             if len(s.response_ids) > k:
                 sink(s.response_ids[k:], s.behaviour_logprobs[k:], s.versions[k:])
-        for fn in self.observers:
-            fn(s)
         fut = self._pending.pop(key, None)
         if fut is not None:
             fut.set_result(s)

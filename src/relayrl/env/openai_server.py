@@ -493,7 +493,7 @@ class OpenAIServer:
             self.owner,
             [GenerationRequest(prompt, p, metadata=dict(meta)) for p, _ in runs],
             kind,
-            {"id": rid, "created": int(time.time()), "model": str(body.get("model") or "")},
+            {"id": rid, "created": int(time.time()), "model": body.get("model") or self.model_name},
             decode,
             [stops for _, stops in runs],
             parse and self.rendering.template,
@@ -502,8 +502,6 @@ class OpenAIServer:
             close,
             bool((body.get("stream_options") or {}).get("include_usage")),
         )
-        if not stream.head["model"]:
-            stream.head["model"] = self.model_name
         await stream.start()
         return EventStream(sse(stream.events()))
 

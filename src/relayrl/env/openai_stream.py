@@ -278,7 +278,7 @@ class TokenStream:
                 break
             st.push(t)
             n += 1
-        if st.stop_at is not None:
+        if st.stop_at is not None and n:
             self.owner.abort(self.futures[i])  # its text is complete: free the slot
         delta = st.release()
         if not n and not delta:
