@@ -164,7 +164,8 @@ class EngineOwner:
                 except Exception as exc:
                     fut.set_exception(exc)
             elif kind == "generate":
-                self._submit(*payload, fut)
+                request, sink = payload
+                self._submit(request, sink, fut)
             elif kind == "abort":
                 key = next((k for k, f in self._pending.items() if f is payload), None)
                 if key is not None and not self.polling and hasattr(self.engine, "abort"):

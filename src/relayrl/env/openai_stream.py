@@ -203,25 +203,26 @@ class TokenStream:
                 fut = self.owner.generate(req, on_tokens=partial(self._put, loop, i))
                 fut.add_done_callback(partial(self._done, loop, i))
                 self.futures.append(fut)
-        except EngineClosed as exc:
+        except EngineClosed as closed:
             self.abort()
-            raise engine_error(exc) from None
+            raise engine_error(closed) from None
         waiting = set(range(len(self.requests)))
         try:
             while waiting:
                 item = await self._queue.get()
                 self._early.append(item)
                 waiting.discard(item[0])
-                exc = failure(item[1])
-                if exc is not None:
-                    raise engine_error(exc)
+                failed = failure(item[1])
+                if failed is not None:
+                    raise engine_error(failed)
         except BaseException:
             self.abort()
             raise
 
-    def _put(self, loop: asyncio.AbstractEventLoop, i: int, *tokens: list[Any]) -> None:
+    def _put(self, loop: asyncio.AbstractEventLoop, i: int, *tokens: Any) -> None:
+        item: tuple[int, Any, Any, Any] = (i, *tokens)
         try:  # on the owner thread
-            loop.call_soon_threadsafe(self._queue.put_nowait, (i, *tokens))
+            loop.call_soon_threadsafe(self._queue.put_nowait, item)
         except RuntimeError:  # the server's loop is closed: nobody listens any more
             pass
 
