@@ -361,3 +361,56 @@ def test_tool_calls_stream_as_one_delta_after_the_text_before_them():
         assert got["ids"] == plain.choices[0].model_extra["token_ids"]
     finally:
         srv.stop()
+
+
+# ---------------------------------------------------------------------- the Responses API
+def _response_events(stream) -> tuple[list[str], str, object]:
+    kinds, text, final = [], "", None
+    for e in stream:
+        kinds.append(e.type)
+        if e.type == "response.output_text.delta":
+            text += e.delta
+        if e.type in ("response.completed", "response.incomplete"):
+            final = e.response
+    return kinds, text, final
+
+
+def test_a_streamed_response_is_the_unstreamed_one_delta_by_delta(server):
+    client = _client(server)
+    kw = dict(model="p", input="7*8=", instructions="add", max_output_tokens=30, temperature=0)
+    plain = client.responses.create(**kw)
+    session = server.open_session()
+    kinds, text, final = _response_events(
+        _client(server, session).responses.create(stream=True, **kw)
+    )
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds.count("response.output_text.delta") > 1 and kinds[-1] == f"response.{plain.status}"
+    assert text == plain.output_text == final.output_text and len(text) > 5
+    assert final.model_extra["token_ids"] == plain.model_extra["token_ids"]
+    assert final.model_extra["token_ids"] == session.calls[0].completion_ids
+    assert final.id == "resp_" + session.calls[0].response_id.removeprefix("chatcmpl-")
+
+
+def test_a_streamed_response_calls_a_function_as_the_unstreamed_one():
+    tok = qwen_tokenizer()
+    reply = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    srv = OpenAIServer(ScriptedEngine(tok, [reply]), tok)
+    srv.start()
+    try:
+        tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
+        kw = dict(model="p", input="go", tools=tools)
+        plain = _client(srv).responses.create(**kw)
+        kinds, text, final = _response_events(_client(srv).responses.create(stream=True, **kw))
+        assert text == "" and "response.output_text.delta" not in kinds
+        assert "response.function_call_arguments.done" in kinds and kinds[-1].endswith("completed")
+        (want,) = plain.output
+        (got,) = final.output
+        assert (got.type, got.name, got.arguments) == ("function_call", "f", '{"a": 1}')
+        assert (want.name, want.arguments) == (got.name, got.arguments)
+    finally:
+        srv.stop()

@@ -13,8 +13,8 @@
   ``function_call_output``), ``instructions`` (a system message), flat function ``tools``,
   ``max_output_tokens``, sampling as in chat, are turned into a chat request; the reply
   becomes a ``response`` whose ``output`` holds a ``message`` (``output_text``) and/or
-  ``function_call`` items. ``previous_response_id`` (server-side state) and ``stream`` are
-  refused with 400.
+  ``function_call`` items. ``previous_response_id`` (server-side state) is refused with 400;
+  ``stream: true`` answers the Responses API's events (``openai_stream.response_events``).
 """
 
 from __future__ import annotations
@@ -106,6 +106,44 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------- reply choices
+def completion_prompt(body: dict[str, Any]) -> str | list[int]:
+    """A completions request's ``prompt``: text, or token ids (a batch of one is unwrapped)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str) and prompt:
+        return prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        return [int(t) for t in prompt]
+    raise APIError(
+        400,
+        "prompt must be a non-empty string or a non-empty list of token ids "
+        "(one prompt per request)",
+        "invalid_prompt",
+        "prompt",
+    )
+
+
+def cut_at_stop(tokenizer: Any, ids: list[int], stops: list[str]) -> tuple[int, str | None]:
+    """How many completion tokens to keep: up to the token completing the first stop string
+    (the tokens after it are dropped, never trained), and that string."""
+    if not stops:
+        return len(ids), None
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    if not any(s in text for s in stops):
+        return len(ids), None
+    for k in range(1, len(ids) + 1):
+        part = tokenizer.decode(ids[:k], skip_special_tokens=True)
+        for s in stops:
+            if s in part:
+                return k, s
+    return len(ids), None
+
+
 def chat_choice(
     rendering: Any,
     index: int,
@@ -190,8 +228,6 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     for name in ("previous_response_id", "conversation"):
         if body.get(name):
             raise _unsupported(name, f"{name} (server-side conversation state)")
-    if body.get("stream"):
-        raise _unsupported("stream", "stream=true on /v1/responses")
     messages: list[dict[str, Any]] = []
     if body.get("instructions"):
         messages.append({"role": "system", "content": str(body["instructions"])})

@@ -68,12 +68,20 @@ from relayrl.env.openai_api import (
     chat_choice,
     chat_to_response,
     completion_choice,
+    completion_prompt,
+    cut_at_stop,
     refuse_unsupported,
     responses_to_chat,
 )
 from relayrl.env.openai_api import integer as _int
 from relayrl.env.openai_api import number as _number
-from relayrl.env.openai_stream import EventStream, TokenStream, engine_error, sse
+from relayrl.env.openai_stream import (
+    EventStream,
+    TokenStream,
+    engine_error,
+    response_events,
+    sse,
+)
 from relayrl.env.request_io import DEFAULT_MAX_BODY, OffLoop
 from relayrl.env.sessions import CallRecord, Session, SessionStore
 from relayrl.rollout.types import GenerationRequest, Sample, SamplingParams
@@ -340,21 +348,6 @@ class OpenAIServer:
             )
         return sample
 
-    def _cut_at_stop(self, ids: list[int], stops: list[str]) -> tuple[int, str | None]:
-        """How many completion tokens to keep: up to the token completing the first stop
-        string (the tokens after it are dropped, never trained), and that string."""
-        if not stops:
-            return len(ids), None
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        if not any(s in text for s in stops):
-            return len(ids), None
-        for k in range(1, len(ids) + 1):
-            part = self.tokenizer.decode(ids[:k], skip_special_tokens=True)
-            for s in stops:
-                if s in part:
-                    return k, s
-        return len(ids), None
-
     async def _run(
         self, kind: str, prompt: list[int], body: dict[str, Any], session: Session | None
     ) -> list[tuple[CallRecord, str | None]]:
@@ -390,7 +383,7 @@ class OpenAIServer:
         params: SamplingParams,
         stops: list[str],
     ) -> tuple[CallRecord, str | None]:
-        k, hit = self._cut_at_stop(sample.response_ids, stops)
+        k, hit = cut_at_stop(self.tokenizer, sample.response_ids, stops)
         reason = "stop" if hit else ("length" if sample.finish_reason == "length" else "stop")
         call = CallRecord(
             kind,
@@ -451,37 +444,53 @@ class OpenAIServer:
         session = self._session(request, session_key)
         raw = await self._counted(session, self._body(request))
 
-        async def reply() -> dict[str, Any]:
+        async def reply() -> Any:
             chat = responses_to_chat(raw)
             refuse_unsupported(chat)
+            if raw.get("stream"):  # response events over the chat stream
+                stream, final = await self._token_stream("chat", chat, session)
+                return EventStream(sse(response_events(stream.events(), final, raw), named=True))
             return chat_to_response(await self._chat_reply(chat, session), raw)
 
         return await self._counted(session, reply())
 
     async def _stream(self, kind: str, body: dict[str, Any], session: Session | None) -> Any:
-        """``stream: true``: chunks as the engine generates (:mod:`relayrl.env.openai_stream`);
-        the calls are recorded once every choice finished, as the unstreamed reply's."""
+        stream, _ = await self._token_stream(kind, body, session)
+        return EventStream(sse(stream.events()))
+
+    async def _token_stream(
+        self, kind: str, body: dict[str, Any], session: Session | None
+    ) -> tuple[TokenStream, dict[str, Any]]:
+        """``stream: true``: chunks as the engine generates (:mod:`relayrl.env.openai_stream`),
+        started; and the unstreamed reply, filled once every choice finished (its calls are
+        then recorded, as the unstreamed reply's)."""
         chat = kind == "chat"
         prompt, parse = await (self._chat_prompt(body) if chat else self._completion_prompt(body))
         self._check_context(prompt)
         runs = self._choice_params(body, session)
         meta = {"session": session.key} if session is not None else {}
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        calls: dict[int, CallRecord] = {}
+        calls: dict[int, tuple[CallRecord, dict[str, Any]]] = {}
+        model = body.get("model") or self.model_name
+        reply: dict[str, Any] = {"id": rid, "model": model, "prompt_token_ids": prompt}
 
         def finish(i: int, sample: Sample) -> dict[str, Any]:
             call, hit = self._call(kind, prompt, sample, *runs[i])
-            call.response_id, calls[i] = rid, call
+            call.response_id = rid
             if chat:
-                return self._chat_choice(i, call, hit, parse, False)
-            return self._completion_choice(i, call, hit, False)
+                calls[i] = call, self._chat_choice(i, call, hit, parse, False)
+            else:
+                calls[i] = call, self._completion_choice(i, call, hit, False)
+            return calls[i][1]
 
         def close() -> dict[str, Any]:
-            done = [calls[i] for i in range(len(runs))]
+            done = [calls[i][0] for i in range(len(runs))]
             for call in done:
                 if session is not None:
                     session.record(call)
-            return self._usage(done)
+            reply["choices"] = [calls[i][1] for i in range(len(runs))]
+            reply["usage"] = self._usage(done)
+            return reply["usage"]
 
         def decode(ids: Sequence[int]) -> str:
             if chat:
@@ -493,7 +502,7 @@ class OpenAIServer:
             self.owner,
             [GenerationRequest(prompt, p, metadata=dict(meta)) for p, _ in runs],
             kind,
-            {"id": rid, "created": int(time.time()), "model": body.get("model") or self.model_name},
+            {"id": rid, "created": int(time.time()), "model": model},
             decode,
             [stops for _, stops in runs],
             parse and self.rendering.template,
@@ -503,7 +512,7 @@ class OpenAIServer:
             bool((body.get("stream_options") or {}).get("include_usage")),
         )
         await stream.start()
-        return EventStream(sse(stream.events()))
+        return stream, reply
 
     @staticmethod
     async def _counted(session: Session | None, reply: Any) -> Any:
@@ -553,28 +562,10 @@ class OpenAIServer:
 
     async def _completion_prompt(self, body: dict[str, Any]) -> tuple[list[int], bool]:
         """The prompt ids of a completions request (text or ids; a batch of one)."""
-        prompt_in = body.get("prompt")
-        if (
-            isinstance(prompt_in, list)
-            and len(prompt_in) == 1
-            and isinstance(prompt_in[0], (str, list))
-        ):
-            prompt_in = prompt_in[0]  # a batch of one
-        if isinstance(prompt_in, str) and prompt_in:
-            return await self.off_loop.run(ChatRendering.encode, prompt_in), False
-        if (
-            isinstance(prompt_in, list)
-            and prompt_in
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt_in)
-        ):
-            return [int(t) for t in prompt_in], False
-        raise APIError(
-            400,
-            "prompt must be a non-empty string or a non-empty list of token ids "
-            "(one prompt per request)",
-            "invalid_prompt",
-            "prompt",
-        )
+        prompt = completion_prompt(body)
+        if isinstance(prompt, str):
+            return await self.off_loop.run(ChatRendering.encode, prompt), False
+        return prompt, False
 
     async def _completion_reply(
         self, body: dict[str, Any], session: Session | None

@@ -28,12 +28,18 @@ Disconnect. When the client goes away the event generator is closed (starlette c
 stream; :class:`EventStream` closes the generator in any case) and every unfinished choice is
 aborted on the engine (``EngineOwner.abort``): its slot is free at the next step. A call is
 recorded on its session only when the whole stream was generated.
+
+The Responses API (``/v1/responses`` with ``stream: true``) streams the same chunks as its own
+events (:func:`response_events`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import CancelledError, Future
 from functools import partial
@@ -42,7 +48,7 @@ from typing import Any
 from starlette.responses import StreamingResponse
 
 from relayrl.env.agent_engine import EngineClosed, EngineOwner
-from relayrl.env.openai_api import APIError
+from relayrl.env.openai_api import APIError, chat_to_response
 from relayrl.env.tools import OPEN_TAG
 from relayrl.rollout.types import GenerationRequest, Sample
 
@@ -333,12 +339,96 @@ class TokenStream:
         return out
 
 
-async def sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
-    """Server-sent events: ``data: <json>`` per event, then ``data: [DONE]``."""
+async def response_events(
+    chunks: AsyncIterator[dict[str, Any]], reply: dict[str, Any], body: dict[str, Any]
+) -> AsyncIterator[dict[str, Any]]:
+    """A streamed ``/v1/responses`` call: the Responses API's events over the chat stream's
+    chunks (one choice). ``response.created`` / ``in_progress``; the text as a ``message`` item
+    (``output_item.added``, ``content_part.added``, an ``output_text.delta`` per chunk with
+    text, then the ``.done`` events) opened at its first text; each function call as an item
+    with its arguments in one delta; then ``response.completed`` (``response.incomplete`` at
+    the token limit) holding the unstreamed reply's ``response`` (``reply``: the chat reply,
+    filled when the choice finished; the message item keeps the streamed item's id)."""
+    rid = "resp_" + str(reply["id"]).removeprefix("chatcmpl-")
+    msg_id = f"msg_{uuid.uuid4().hex[:24]}"
+    seq = itertools.count()
+    text: list[str] = []
+    opened = False
+
+    def event(kind: str, **fields: Any) -> dict[str, Any]:
+        return {"type": kind, "sequence_number": next(seq), **fields}
+
+    def opening() -> list[dict[str, Any]]:
+        item = {"type": "message", "id": msg_id, "status": "in_progress", "role": "assistant"}
+        part = {"type": "output_text", "text": "", "annotations": []}
+        ref = {"item_id": msg_id, "output_index": 0, "content_index": 0}
+        return [
+            event("response.output_item.added", output_index=0, item={**item, "content": []}),
+            event("response.content_part.added", **ref, part=part),
+        ]
+
+    start = {
+        "id": rid,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "in_progress",
+        "model": reply["model"],
+        "output": [],
+    }
+    try:
+        yield event("response.created", response=start)
+        yield event("response.in_progress", response=start)
+        async for chunk in chunks:
+            if "error" in chunk:
+                yield chunk
+                return
+            for ch in chunk.get("choices") or []:
+                delta = (ch.get("delta") or {}).get("content")
+                if delta:
+                    if not opened:
+                        opened = True
+                        for e in opening():
+                            yield e
+                    text.append(delta)
+                    ref = {"item_id": msg_id, "output_index": 0, "content_index": 0}
+                    yield event("response.output_text.delta", **ref, delta=delta, logprobs=[])
+        final = chat_to_response(reply, body)
+        items = final["output"]
+        if items and items[0]["type"] == "message":
+            items[0]["id"] = msg_id
+            if not opened:  # no text was streamed before the finish
+                for e in opening():
+                    yield e
+            part = items[0]["content"][0]
+            ref = {"item_id": msg_id, "output_index": 0, "content_index": 0}
+            yield event("response.output_text.done", **ref, text=part["text"], logprobs=[])
+            yield event("response.content_part.done", **ref, part=part)
+            yield event("response.output_item.done", output_index=0, item=items[0])
+        for k, item in enumerate(items):
+            if item["type"] != "function_call":
+                continue
+            ref = {"item_id": item["id"], "output_index": k}
+            args = item["arguments"]
+            added = {**item, "arguments": "", "status": "in_progress"}
+            yield event("response.output_item.added", output_index=k, item=added)
+            yield event("response.function_call_arguments.delta", **ref, delta=args)
+            yield event("response.function_call_arguments.done", **ref, arguments=args)
+            yield event("response.output_item.done", output_index=k, item=item)
+        done = "response.completed" if final["status"] == "completed" else "response.incomplete"
+        yield event(done, response=final)
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
+
+
+async def sse(events: AsyncIterator[dict[str, Any]], named: bool = False) -> AsyncIterator[bytes]:
+    """Server-sent events: ``data: <json>`` per event, then ``data: [DONE]``; ``named`` (the
+    Responses API): ``event: <type>`` before each, no ``[DONE]``."""
     try:
         async for e in events:
-            yield f"data: {json.dumps(e)}\n\n".encode()
-        yield b"data: [DONE]\n\n"
+            head = f"event: {e.get('type', 'error')}\n" if named else ""
+            yield f"{head}data: {json.dumps(e)}\n\n".encode()
+        if not named:
+            yield b"data: [DONE]\n\n"
     finally:
         await events.aclose()  # type: ignore[attr-defined]
 
