@@ -251,7 +251,7 @@ class TokenStream:
                     yield self._chunk(i, {"delta": delta, "logprobs": None})
             left = len(self.requests)
             while left:
-                i, a, b, c = self._early.pop(0) if self._early else await self._queue.get()
+                i, a, b, c = self._early.pop(0) if self._early else await self._next()
                 if not isinstance(a, Future):
                     chunk = self._tokens(i, a, b, c)
                     if chunk is not None:
@@ -269,6 +269,18 @@ class TokenStream:
                 yield {**self.head, "choices": [], "usage": usage}
         finally:
             self.abort()
+
+    async def _next(self) -> tuple[int, Any, Any, Any]:
+        """The next event; the token events of one choice already waiting behind it are
+        merged into it (a client or loop slower than the engine gets fewer, larger chunks)."""
+        i, a, b, c = await self._queue.get()
+        while not isinstance(a, Future) and not self._queue.empty():
+            j, a2, b2, c2 = self._queue.get_nowait()
+            if j != i or isinstance(a2, Future):
+                self._early.append((j, a2, b2, c2))
+                break
+            a, b, c = a + a2, b + b2, c + c2
+        return i, a, b, c
 
     def _chunk(self, i: int, fields: dict[str, Any]) -> dict[str, Any]:
         choice = {"index": i, **fields}
