@@ -20,9 +20,10 @@ with empty lists once the engine has accepted the request, then after every step
 tokens the request gained, as ``(ids, behaviour logprobs, versions)``, read with the engine's
 ``progress(request_id, start)`` (the in-process engines), and last with whatever the finished
 sample adds, before its future resolves: the concatenated deltas are the sample's response.
-An engine without ``progress`` (the polling client) hands the tokens over at the finish only.
-Nothing of this runs for requests without a sink: the engine's step is the same.
-``abort(future)`` stops a request (``engine.abort``): its future gets the ``'abort'`` sample.
+An engine without ``progress`` (the polling client) hands the tokens over at the finish only
+(and makes no acceptance call). Nothing of this runs for requests without a sink: the engine's
+step is the same. ``abort(future)`` stops a request (``engine.abort``): its future gets the
+``'abort'`` sample; the polling client has no abort (its request runs to its end).
 
 Versions are the engine's: the owner hands back the engine's own ``Sample`` (per-token ids,
 behaviour logprobs and the versions the engine stamped), untouched.

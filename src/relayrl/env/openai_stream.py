@@ -7,7 +7,9 @@ the request gained cross to the server's event loop (``call_soon_threadsafe`` in
 ``text_completion`` chunks, each with the text the tokens add, relayrl's ``token_ids`` and
 ``versions`` (and ``logprobs`` when asked), then per choice the rest of its text (and its
 ``tool_calls``) and a finish chunk, (``stream_options.include_usage``) a usage chunk, and
-``data: [DONE]``. The first chunk leaves while the engine still generates the request.
+``data: [DONE]``. The first chunk leaves while the engine still generates the request; token
+events of a choice that wait behind each other (a client slower than the engine) are merged
+into one chunk.
 
 Text. :class:`IncrementalDecoder` turns the growing id list into text deltas that join to
 ``decode(ids)``: with ``p <= r`` two offsets into the ids, ``prev = D(ids[p:r])`` and
