@@ -1,7 +1,8 @@
 """The official OpenAI Agents SDK (PyPI ``openai-agents``) drives a tool-using agent through
 the endpoint's Responses API, as an ``env.agent.function`` rollout: its function tool is called
 with the model's arguments, its final answer is the model's, and every recorded call is the
-engine's tokens (Qwen2.5 template, scripted replies; 0 prefix breaks)."""
+engine's tokens (Qwen2.5 template, scripted replies; 0 prefix breaks); also with
+``Runner.run_streamed`` (``/v1/responses`` with ``stream: true``: the answer's text deltas)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ agents = pytest.importorskip("agents")
 
 CALL = '<tool_call>\n{"name": "multiply", "arguments": {"a": 12, "b": 34}}\n</tool_call>'
 seen: list[tuple[int, int]] = []
+deltas: list[str] = []
 
 
 async def sdk_agent(base_url: str, api_key: str, row: dict) -> float:
@@ -31,11 +33,20 @@ async def sdk_agent(base_url: str, api_key: str, row: dict) -> float:
     client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     model = agents.OpenAIResponsesModel(model="policy", openai_client=client)
     agent = agents.Agent(name="calc", instructions="Use the tool.", tools=[multiply], model=model)
-    result = await agents.Runner.run(agent, row["prompt"])
+    if row.get("stream"):  # Runner.run_streamed: /v1/responses with stream=true
+        result = agents.Runner.run_streamed(agent, row["prompt"])
+        async for event in result.stream_events():
+            if event.type == "raw_response_event" and event.data.type.endswith("text.delta"):
+                deltas.append(event.data.delta)
+    else:
+        result = await agents.Runner.run(agent, row["prompt"])
     return 1.0 if str(result.final_output).strip() == row["answer"] else 0.0
 
 
-def test_an_openai_agents_sdk_agent_runs_through_the_endpoint():
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_openai_agents_sdk_agent_runs_through_the_endpoint(stream):
+    seen.clear()
+    deltas.clear()
     tok = qwen_tokenizer()
     engine = ScriptedEngine(tok, [CALL, "408"])
     rollout = AgentRollout(engine, tok, sdk_agent, timeout_s=60, concurrency=2)
@@ -44,7 +55,7 @@ def test_an_openai_agents_sdk_agent_runs_through_the_endpoint():
             [1],
             SamplingParams(max_tokens=100, seed=i),
             group_id=0,
-            metadata={"prompt": "12*34?", "answer": "408"},
+            metadata={"prompt": "12*34?", "answer": "408", "stream": stream},
         )
         for i in range(2)
     ]
@@ -53,6 +64,7 @@ def test_an_openai_agents_sdk_agent_runs_through_the_endpoint():
     finally:
         rollout.close()
     assert seen == [(12, 34), (12, 34)]
+    assert deltas == (["408", "408"] if stream else [])  # the answers' text, streamed
     for s in samples:
         info = s.metadata["env"]
         assert info["error"] is None and info["outcome"] == 1.0 and info["turns"] == 2

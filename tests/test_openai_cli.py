@@ -44,6 +44,11 @@ def test_serve_answers_the_openai_client_and_stops_on_sigint(tmp_path):
             model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, seed=1
         )
         assert 1 <= r.usage.completion_tokens <= 4
+        ask = dict(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=12)
+        plain = client.chat.completions.create(temperature=0, **ask)
+        chunks = list(client.chat.completions.create(temperature=0, stream=True, **ask))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == plain.choices[0].message.content  # streamed token by token, same text
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)

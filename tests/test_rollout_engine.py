@@ -273,6 +273,32 @@ def test_abort_waiting_and_running(models: dict) -> None:
     assert not engine.abort(b)
 
 
+def test_progress_reads_a_running_requests_tokens_so_far(models: dict) -> None:
+    """``progress(rid, start)``: the response from index ``start`` while the request runs
+    (None while it waits or once it finished); the pieces join to the finished sample."""
+    prompts = random_prompts([3, 4], seed=13)
+    engine = make_engine(models["llama"], max_slots=1)
+    params = SamplingParams(max_tokens=5, ignore_eos=True, seed=1)
+    a, b = (engine.submit(GenerationRequest(p, params)) for p in prompts)
+    assert engine.progress(a) is None  # waiting: not admitted yet
+    ids: list[int] = []
+    lps: list[float] = []
+    vs: list[int] = []
+    done = []
+    while not done:
+        done = [s for s in engine.step() if s.request_id == a]
+        new = engine.progress(a, len(ids))
+        if not done:
+            assert new is not None and len(new[0]) == 1  # one token a step
+            ids, lps, vs = ids + new[0], lps + new[1], vs + new[2]
+            assert engine.progress(b) is None  # still waiting for the one slot
+    assert new is None  # finished
+    (s,) = done
+    assert ids == s.response_ids[:4] and lps == s.behaviour_logprobs[:4] and vs == s.versions[:4]
+    assert engine.progress(12345) is None
+    engine.drain()
+
+
 def test_iter_finished_and_group_metadata(models: dict) -> None:
     model = models["llama"]
     prompts = random_prompts([3, 4], seed=12)

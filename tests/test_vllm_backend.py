@@ -257,6 +257,25 @@ def test_abort_waiting_and_running(setups) -> None:
 
 
 @needs_vllm
+def test_progress_reads_a_live_requests_tokens_so_far(setups) -> None:
+    """As ``RolloutEngine.progress``: the response so far from ``start``, None once done."""
+    model, engine = setups["llama"]
+    fresh(engine, model)
+    (p,) = random_prompts([4], seed=12)
+    rid = engine.submit(GenerationRequest(p, SamplingParams(max_tokens=6, ignore_eos=True)))
+    ids: list[int] = []
+    done = []
+    while not done:
+        done = engine.step()
+        new = engine.progress(rid, len(ids))
+        if not done:
+            assert new is not None
+            ids += new[0]
+    assert engine.progress(rid) is None and done[0].response_ids[: len(ids)] == ids
+    assert 1 <= len(ids) < 6
+
+
+@needs_vllm
 @pytest.mark.parametrize("mode", ["reprefill", "keep_kv"])
 def test_interrupt_switches_versions_exactly(setups, other_llama, mode: str) -> None:
     old, engine = setups["llama"]

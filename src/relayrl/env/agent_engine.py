@@ -12,7 +12,18 @@ everything that touches the engine, in order:
    ``RolloutEngine`` / ``VllmEngine``), or ``engine.poll(timeout)`` for a polling client (the
    ``EngineProcess`` client of an engine in its own process: requests are tagged with a ticket
    in their metadata, and requests the worker rejects come back through ``rejected()``);
-3. resolve the futures of the samples that finished.
+3. hand streamed requests their new tokens; show the samples that finished to the observers,
+   then resolve their futures.
+
+Streaming (``generate(request, on_tokens=sink)``): the sink is called on this thread, first
+with empty lists once the engine has accepted the request, then after every step with the
+tokens the request gained, as ``(ids, behaviour logprobs, versions)``, read with the engine's
+``progress(request_id, start)`` (the in-process engines), and last with whatever the finished
+sample adds, before its future resolves: the concatenated deltas are the sample's response.
+An engine without ``progress`` (the polling client) hands the tokens over at the finish only
+(and makes no acceptance call). Nothing of this runs for requests without a sink: the engine's
+step is the same. ``abort(future)`` stops a request (``engine.abort``): its future gets the
+``'abort'`` sample; the polling client has no abort (its request runs to its end).
 
 Versions are the engine's: the owner hands back the engine's own ``Sample`` (per-token ids,
 behaviour logprobs and the versions the engine stamped), untouched.
@@ -30,6 +41,8 @@ from typing import Any, TypeVar
 from relayrl.rollout.types import GenerationRequest, Sample
 
 T = TypeVar("T")
+TokenSink = Callable[[list[int], list[float], list[int]], None]
+"""Receives a streamed request's new tokens (ids, logprobs, versions); quick, never raises."""
 TICKET = "_agent_ticket"
 """Metadata key of a request's ticket on a polling engine (removed from the returned sample)."""
 
@@ -54,6 +67,10 @@ class EngineOwner:
         self.idle_wait_s = idle_wait_s
         self._inbox: queue.Queue[tuple[str, Any, Future[Any]]] = queue.Queue()
         self._pending: dict[int, Future[Sample]] = {}
+        self._streams: dict[int, tuple[TokenSink, list[int]]] = {}  # key -> (sink, [sent])
+        self._progress = getattr(engine, "progress", None) if not self.polling else None
+        self.observers: list[Callable[[Sample], None]] = []
+        self.aborts_requested = 0  # abort() calls on unfinished requests
         self._tickets = itertools.count()
         self._closed = threading.Event()
         self.error: BaseException | None = None
@@ -67,11 +84,29 @@ class EngineOwner:
         value = getattr(self.engine, "max_model_len", None)
         return int(value) if value is not None else None
 
-    def generate(self, request: GenerationRequest) -> Future[Sample]:
-        """Queue ``request``; the future gets the engine's sample (or its rejection error)."""
+    def generate(
+        self, request: GenerationRequest, on_tokens: TokenSink | None = None
+    ) -> Future[Sample]:
+        """Queue ``request``; the future gets the engine's sample (or its rejection error).
+        ``on_tokens``: stream its tokens as they are generated (see module)."""
         fut: Future[Sample] = Future()
-        self._put("generate", request, fut)
+        self._put("generate", (request, on_tokens), fut)
         return fut
+
+    def abort(self, fut: Future[Sample]) -> None:
+        """Stop the request of ``fut`` (from ``generate``): not yet submitted, it is dropped
+        (the future is cancelled); running, the engine aborts it and the future gets the
+        ``'abort'`` sample with the tokens so far. A finished request is left alone."""
+        if fut.done() or self._closed.is_set():
+            return
+        self.aborts_requested += 1
+        if not fut.cancel():
+            self._inbox.put(("abort", fut, Future()))
+
+    def observe(self, fn: Callable[[Sample], None]) -> None:
+        """Call ``fn(sample)`` on the owner thread for every sample the engine hands back,
+        before its stream's last tokens and its future (to know when a request finished)."""
+        self.observers.append(fn)
 
     def call(self, fn: Callable[[Any], T], timeout: float | None = None) -> T:
         """Run ``fn(engine)`` on the owner thread between engine steps; return its result."""
@@ -130,9 +165,16 @@ class EngineOwner:
                 except Exception as exc:
                     fut.set_exception(exc)
             elif kind == "generate":
-                self._submit(payload, fut)
+                request, sink = payload
+                self._submit(request, sink, fut)
+            elif kind == "abort":
+                key = next((k for k, f in self._pending.items() if f is payload), None)
+                if key is not None and not self.polling and hasattr(self.engine, "abort"):
+                    self.engine.abort(key)
 
-    def _submit(self, request: GenerationRequest, fut: Future[Sample]) -> None:
+    def _submit(
+        self, request: GenerationRequest, sink: TokenSink | None, fut: Future[Sample]
+    ) -> None:
         if not fut.set_running_or_notify_cancel():
             return
         if self.polling:
@@ -144,6 +186,8 @@ class EngineOwner:
                 {**request.metadata, TICKET: ticket},
             )
             self._pending[ticket] = fut
+            if sink is not None:
+                self._streams[ticket] = (sink, [0])
             self.engine.submit_many([tagged])
             return
         try:
@@ -152,23 +196,45 @@ class EngineOwner:
             fut.set_exception(exc)
             return
         self._pending[int(rid)] = fut
+        if sink is not None:
+            self._streams[int(rid)] = (sink, [0])
+            sink([], [], [])  # accepted
 
     def _advance(self) -> None:
         if self.polling:
             for meta, error in self.engine.rejected():
+                self._streams.pop(int(meta.get(TICKET, -1)), None)
                 fut = self._pending.pop(int(meta.get(TICKET, -1)), None)
                 if fut is not None:
                     fut.set_exception(ValueError(error))
             for s in self.engine.poll(timeout=0.01):
                 ticket = s.metadata.pop(TICKET, None)
-                fut = self._pending.pop(int(ticket), None) if ticket is not None else None
-                if fut is not None:
-                    fut.set_result(s)
+                if ticket is not None:
+                    self._finish(int(ticket), s)
             return
         for s in self.engine.step():
-            fut = self._pending.pop(s.request_id, None)
-            if fut is not None:
-                fut.set_result(s)
+            self._finish(s.request_id, s)
+        if self._progress is not None:
+            for key, (sink, sent) in self._streams.items():
+                new = self._progress(key, sent[0])
+                if new is not None and new[0]:
+                    sent[0] += len(new[0])
+                    sink(*new)
+
+    def _finish(self, key: int, s: Sample) -> None:
+        """Show a finished sample to the observers, hand its last tokens to its sink, then
+        resolve its future."""
+        for fn in self.observers:
+            fn(s)
+        stream = self._streams.pop(key, None)
+        if stream is not None:
+            sink, sent = stream
+            k = sent[0]
+            if len(s.response_ids) > k:
+                sink(s.response_ids[k:], s.behaviour_logprobs[k:], s.versions[k:])
+        fut = self._pending.pop(key, None)
+        if fut is not None:
+            fut.set_result(s)
 
     def _fail_all(self) -> None:
         err = EngineClosed(f"the engine owner stopped before the request finished{self._why()}")
@@ -176,6 +242,7 @@ class EngineOwner:
             if not fut.done():
                 fut.set_exception(err)
         self._pending.clear()
+        self._streams.clear()
         while True:
             try:
                 _, _, fut = self._inbox.get_nowait()

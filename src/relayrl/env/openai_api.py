@@ -1,25 +1,20 @@
-"""The endpoint's request checks, streaming and Responses API (``relayrl.env.openai_server``).
+"""The endpoint's request checks, reply choices and Responses API (``relayrl.env.openai_server``).
 
-- :class:`APIError` and the parameter readers the routes share.
+- :class:`APIError` and the parameter readers the routes share; the reply's choices of a
+  recorded call (:func:`chat_choice`, :func:`completion_choice`).
 - :func:`refuse_unsupported`: every request parameter the endpoint does not honour is a 400
   naming it, never silently ignored: ``tool_choice`` ``"required"`` or a named function,
   ``parallel_tool_calls: false``, a ``response_format`` other than text, non-zero
   ``presence_penalty`` / ``frequency_penalty``, a ``logit_bias``, ``echo``, ``best_of`` > 1,
   ``suffix``, ``top_logprobs`` > 0.
-- Streaming (``stream: true`` on chat and completions): server-sent events of
-  ``chat.completion.chunk`` / ``text_completion`` chunks, one per generated token (the text
-  the token completes; tool calls as one ``tool_calls`` delta), then the finish chunk,
-  (``stream_options.include_usage``) a usage chunk, and ``data: [DONE]``. The chunks are cut
-  from the call the session recorded, so the streamed tokens are the recorded ones, each
-  chunk with its ``token_ids`` and ``versions``; they are sent once the call has finished
-  generating (the engine hands a call back whole: time to first token is the call's).
+- Streaming (``stream: true`` on chat and completions): :mod:`relayrl.env.openai_stream`.
 - The Responses API (``POST /v1/responses``, the OpenAI Agents SDK's default): ``input`` (a
   string, or items: messages with string or ``input_text`` content, ``function_call`` and
   ``function_call_output``), ``instructions`` (a system message), flat function ``tools``,
   ``max_output_tokens``, sampling as in chat, are turned into a chat request; the reply
   becomes a ``response`` whose ``output`` holds a ``message`` (``output_text``) and/or
-  ``function_call`` items. ``previous_response_id`` (server-side state) and ``stream`` are
-  refused with 400.
+  ``function_call`` items. ``previous_response_id`` (server-side state) is refused with 400;
+  ``stream: true`` answers the Responses API's events (``openai_stream.response_events``).
 """
 
 from __future__ import annotations
@@ -27,7 +22,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 
@@ -111,103 +105,107 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
         raise _unsupported("top_logprobs", "top_logprobs > 0 (the engine keeps no alternatives)")
 
 
-# ---------------------------------------------------------------------- streaming
-def sse(events: Iterator[dict[str, Any]]) -> Iterator[bytes]:
-    """Server-sent events: ``data: <json>`` per event, then ``data: [DONE]``."""
-    for e in events:
-        yield f"data: {json.dumps(e)}\n\n".encode()
-    yield b"data: [DONE]\n\n"
+# ---------------------------------------------------------------------- reply choices
+def completion_prompt(body: dict[str, Any]) -> str | list[int]:
+    """A completions request's ``prompt``: text, or token ids (a batch of one is unwrapped)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str) and prompt:
+        return prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        return [int(t) for t in prompt]
+    raise APIError(
+        400,
+        "prompt must be a non-empty string or a non-empty list of token ids "
+        "(one prompt per request)",
+        "invalid_prompt",
+        "prompt",
+    )
 
 
-def _pieces(decode: Any, ids: list[int]) -> list[str]:
-    """The text each token adds (a token that ends mid-character adds nothing until the one
-    that completes it)."""
-    out, prev = [], ""
+def cut_at_stop(tokenizer: Any, ids: list[int], stops: list[str]) -> tuple[int, str | None]:
+    """How many completion tokens to keep: up to the token completing the first stop string
+    (the tokens after it are dropped, never trained), and that string."""
+    if not stops:
+        return len(ids), None
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    if not any(s in text for s in stops):
+        return len(ids), None
     for k in range(1, len(ids) + 1):
-        text = decode(ids[:k])
-        if text.endswith("\ufffd") and k < len(ids):
-            out.append("")
-            continue
-        out.append(text[len(prev) :] if text.startswith(prev) else text)
-        prev = text
-    return out
+        part = tokenizer.decode(ids[:k], skip_special_tokens=True)
+        for s in stops:
+            if s in part:
+                return k, s
+    return len(ids), None
 
 
-def chat_chunks(reply: dict[str, Any], decode: Any, include_usage: bool) -> Iterator[dict]:
-    """A chat reply as ``chat.completion.chunk`` events (see module)."""
-    head = {k: reply[k] for k in ("id", "created", "model")}
-    head["object"] = "chat.completion.chunk"
-    for ch in reply["choices"]:
-        i, msg, ids, versions = ch["index"], ch["message"], ch["token_ids"], ch["versions"]
-        yield {
-            **head,
-            "choices": [
-                {"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-            ],
+def chat_choice(
+    rendering: Any,
+    index: int,
+    call: Any,
+    hit: str | None,
+    parse: bool,
+    token_texts: list[str] | None,
+) -> dict[str, Any]:
+    """A chat reply's choice of a recorded call (a ``CallRecord``): the message
+    (``rendering.message``, cut before the stop string ``hit``), per-token ``logprobs`` when
+    ``token_texts`` are given, relayrl's ``token_ids`` and ``versions``."""
+    message = rendering.message(call.completion_ids, parse_tools=parse)
+    if hit and isinstance(message.get("content"), str):
+        message["content"] = message["content"].split(hit)[0]
+    finish = "tool_calls" if message.get("tool_calls") else call.finish_reason
+    logprobs = None
+    if token_texts is not None:
+        logprobs = {
+            "content": [
+                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                for t, lp in zip(token_texts, call.logprobs, strict=True)
+            ]
         }
-        calls = msg.get("tool_calls")
-        content = msg.get("content") or ""
-        pieces = _pieces(decode, ids) if not calls else [""] * len(ids)
-        if not calls and "".join(pieces) != content:  # cut at a stop string: one piece
-            pieces = [content] + [""] * (len(ids) - 1) if ids else []
-        lps = (ch.get("logprobs") or {}).get("content") or []
-        for k, (t, v) in enumerate(zip(ids, versions, strict=True)):
-            c = {
-                "index": i,
-                "delta": {"content": pieces[k]} if pieces else {},
-                "finish_reason": None,
-                "token_ids": [t],
-                "versions": [v],
-            }
-            if lps:
-                c["logprobs"] = {"content": [lps[k]]}
-            yield {**head, "choices": [c]}
-        if calls:
-            delta = {
-                "content": content or None,
-                "tool_calls": [{"index": j, **call} for j, call in enumerate(calls)],
-            }
-            yield {**head, "choices": [{"index": i, "delta": delta, "finish_reason": None}]}
-        yield {**head, "choices": [{"index": i, "delta": {}, "finish_reason": ch["finish_reason"]}]}
-    if include_usage:
-        yield {**head, "choices": [], "usage": reply["usage"]}
+    return {
+        "index": index,
+        "message": message,
+        "logprobs": logprobs,
+        "finish_reason": finish,
+        "token_ids": call.completion_ids,
+        "versions": call.versions,
+    }
 
 
-def completion_chunks(reply: dict[str, Any], decode: Any, include_usage: bool) -> Iterator[dict]:
-    """A completions reply as streamed ``text_completion`` events (see module)."""
-    head = {k: reply[k] for k in ("id", "object", "created", "model")}
-    for ch in reply["choices"]:
-        ids, versions, text = ch["token_ids"], ch["versions"], ch["text"]
-        pieces = _pieces(decode, ids)
-        if "".join(pieces) != text:
-            pieces = [text] + [""] * (len(ids) - 1) if ids else []
-        for k, (t, v) in enumerate(zip(ids, versions, strict=True)):
-            yield {
-                **head,
-                "choices": [
-                    {
-                        "index": ch["index"],
-                        "text": pieces[k],
-                        "logprobs": None,
-                        "finish_reason": None,
-                        "token_ids": [t],
-                        "versions": [v],
-                    }
-                ],
-            }
-        yield {
-            **head,
-            "choices": [
-                {
-                    "index": ch["index"],
-                    "text": "",
-                    "logprobs": None,
-                    "finish_reason": ch["finish_reason"],
-                }
-            ],
+def completion_choice(
+    tokenizer: Any, index: int, call: Any, hit: str | None, token_texts: list[str] | None
+) -> dict[str, Any]:
+    """A completions reply's choice of a recorded call: the text (special tokens skipped, cut
+    before ``hit``), ``logprobs`` (``tokens`` / ``token_logprobs`` / ``text_offset``) when
+    ``token_texts`` are given, relayrl's ``token_ids`` and ``versions``."""
+    text = tokenizer.decode(call.completion_ids, skip_special_tokens=True)
+    if hit:
+        text = text.split(hit)[0]
+    logprobs = None
+    if token_texts is not None:
+        offsets, pos = [], 0
+        for t in token_texts:
+            offsets.append(pos)
+            pos += len(t)
+        logprobs = {
+            "tokens": token_texts,
+            "token_logprobs": call.logprobs,
+            "top_logprobs": None,
+            "text_offset": offsets,
         }
-    if include_usage:
-        yield {**head, "choices": [], "usage": reply["usage"]}
+    return {
+        "index": index,
+        "text": text,
+        "logprobs": logprobs,
+        "finish_reason": call.finish_reason,
+        "token_ids": call.completion_ids,
+        "versions": call.versions,
+    }
 
 
 # ---------------------------------------------------------------------- Responses API
@@ -230,8 +228,6 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     for name in ("previous_response_id", "conversation"):
         if body.get(name):
             raise _unsupported(name, f"{name} (server-side conversation state)")
-    if body.get("stream"):
-        raise _unsupported("stream", "stream=true on /v1/responses")
     messages: list[dict[str, Any]] = []
     if body.get("instructions"):
         messages.append({"role": "system", "content": str(body["instructions"])})

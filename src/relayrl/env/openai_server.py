@@ -15,7 +15,8 @@ Routes (each also under ``/s/<session>/v1/...``):
   seeded ``seed + i``, or from the session seed; each is recorded as its own call, so the
   second and later ones branch: a trajectory each), ``logprobs`` (the sampled token's
   behaviour logprob; ``top_logprobs`` lists stay empty: the engine keeps no alternatives).
-  ``stream: true`` answers server-sent events (:mod:`relayrl.env.openai_api`).
+  ``stream: true`` answers server-sent events as the engine generates
+  (:mod:`relayrl.env.openai_stream`).
 - ``POST /v1/responses``: the Responses API over the chat route (:mod:`relayrl.env.openai_api`).
 - Parameters the endpoint does not honour are refused with 400 naming them
   (``openai_api.refuse_unsupported``: ``tool_choice`` required / named, penalties, ...).
@@ -64,15 +65,23 @@ from relayrl.env.agent_chat import BadMessages, ChatRendering, normalise_message
 from relayrl.env.agent_engine import EngineClosed, EngineOwner
 from relayrl.env.openai_api import (
     APIError,
-    chat_chunks,
+    chat_choice,
     chat_to_response,
-    completion_chunks,
+    completion_choice,
+    completion_prompt,
+    cut_at_stop,
     refuse_unsupported,
     responses_to_chat,
-    sse,
 )
 from relayrl.env.openai_api import integer as _int
 from relayrl.env.openai_api import number as _number
+from relayrl.env.openai_stream import (
+    EventStream,
+    TokenStream,
+    engine_error,
+    response_events,
+    sse,
+)
 from relayrl.env.request_io import DEFAULT_MAX_BODY, OffLoop
 from relayrl.env.sessions import CallRecord, Session, SessionStore
 from relayrl.rollout.types import GenerationRequest, Sample, SamplingParams
@@ -328,10 +337,8 @@ class OpenAIServer:
         try:
             fut = self.owner.generate(GenerationRequest(prompt, params, metadata=meta))
             sample = await asyncio.wrap_future(fut)
-        except EngineClosed as e:
-            raise APIError(503, str(e), "engine_unavailable", kind="server_error") from None
-        except ValueError as e:  # the engine rejected the request (InvalidRequestError)
-            raise APIError(400, str(e), "invalid_request") from None
+        except (EngineClosed, ValueError) as e:  # gone (503), or rejected the request (400)
+            raise engine_error(e) from None
         if sample.error is not None or sample.finish_reason == "abort":
             raise APIError(
                 500,
@@ -341,49 +348,42 @@ class OpenAIServer:
             )
         return sample
 
-    def _cut_at_stop(self, ids: list[int], stops: list[str]) -> tuple[int, str | None]:
-        """How many completion tokens to keep: up to the token completing the first stop
-        string (the tokens after it are dropped, never trained), and that string."""
-        if not stops:
-            return len(ids), None
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        if not any(s in text for s in stops):
-            return len(ids), None
-        for k in range(1, len(ids) + 1):
-            part = self.tokenizer.decode(ids[:k], skip_special_tokens=True)
-            for s in stops:
-                if s in part:
-                    return k, s
-        return len(ids), None
-
     async def _run(
         self, kind: str, prompt: list[int], body: dict[str, Any], session: Session | None
     ) -> list[tuple[CallRecord, str | None]]:
         """Generate the ``n`` choices (concurrently), cut each at a stop string, record them
         on the session in choice order: each choice's call and its stop."""
         self._check_context(prompt)
-        n = _int(body, "n") or 1
-        seed = _int(body, "seed")
-        runs = []
-        for i in range(n):
-            choice_body = body if seed is None or i == 0 else {**body, "seed": seed + i}
-            runs.append(self._params(choice_body, session))
+        runs = self._choice_params(body, session)
         samples = await asyncio.gather(*(self._generate(prompt, p, session) for p, _ in runs))
-        return [
-            self._record(kind, prompt, sample, params, stops, session)
+        out = [
+            self._call(kind, prompt, sample, params, stops)
             for sample, (params, stops) in zip(samples, runs, strict=True)
         ]
+        for call, _ in out:
+            if session is not None:
+                session.record(call)
+        return out
 
-    def _record(
+    def _choice_params(
+        self, body: dict[str, Any], session: Session | None
+    ) -> list[tuple[SamplingParams, list[str]]]:
+        """Each of the ``n`` choices' sampling params and stop strings (choice ``i``: seed + i)."""
+        seed = _int(body, "seed")
+        return [
+            self._params(body if seed is None or i == 0 else {**body, "seed": seed + i}, session)
+            for i in range(_int(body, "n") or 1)
+        ]
+
+    def _call(
         self,
         kind: str,
         prompt: list[int],
         sample: Sample,
         params: SamplingParams,
         stops: list[str],
-        session: Session | None,
     ) -> tuple[CallRecord, str | None]:
-        k, hit = self._cut_at_stop(sample.response_ids, stops)
+        k, hit = cut_at_stop(self.tokenizer, sample.response_ids, stops)
         reason = "stop" if hit else ("length" if sample.finish_reason == "length" else "stop")
         call = CallRecord(
             kind,
@@ -401,8 +401,6 @@ class OpenAIServer:
                 "seed": params.seed,
             },
         )
-        if session is not None:
-            session.record(call)
         return call, hit
 
     @staticmethod
@@ -414,46 +412,110 @@ class OpenAIServer:
     def _token_text(self, ids: Sequence[int]) -> list[str]:
         return [self.tokenizer.decode([t]) for t in ids]
 
+    def _chat_choice(
+        self, index: int, call: CallRecord, hit: str | None, parse: bool, logprobs_on: bool
+    ) -> dict[str, Any]:
+        texts = self._token_text(call.completion_ids) if logprobs_on else None
+        return chat_choice(self.rendering, index, call, hit, parse, texts)
+
+    def _completion_choice(
+        self, index: int, call: CallRecord, hit: str | None, logprobs_on: bool
+    ) -> dict[str, Any]:
+        texts = self._token_text(call.completion_ids) if logprobs_on else None
+        return completion_choice(self.tokenizer, index, call, hit, texts)
+
     # ------------------------------------------------------------------ routes
     async def _chat(self, request: Request, session_key: str | None = None) -> Any:
-        session = self._session(request, session_key)
-        body = await self._counted(session, self._body(request))
-        reply = await self._counted(session, self._chat_reply(body, session))
-        return self._maybe_stream(body, reply, chat_chunks)
+        return await self._route("chat", request, session_key)
 
     async def _completions(self, request: Request, session_key: str | None = None) -> Any:
+        return await self._route("completion", request, session_key)
+
+    async def _route(self, kind: str, request: Request, session_key: str | None) -> Any:
         session = self._session(request, session_key)
         body = await self._counted(session, self._body(request))
-        reply = await self._counted(session, self._completion_reply(body, session))
-        return self._maybe_stream(body, reply, completion_chunks)
+        if body.get("stream"):
+            return await self._counted(session, self._stream(kind, body, session))
+        if kind == "chat":
+            return await self._counted(session, self._chat_reply(body, session))
+        return await self._counted(session, self._completion_reply(body, session))
 
     async def _responses(self, request: Request, session_key: str | None = None) -> Any:
         session = self._session(request, session_key)
         raw = await self._counted(session, self._body(request))
 
-        async def reply() -> dict[str, Any]:
+        async def reply() -> Any:
             chat = responses_to_chat(raw)
             refuse_unsupported(chat)
+            if raw.get("stream"):  # response events over the chat stream
+                stream, final = await self._token_stream("chat", chat, session)
+                return EventStream(sse(response_events(stream.events(), final, raw), named=True))
             return chat_to_response(await self._chat_reply(chat, session), raw)
 
         return await self._counted(session, reply())
 
-    def _maybe_stream(self, body: dict[str, Any], reply: dict[str, Any], chunks: Any) -> Any:
-        if not body.get("stream"):
-            return reply
-        from fastapi.responses import StreamingResponse
+    async def _stream(self, kind: str, body: dict[str, Any], session: Session | None) -> Any:
+        stream, _ = await self._token_stream(kind, body, session)
+        return EventStream(sse(stream.events()))
 
-        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    async def _token_stream(
+        self, kind: str, body: dict[str, Any], session: Session | None
+    ) -> tuple[TokenStream, dict[str, Any]]:
+        """``stream: true``: chunks as the engine generates (:mod:`relayrl.env.openai_stream`),
+        started; and the unstreamed reply, filled once every choice finished (its calls are
+        then recorded, as the unstreamed reply's)."""
+        chat = kind == "chat"
+        prompt, parse = await (self._chat_prompt(body) if chat else self._completion_prompt(body))
+        self._check_context(prompt)
+        runs = self._choice_params(body, session)
+        meta = {"session": session.key} if session is not None else {}
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        calls: dict[int, tuple[CallRecord, dict[str, Any]]] = {}
+        model = body.get("model") or self.model_name
+        reply: dict[str, Any] = {"id": rid, "model": model, "prompt_token_ids": prompt}
 
-        def decode(ids: list[int]) -> str:
-            if chunks is chat_chunks:
-                return self.rendering.message(ids, parse_tools=False)["content"]
-            return self.tokenizer.decode(ids, skip_special_tokens=True)
+        def finish(i: int, sample: Sample) -> dict[str, Any]:
+            call, hit = self._call(kind, prompt, sample, *runs[i])
+            call.response_id = rid
+            if chat:
+                calls[i] = call, self._chat_choice(i, call, hit, parse, False)
+            else:
+                calls[i] = call, self._completion_choice(i, call, hit, False)
+            return calls[i][1]
 
-        return StreamingResponse(sse(chunks(reply, decode, usage)), media_type="text/event-stream")
+        def close() -> dict[str, Any]:
+            done = [calls[i][0] for i in range(len(runs))]
+            for call in done:
+                if session is not None:
+                    session.record(call)
+            reply["choices"] = [calls[i][1] for i in range(len(runs))]
+            reply["usage"] = self._usage(done)
+            return reply["usage"]
+
+        def decode(ids: Sequence[int]) -> str:
+            if chat:
+                return str(self.rendering.message(ids, parse_tools=False)["content"])
+            return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+        logprobs = body.get("logprobs") not in (None, False)
+        stream = TokenStream(
+            self.owner,
+            [GenerationRequest(prompt, p, metadata=dict(meta)) for p, _ in runs],
+            kind,
+            {"id": rid, "created": int(time.time()), "model": model},
+            decode,
+            [stops for _, stops in runs],
+            parse and self.rendering.template,
+            (lambda t: self._token_text([t])[0]) if logprobs else None,
+            finish,
+            close,
+            bool((body.get("stream_options") or {}).get("include_usage")),
+        )
+        await stream.start()
+        return stream, reply
 
     @staticmethod
-    async def _counted(session: Session | None, reply: Any) -> dict[str, Any]:
+    async def _counted(session: Session | None, reply: Any) -> Any:
         """Await a reply; an error answered to a session is counted on it."""
         try:
             return await reply
@@ -462,7 +524,22 @@ class OpenAIServer:
                 session.count_error()
             raise
 
-    async def _chat_reply(self, body: dict[str, Any], session: Session | None) -> dict[str, Any]:
+    def _reply(
+        self, kind: str, body: dict[str, Any], calls: list[tuple[CallRecord, str | None]], rid: str
+    ) -> dict[str, Any]:
+        for c, _ in calls:
+            c.response_id = rid
+        return {
+            "id": rid,
+            "object": "chat.completion" if kind == "chat" else "text_completion",
+            "created": int(time.time()),
+            "model": str(body.get("model") or self.model_name),
+            "usage": self._usage([c for c, _ in calls]),
+            "prompt_token_ids": calls[0][0].prompt_ids,
+        }
+
+    async def _chat_prompt(self, body: dict[str, Any]) -> tuple[list[int], bool]:
+        """The prompt ids of a chat request, and whether tool calls are parsed."""
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise APIError(400, "tools must be a list of tool definitions", "invalid_type", "tools")
@@ -471,118 +548,34 @@ class OpenAIServer:
             prompt = await self.off_loop.run(ChatRendering.prompt_ids, messages, tools)
         except BadMessages as e:
             raise APIError(400, str(e), "invalid_messages", "messages") from None
-        parse = bool(tools) and body.get("tool_choice") != "none"
-        calls = await self._run("chat", prompt, body, session)
-        rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-        for c, _ in calls:
-            c.response_id = rid
-        return {
-            "id": rid,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": str(body.get("model") or self.model_name),
-            "choices": [
-                self._chat_choice(i, call, hit, parse, bool(body.get("logprobs")))
-                for i, (call, hit) in enumerate(calls)
-            ],
-            "usage": self._usage([c for c, _ in calls]),
-            "prompt_token_ids": calls[0][0].prompt_ids,
-        }
+        return prompt, bool(tools) and body.get("tool_choice") != "none"
 
-    def _chat_choice(
-        self, index: int, call: CallRecord, hit: str | None, parse: bool, logprobs_on: bool
-    ) -> dict[str, Any]:
-        message = self.rendering.message(call.completion_ids, parse_tools=parse)
-        if hit and isinstance(message.get("content"), str):
-            message["content"] = message["content"].split(hit)[0]
-        finish = "tool_calls" if message.get("tool_calls") else call.finish_reason
-        logprobs = None
-        if logprobs_on:
-            logprobs = {
-                "content": [
-                    {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                    for t, lp in zip(
-                        self._token_text(call.completion_ids), call.logprobs, strict=True
-                    )
-                ]
-            }
-        return {
-            "index": index,
-            "message": message,
-            "logprobs": logprobs,
-            "finish_reason": finish,
-            "token_ids": call.completion_ids,
-            "versions": call.versions,
-        }
+    async def _chat_reply(self, body: dict[str, Any], session: Session | None) -> dict[str, Any]:
+        prompt, parse = await self._chat_prompt(body)
+        calls = await self._run("chat", prompt, body, session)
+        reply = self._reply("chat", body, calls, f"chatcmpl-{uuid.uuid4().hex[:24]}")
+        reply["choices"] = [
+            self._chat_choice(i, call, hit, parse, bool(body.get("logprobs")))
+            for i, (call, hit) in enumerate(calls)
+        ]
+        return reply
+
+    async def _completion_prompt(self, body: dict[str, Any]) -> tuple[list[int], bool]:
+        """The prompt ids of a completions request (text or ids; a batch of one)."""
+        prompt = completion_prompt(body)
+        if isinstance(prompt, str):
+            return await self.off_loop.run(ChatRendering.encode, prompt), False
+        return prompt, False
 
     async def _completion_reply(
         self, body: dict[str, Any], session: Session | None
     ) -> dict[str, Any]:
-        prompt_in = body.get("prompt")
-        if (
-            isinstance(prompt_in, list)
-            and len(prompt_in) == 1
-            and isinstance(prompt_in[0], (str, list))
-        ):
-            prompt_in = prompt_in[0]  # a batch of one
-        if isinstance(prompt_in, str) and prompt_in:
-            prompt = await self.off_loop.run(ChatRendering.encode, prompt_in)
-        elif (
-            isinstance(prompt_in, list)
-            and prompt_in
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt_in)
-        ):
-            prompt = [int(t) for t in prompt_in]
-        else:
-            raise APIError(
-                400,
-                "prompt must be a non-empty string or a non-empty list of token ids "
-                "(one prompt per request)",
-                "invalid_prompt",
-                "prompt",
-            )
+        prompt, _ = await self._completion_prompt(body)
         calls = await self._run("completion", prompt, body, session)
         logprobs_on = body.get("logprobs") is not None and body.get("logprobs") is not False
-        rid = f"cmpl-{uuid.uuid4().hex[:24]}"
-        for c, _ in calls:
-            c.response_id = rid
-        return {
-            "id": rid,
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": str(body.get("model") or self.model_name),
-            "choices": [
-                self._completion_choice(i, call, hit, logprobs_on)
-                for i, (call, hit) in enumerate(calls)
-            ],
-            "usage": self._usage([c for c, _ in calls]),
-            "prompt_token_ids": calls[0][0].prompt_ids,
-        }
-
-    def _completion_choice(
-        self, index: int, call: CallRecord, hit: str | None, logprobs_on: bool
-    ) -> dict[str, Any]:
-        text = self.tokenizer.decode(call.completion_ids, skip_special_tokens=True)
-        if hit:
-            text = text.split(hit)[0]
-        logprobs = None
-        if logprobs_on:
-            tokens = self._token_text(call.completion_ids)
-            offsets, pos = [], 0
-            for t in tokens:
-                offsets.append(pos)
-                pos += len(t)
-            logprobs = {
-                "tokens": tokens,
-                "token_logprobs": call.logprobs,
-                "top_logprobs": None,
-                "text_offset": offsets,
-            }
-        return {
-            "index": index,
-            "text": text,
-            "logprobs": logprobs,
-            "finish_reason": call.finish_reason,
-            "token_ids": call.completion_ids,
-            "versions": call.versions,
-        }
+        reply = self._reply("completion", body, calls, f"cmpl-{uuid.uuid4().hex[:24]}")
+        reply["choices"] = [
+            self._completion_choice(i, call, hit, logprobs_on)
+            for i, (call, hit) in enumerate(calls)
+        ]
+        return reply

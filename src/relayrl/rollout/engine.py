@@ -210,6 +210,18 @@ class RolloutEngine:
         self._release_old_models()
         return True
 
+    def progress(
+        self, request_id: int, start: int = 0
+    ) -> tuple[list[int], list[float], list[int]] | None:
+        """A running request's response tokens from index ``start`` on, as (ids, behaviour
+        logprobs, versions); None when it is not running (waiting, finished or unknown).
+        Read by a streaming caller between steps; costs nothing when nobody asks."""
+        seq = self.scheduler.running.get(request_id)
+        if seq is None:
+            return None
+        a = seq.prompt_len + start
+        return seq.tokens[a:], seq.logprobs[start:], seq.versions[start:]
+
     # ------------------------------------------------------------------ running
     def has_unfinished(self) -> bool:
         """True while some submitted request has not been returned yet."""

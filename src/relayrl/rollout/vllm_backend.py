@@ -238,6 +238,16 @@ class VllmEngine(VllmFrontend):
         self._stats["requests_aborted"] += 1
         return True
 
+    def progress(
+        self, request_id: int, start: int = 0
+    ) -> tuple[list[int], list[float], list[int]] | None:
+        """A live request's response tokens from index ``start`` on, as (ids, behaviour
+        logprobs, versions); None when it is not live (as ``RolloutEngine.progress``)."""
+        live = self._live.get(request_id)
+        if live is None:
+            return None
+        return live.tokens[start:], live.logprobs[start:], live.versions[start:]
+
     # ------------------------------------------------------------------ running
     def _in_vllm(self) -> int:
         return len(self._live) - len(self._held)

@@ -1,0 +1,416 @@
+"""Token-by-token streaming (``relayrl.env.openai_stream``) through the official ``openai``
+client against a real server on tiny models: the chunks leave while the engine still generates
+the request (shown by an observer that holds the engine's finish until the client has a
+chunk), joined they are the unstreamed reply (greedy and seeded, stop strings, ``n``,
+logprobs, a byte-level BPE model whose tokens split characters, tool calls under a chat
+template), a client that goes away mid-stream frees its engine slot (the request is aborted),
+and the incremental decoder's deltas join to the full decode (hand-checked cases)."""
+
+from __future__ import annotations
+
+import copy
+import queue
+import random
+import threading
+import time
+from pathlib import Path
+
+import openai
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+from qwen_template import ScriptedEngine, qwen_tokenizer
+from relayrl.env.openai_server import OpenAIServer
+from relayrl.env.openai_stream import ChoiceText, IncrementalDecoder, held_suffix
+from relayrl.model import load_causal_lm, load_tokenizer
+from relayrl.model.tiny import build_char_tokenizer, build_tiny_model
+from relayrl.rollout import RolloutEngine
+
+TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+LONG = 1000  # a budget the tiny model cannot finish while a test holds its engine
+
+
+def _serve(path: Path, template: str | None = TEMPLATE, slots: int = 4) -> OpenAIServer:
+    tok = load_tokenizer(path)
+    if template is not None:
+        tok.chat_template = template
+    engine = RolloutEngine(
+        copy.deepcopy(load_causal_lm(path)),
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        max_slots=slots,
+    )
+    srv = OpenAIServer(engine, tok)
+    srv.start()
+    return srv
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    path = build_tiny_model(
+        tmp_path_factory.mktemp("stream") / "m", hidden_size=32, max_position_embeddings=2048
+    )
+    srv = _serve(path)
+    yield srv
+    srv.stop()
+
+
+def _client(srv, session=None):
+    key = session.key if session is not None else "EMPTY"
+    return openai.OpenAI(base_url=srv.base_url(session), api_key=key, max_retries=0, timeout=120)
+
+
+def _collect(stream, chat: bool = True) -> dict:
+    """Per choice index: joined text, token ids, versions, per-chunk token counts, finish."""
+    out: dict = {}
+    for chunk in stream:
+        for ch in chunk.choices:
+            c = out.setdefault(ch.index, {"text": "", "ids": [], "vs": [], "n": [], "lps": []})
+            c["text"] += (ch.delta.content or "") if chat else ch.text
+            extra = ch.model_extra or {}
+            ids = extra.get("token_ids") or []
+            if ids:
+                c["n"].append(len(ids))
+            c["ids"] += ids
+            c["vs"] += extra.get("versions") or []
+            if chat and ch.logprobs is not None and ch.logprobs.content:
+                c["lps"] += [x.logprob for x in ch.logprobs.content]
+            c["finish"] = ch.finish_reason or c.get("finish")
+            if chat and ch.delta.tool_calls:
+                c["tool_calls"] = ch.delta.tool_calls
+    return out
+
+
+# ---------------------------------------------------------------------- the decoder (by hand)
+def test_decoder_deltas_join_to_the_decode_of_a_character_tokenizer():
+    tok = build_char_tokenizer("abc +=")
+    ids = tok("ab c+a", add_special_tokens=False)["input_ids"]
+    dec = IncrementalDecoder(lambda x: tok.decode(x))
+    deltas = [dec.push(t) for t in ids]
+    assert deltas == ["a", "b", " ", "c", "+", "a"] and dec.flush() == ""
+
+
+def _byte_bpe() -> PreTrainedTokenizerFast:
+    tk = Tokenizer(models.BPE(unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<pad>", "<eos>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tk.train_from_iterator([f"{a}+{b}={a + b}" for a in range(50) for b in range(50)], trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
+
+
+def test_decoder_holds_a_character_split_over_byte_tokens_until_it_is_whole():
+    tok = _byte_bpe()
+    ids = tok("1é世", add_special_tokens=False)["input_ids"]
+    assert len(ids) == 6  # '1', then 2 + 3 single-byte tokens (never merged in training)
+    dec = IncrementalDecoder(lambda x: tok.decode(x))
+    assert [dec.push(t) for t in ids] == ["1", "", "é", "", "", "世"]
+    dec = IncrementalDecoder(lambda x: tok.decode(x))
+    assert [dec.push(t) for t in ids[:5]] == ["1", "", "é", "", ""]
+    assert dec.flush() == tok.decode(ids[3:5])  # cut mid-character: as the full decode shows it
+
+
+def test_decoder_deltas_equal_the_full_decode_on_random_byte_tokens():
+    tok = _byte_bpe()
+    rng = random.Random(0)
+    for _ in range(50):
+        ids = [rng.randrange(3, len(tok)) for _ in range(rng.randrange(1, 40))]
+        dec = IncrementalDecoder(lambda x: tok.decode(x))
+        text = ""
+        for k, t in enumerate(ids):
+            text += dec.push(t)
+            assert tok.decode(ids[: k + 1]).startswith(text)  # never ahead of the decode
+        assert text + dec.flush() == tok.decode(ids)
+
+
+def test_held_suffix_and_stop_strings_by_hand():
+    assert held_suffix("abc</", ["</s>"]) == 2  # '</' may begin '</s>'
+    assert held_suffix("abc<", ["</s>", "<tool_call>"]) == 1
+    assert held_suffix("abc", ["</s>"]) == 0 and held_suffix("a</s", ["</s>"]) == 3
+    tok = build_char_tokenizer("abcxy")
+    st = ChoiceText(lambda x: tok.decode(x), ["xy"], hold_tags=False)
+    got = []
+    for ch in "abxaxyb":
+        st.push(tok.convert_tokens_to_ids(ch))
+        got.append(st.release())
+        if st.stop_at is not None:
+            break
+    # 'x' is held (it may begin 'xy'), released when 'a' follows; 'xy' ends the text
+    assert got == ["a", "b", "", "xa", "", ""] and st.sent == "abxa" and st.stop_at == 4
+
+
+def test_tool_calls_under_a_template_are_held_with_the_whitespace_before_them():
+    tok = qwen_tokenizer()
+    st = ChoiceText(lambda x: tok.decode(x), [], hold_tags=True)
+    text = 'Sure. \n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    for t in tok(text, add_special_tokens=False)["input_ids"]:
+        st.push(t)
+        st.release()
+    assert st.sent == "Sure." and st.rest("Sure.") == ""
+
+
+# ---------------------------------------------------------------------- through the server
+def test_the_first_chunk_arrives_while_the_engine_still_generates(server):
+    """The observer runs on the engine's thread when the request finishes, before its future
+    resolves, and holds it until the client has a chunk with tokens: it can only see one if
+    chunks left while the request was still generating (today's code before this change
+    cut them from the finished call, and this wait timed out)."""
+    session = server.open_session()
+    got, seen = threading.Event(), []
+
+    def on_finish(sample):
+        if sample.metadata.get("session") == session.key:
+            seen.append(got.wait(60))
+
+    server.owner.observe(on_finish)
+    try:
+        stream = _client(server, session).chat.completions.create(
+            model="p",
+            messages=[{"role": "user", "content": "12+3="}],
+            max_tokens=40,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        counts = []
+        for chunk in stream:
+            for ch in chunk.choices:
+                n = len((ch.model_extra or {}).get("token_ids") or [])
+                if n:
+                    counts.append(n)
+                    got.set()
+    finally:
+        server.owner.observers.remove(on_finish)
+    assert seen == [True]
+    assert len(counts) > 1 and sum(counts) == 40  # many chunks, each with its new tokens
+    assert session.calls[0].completion_ids and len(session.calls[0].completion_ids) == 40
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_greedy_streamed_text_equals_the_unstreamed_reply(server, chat):
+    client = _client(server)
+    kw = dict(model="p", max_tokens=60, temperature=0, extra_body={"ignore_eos": True})
+    if chat:
+        ask = dict(messages=[{"role": "user", "content": "7*8="}], logprobs=True)
+        plain = client.chat.completions.create(**ask, **kw)
+        got = _collect(client.chat.completions.create(**ask, stream=True, **kw))[0]
+        want = plain.choices[0].message.content
+        assert got["lps"] == [x.logprob for x in plain.choices[0].logprobs.content]
+    else:
+        plain = client.completions.create(prompt="7*8=", **kw)
+        got = _collect(client.completions.create(prompt="7*8=", stream=True, **kw), chat=False)[0]
+        want = plain.choices[0].text
+    assert len(want) > 10 and got["text"] == want
+    assert got["ids"] == plain.choices[0].model_extra["token_ids"] and got["n"]
+    assert got["finish"] == plain.choices[0].finish_reason == "length"
+
+
+def test_a_stop_string_cuts_the_stream_as_it_cuts_the_reply_and_frees_the_slot(server):
+    client = _client(server)
+    kw = dict(model="p", max_tokens=200, temperature=0, extra_body={"ignore_eos": True})
+    full = client.completions.create(prompt="3+4=", **{**kw, "max_tokens": 40}).choices[0].text
+    stop = full[20:22]  # two characters: the first is held until the second shows
+    cut = client.completions.create(prompt="3+4=", stop=stop, **kw)
+    before = server.owner.call(lambda e: e.stats())
+    session = server.open_session()
+    got = _collect(
+        _client(server, session).completions.create(prompt="3+4=", stop=stop, stream=True, **kw),
+        chat=False,
+    )[0]
+    assert got["text"] == cut.choices[0].text == full[: full.index(stop)]
+    assert got["ids"] == cut.choices[0].model_extra["token_ids"] == session.calls[0].completion_ids
+    assert got["finish"] == "stop" == session.calls[0].finish_reason
+    after = server.owner.call(lambda e: e.stats())  # aborted at the stop, not run to 200
+    assert after["requests_aborted"] == before["requests_aborted"] + 1
+    assert after["tokens_generated"] - before["tokens_generated"] < 200
+
+
+def test_n_seeded_choices_stream_as_their_unstreamed_replies(server):
+    client = _client(server)
+    kw = dict(model="p", messages=[{"role": "user", "content": "1+"}], max_tokens=12, seed=3, n=2)
+    plain = client.chat.completions.create(**kw)
+    session = server.open_session()
+    got = _collect(
+        _client(server, session).chat.completions.create(
+            stream=True, stream_options={"include_usage": True}, **kw
+        )
+    )
+    assert sorted(got) == [0, 1]
+    for ch in plain.choices:
+        assert got[ch.index]["text"] == ch.message.content
+        assert got[ch.index]["ids"] == ch.model_extra["token_ids"]
+        assert got[ch.index]["ids"] == session.calls[ch.index].completion_ids
+
+
+def test_a_client_that_goes_away_mid_stream_frees_its_engine_slot(server):
+    """The engine is held (a call on its thread) once the client has tokens; the client
+    closes; once the server asked for the abort the engine goes on: the request comes out
+    aborted with its tokens so far, nothing is recorded, no slot stays taken."""
+    session = server.open_session()
+    finished: queue.Queue = queue.Queue()
+
+    def on_finish(sample):
+        if sample.metadata.get("session") == session.key:
+            finished.put(sample)
+
+    server.owner.observe(on_finish)
+    held, release, running = threading.Event(), threading.Event(), []
+
+    def hold(engine):
+        running.append(engine.stats()["num_running"])
+        held.set()
+        release.wait(60)
+
+    try:
+        before = server.owner.call(lambda e: e.stats())
+        aborts = server.owner.aborts_requested
+        stream = _client(server, session).completions.create(
+            model="p",
+            prompt="9+9=",
+            max_tokens=LONG,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        n = 0
+        for chunk in stream:
+            n += len((chunk.choices[0].model_extra or {}).get("token_ids") or [])
+            if n >= 3:
+                break
+        holder = threading.Thread(target=server.owner.call, args=(hold,))
+        holder.start()
+        assert held.wait(60) and running == [1]  # still generating
+        stream.close()
+        for _ in range(600):  # the server noticed the disconnect and asked for the abort
+            if server.owner.aborts_requested > aborts:
+                break
+            time.sleep(0.1)
+        release.set()
+        holder.join(60)
+        sample = finished.get(timeout=60)
+    finally:
+        release.set()
+        server.owner.observers.remove(on_finish)
+    assert server.owner.aborts_requested == aborts + 1
+    assert sample.finish_reason == "abort" and 3 <= len(sample.response_ids) < LONG
+    after = server.owner.call(lambda e: e.stats())
+    assert after["requests_aborted"] == before["requests_aborted"] + 1
+    assert after["num_running"] == 0 and session.calls == []
+
+
+def test_a_request_the_engine_rejects_is_a_400_before_the_stream(server):
+    with pytest.raises(openai.BadRequestError) as e:
+        _client(server).completions.create(model="p", prompt=[10**6], max_tokens=2, stream=True)
+    assert "vocabulary" in e.value.body["message"]
+
+
+def test_a_byte_level_bpe_model_streams_split_characters_whole(tmp_path):
+    """A random GPT-2 on a byte-level BPE samples lone bytes: partial characters are held
+    until whole (or sent as the full decode shows them), and the joined stream is the reply."""
+    tok = _byte_bpe()
+    cfg = GPT2Config(
+        n_positions=128,
+        n_embd=32,
+        n_layer=1,
+        n_head=2,
+        vocab_size=len(tok),
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "g")
+    tok.save_pretrained(tmp_path / "g")
+    srv = _serve(tmp_path / "g", template=None, slots=2)
+    try:
+        client = _client(srv)
+        split = 0  # replies in which some token ends mid-character
+        for seed in range(3):
+            kw = dict(model="p", prompt="1+2=", max_tokens=50, seed=seed, temperature=1.5)
+            plain = client.completions.create(**kw)
+            got = _collect(client.completions.create(stream=True, **kw), chat=False)[0]
+            assert got["text"] == plain.choices[0].text
+            assert got["ids"] == plain.choices[0].model_extra["token_ids"]
+            ids = got["ids"]
+            split += any(tok.decode(ids[:k]).endswith("\ufffd") for k in range(1, len(ids)))
+        assert split >= 1
+    finally:
+        srv.stop()
+
+
+def test_tool_calls_stream_as_one_delta_after_the_text_before_them():
+    tok = qwen_tokenizer()
+    reply = 'Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    srv = OpenAIServer(ScriptedEngine(tok, [reply]), tok)
+    srv.start()
+    try:
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+        kw = dict(model="p", messages=[{"role": "user", "content": "go"}], tools=tools)
+        plain = _client(srv).chat.completions.create(**kw)
+        got = _collect(_client(srv).chat.completions.create(stream=True, **kw))[0]
+        msg = plain.choices[0].message
+        assert got["text"] == msg.content == "Sure." and got["finish"] == "tool_calls"
+        (call,) = got["tool_calls"]
+        assert call.function.name == "f" and call.function.arguments == '{"a": 1}'
+        assert got["ids"] == plain.choices[0].model_extra["token_ids"]
+    finally:
+        srv.stop()
+
+
+# ---------------------------------------------------------------------- the Responses API
+def _response_events(stream) -> tuple[list[str], str, object]:
+    kinds, text, final = [], "", None
+    for e in stream:
+        kinds.append(e.type)
+        if e.type == "response.output_text.delta":
+            text += e.delta
+        if e.type in ("response.completed", "response.incomplete"):
+            final = e.response
+    return kinds, text, final
+
+
+def test_a_streamed_response_is_the_unstreamed_one_delta_by_delta(server):
+    client = _client(server)
+    kw = dict(model="p", input="7*8=", instructions="add", max_output_tokens=30, temperature=0)
+    plain = client.responses.create(**kw)
+    session = server.open_session()
+    kinds, text, final = _response_events(
+        _client(server, session).responses.create(stream=True, **kw)
+    )
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert "response.output_text.delta" in kinds and kinds[-1] == f"response.{plain.status}"
+    assert text == plain.output_text == final.output_text and len(text) > 5
+    assert final.model_extra["token_ids"] == plain.model_extra["token_ids"]
+    assert final.model_extra["token_ids"] == session.calls[0].completion_ids
+    assert final.id == "resp_" + session.calls[0].response_id.removeprefix("chatcmpl-")
+
+
+def test_a_streamed_response_calls_a_function_as_the_unstreamed_one():
+    tok = qwen_tokenizer()
+    reply = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    srv = OpenAIServer(ScriptedEngine(tok, [reply]), tok)
+    srv.start()
+    try:
+        tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
+        kw = dict(model="p", input="go", tools=tools)
+        plain = _client(srv).responses.create(**kw)
+        kinds, text, final = _response_events(_client(srv).responses.create(stream=True, **kw))
+        assert text == "" and "response.output_text.delta" not in kinds
+        assert "response.function_call_arguments.done" in kinds and kinds[-1].endswith("completed")
+        (want,) = plain.output
+        (got,) = final.output
+        assert (got.type, got.name, got.arguments) == ("function_call", "f", '{"a": 1}')
+        assert (want.name, want.arguments) == (got.name, got.arguments)
+    finally:
+        srv.stop()
