@@ -239,7 +239,8 @@ class EpisodeRunner:
     def _to_env(self, ep: _Episode, kind: str, coro: Any) -> None:
         self._waiting_env += 1
         fut = self.loop.submit(coro)
-        fut.add_done_callback(lambda f, eid=ep.eid: self._ready.put((eid, kind, f)))
+        eid = ep.eid
+        fut.add_done_callback(lambda f: self._ready.put((eid, kind, f)))
 
     async def _reset(self, row: dict[str, Any]) -> tuple[Environment | None, Any]:
         """(env, messages) or (env or None, the exception): never raises."""

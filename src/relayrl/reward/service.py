@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Literal, overload
 
 from relayrl.reward._guards import MAX_COMPONENTS, call_guarded, checked
 from relayrl.reward.mixing import RewardMix, ScoreResult
@@ -162,7 +162,7 @@ class RewardService:
         self._completed: collections.deque[tuple[Any, ScoreResult]] = collections.deque()
         self._slots = threading.BoundedSemaphore(max_pending) if max_pending else None
         self._closed = False
-        self._counts = collections.Counter()
+        self._counts: collections.Counter[str] = collections.Counter()
         self._latency_sum = 0.0
         self._t_start = time.monotonic()
         self._scorer_weights = {n: w for n, _, w in scorers}
@@ -507,6 +507,22 @@ def service_enabled(reward_cfg: Any) -> bool:
     return svc is not None and (
         bool(svc.functions) or svc.num_workers > 0 or svc.normalize != "none"
     )
+
+
+@overload
+def build_reward_service(
+    reward_cfg: Any,
+    tokenizer: Any = None,
+    model_scorers: Iterable[Any] = (),
+    *,
+    force: Literal[True],
+) -> RewardService: ...
+
+
+@overload
+def build_reward_service(
+    reward_cfg: Any, tokenizer: Any = None, model_scorers: Iterable[Any] = (), force: bool = False
+) -> RewardService | None: ...
 
 
 def build_reward_service(
