@@ -79,7 +79,7 @@ def group_of_actor(groups: dict[str, WorkerGroup], by_pool: dict[str, list[str]]
 
 
 def _start_host(pool: ResourcePool, rank: int, spec: HostSpec, weights: Any = None) -> Any:
-    return RoleHostActor.options(  # type: ignore[attr-defined]
+    return RoleHostActor.options(
         name=None, max_restarts=0, **pool.options(rank)
     ).remote(spec, weights)
 

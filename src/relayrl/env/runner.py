@@ -60,7 +60,7 @@ from relayrl.env.template_check import TemplateCheck, check_tool_template
 from relayrl.env.tools import assistant_message
 from relayrl.env.trajectory import TrajectoryBuilder
 from relayrl.env.types import EnvError, Message, StepResult, as_step_result, check_messages
-from relayrl.rollout.types import GenerationRequest, Sample
+from relayrl.rollout.types import FinishReason, GenerationRequest, Sample
 
 ENV_TAG = "_env_episode"
 """Metadata key that ties an engine request to its episode (and turn)."""
@@ -102,7 +102,7 @@ class _Episode:
     tools: list[dict[str, Any]] = field(default_factory=list)
     results: list[StepResult] = field(default_factory=list)
     final_turn: tuple[int, int] | None = None
-    finish_reason: str = "eos"
+    finish_reason: FinishReason = "eos"
     num_interrupts: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
@@ -504,7 +504,7 @@ class EpisodeRunner:
                 seg.response_ids,
                 seg.logprobs,
                 seg.versions,
-                "abort" if failed else ep.finish_reason,  # type: ignore[arg-type]
+                "abort" if failed else ep.finish_reason,
                 req.group_id,
                 metadata,
                 ep.num_interrupts,
