@@ -92,7 +92,10 @@ def test_import_path_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 @pytest.mark.parametrize(
     ("spec", "fragment"),
     [
-        ("no_such_reward", "not a registered name (arithmetic, code, exact_match, format, humaneval, math"),
+        (
+            "no_such_reward",
+            "not a registered name (arithmetic, code, exact_match, format, humaneval, math",
+        ),
         ("no_such_module_xyz:fn", "cannot import module 'no_such_module_xyz'"),
         ("relayrl.reward.functions:nope", "has no attribute 'nope'"),
         ("relayrl.reward.functions:REWARD_FUNCTIONS", "is not callable"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TypedDict
 
 from relayrl.cluster.local import build_local_roles
 from relayrl.config import ArithmeticConfig, RunConfig, SFTConfig, load_config
@@ -15,9 +16,22 @@ from relayrl.controller.sft import run_sft
 from relayrl.controller.trainer import train
 from relayrl.data.prompts import PromptSource
 from relayrl.model import build_tiny_model, load_tokenizer
+from relayrl.model.tiny import Arch
 
 DEMO_ARITHMETIC = dict(min_operand=0, max_operand=99, operators=["+"], num_operands=2)
-TINY = dict(arch="llama", hidden_size=96, num_layers=2, num_heads=4, num_kv_heads=2)
+
+
+class TinySizes(TypedDict):
+    """``build_tiny_model``'s architecture and sizes."""
+
+    arch: Arch
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+
+
+TINY = TinySizes(arch="llama", hidden_size=96, num_layers=2, num_heads=4, num_kv_heads=2)
 
 
 def demo_configs(run_dir: Path, overrides: list[str] | None = None) -> tuple[SFTConfig, RunConfig]:

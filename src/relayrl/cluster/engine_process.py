@@ -145,7 +145,10 @@ def build_own_engine(spec: EngineSpec, shared: Mapping[str, Tensor]) -> Any:
     device = torch.device(spec.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    model = load_causal_lm(spec.model_path, dtype[spec.dtype]).to(device)
+    model = load_causal_lm(spec.model_path, dtype[spec.dtype])
+    # transformers wraps PreTrainedModel.to in functools.wraps(nn.Module.to): the stubs'
+    # _Wrapped takes its first argument for ``self``
+    model = model.to(device)  # type: ignore[arg-type]
     model = model.eval().requires_grad_(False)
     with torch.no_grad():
         model.load_state_dict(shared)

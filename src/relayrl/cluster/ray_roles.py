@@ -79,7 +79,7 @@ def group_of_actor(groups: dict[str, WorkerGroup], by_pool: dict[str, list[str]]
 
 
 def _start_host(pool: ResourcePool, rank: int, spec: HostSpec, weights: Any = None) -> Any:
-    return RoleHostActor.options(  # type: ignore[attr-defined]
+    return RoleHostActor.options(
         name=None, max_restarts=0, **pool.options(rank)
     ).remote(spec, weights)
 
@@ -120,7 +120,7 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
                     f"{name!r}, it has {pool.size}"
                 )
             threads = host_threads if roles != ["rollout"] else cfg.rollout.threads
-            members = []
+            group_hosts = []
             group_on = grouped(cfg, roles, pool.size)
             engines = group_on and cfg.model.fsdp.enabled and "rollout" in roles
             for rank in range(pool.size):
@@ -131,9 +131,9 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
                     cfg, actor_path, critic_path, here, rank, pool.size, 0, threads, group_on
                 )
                 spec.engines_in_group = engines
-                members.append(_start_host(pool, rank, spec))
-            hosts.extend(members)
-            groups[name] = WorkerGroup(members)
+                group_hosts.append(_start_host(pool, rank, spec))
+            hosts.extend(group_hosts)
+            groups[name] = WorkerGroup(group_hosts)
         ray.get([h.ready.remote() for h in hosts], timeout=300)
         for name, group in groups.items():  # trainer pools: the process group, then the roles
             if grouped(cfg, by_pool[name], group.size):
@@ -169,7 +169,7 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
         hosts.append(handle)
         return handle
 
-    members = None
+    members: WeightGroupMembers | None = None
     if cfg.weight_sync.transport == "collective" and not colocated:
         # trainer rank 0 (rank 0, the rendezvous on its node) and each replica (ranks 1..R)
         # in a process group of their own, formed again when a replica is restarted

@@ -50,6 +50,8 @@ class CollectiveWeightSync:
     _weight_group: WeightGroup | None = None
     _torn = False  # a receive failed part-way: the engine is paused until a sync completes
     _weights_lock: threading.Lock
+    _cv: threading.Condition  # the host's: engine steps and weight loads take turns under it
+    _updates: int  # weight receives waiting for ``_cv`` (they go before engine steps)
     _weights_version: int | None = 0  # the version the actor's weights are (None: changed)
 
     def _init_weight_sync(self) -> None:
@@ -160,10 +162,10 @@ class CollectiveWeightSync:
             raise RuntimeError("weights_receive: this replica is not in the weight group")
         engine = self.engine
         version, buckets, parts = group.receive()  # a failure here has loaded nothing
-        self._updates += 1  # type: ignore[has-type]
+        self._updates += 1
         ok = False
         try:
-            with self._cv:  # type: ignore[has-type]
+            with self._cv:
                 if version == engine.version:
                     drain(parts)  # already loaded (the first sync of a run): join, load nothing
                 elif hasattr(engine, "update_weights_streamed"):
@@ -179,18 +181,18 @@ class CollectiveWeightSync:
                     engine.update_weights(state, version, interrupt=interrupt)
             ok = True
         finally:
-            with self._cv:  # type: ignore[has-type]
+            with self._cv:
                 # A failed receive may have loaded part of the weights: the engine loop
                 # stays paused (``_torn``) until a sync completes.
                 self._torn = not ok
-                self._updates -= 1  # type: ignore[has-type]
-                self._cv.notify_all()  # type: ignore[has-type]
+                self._updates -= 1
+                self._cv.notify_all()
         return time.perf_counter() - t0
 
     def engine_state(self) -> dict[str, Tensor]:
         """A copy of the engine's weights and its version (tests)."""
         assert self.engine is not None
-        with self._cv:  # type: ignore[has-type]
+        with self._cv:
             model = getattr(self.engine, "model", None)
             if model is None:
                 raise RuntimeError("engine_state: this engine exposes no model")
@@ -282,7 +284,8 @@ class WeightGroupMembers:
     ) -> None:
         """Wait for every call; a dead replica -> ReplicaLost, a dead trainer -> its error;
         another failure with no dead replica (probed through Ray) is raised as it is."""
-        dead, errors = [], []
+        dead: list[int] = []
+        errors: list[Exception] = []
         for i, ref in enumerate(replica_refs):
             try:
                 ray.get(ref)

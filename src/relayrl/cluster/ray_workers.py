@@ -385,7 +385,8 @@ class RoleHost(CollectiveWeightSync):
                 self._cv.notify_all()
 
 
-RoleHostActor = ray.remote(max_concurrency=16)(RoleHost)
+# ray's stubs type remote()'s options overloads without max_concurrency (an actor option)
+RoleHostActor = ray.remote(max_concurrency=16)(RoleHost)  # type: ignore[call-overload]
 
 
 # --------------------------------------------------------------------------- worker groups

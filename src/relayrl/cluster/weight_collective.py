@@ -29,6 +29,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -125,6 +126,16 @@ def unpack(buf: Tensor, bucket: Sequence[Entry]) -> dict[str, Tensor]:
     }
 
 
+class _Backend(Protocol):
+    """What ``WeightGroup`` calls on its c10d backend (``ProcessGroupNCCL`` /
+    ``ProcessGroupGloo``, subclasses of ``torch._C._distributed_c10d.Backend``, whose stub
+    declares neither method although every backend has both)."""
+
+    def broadcast(self, tensors: list[Tensor], opts: dist.BroadcastOptions) -> dist.Work: ...
+
+    def abort(self) -> None: ...
+
+
 class WeightGroup:
     """This process's membership of the weight-sync group (rank 0: the trainer's rank 0)."""
 
@@ -143,16 +154,18 @@ class WeightGroup:
         timeout = timedelta(seconds=timeout_s)
         self.rank, self.world, self.backend = rank, world, backend
         self.generation = generation
+        self._tcp: dist.TCPStore | None
         self._tcp = dist.TCPStore(addr, port, world, is_master=rank == 0, timeout=timeout)
         store = dist.PrefixStore(f"weights/{generation}/", self._tcp)
+        self.pg: _Backend | None  # (torch's stubs: see _Backend)
         if backend == "nccl":  # pragma: no cover - needs CUDA (not run here)
             self.device = torch.device("cuda", torch.cuda.current_device())
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
-            self.pg: dist.ProcessGroup | None = dist.ProcessGroupNCCL(store, rank, world, opts)
+            self.pg = dist.ProcessGroupNCCL(store, rank, world, opts)  # type: ignore[assignment]
         else:
             self.device = torch.device("cpu")
-            self.pg = dist.ProcessGroupGloo(store, rank, world, timeout)
+            self.pg = dist.ProcessGroupGloo(store, rank, world, timeout)  # type: ignore[assignment]
 
     def close(self) -> None:
         """Leave the group (its generation ends): abort the process group (NCCL: a
@@ -164,7 +177,7 @@ class WeightGroup:
                 pg.abort()
             except Exception:  # noqa: BLE001 - a group whose peer died may refuse; it is dropped
                 pass
-        self._tcp = None  # type: ignore[assignment]
+        self._tcp = None
 
     def broadcast(self, tensor: Tensor) -> None:
         """Rank 0's ``tensor`` into every member's (same shape and dtype), in place."""

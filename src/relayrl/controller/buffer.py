@@ -64,7 +64,8 @@ class GroupBuffer:
 
     def _expected(self, n: int) -> list[int]:
         """The next ``n`` admission indices to train in order, skipping dropped groups."""
-        out, idx = [], self.next_index
+        out: list[int] = []
+        idx = self.next_index
         while len(out) < n:
             if idx not in self._skipped:
                 out.append(idx)

@@ -153,6 +153,7 @@ def run_sft(
         list(model.parameters()), cfg.lr, cfg.weight_decay, (0.9, 0.99), cfg.warmup_steps, decay
     )
     rng = random.Random(cfg.seed)
+    check: Callable[[], float] | None
     if validate is not None:
         if not cfg.eval_every:
             raise ValueError("run_sft: a validate callback needs eval_every >= 1")

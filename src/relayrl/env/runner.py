@@ -60,7 +60,7 @@ from relayrl.env.template_check import TemplateCheck, check_tool_template
 from relayrl.env.tools import assistant_message
 from relayrl.env.trajectory import TrajectoryBuilder
 from relayrl.env.types import EnvError, Message, StepResult, as_step_result, check_messages
-from relayrl.rollout.types import GenerationRequest, Sample
+from relayrl.rollout.types import FinishReason, GenerationRequest, Sample
 
 ENV_TAG = "_env_episode"
 """Metadata key that ties an engine request to its episode (and turn)."""
@@ -102,7 +102,7 @@ class _Episode:
     tools: list[dict[str, Any]] = field(default_factory=list)
     results: list[StepResult] = field(default_factory=list)
     final_turn: tuple[int, int] | None = None
-    finish_reason: str = "eos"
+    finish_reason: FinishReason = "eos"
     num_interrupts: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
@@ -239,7 +239,8 @@ class EpisodeRunner:
     def _to_env(self, ep: _Episode, kind: str, coro: Any) -> None:
         self._waiting_env += 1
         fut = self.loop.submit(coro)
-        fut.add_done_callback(lambda f, eid=ep.eid: self._ready.put((eid, kind, f)))
+        eid = ep.eid
+        fut.add_done_callback(lambda f: self._ready.put((eid, kind, f)))
 
     async def _reset(self, row: dict[str, Any]) -> tuple[Environment | None, Any]:
         """(env, messages) or (env or None, the exception): never raises."""
@@ -503,7 +504,7 @@ class EpisodeRunner:
                 seg.response_ids,
                 seg.logprobs,
                 seg.versions,
-                "abort" if failed else ep.finish_reason,  # type: ignore[arg-type]
+                "abort" if failed else ep.finish_reason,
                 req.group_id,
                 metadata,
                 ep.num_interrupts,

@@ -31,7 +31,7 @@ from relayrl.env.types import EnvError, Message, StepResult, ToolError
 
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 OPEN_TAG = "<tool_call>"
-_JSON_TYPES = {
+_JSON_TYPES: dict[object, str] = {  # keyed by annotation (or its origin)
     str: "string",
     int: "integer",
     float: "number",

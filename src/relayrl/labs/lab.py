@@ -33,6 +33,7 @@ coin flip); every PPO/DPO setting the result depends on pinned in ``PINNED_PPO``
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
@@ -340,7 +341,7 @@ def run_lab(cfg: LabConfig, log: Any = print) -> dict[str, Any]:
         log(f"4/5 PPO against the reward model, beta = {beta:g} ...")
         rl_cfg = _ppo_config(cfg, root, beta, sft_dir, rm_dir)
         shutil.rmtree(rl_cfg.run_dir, ignore_errors=True)  # no stale checkpoints of a rerun
-        train(rl_cfg, lambda a, c, rc=rl_cfg: build_local_roles(rc, a, c))
+        train(rl_cfg, functools.partial(build_local_roles, rl_cfg))
         ckpt = latest_checkpoint(rl_cfg.run_dir)
         assert ckpt is not None
         name = f"ppo_beta{beta:g}"

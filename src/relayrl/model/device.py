@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -28,6 +29,7 @@ from relayrl.config import ModelConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 _AUTOCAST_ATTR = "_relayrl_autocast"
+_M = TypeVar("_M", bound=torch.nn.Module)
 
 
 class DeviceError(ValueError):
@@ -86,8 +88,8 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 
 def set_compute_dtype(
-    model: torch.nn.Module, dtype: torch.dtype | None, device: torch.device | None = None
-) -> torch.nn.Module:
+    model: _M, dtype: torch.dtype | None, device: torch.device | None = None
+) -> _M:
     """Run the model's ``forward_logprobs`` / ``forward_values`` under autocast to ``dtype``
     (None: no autocast). Only needed where the parameters are wider than ``dtype``."""
     if dtype is None:
@@ -109,9 +111,7 @@ def compute_context(model: torch.nn.Module) -> Iterator[None]:
         yield
 
 
-def apply_precision(
-    model: torch.nn.Module, precision: Precision, device: torch.device
-) -> torch.nn.Module:
+def apply_precision(model: _M, precision: Precision, device: torch.device) -> _M:
     """Move ``model`` to ``device`` in ``precision.param_dtype``; autocast when mixed."""
     model = model.to(device=device, dtype=precision.param_dtype)
     setattr(model, _DEVICE_ATTR, device)

@@ -7,7 +7,7 @@ import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from transformers import (
@@ -172,7 +172,10 @@ FUNCTIONAL_DROPOUT_ATTRS = ("attention_dropout",)
 mode without a dropout module (Llama / Qwen2 / Mistral attention: ``config.attention_dropout``)."""
 
 
-def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
+_M = TypeVar("_M", bound=torch.nn.Module)
+
+
+def disable_dropout(model: _M) -> _M:
     """Set every dropout probability to 0 (as TRL and veRL do for RL): the logprobs of a
     training forward must equal the rollout's, and runs must be reproducible from the seed.
     Covers ``nn.Dropout`` modules and the attention dropout applied functionally

@@ -14,12 +14,15 @@ import contextlib
 import copy
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, cast
 
 import torch
 from torch import Tensor
 
 from relayrl.config import LoraConfig
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 
 def apply_lora(model: torch.nn.Module, lora: LoraConfig) -> Any:
@@ -36,7 +39,7 @@ def apply_lora(model: torch.nn.Module, lora: LoraConfig) -> Any:
         )
     cfg = peft.LoraConfig(
         r=lora.r,
-        lora_alpha=lora.alpha,
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft says int; alpha / r takes a float
         lora_dropout=lora.dropout,
         target_modules=list(lora.target_modules),
         bias="none",
@@ -51,7 +54,7 @@ def _linear_names(model: torch.nn.Module) -> set[str]:
     }
 
 
-def is_lora(model: torch.nn.Module) -> bool:
+def is_lora(model: torch.nn.Module) -> TypeGuard[PeftModel]:
     """Whether ``model`` is a peft model (has adapters)."""
     try:
         import peft
@@ -64,27 +67,35 @@ def is_lora(model: torch.nn.Module) -> bool:
 def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
     """The base model inside the block (the reference policy); nothing for a plain model."""
     if is_lora(model):
-        with model.disable_adapter():  # type: ignore[operator]
+        with model.disable_adapter():
             yield
     else:
         yield
+
+
+class _DeltaLayer(Protocol):
+    """A peft LoRA layer: ``LoraLayer``'s subclasses (``Linear``, ``Embedding``, the convs)
+    define ``get_delta_weight``; the base class does not declare it."""
+
+    def get_delta_weight(self, adapter: str) -> Tensor: ...
 
 
 def merged_state_dict(
     model: torch.nn.Module, dtype: torch.dtype | None = None
 ) -> dict[str, Tensor]:
     """The base model's state dict with every adapted weight replaced by W + delta (the
-    adapter merged), under the base model's own keys; the model itself is not changed."""
+    adapter merged), under the base model's own keys; the model itself is not changed.
+    ``model``: a peft model (``apply_lora``)."""
     from peft.tuners.lora import LoraLayer
 
-    base = model.get_base_model()  # type: ignore[operator]
+    base = cast("PeftModel", model).get_base_model()
     deltas: dict[str, Tensor] = {}
     for name, module in base.named_modules():
         if isinstance(module, LoraLayer):
             delta = None
             for adapter in module.active_adapters:
                 if adapter in module.lora_A:
-                    d = module.get_delta_weight(adapter)
+                    d = cast(_DeltaLayer, module).get_delta_weight(adapter)
                     delta = d if delta is None else delta + d
             if delta is not None:
                 deltas[f"{name}.weight"] = delta
@@ -101,15 +112,15 @@ def merged_state_dict(
     return out
 
 
-def save_adapter(model: torch.nn.Module, out_dir: str | Path) -> Path:
+def save_adapter(model: PeftModel, out_dir: str | Path) -> Path:
     """The adapter in peft format (``PeftModel.from_pretrained(base, out_dir)`` loads it)."""
-    model.save_pretrained(str(out_dir))  # type: ignore[operator]
+    model.save_pretrained(str(out_dir))
     return Path(out_dir)
 
 
-def save_merged(model: torch.nn.Module, tokenizer: Any, out_dir: str | Path) -> Path:
+def save_merged(model: PeftModel, tokenizer: Any, out_dir: str | Path) -> Path:
     """A plain HF model directory of base + merged adapter (``from_pretrained`` loads it)."""
-    merged = copy.deepcopy(model).merge_and_unload()  # type: ignore[operator]
+    merged = copy.deepcopy(model).merge_and_unload()
     merged.save_pretrained(str(out_dir))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(out_dir))

@@ -16,6 +16,7 @@ from transformers import (
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerFast,
     Qwen2Config,
@@ -75,6 +76,7 @@ def build_tiny_model(
     inter = intermediate_size or 4 * hidden_size
     torch.manual_seed(seed)
     model: PreTrainedModel
+    cfg: PretrainedConfig
     if arch == "llama":
         cfg = LlamaConfig(
             hidden_size=hidden_size,

@@ -19,7 +19,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from relayrl.reward.verifiers import extract_integer_answer, parse_int_answer
 
@@ -39,6 +39,7 @@ __all__ = [
 RewardFn = Callable[[str, str, dict], float | dict[str, float]]
 
 REWARD_FUNCTIONS: dict[str, RewardFn] = {}
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
 MOVED_MODULES = {"relayrl.rlhf.city_lang": "relayrl.data.city_lang"}
 """Modules of reward functions that moved: a spec naming the old module (the configs of runs
 made before the move, e.g. ``monitor.gold_fn`` of a lab run) resolves to the new one."""
@@ -61,10 +62,12 @@ def fn_name(fn: Any) -> str:
     return f"{module}:{qual}" if module and module != "builtins" else qual
 
 
-def register_reward_fn(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Decorator: register ``fn`` under ``name`` so configs can say ``reward: name``."""
+def register_reward_fn(name: str) -> Callable[[_Fn], _Fn]:
+    """Decorator: register ``fn`` under ``name`` so configs can say ``reward: name``. ``fn``
+    keeps its own signature: keyword arguments past ``(prompt, completion, sample)`` come
+    from the reward spec (``kwargs``), and a dict result may hold a ``"reason"`` string."""
 
-    def deco(fn: RewardFn) -> RewardFn:
+    def deco(fn: _Fn) -> _Fn:
         if name in REWARD_FUNCTIONS and REWARD_FUNCTIONS[name] is not fn:
             raise ValueError(f"reward function {name!r} is already registered")
         REWARD_FUNCTIONS[name] = fn

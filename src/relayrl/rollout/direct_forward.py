@@ -21,13 +21,23 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from relayrl.rollout.cpu_kernels import varlen_decode
+from relayrl.rollout.kv_cache import SlotKVCache
+
+if TYPE_CHECKING:  # the static types of the modules read: Llama's (``SUPPORTED``'s others match)
+    from transformers.models.llama.modeling_llama import (
+        LlamaAttention,
+        LlamaDecoderLayer,
+        LlamaForCausalLM,
+        LlamaRMSNorm,
+        LlamaRotaryEmbedding,
+    )
 
 SUPPORTED = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"})
 """Model classes (by name) whose decoder layer is the one ``direct_logits`` runs."""
@@ -93,7 +103,7 @@ def has_hooks(model: torch.nn.Module) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks for m in mods)
 
 
-def _rms(x: Tensor, norm: torch.nn.Module) -> Tensor:
+def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """``LlamaRMSNorm.forward``: ``weight * (x32 * rsqrt(mean(x32^2) + eps)).to(dtype)``.
     (``F.rms_norm`` gives the same bits but runs ~13 operations inside, two of them copies:
     slower here than these six.)"""
@@ -101,8 +111,8 @@ def _rms(x: Tensor, norm: torch.nn.Module) -> Tensor:
     f32 = dtype == torch.float32  # then both casts return their input: skip their dispatch
     h = x if f32 else x.to(torch.float32)
     var = h.pow(2).mean(-1, keepdim=True)
-    h = h * torch.rsqrt(var + norm.variance_epsilon)
-    return norm._parameters["weight"] * (h if f32 else h.to(dtype))
+    h = h * torch.rsqrt(var + eps)
+    return weight * (h if f32 else h.to(dtype))
 
 
 @functools.cache
@@ -127,25 +137,25 @@ def _c_norm_lanes(h: Tensor) -> int:
 
 
 def _add_norm(
-    h: Tensor, b: Tensor | None, norm: torch.nn.Module, lanes: int
+    h: Tensor, b: Tensor | None, norm: LlamaRMSNorm, lanes: int
 ) -> tuple[Tensor, Tensor]:
     """``h + b`` (the residual stream; ``b`` None: ``h``) and its RMSNorm: with ``lanes``
     (``_c_norm_lanes``) in one C call of the same bits (``varlen_decode.add_rms_norm``),
     else torch's seven operations."""
-    weight = norm._parameters["weight"]
-    if lanes and weight is not None and weight.dtype == torch.float32 and weight.is_contiguous():
-        eps = norm.variance_epsilon
+    weight = cast(Tensor, norm._parameters["weight"])  # an RMSNorm's: always registered
+    eps = norm.variance_epsilon
+    if lanes and weight.dtype == torch.float32 and weight.is_contiguous():
         return varlen_decode.add_rms_norm(h, b, weight, eps, lanes, checked=False)
     if b is not None:
         h = h + b
-    return h, _rms(h, norm)
+    return h, _rms(h, weight, eps)
 
 
-def _lin(x: Tensor, layer: torch.nn.Module) -> Tensor:
+def _lin(x: Tensor, layer: torch.nn.Linear) -> Tensor:
     """``nn.Linear.forward`` (``F.linear``), its tensors from ``_parameters`` (no
-    ``Module.__getattr__``)."""
+    ``Module.__getattr__``; a linear's weight is always registered, its bias may be None)."""
     p = layer._parameters
-    return F.linear(x, p["weight"], p.get("bias"))
+    return F.linear(x, cast(Tensor, p["weight"]), p.get("bias"))
 
 
 FUSE_MAX_ELEMENTS = 1 << 20
@@ -159,7 +169,7 @@ _FUSED: weakref.WeakKeyDictionary[torch.nn.Module, tuple[list, Tensor, Tensor | 
 )
 
 
-def _fused(mods: tuple[torch.nn.Module, ...]) -> tuple[Tensor, Tensor | None] | None:
+def _fused(mods: tuple[torch.nn.Linear, ...]) -> tuple[Tensor, Tensor | None] | None:
     """``cat`` of the weights (and biases) of ``mods``, linears of the same input: one
     ``F.linear`` gives their outputs side by side, each column the same dot product as its
     own linear's (MKL's per-element sum does not depend on the other columns: checked for
@@ -171,9 +181,10 @@ def _fused(mods: tuple[torch.nn.Module, ...]) -> tuple[Tensor, Tensor | None] | 
     if torch.is_grad_enabled():
         return None
     params = [m._parameters for m in mods]
-    weights = [p["weight"] for p in params]
+    weights = [cast(Tensor, p["weight"]) for p in params]  # linears': always registered
     biases = [p.get("bias") for p in params]
-    tensors = weights + [b for b in biases if b is not None]
+    present: list[Tensor] = [b for b in biases if b is not None]
+    tensors = weights + present
     try:
         key = [(t._version, t.data_ptr()) for t in tensors]
     except RuntimeError:  # inference tensors have no version counter: changes go unseen
@@ -191,7 +202,7 @@ def _fused(mods: tuple[torch.nn.Module, ...]) -> tuple[Tensor, Tensor | None] | 
     ):
         return None
     weight = torch.cat(weights)
-    bias = None if biases[0] is None else torch.cat(biases)  # type: ignore[arg-type]
+    bias = torch.cat(present) if present else None  # all biases or none (checked above)
     _FUSED[mods[0]] = (key, weight, bias)
     return weight, bias
 
@@ -200,16 +211,16 @@ class _Layer(NamedTuple):
     """One decoder layer's modules, looked up once per model (their tensors each call: a
     weight update or ``.to()`` changes them in place, and ``_parameters`` is one dict read)."""
 
-    attn: torch.nn.Module
-    norm1: torch.nn.Module
-    q: torch.nn.Module
-    k: torch.nn.Module
-    v: torch.nn.Module
-    o: torch.nn.Module
-    norm2: torch.nn.Module
-    gate: torch.nn.Module
-    up: torch.nn.Module
-    down: torch.nn.Module
+    attn: LlamaAttention
+    norm1: LlamaRMSNorm
+    q: torch.nn.Linear
+    k: torch.nn.Linear
+    v: torch.nn.Linear
+    o: torch.nn.Linear
+    norm2: LlamaRMSNorm
+    gate: torch.nn.Linear
+    up: torch.nn.Linear
+    down: torch.nn.Linear
     kv_heads: int
     widths: tuple[int, int, int]  # q, k, v projection widths
     intermediate: int  # the MLP's width
@@ -227,6 +238,8 @@ def _layers(model: torch.nn.Module) -> list[_Layer]:
     """``model.model.layers[: num_hidden_layers]``' modules, once per model."""
     layers = _LAYERS.get(model)
     if layers is None:
+        lm = cast("LlamaForCausalLM", model)
+        decoder = cast("list[LlamaDecoderLayer]", list(lm.model.layers))
         layers = _LAYERS[model] = [
             _Layer(
                 a := layer.self_attn,
@@ -244,7 +257,7 @@ def _layers(model: torch.nn.Module) -> list[_Layer]:
                 inter := m.gate_proj.out_features,
                 inter % 64 == 0 and m.up_proj.out_features == inter,
             )
-            for layer in list(model.model.layers)[: model.config.num_hidden_layers]
+            for layer in decoder[: lm.config.num_hidden_layers]
         ]
     return layers
 
@@ -253,7 +266,7 @@ _SIGNS: dict[tuple[int, torch.dtype, torch.device], Tensor] = {}
 
 
 def _rotary(
-    position_ids: Tensor, rotary: torch.nn.Module, dtype: torch.dtype
+    position_ids: Tensor, rotary: LlamaRotaryEmbedding, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
     """``LlamaRotaryEmbedding.forward`` (default rope) for positions ``[N]``: ``cos`` and a
     signed ``sin`` ``[N, 1, d]`` such that ``apply_rotary_pos_emb`` is
@@ -264,7 +277,7 @@ def _rotary(
     ``roll(x, d/2) = cat(x2, x1)``, and ``(-a) * b == a * (-b)`` exactly in IEEE arithmetic,
     so the same bits with three fewer operations per rotated tensor (no slices, negation, cat).
     Products by ``attention_scaling`` = 1 and casts to the dtype it has are skipped (exact)."""
-    inv_freq = rotary.inv_freq
+    inv_freq: Tensor = rotary.inv_freq
     if inv_freq.dtype != torch.float32:
         inv_freq = inv_freq.float()
     freqs = position_ids.float().unsqueeze(-1) * inv_freq  # [N, d/2]
@@ -295,7 +308,7 @@ def direct_logits(
     model: torch.nn.Module,
     ids: Tensor,
     position_ids: Tensor,
-    cache: object,
+    cache: SlotKVCache,
     attention: Callable[..., tuple[Tensor, object]],
     mask: Tensor | None,
     rows: Tensor | None = None,
@@ -317,10 +330,10 @@ def direct_logits(
     ``logits_out`` (fp32, the logits' shape): the logits are written there (the conversion
     to fp32 is that copy) and it is returned: a captured step's static output
     (``relayrl.rollout.cuda_graphs``)."""
-    inner = model.model
+    lm = cast("LlamaForCausalLM", model)  # a ``supported`` model
+    inner = lm.model
     ids = ids.view(-1)
-    emb_mod = inner.embed_tokens
-    h = F.embedding(ids, emb_mod._parameters["weight"])  # [N, hidden]
+    h = F.embedding(ids, cast(Tensor, inner.embed_tokens._parameters["weight"]))  # [N, hidden]
     cos, sin = _rotary(position_ids.view(-1), inner.rotary_emb, h.dtype)
     n = ids.shape[0]
     lanes = _c_norm_lanes(h)
@@ -335,14 +348,12 @@ def direct_logits(
         else:
             q, k, v = (_lin(x, m) for m in (layer.q, layer.k, layer.v))
         if varlen is not None:  # rotary, cache writes and attention in one C call
-            keys, values = cache.arenas(attn.layer_idx, layer.kv_heads, d, q)  # type: ignore[attr-defined]
+            keys, values = cache.arenas(attn.layer_idx, layer.kv_heads, d, q)
             out = varlen.attend(q, k, v, cos, sin, keys, values, attn.scaling, checked=False)
         else:
             q = _rope(q.view(n, -1, d), cos, sin)  # [N, H, d]
             k = _rope(k.view(n, -1, d), cos, sin)  # [N, Hkv, d]
-            k4, v4 = cache.update(  # type: ignore[attr-defined]
-                k.unsqueeze(2), v.view(n, -1, 1, d), attn.layer_idx
-            )
+            k4, v4 = cache.update(k.unsqueeze(2), v.view(n, -1, 1, d), attn.layer_idx)
             out, _ = attention(
                 attn, q.unsqueeze(2), k4, v4, mask, dropout=0.0, scaling=attn.scaling
             )
@@ -356,7 +367,7 @@ def direct_logits(
     _, h = _add_norm(h, pending, inner.norm, lanes)
     if rows is not None:
         h = h.index_select(0, rows)
-    logits = _lin(h, model.lm_head)
+    logits = _lin(h, lm.lm_head)
     if logits_out is not None:
         return logits_out.copy_(logits)
     return logits if logits.dtype == torch.float32 else logits.float()

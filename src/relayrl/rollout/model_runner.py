@@ -43,22 +43,18 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 from torch import Tensor
+from transformers import PreTrainedModel
 
 from relayrl.rollout import direct_forward
 from relayrl.rollout import split_attention as attention
 from relayrl.rollout.cpu_kernels import varlen_decode
 from relayrl.rollout.cuda_graphs import DecodeGraphs
 from relayrl.rollout.kv_cache import SlotKVCache
-from relayrl.rollout.transfer import (
-    CPU,
-    device_rows,
-    device_tensor,
-    model_dtype,
-    select_slots,
-)
+from relayrl.rollout.transfer import CPU, device_rows, device_tensor, model_dtype, select_slots
 
 
 class ModelRunner:
@@ -110,7 +106,7 @@ class ModelRunner:
     # ------------------------------------------------------------------ public
     def execute(
         self,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         cache: SlotKVCache,
         slots: Sequence[int],
         starts: Sequence[int],
@@ -179,7 +175,7 @@ class ModelRunner:
         assert out is not None
         return out
 
-    def supports_split(self, model: torch.nn.Module) -> bool:
+    def supports_split(self, model: PreTrainedModel) -> bool:
         """Whether split attention gives this model's exact results (checked once per class)."""
         key = type(model)
         if key not in self._split_ok:
@@ -199,7 +195,7 @@ class ModelRunner:
             used += n
         return chunks
 
-    def _signature(self, model: torch.nn.Module) -> tuple[str, bool]:
+    def _signature(self, model: PreTrainedModel) -> tuple[str, bool]:
         """(name of the cache argument, whether ``logits_to_keep`` is accepted)."""
         key = type(model)
         if key not in self._signatures:
@@ -227,7 +223,7 @@ class ModelRunner:
         return device_tensor(rows, torch.long, self.device), list(range(len(slots))), rows
 
     def _call(
-        self, model: torch.nn.Module, cache: SlotKVCache, ids: Tensor, pos: Tensor, mask: Tensor
+        self, model: PreTrainedModel, cache: SlotKVCache, ids: Tensor, pos: Tensor, mask: Tensor
     ) -> Tensor:
         cache_arg, keeps_logits = self._signature(model)
         kwargs: dict[str, object] = {cache_arg: cache}
@@ -239,7 +235,7 @@ class ModelRunner:
 
     def _call_rows(
         self,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         cache: SlotKVCache,
         ids: Tensor,
         pos: Tensor,
@@ -269,7 +265,7 @@ class ModelRunner:
 
     def _forward_padded(
         self,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         cache: SlotKVCache,
         slots: Sequence[int],
         starts: Sequence[int],
@@ -310,7 +306,7 @@ class ModelRunner:
 
     def _forward_split(
         self,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         cache: SlotKVCache,
         dec_slots: Sequence[int],
         dec_starts: Sequence[int],
@@ -468,7 +464,7 @@ class ModelRunner:
                 logits = self._call_rows(model, cache, ids_t, position_ids, dummy_mask, out_rows)
         return logits
 
-    def _use_varlen(self, model: torch.nn.Module) -> bool:
+    def _use_varlen(self, model: PreTrainedModel) -> bool:
         return (
             self.varlen_decode
             and attention.GROUPED_DECODE
@@ -520,7 +516,7 @@ class ModelRunner:
         total = sum(lengths)
         return len(lengths) * c + sum(p * p for p in lengths) <= c + total * total
 
-    def _use_direct(self, model: torch.nn.Module) -> bool:
+    def _use_direct(self, model: PreTrainedModel) -> bool:
         """Whether this split forward goes through ``direct_forward`` (see its docstring)."""
         if self._force_direct is not None:
             return self._force_direct
@@ -535,14 +531,14 @@ class ModelRunner:
         return ok and not model.training and not direct_forward.has_hooks(model)
 
     @torch.inference_mode()
-    def _check_direct(self, model: torch.nn.Module) -> bool:
+    def _check_direct(self, model: PreTrainedModel) -> bool:
         """Two split steps (prefills, then decode rows of two length buckets next to a
         prefill) through ``direct_forward`` and through the model's modules: logits must be
         bitwise equal."""
         forwards = self.num_forwards
         saved = self.bucket_min_len, self.bucket_overhead
         try:
-            vocab = model.get_input_embeddings().num_embeddings
+            vocab = cast(torch.nn.Embedding, model.get_input_embeddings()).num_embeddings
             g = torch.Generator().manual_seed(1)
             seqs = [
                 torch.randint(0, vocab, (n,), generator=g, device=CPU).tolist() for n in (3, 40, 4)
@@ -568,14 +564,14 @@ class ModelRunner:
             self.num_forwards = forwards
 
     @torch.inference_mode()
-    def _check_split(self, model: torch.nn.Module) -> bool:
+    def _check_split(self, model: PreTrainedModel) -> bool:
         """Run two split steps on a scratch cache and compare with plain full forwards."""
         config = getattr(model, "config", None)
         if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
             return False
         forwards = self.num_forwards
         try:
-            vocab = model.get_input_embeddings().num_embeddings
+            vocab = cast(torch.nn.Embedding, model.get_input_embeddings()).num_embeddings
             g = torch.Generator().manual_seed(0)
             seqs = [
                 torch.randint(0, vocab, (n,), generator=g, device=CPU).tolist() for n in (5, 3, 4)

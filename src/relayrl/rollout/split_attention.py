@@ -24,10 +24,11 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from relayrl.rollout.cpu_kernels import varlen_decode
@@ -66,9 +67,10 @@ def split_attention(
     key: Tensor,
     value: Tensor,
     attention_mask: Tensor | None,
-    **kwargs: object,
+    **kwargs: Any,
 ) -> tuple[Tensor, None]:
-    """Attention of a split step: decode rows on the cache, prefill tokens on their prompt."""
+    """Attention of a split step: decode rows on the cache, prefill tokens on their prompt.
+    ``kwargs``: the model's attention keywords, passed on to ``sdpa_attention_forward``."""
     state: SplitState | None = getattr(ACTIVE, "state", None)
     if state is None:  # not inside an engine forward: plain SDPA
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
@@ -169,7 +171,7 @@ AttentionInterface.register(SPLIT_ATTENTION, split_attention)
 
 
 @contextlib.contextmanager
-def split_attention_active(model: torch.nn.Module, state: SplitState) -> Iterator[None]:
+def split_attention_active(model: PreTrainedModel, state: SplitState) -> Iterator[None]:
     """Route the model's attention through ``split_attention`` for one forward."""
     config = model.config
     previous = config._attn_implementation

@@ -140,7 +140,9 @@ class VllmEngine(VllmFrontend):
         if kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib must be > 0, got {kv_cache_gib}")
         config = AutoConfig.from_pretrained(str(model_path))
-        max_model_len = int(max_model_len or getattr(config, "max_position_embeddings", 0))
+        if not max_model_len:  # the model's own context length
+            max_model_len = getattr(config, "max_position_embeddings", 0)
+        max_model_len = int(max_model_len)
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
         head = getattr(config, "head_dim", None) or (

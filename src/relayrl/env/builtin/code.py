@@ -23,6 +23,7 @@ The shipped task (``code_task_rows``) is a family a tiny model can learn: ``f(x)
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -94,7 +95,9 @@ class CodeEnv(Environment):
         isolation: str = "auto",
         feedback: bool = True,
     ):
-        self.limits = dict(cpu_s=cpu_s, wall_s=wall_s, memory_mb=memory_mb, isolation=isolation)
+        self._score = functools.partial(  # code_tests with the sandbox limits of one run
+            code_tests, cpu_s=cpu_s, wall_s=wall_s, memory_mb=memory_mb, isolation=isolation
+        )
         self.feedback = feedback
         self.tests: list[str] = []
         self.runs = 0
@@ -110,7 +113,7 @@ class CodeEnv(Environment):
 
     async def step(self, message: Message) -> StepResult:
         text = message.get("content", "")
-        result = await asyncio.to_thread(code_tests, "", text, {"tests": self.tests}, **self.limits)
+        result = await asyncio.to_thread(self._score, "", text, {"tests": self.tests})
         self.runs += 1
         info = {"tests_passed": result["tests_passed"], "reason": result["reason"]}
         if result["score"] >= 1.0:

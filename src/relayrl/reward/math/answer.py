@@ -27,9 +27,9 @@ is untrusted. Then
 Sizes are capped (input length, nesting depth, exponents, factorials) so adversarial strings
 cannot hang the verifier. ``verify_math`` never raises.
 
-Extraction and normalisation are ``math_extract``, the tokenizer and parser ``math_parse``,
+Extraction and normalisation are ``extract``, the tokenizer and parser ``parse``,
 the forms the parser alone gets wrong (intervals, mixed numbers, numbers in words)
-``math_forms``; this module evaluates the trees and compares.
+``forms``; this module evaluates the trees and compares.
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def _parse_math(text: str) -> MathValue:
 
 
 def _special_form(text: str) -> MathValue | None:
-    """Unions of intervals, intervals, and numbers in words (see ``math_forms``)."""
+    """Unions of intervals, intervals, and numbers in words (see ``forms``)."""
     parts = split_union(text)
     if parts is not None:
         return MathValue("union", tuple(_interval(p) for p in parts))

@@ -46,7 +46,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Literal, overload
 
 from relayrl.reward.mixing import RewardMix, ScoreResult
 from relayrl.reward.service.guards import MAX_COMPONENTS, call_guarded, checked
@@ -508,6 +508,22 @@ def service_enabled(reward_cfg: Any) -> bool:
     return svc is not None and (
         bool(svc.functions) or svc.num_workers > 0 or svc.normalize != "none"
     )
+
+
+@overload
+def build_reward_service(
+    reward_cfg: Any,
+    tokenizer: Any = None,
+    model_scorers: Iterable[Any] = (),
+    *,
+    force: Literal[True],
+) -> RewardService: ...
+
+
+@overload
+def build_reward_service(
+    reward_cfg: Any, tokenizer: Any = None, model_scorers: Iterable[Any] = (), force: bool = False
+) -> RewardService | None: ...
 
 
 def build_reward_service(
