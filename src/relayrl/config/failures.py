@@ -20,6 +20,11 @@ class FailuresConfig(_Strict):
     """Times a sample that failed for infrastructure reasons is generated and scored again
     (same request, same seed, a fresh environment) before it is left out (every schedule and
     the held-out evaluation)."""
+    regenerate_rounds: int = Field(2, ge=0)
+    """``sync``: rounds in which a group left with fewer than 2 samples after retries (GRPO-style
+    estimators) is generated again with a fresh prompt, drawn as dynamic sampling refills; one
+    still too small after them is dropped (0: drop at once). With
+    ``data.dynamic_sampling.enabled`` dynamic sampling's own refill does this."""
     max_consecutive: int = Field(64, ge=1)
     """Stop the run after this many infrastructure failures in a row (samples, after retries)."""
     max_rate: float = Field(0.5, gt=0, le=1)

@@ -21,9 +21,12 @@ The sync schedule generates and scores an infrastructure-failed sample again, sa
 seed, a fresh environment, up to ``failures.retries`` times (:func:`retry_failed`). What still
 fails is left out of the batch by :meth:`FailureLog.admit`, so it is out of its group's mean and
 standard deviation (every estimator's baseline is over the survivors) and out of the loss
-normaliser; a group left with fewer than 2 samples is dropped (GRPO-style estimators), as
-dynamic sampling drops a group without signal. Each step's ``metrics.jsonl`` record counts
-them: ``failures/infra/<cause>``, ``failures/infra``, ``failures/retried``,
+normaliser. A group left with fewer than 2 samples (:func:`small_groups`; GRPO-style
+estimators) is regenerated with a fresh prompt in the sync schedule, up to
+``failures.regenerate_rounds`` times, by the rule dynamic sampling refills with
+(``controller.dynamic_sampling.regenerate_small_groups``); one still too small is dropped.
+Each step's ``metrics.jsonl`` record counts them: ``failures/infra/<cause>``,
+``failures/infra``, ``failures/retried``, ``failures/groups_regenerated``,
 ``failures/groups_dropped``. A run whose failures pass the budget (``failures.max_consecutive``
 in a row, more than ``failures.max_rate`` of the last ``failures.window`` samples, or a step of
 which nothing survives) stops with :class:`InfraBudgetExceeded`: one line naming the dominant
@@ -58,6 +61,7 @@ __all__ = [
     "fresh_request",
     "infra_cause",
     "retry_failed",
+    "small_groups",
     "tag",
 ]
 
@@ -139,6 +143,14 @@ def retry_failed(
     return samples, scores, retried
 
 
+def small_groups(samples: Sequence[Sample], min_group: int = 2) -> list[Any]:
+    """The groups (ids, in order of first appearance) that lost samples to infrastructure
+    failures and have fewer than ``min_group`` left: n_left < n and n_left < min_group."""
+    size: Counter[Any] = Counter(s.group_id for s in samples)
+    left: Counter[Any] = Counter(s.group_id for s in samples if infra_cause(s) is None)
+    return [g for g in size if g is not None and left[g] < size[g] and left[g] < min_group]
+
+
 class FailureLog:
     """The run's failure counts, its budget, and the filter that keeps failures out of training.
 
@@ -157,6 +169,10 @@ class FailureLog:
 
     def count_retries(self, n: int) -> None:
         self._step["retried"] += n
+
+    def count_regenerated(self, n: int) -> None:
+        """``failures/groups_regenerated``: groups replaced by a fresh prompt's group."""
+        self._step["groups_regenerated"] += n
 
     def admit(
         self, samples: Sequence[Sample], scores: Tensor, grouped: bool = True
@@ -184,9 +200,7 @@ class FailureLog:
 
     def _whole_groups(self, samples: Sequence[Sample], keep: list[int]) -> list[int]:
         """``keep`` less the groups that lost samples and have fewer than ``min_group`` left."""
-        size: Counter[Any] = Counter(s.group_id for s in samples)
-        left: Counter[Any] = Counter(samples[i].group_id for i in keep)
-        small = {g for g, n in left.items() if g is not None and n < size[g] and n < self.min_group}
+        small = set(small_groups(samples, self.min_group))
         self._step["groups_dropped"] += len(small)
         return [i for i in keep if samples[i].group_id not in small]
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from relayrl.config import RunConfig
 from relayrl.controller.algorithms import make_requests, rollout_and_score
+from relayrl.controller.dynamic_sampling import regenerate_small_groups
 from relayrl.controller.failures import FailureLog
 from relayrl.controller.schedules import attach_episodes
 from relayrl.data.prompts import PromptSource
@@ -51,6 +52,11 @@ def _run(cfg: RunConfig, roles: Roles, show: int, out: Callable[[str], Any]) -> 
         timer: dict[str, float] = {}
         requests = make_requests(prompts, cfg, step, stop_ids)
         samples, scores, _ = rollout_and_score(roles, requests, timer, cfg.failures.retries)
+        if cfg.algo.name != "ppo":
+            samples, scores, n = regenerate_small_groups(
+                roles, cfg, step, stop_ids, samples, scores, source, timer
+            )
+            log.count_regenerated(n)
         kept, kept_scores = log.admit(samples, scores, grouped=cfg.algo.name != "ppo")
         m = log.metrics()
         outcomes = roles.reward.outcomes(kept, kept_scores)

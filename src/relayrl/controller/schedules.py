@@ -32,7 +32,11 @@ from relayrl.controller.algorithms import (
     step_function,
 )
 from relayrl.controller.buffer import GroupBuffer
-from relayrl.controller.dynamic_sampling import dynamic_rollout, refill_prompts
+from relayrl.controller.dynamic_sampling import (
+    dynamic_rollout,
+    refill_prompts,
+    regenerate_small_groups,
+)
 from relayrl.controller.failures import FailureLog
 from relayrl.controller.rollout_controller import RolloutController
 from relayrl.controller.staleness import StalenessGate
@@ -134,7 +138,9 @@ class SyncSchedule:
         """Phases 1-2 now, with the current weights: the step's prompts (a seeded draw that
         depends only on (seed, step)), G requests each, generated and scored; with
         ``data.dynamic_sampling.enabled`` (DAPO) flat groups dropped and refilled
-        (``dynamic_rollout``). Infrastructure failures are retried (``failures.retries``)."""
+        (``dynamic_rollout``). Infrastructure failures are retried (``failures.retries``); a
+        group they leave with fewer than 2 samples is regenerated with a fresh prompt
+        (``regenerate_small_groups``, GRPO-style estimators; ``failures/groups_regenerated``)."""
         cfg = self.cfg
         prompts = self.source.for_step(step, cfg.algo.prompts_per_step)
         t0 = time.perf_counter()
@@ -149,6 +155,11 @@ class SyncSchedule:
             samples, scores, stats = rollout_and_score(
                 self.roles, requests, timer, cfg.failures.retries
             )
+            if cfg.algo.name != "ppo":  # a group baseline needs 2 samples (FailureLog.admit)
+                samples, scores, n = regenerate_small_groups(
+                    self.roles, cfg, step, self.stop_ids, samples, scores, self.source, timer
+                )
+                self.failures.count_regenerated(n)
         stats.update(timer)
         t1 = t0 + stats["time/generate"]
         self.timeline.add("rollout", "generate", t0, t1)
