@@ -89,3 +89,14 @@ def hangs(prompt: str, completion: str, sample: dict) -> float:
     if "sample_index" in sample:
         time.sleep(60)
     return 0.0
+
+
+RELEASE = None  # a threading.Event set by a test to let ``blocks`` return
+
+
+def blocks(prompt: str, completion: str, sample: dict) -> float:
+    """A reward function that blocks on a training sample (one with a ``sample_index``) until
+    the test sets ``RELEASE`` (at most 60 s); the held-out evaluation's are scored at once."""
+    if "sample_index" in sample and RELEASE is not None:
+        RELEASE.wait(60)
+    return 0.0

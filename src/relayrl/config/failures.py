@@ -32,5 +32,8 @@ class FailuresConfig(_Strict):
     window: int = Field(256, ge=1)
     """Samples over which ``max_rate`` is measured (checked once that many were seen)."""
     stall_s: float | None = Field(600.0, gt=0)
-    """``async`` / ``overlap``: the trainer waiting while no sample finished generating or
-    scoring for this long is an error naming what is in flight (null: wait for ever)."""
+    """Seconds a rollout may go without progress before it is an error naming what is stuck
+    (null: wait for ever). ``sync`` (and ``--rollout-only``): no phase of the step began (its
+    generation, scoring, a retry, a regenerated group) and neither the engine's generated tokens
+    nor the reward role's scored samples grew; ``async`` / ``overlap``: the trainer waits while
+    no sample finished generating or scoring."""

@@ -21,6 +21,7 @@ from torch import Tensor
 from relayrl.config import RunConfig
 from relayrl.controller.algorithms import group_requests, make_requests, rollout_and_score
 from relayrl.controller.failures import infra_cause, small_groups
+from relayrl.controller.watchdog import no_mark
 from relayrl.data import dynamic_sample
 from relayrl.data.prompts import TokenizedPrompt
 from relayrl.rollout import Sample
@@ -57,6 +58,7 @@ def regenerate_small_groups(
     scores: Tensor,
     source: Any,
     timer: dict[str, float],
+    mark: Callable[[str], None] = no_mark,
 ) -> tuple[list[Sample], Tensor, int]:
     """Replace each group that infrastructure failures left with fewer than 2 samples
     (``failures.small_groups``) by a fresh prompt's group, up to ``failures.regenerate_rounds``
@@ -86,7 +88,8 @@ def regenerate_small_groups(
             for req in group_requests(p, cfg, step, rnd * b + int(g), g, stop_ids)
         ]
         sub: dict[str, float] = {}
-        new, new_scores, _ = rollout_and_score(roles, requests, sub, cfg.failures.retries)
+        mark(f"regenerating {len(small)} groups (round {rnd} of {rounds})")
+        new, new_scores, _ = rollout_and_score(roles, requests, sub, cfg.failures.retries, mark)
         for key in ("time/generate", "time/score", "failures/retried"):
             timer[key] = timer.get(key, 0.0) + sub.get(key, 0.0)
         for g in small:
@@ -106,6 +109,7 @@ def dynamic_rollout(
     stop_ids: list[int],
     timer: dict[str, float],
     refill: Callable[[int, int], Sequence[TokenizedPrompt]] | None,
+    mark: Callable[[str], None] = no_mark,
 ) -> tuple[list[Sample], Tensor, dict[str, float]]:
     """DAPO dynamic sampling: keep groups whose raw verifiable outcomes differ, refill until
     ``prompts_per_step`` groups or ``max_rounds`` rounds; log ``dynamic/dropped_frac``.
@@ -123,7 +127,7 @@ def dynamic_rollout(
             return []
         sub: dict[str, float] = {}
         samples, scores, stats = rollout_and_score(
-            roles, make_requests(batch, cfg, step, stop_ids), sub, cfg.failures.retries
+            roles, make_requests(batch, cfg, step, stop_ids), sub, cfg.failures.retries, mark
         )
         timer["failures/retried"] = timer.get("failures/retried", 0.0)
         timer["failures/retried"] += sub.get("failures/retried", 0.0)

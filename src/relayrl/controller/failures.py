@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -45,6 +45,7 @@ from torch import Tensor
 
 from relayrl.config.failures import FailuresConfig
 from relayrl.controller.faults import RunFault
+from relayrl.controller.watchdog import no_mark
 from relayrl.env.scoring import env_info
 from relayrl.rollout.types import GenerationRequest, Sample
 
@@ -125,16 +126,20 @@ def retry_failed(
     samples: list[Sample],
     scores: Tensor,
     retries: int,
+    mark: Callable[[str], None] = no_mark,
 ) -> tuple[list[Sample], Tensor, int]:
     """Generate and score the infrastructure-failed samples again (same request and seed; an
     episode gets a fresh environment: a failed one is never reused), up to ``retries`` rounds.
-    Returns the samples, their scores and how many attempts were retried."""
+    Returns the samples, their scores and how many attempts were retried. ``mark``: each
+    phase, for a stall watchdog (``controller.watchdog``)."""
     samples, scores, retried = list(samples), scores.clone(), 0
-    for _ in range(retries):
+    for r in range(retries):
         bad = [i for i, s in enumerate(samples) if infra_cause(s) is not None]
         if not bad:
             break
+        mark(f"retry {r + 1} of {retries}: generating {len(bad)} failed samples again")
         again = rollout.generate([fresh_request(requests[i]) for i in bad])
+        mark(f"retry {r + 1} of {retries}: scoring {len(again)} samples")
         new_scores, _ = reward.score(again)
         for j, i in enumerate(bad):
             samples[i] = again[j]

@@ -25,18 +25,14 @@ from relayrl.controller.algorithms import group_requests
 from relayrl.controller.buffer import GroupBuffer, ScoredGroup
 from relayrl.controller.dynamic_sampling import group_outcomes
 from relayrl.controller.failures import infra_cause
-from relayrl.controller.faults import RunFault
 from relayrl.controller.staleness import StalenessGate
+from relayrl.controller.watchdog import RolloutStalled
 from relayrl.data.dynamic import has_signal
 from relayrl.data.prompts import PromptSource, TokenizedPrompt
 from relayrl.env.scoring import scoring_view
 from relayrl.rollout import Sample
 from relayrl.telemetry.timeline import Timeline
 from relayrl.workers.reward import RewardWorker
-
-
-class RolloutStalled(RunFault):
-    """No sample finished generating or scoring for ``failures.stall_s`` (one line)."""
 
 
 class RolloutController(threading.Thread):
