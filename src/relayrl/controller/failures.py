@@ -52,6 +52,9 @@ from relayrl.rollout.types import GenerationRequest, Sample
 INFRA = "infra"
 MODEL = "model"
 FAILURE_KEY = "failure"
+RETRIED_KEY = "retried"
+"""``metadata["retried"]``: the infrastructure failures a sample's request was generated again
+after below the controller, ``[{"cause", "error"}]`` (a lost Ray replica: ``replica_lost``)."""
 MODEL_STOPS = ("context_overflow",)
 """Episode stop reasons that are the policy's doing: the sample keeps its score and trains."""
 
@@ -61,6 +64,7 @@ __all__ = [
     "classify",
     "fresh_request",
     "infra_cause",
+    "note_retry",
     "retry_failed",
     "small_groups",
     "tag",
@@ -112,9 +116,19 @@ def tag(sample: Sample) -> tuple[str, str, str] | None:
     return kind
 
 
+def note_retry(metadata: dict[str, Any], cause: str, error: str) -> dict[str, Any]:
+    """``metadata`` with the infrastructure failure ``cause`` (``error``: one line) appended to
+    its ``retried`` list: what a backend that generates a request again on its own (a Ray
+    replica that died with it in flight) tags the request with. The sample trains (its retry
+    succeeded) and :meth:`FailureLog.admit` counts it in ``failures/retried/<cause>``."""
+    done = list(metadata.get(RETRIED_KEY) or [])
+    done.append({"cause": cause, "error": " ".join(error.split())[:300]})
+    return {**metadata, RETRIED_KEY: done}
+
+
 def fresh_request(req: GenerationRequest) -> GenerationRequest:
     """``req`` again, without what its failed attempt recorded in the shared metadata."""
-    drop = ("reward", "env", FAILURE_KEY)
+    drop = ("reward", "env", FAILURE_KEY, RETRIED_KEY)
     meta = {k: v for k, v in req.metadata.items() if k not in drop}
     return dataclasses.replace(req, metadata=meta)
 
@@ -169,6 +183,7 @@ class FailureLog:
         self.in_a_row = 0
         self._peak = 0  # the longest run of failures since the last check
         self.totals: Counter[str] = Counter()
+        self.retried_causes: set[str] = set()  # ``retried`` tags seen in the run
         self.last_error: dict[str, str] = {}
         self._step: Counter[str] = Counter()
 
@@ -188,6 +203,9 @@ class FailureLog:
         left."""
         keep = []
         for i, s in enumerate(samples):
+            for retry in s.metadata.get(RETRIED_KEY) or ():
+                self.retried_causes.add(retry["cause"])
+                self._step[f"retried/{retry['cause']}"] += 1
             kind = tag(s)
             failed = kind is not None and kind[0] == INFRA
             self._record(kind if failed else None)
@@ -247,8 +265,10 @@ class FailureLog:
 
     def metrics(self) -> dict[str, float]:
         """``failures/*`` counts since the last call (every cause seen in the run, 0 when none
-        this step, so that the series are continuous)."""
+        this step, so that the series are continuous): ``infra/<cause>`` of the samples left
+        out, ``retried/<cause>`` of the samples tagged by :func:`note_retry`."""
         out = {f"failures/infra/{c}": 0.0 for c in self.totals}
+        out.update({f"failures/retried/{c}": 0.0 for c in self.retried_causes})
         out.update({f"failures/{k}": float(v) for k, v in self._step.items()})
         out.setdefault("failures/infra", 0.0)
         self._step.clear()
