@@ -2,6 +2,8 @@
 schedule regenerates such a group with a fresh prompt, drawn as dynamic sampling refills
 (``controller.dynamic_sampling.regenerate_small_groups``), and counts it.
 
+The async schedules replace such a group by the next admission, as dynamic sampling does.
+
 Real components: the tiny model's engine, the inline reward worker running
 ``failure_helpers:fails_on_prompts`` (on a fixed half of the prompts every sample but the first
 raises: an infrastructure failure that leaves the group 1 sample), the arithmetic prompt
@@ -136,3 +138,20 @@ def test_training_with_groups_regenerated_counts_them_per_step(tiny, tmp_path):
     assert [r["failures/groups_regenerated"] for r in steps] == [2, 5]
     assert [r.get("failures/groups_dropped", 0) for r in steps] == [1, 0]
     assert [r["failures/infra"] for r in steps] == [3, 0]
+
+
+def test_async_replaces_a_group_left_with_one_sample(tiny, tmp_path):
+    """``overlap``: a group that ``fails_on_prompts`` leaves with 1 sample goes back to the
+    staleness gate and a fresh admission replaces it, so every step trains 4 whole groups (16
+    samples, none left out); the replacements are counted (up to 4 x 4 per version: enough
+    for half the prompts failing)."""
+    cfg = _cfg(
+        tiny, tmp_path / "run", "train.steps=3", "schedule=overlap", "failures.regenerate_rounds=4"
+    )
+    train(cfg, lambda a, c: build_local_roles(cfg, a, c))
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    steps = [r for r in map(json.loads, lines) if "failures/samples" in r]
+    assert len(steps) == 3
+    assert all(r["failures/samples"] == 16 and r["failures/infra"] == 0 for r in steps), steps
+    assert all(r.get("failures/groups_dropped", 0) == 0 for r in steps)
+    assert sum(r["failures/groups_regenerated"] for r in steps) > 0

@@ -21,9 +21,10 @@ class FailuresConfig(_Strict):
     (same request, same seed, a fresh environment) before it is left out (every schedule and
     the held-out evaluation)."""
     regenerate_rounds: int = Field(2, ge=0)
-    """``sync``: rounds in which a group left with fewer than 2 samples after retries (GRPO-style
-    estimators) is generated again with a fresh prompt, drawn as dynamic sampling refills; one
-    still too small after them is dropped (0: drop at once). With
+    """A group left with fewer than 2 samples after retries (GRPO-style estimators) is replaced
+    by a fresh prompt's group as dynamic sampling refills: ``sync``, in up to this many rounds
+    per step; ``async`` / ``overlap``, up to this many x ``prompts_per_step`` groups per trainer
+    version. One still too small after them is dropped (0: drop at once). With
     ``data.dynamic_sampling.enabled`` dynamic sampling's own refill does this."""
     max_consecutive: int = Field(64, ge=1)
     """Stop the run after this many infrastructure failures in a row (samples, after retries)."""

@@ -226,6 +226,7 @@ class AsyncSchedule:
         self.failures = FailureLog(cfg.failures)  # infrastructure failures: counts, budget
         self.algorithm = step_function(cfg)  # grpo_step or ppo_step
         self._retried = 0
+        self._regenerated = 0
         self._waited = 0.0
         self._wall0 = 0.0
         self._idle = 0.0
@@ -269,6 +270,9 @@ class AsyncSchedule:
         stats["interrupted_frac"] = c.samples_interrupted / max(c.samples_received, 1)
         stats["failures/retried"] = float(c.samples_retried - self._retried)  # since last step
         self._retried = c.samples_retried
+        if cfg.algo.name != "ppo" and not cfg.data.dynamic_sampling.enabled:
+            stats["failures/groups_regenerated"] = float(c.groups_regenerated - self._regenerated)
+            self._regenerated = c.groups_regenerated
         stats["groups_admitted"] = float(self.gate.n_admitted)
         stats["next_group"] = float(self.buffer.next_index)
         if cfg.data.dynamic_sampling.enabled:
