@@ -28,6 +28,20 @@ def flaky_reward(prompt: str, completion: str, sample: dict, rate: float = 0.3) 
     return arithmetic(prompt, completion, sample)
 
 
+def fails_on_prompts(prompt: str, completion: str, sample: dict, rate: float = 0.5) -> float:
+    """The arithmetic reward; on the prompts with ``_unit("prompt", prompt) < rate`` (fixed per
+    prompt, whatever the completion) every sample but the first (``sample_index`` 0) raises,
+    so their groups keep 1 sample. The held-out evaluation's samples (no index) never raise."""
+    if sample.get("sample_index", 0) > 0 and prompt_fails(prompt, rate):
+        raise ConnectionError("verifier backend unreachable for this problem")
+    return arithmetic(prompt, completion, sample)
+
+
+def prompt_fails(prompt: str, rate: float = 0.5) -> bool:
+    """Whether :func:`fails_on_prompts` fails the groups of ``prompt``."""
+    return _unit("prompt", prompt) < rate
+
+
 def broken_reward(prompt: str, completion: str, sample: dict) -> float:
     """A reward function that always raises."""
     raise KeyError("expected_answer")
@@ -74,4 +88,15 @@ def hangs(prompt: str, completion: str, sample: dict) -> float:
 
     if "sample_index" in sample:
         time.sleep(60)
+    return 0.0
+
+
+RELEASE = None  # a threading.Event set by a test to let ``blocks`` return
+
+
+def blocks(prompt: str, completion: str, sample: dict) -> float:
+    """A reward function that blocks on a training sample (one with a ``sample_index``) until
+    the test sets ``RELEASE`` (at most 60 s); the held-out evaluation's are scored at once."""
+    if "sample_index" in sample and RELEASE is not None:
+        RELEASE.wait(60)
     return 0.0

@@ -190,6 +190,9 @@ def test_data_parallel_actor_of_two_gives_the_gradients_of_one(sft_model, tmp_pa
         roles.close()
 
 
+RETRIED: list[int] = []  # uids of samples tagged as resubmitted by _submit_killing_replica_0
+
+
 def _submit_killing_replica_0(client, prompt, n, length):
     """Submit ``n`` requests (balanced over the two replicas) and poll until their samples
     arrived, killing replica 0 once 4 are in while it still has requests in flight:
@@ -205,6 +208,10 @@ def _submit_killing_replica_0(client, prompt, n, length):
     while len(got) < n and time.monotonic() < deadline:
         for s in client.poll(timeout=0.2):
             got.append(s.metadata["uid"])
+            if s.metadata.get("retried"):  # resubmitted: tagged with the cause (issue 43)
+                assert [r["cause"] for r in s.metadata["retried"]] == ["replica_lost"]
+                assert "rollout replica 0 died" in s.metadata["retried"][0]["error"]
+                RETRIED.append(s.metadata["uid"])
             versions.update(s.versions)
             assert s.error is None and len(s.response_ids) == length
         if not killed and len(got) >= 4 and client.outstanding_tokens()[0] > 0:
@@ -230,11 +237,15 @@ def test_killed_rollout_replica_is_restarted_without_losing_or_duplicating(sft_m
     try:
         client.update_weights(roles.actor.state_dict(), version=1, interrupt=False)
         n = 96
+        RETRIED.clear()
         got, versions = _submit_killing_replica_0(client, roles.tokenizer.encode("12+34="), n, 48)
         time.sleep(0.5)
-        got.extend(s.metadata["uid"] for s in client.poll(timeout=0.2))
+        late = client.poll(timeout=0.2)
+        got.extend(s.metadata["uid"] for s in late)
+        RETRIED.extend(s.metadata["uid"] for s in late if s.metadata.get("retried"))
         assert sorted(got) == list(range(n)), "a sample was lost or duplicated"
         assert client.restarts == 1 and client.resubmitted > 0
+        assert len(set(RETRIED)) == len(RETRIED) == client.resubmitted  # exactly those tagged
         assert versions == {1}  # the restarted replica came back with the current weights
         stats = client.report().counters
         assert stats["replica_restarts"] == 1 and stats["replicas"] == 2

@@ -8,7 +8,9 @@ are broadcast bucket by bucket over a process group of trainer rank 0 and the re
 (:mod:`relayrl.cluster.weight_collective`), or are copied in-process when the replica hosts the
 actor itself (an FSDP2 actor: every rank of its group joins the bucketed gather, the replica
 ranks load each bucket); a dead replica is restarted with the current weights and its
-in-flight requests resubmitted (to the live replicas at once).
+in-flight requests resubmitted (to the live replicas at once), each tagged with the cause
+``replica_lost`` (``controller.failures.note_retry``: its sample's ``metadata["retried"]``,
+counted per step in ``failures/retried/replica_lost``).
 
 Under ``collective`` the restarted replica takes the dead one's rank in a re-formed weight
 group (:class:`~relayrl.cluster.ray_weight_sync.WeightGroupMembers`: every member leaves,
@@ -36,6 +38,7 @@ from torch import Tensor
 from relayrl.cluster.engine_process import drain_queue
 from relayrl.cluster.ray_weight_sync import ReplicaLost, WeightGroupMembers, dead_among
 from relayrl.cluster.ray_workers import TICKET, RemoteStateDict
+from relayrl.controller.failures import note_retry
 from relayrl.rollout import EngineReport, GenerationRequest, Sample
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,16 @@ class RolloutReplicaDied(RuntimeError):
 
 ReplicaFactory = Callable[[int, Any, int], Any]
 """(replica index, weights ObjectRef or None, version) -> a new RoleHost with an engine."""
+
+
+def lost_on_replica(
+    req: GenerationRequest, ticket: int, index: int, cause: BaseException
+) -> GenerationRequest:
+    """A request in flight on replica ``index`` when it died, to resubmit as ``ticket``: its
+    metadata tagged with the infrastructure cause ``replica_lost`` (``note_retry``)."""
+    error = f"rollout replica {index} died ({type(cause).__name__}) with the request in flight"
+    meta = note_retry({**req.metadata, TICKET: ticket}, "replica_lost", error)
+    return GenerationRequest(req.prompt_ids, req.params, req.group_id, meta)
 
 
 class RayRolloutClient:
@@ -211,7 +224,7 @@ class RayRolloutClient:
             else:
                 handle = self._factory(index, self._weights_ref, self.version)
             self._replicas[index] = handle
-        resubmit = [(t, self._retag(r, t)) for t, r in lost]
+        resubmit = [(t, lost_on_replica(r, t, index, cause)) for t, r in lost]
         self.resubmitted += len(lost)
         if self._collective:  # the live replicas take them now, the new one after its sync
             self._dispatch(resubmit)

@@ -28,10 +28,12 @@ from relayrl.algos import (
 from relayrl.config import RunConfig
 from relayrl.controller import offpolicy
 from relayrl.controller.failures import FailureLog, retry_failed
+from relayrl.controller.watchdog import no_mark
 from relayrl.data.prompts import TokenizedPrompt
 from relayrl.env.export import save_trajectories
 from relayrl.env.scoring import expand_episodes
 from relayrl.env.turn_credit import turn_advantages
+from relayrl.reward.functions import fn_name
 from relayrl.rollout import GenerationRequest, Sample, SamplingParams
 from relayrl.telemetry.mismatch import MismatchMonitor
 from relayrl.workers import Experience, Roles
@@ -252,24 +254,49 @@ def last_token_rewards(scores: Tensor, response_mask: Tensor) -> Tensor:
 
 
 def rollout_and_score(
-    roles: Roles, requests: list[GenerationRequest], timer: dict[str, float], retries: int = 0
+    roles: Roles,
+    requests: list[GenerationRequest],
+    timer: dict[str, float],
+    retries: int = 0,
+    mark: Callable[[str], None] = no_mark,
 ) -> tuple[list[Sample], Tensor, dict[str, float]]:
     """Generate and score: one sample per request, single-turn or a whole episode (the
     rollout role is then an ``EpisodeRunner`` and the reward role an ``EpisodeScorer``:
     ``controller.schedules.attach_environments``). An infrastructure failure is generated and
-    scored again up to ``retries`` times (``controller.failures``; ``failures/retried``)."""
+    scored again up to ``retries`` times (``controller.failures``; ``failures/retried``).
+    ``mark`` names each phase for a stall watchdog (``controller.watchdog``)."""
     t0 = time.perf_counter()
+    mark(f"{type(roles.rollout).__name__} generating {len(requests)} requests")
     samples = roles.rollout.generate(requests)
     t1 = time.perf_counter()
+    mark(f"{scorer_name(roles)} scoring {len(samples)} samples")
     scores, reward_stats = roles.reward.score(samples)
     if retries:
         samples, scores, retried = retry_failed(
-            roles.rollout, roles.reward, requests, samples, scores, retries
+            roles.rollout, roles.reward, requests, samples, scores, retries, mark
         )
         timer["failures/retried"] = timer.get("failures/retried", 0.0) + retried
     timer["time/generate"] = t1 - t0
     timer["time/score"] = time.perf_counter() - t1
     return samples, scores, reward_stats
+
+
+def rollout_progress(roles: Roles) -> tuple[int, int, int]:
+    """(tokens the engine generated, requests it finished, samples the reward role scored):
+    counters that only grow, read by a stall watchdog (``controller.watchdog``)."""
+    counters = roles.rollout.report().counters
+    return (
+        int(counters.get("tokens_generated", 0)),
+        int(counters.get("requests_finished", 0)),
+        roles.reward.progress(),
+    )
+
+
+def scorer_name(roles: Roles) -> str:
+    """What scores: ``the reward service`` or ``reward function <module.name>``."""
+    if roles.reward.service is not None:
+        return "the reward service"
+    return f"reward function {fn_name(roles.reward.fn)}"
 
 
 def distill_from_teacher(roles: Roles, exp: Experience, cfg: RunConfig) -> None:

@@ -21,9 +21,12 @@ The sync schedule generates and scores an infrastructure-failed sample again, sa
 seed, a fresh environment, up to ``failures.retries`` times (:func:`retry_failed`). What still
 fails is left out of the batch by :meth:`FailureLog.admit`, so it is out of its group's mean and
 standard deviation (every estimator's baseline is over the survivors) and out of the loss
-normaliser; a group left with fewer than 2 samples is dropped (GRPO-style estimators), as
-dynamic sampling drops a group without signal. Each step's ``metrics.jsonl`` record counts
-them: ``failures/infra/<cause>``, ``failures/infra``, ``failures/retried``,
+normaliser. A group left with fewer than 2 samples (:func:`small_groups`; GRPO-style
+estimators) is regenerated with a fresh prompt in the sync schedule, up to
+``failures.regenerate_rounds`` times, by the rule dynamic sampling refills with
+(``controller.dynamic_sampling.regenerate_small_groups``); one still too small is dropped.
+Each step's ``metrics.jsonl`` record counts them: ``failures/infra/<cause>``,
+``failures/infra``, ``failures/retried``, ``failures/groups_regenerated``,
 ``failures/groups_dropped``. A run whose failures pass the budget (``failures.max_consecutive``
 in a row, more than ``failures.max_rate`` of the last ``failures.window`` samples, or a step of
 which nothing survives) stops with :class:`InfraBudgetExceeded`: one line naming the dominant
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -42,12 +45,16 @@ from torch import Tensor
 
 from relayrl.config.failures import FailuresConfig
 from relayrl.controller.faults import RunFault
+from relayrl.controller.watchdog import no_mark
 from relayrl.env.scoring import env_info
 from relayrl.rollout.types import GenerationRequest, Sample
 
 INFRA = "infra"
 MODEL = "model"
 FAILURE_KEY = "failure"
+RETRIED_KEY = "retried"
+"""``metadata["retried"]``: the infrastructure failures a sample's request was generated again
+after below the controller, ``[{"cause", "error"}]`` (a lost Ray replica: ``replica_lost``)."""
 MODEL_STOPS = ("context_overflow",)
 """Episode stop reasons that are the policy's doing: the sample keeps its score and trains."""
 
@@ -57,7 +64,9 @@ __all__ = [
     "classify",
     "fresh_request",
     "infra_cause",
+    "note_retry",
     "retry_failed",
+    "small_groups",
     "tag",
 ]
 
@@ -107,9 +116,19 @@ def tag(sample: Sample) -> tuple[str, str, str] | None:
     return kind
 
 
+def note_retry(metadata: dict[str, Any], cause: str, error: str) -> dict[str, Any]:
+    """``metadata`` with the infrastructure failure ``cause`` (``error``: one line) appended to
+    its ``retried`` list: what a backend that generates a request again on its own (a Ray
+    replica that died with it in flight) tags the request with. The sample trains (its retry
+    succeeded) and :meth:`FailureLog.admit` counts it in ``failures/retried/<cause>``."""
+    done = list(metadata.get(RETRIED_KEY) or [])
+    done.append({"cause": cause, "error": " ".join(error.split())[:300]})
+    return {**metadata, RETRIED_KEY: done}
+
+
 def fresh_request(req: GenerationRequest) -> GenerationRequest:
     """``req`` again, without what its failed attempt recorded in the shared metadata."""
-    drop = ("reward", "env", FAILURE_KEY)
+    drop = ("reward", "env", FAILURE_KEY, RETRIED_KEY)
     meta = {k: v for k, v in req.metadata.items() if k not in drop}
     return dataclasses.replace(req, metadata=meta)
 
@@ -121,22 +140,34 @@ def retry_failed(
     samples: list[Sample],
     scores: Tensor,
     retries: int,
+    mark: Callable[[str], None] = no_mark,
 ) -> tuple[list[Sample], Tensor, int]:
     """Generate and score the infrastructure-failed samples again (same request and seed; an
     episode gets a fresh environment: a failed one is never reused), up to ``retries`` rounds.
-    Returns the samples, their scores and how many attempts were retried."""
+    Returns the samples, their scores and how many attempts were retried. ``mark``: each
+    phase, for a stall watchdog (``controller.watchdog``)."""
     samples, scores, retried = list(samples), scores.clone(), 0
-    for _ in range(retries):
+    for r in range(retries):
         bad = [i for i, s in enumerate(samples) if infra_cause(s) is not None]
         if not bad:
             break
+        mark(f"retry {r + 1} of {retries}: generating {len(bad)} failed samples again")
         again = rollout.generate([fresh_request(requests[i]) for i in bad])
+        mark(f"retry {r + 1} of {retries}: scoring {len(again)} samples")
         new_scores, _ = reward.score(again)
         for j, i in enumerate(bad):
             samples[i] = again[j]
             scores[i] = new_scores[j]
         retried += len(bad)
     return samples, scores, retried
+
+
+def small_groups(samples: Sequence[Sample], min_group: int = 2) -> list[Any]:
+    """The groups (ids, in order of first appearance) that lost samples to infrastructure
+    failures and have fewer than ``min_group`` left: n_left < n and n_left < min_group."""
+    size: Counter[Any] = Counter(s.group_id for s in samples)
+    left: Counter[Any] = Counter(s.group_id for s in samples if infra_cause(s) is None)
+    return [g for g in size if g is not None and left[g] < size[g] and left[g] < min_group]
 
 
 class FailureLog:
@@ -152,11 +183,16 @@ class FailureLog:
         self.in_a_row = 0
         self._peak = 0  # the longest run of failures since the last check
         self.totals: Counter[str] = Counter()
+        self.retried_causes: set[str] = set()  # ``retried`` tags seen in the run
         self.last_error: dict[str, str] = {}
         self._step: Counter[str] = Counter()
 
     def count_retries(self, n: int) -> None:
         self._step["retried"] += n
+
+    def count_regenerated(self, n: int) -> None:
+        """``failures/groups_regenerated``: groups replaced by a fresh prompt's group."""
+        self._step["groups_regenerated"] += n
 
     def admit(
         self, samples: Sequence[Sample], scores: Tensor, grouped: bool = True
@@ -167,6 +203,9 @@ class FailureLog:
         left."""
         keep = []
         for i, s in enumerate(samples):
+            for retry in s.metadata.get(RETRIED_KEY) or ():
+                self.retried_causes.add(retry["cause"])
+                self._step[f"retried/{retry['cause']}"] += 1
             kind = tag(s)
             failed = kind is not None and kind[0] == INFRA
             self._record(kind if failed else None)
@@ -184,9 +223,7 @@ class FailureLog:
 
     def _whole_groups(self, samples: Sequence[Sample], keep: list[int]) -> list[int]:
         """``keep`` less the groups that lost samples and have fewer than ``min_group`` left."""
-        size: Counter[Any] = Counter(s.group_id for s in samples)
-        left: Counter[Any] = Counter(samples[i].group_id for i in keep)
-        small = {g for g, n in left.items() if g is not None and n < size[g] and n < self.min_group}
+        small = set(small_groups(samples, self.min_group))
         self._step["groups_dropped"] += len(small)
         return [i for i in keep if samples[i].group_id not in small]
 
@@ -228,8 +265,10 @@ class FailureLog:
 
     def metrics(self) -> dict[str, float]:
         """``failures/*`` counts since the last call (every cause seen in the run, 0 when none
-        this step, so that the series are continuous)."""
+        this step, so that the series are continuous): ``infra/<cause>`` of the samples left
+        out, ``retried/<cause>`` of the samples tagged by :func:`note_retry`."""
         out = {f"failures/infra/{c}": 0.0 for c in self.totals}
+        out.update({f"failures/retried/{c}": 0.0 for c in self.retried_causes})
         out.update({f"failures/{k}": float(v) for k, v in self._step.items()})
         out.setdefault("failures/infra", 0.0)
         self._step.clear()

@@ -8,7 +8,10 @@ schedule would use at step g // B, so eta = 0 reproduces sync semantics on separ
 
 A sample that failed for infrastructure reasons (``controller.failures``) is generated again,
 same request, up to ``failures.retries`` times before it joins its group (the trainer then
-leaves it out). A trainer that waits while nothing finished for ``failures.stall_s`` gets
+leaves it out). A group that failures leave with fewer than 2 samples is given back to the gate
+as dynamic sampling gives back a group without signal, so a fresh prompt's group replaces it
+(``failures.regenerate_rounds`` x B per trainer version; past that the trainer drops it).
+A trainer that waits while nothing finished for ``failures.stall_s`` gets
 :class:`RolloutStalled` naming what is in flight, never a silent hang.
 """
 
@@ -24,19 +27,15 @@ from relayrl.config import RunConfig
 from relayrl.controller.algorithms import group_requests
 from relayrl.controller.buffer import GroupBuffer, ScoredGroup
 from relayrl.controller.dynamic_sampling import group_outcomes
-from relayrl.controller.failures import infra_cause
-from relayrl.controller.faults import RunFault
+from relayrl.controller.failures import infra_cause, small_groups
 from relayrl.controller.staleness import StalenessGate
+from relayrl.controller.watchdog import RolloutStalled
 from relayrl.data.dynamic import has_signal
 from relayrl.data.prompts import PromptSource, TokenizedPrompt
 from relayrl.env.scoring import scoring_view
 from relayrl.rollout import Sample
 from relayrl.telemetry.timeline import Timeline
 from relayrl.workers.reward import RewardWorker
-
-
-class RolloutStalled(RunFault):
-    """No sample finished generating or scoring for ``failures.stall_s`` (one line)."""
 
 
 class RolloutController(threading.Thread):
@@ -70,6 +69,7 @@ class RolloutController(threading.Thread):
         self.samples_interrupted = 0
         self.groups_completed = 0  # kept or dropped
         self.groups_dropped = 0
+        self.groups_regenerated = 0  # too small after failures: replaced by a fresh group
         self.samples_retried = 0  # infrastructure failures generated again
         self._attempts: dict[tuple[int, int], int] = {}  # (group, sample index) -> retries
         self._last_progress = time.monotonic()
@@ -80,6 +80,7 @@ class RolloutController(threading.Thread):
         self._trained: set[int] = set()  # ids above _next_id trained before a resume
         self._passed_over = 0  # ids not admitted because they were trained before
         self._drops_at_version = 0
+        self._regens_at_version = 0
         self._urgent: list[int] = []  # the groups the engine was last told the trainer awaits
         # Never flood the engine beyond what keeps its slots busy (this is also what bounds
         # an unbounded eta): at most 2 x slots worth of groups unfinished, and at least B.
@@ -92,6 +93,7 @@ class RolloutController(threading.Thread):
         with self._lock:
             self.gate.set_version(version)
             self._drops_at_version = 0
+            self._regens_at_version = 0
         self._last_progress = time.monotonic()  # the gate opens: a fresh start for stalls
 
     def stop(self) -> None:
@@ -193,6 +195,30 @@ class RolloutController(threading.Thread):
         self.buffer.skip(g)
         return True
 
+    def _regenerate_small(self, g: int, group: list[tuple[Sample, float]]) -> bool:
+        """A group that infrastructure failures left with fewer than 2 samples (GRPO-style
+        estimators, without dynamic sampling, which drops it as a group without signal): given
+        back to the staleness gate and skipped by the buffer, as dynamic sampling drops a
+        group, so the next admission (a fresh prompt) replaces it. At most
+        ``failures.regenerate_rounds`` x B per trainer version; past that it goes to the
+        trainer, which drops it (``failures/groups_dropped``)."""
+        cfg = self.cfg
+        if cfg.algo.name == "ppo" or cfg.data.dynamic_sampling.enabled:
+            return False
+        if not small_groups([s for s, _ in group]):
+            return False
+        with self._lock:
+            if (
+                self._regens_at_version
+                >= cfg.failures.regenerate_rounds * cfg.algo.prompts_per_step
+            ):
+                return False
+            self._regens_at_version += 1
+            self.gate.release()
+        self.groups_regenerated += 1
+        self.buffer.skip(g)
+        return True
+
     def _score(self, sample: Sample) -> None:
         """Score as the sample finishes: in the reward service's process pool when there is
         one (results come back through ``poll``), else inline in this thread."""
@@ -248,7 +274,7 @@ class RolloutController(threading.Thread):
             for k in range(self.cfg.algo.group_size):
                 self._attempts.pop((g, k), None)
             self.groups_completed += 1
-            if self._drop_without_signal(g, group):
+            if self._regenerate_small(g, group) or self._drop_without_signal(g, group):
                 return
             group.sort(key=lambda x: x[0].metadata.get("sample_index", 0))
             self.buffer.put(

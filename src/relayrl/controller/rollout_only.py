@@ -2,22 +2,28 @@
 
 What a user debugging a reward function or an environment runs first (SkyRL's and slime's
 ``--debug-rollout-only``): ``train.steps`` steps of the sync schedule's rollout (the same
-requests, seeds, retries of infrastructure failures and failure tagging as training), no
-update, no checkpoint, nothing written to ``run_dir``. Prints one line per step (time split,
-reward, pass rate, infrastructure failures by cause), then a few samples with their scores
-and failure tags. A budget that a real run would stop at stops this one the same way.
+requests, seeds, retries of infrastructure failures, regenerated groups, failure tagging and
+stall watchdog as training), no update, no checkpoint, nothing written to ``run_dir``. Prints
+one line per step (time split, reward, pass rate, infrastructure failures by cause), then a
+few samples with their scores and failure tags. A budget that a real run would stop at stops
+this one the same way.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
+from torch import Tensor
+
 from relayrl.config import RunConfig
-from relayrl.controller.algorithms import make_requests, rollout_and_score
+from relayrl.controller.algorithms import make_requests, rollout_and_score, rollout_progress
+from relayrl.controller.dynamic_sampling import regenerate_small_groups
 from relayrl.controller.failures import FailureLog
 from relayrl.controller.schedules import attach_episodes
+from relayrl.controller.watchdog import run_watched
 from relayrl.data.prompts import PromptSource
 from relayrl.rollout import Sample
 from relayrl.workers import Roles
@@ -39,6 +45,28 @@ def rollout_only(
         roles.close()
 
 
+def _rollout(
+    roles: Roles,
+    cfg: RunConfig,
+    source: PromptSource,
+    log: FailureLog,
+    step: int,
+    stop_ids: list[int],
+    timer: dict[str, float],
+    mark: Callable[[str], None],
+) -> tuple[list[Sample], Tensor]:
+    """The sync schedule's rollout of ``step``: generated, scored, retried, small groups
+    regenerated (``SyncSchedule.rollout`` without dynamic sampling)."""
+    requests = make_requests(source.for_step(step, cfg.algo.prompts_per_step), cfg, step, stop_ids)
+    samples, scores, _ = rollout_and_score(roles, requests, timer, cfg.failures.retries, mark)
+    if cfg.algo.name != "ppo":
+        samples, scores, n = regenerate_small_groups(
+            roles, cfg, step, stop_ids, samples, scores, source, timer, mark
+        )
+        log.count_regenerated(n)
+    return samples, scores
+
+
 def _run(cfg: RunConfig, roles: Roles, show: int, out: Callable[[str], Any]) -> dict[str, float]:
     tok = roles.tokenizer
     stop_ids = [tok.eos_token_id] if tok.eos_token_id is not None else []
@@ -47,10 +75,12 @@ def _run(cfg: RunConfig, roles: Roles, show: int, out: Callable[[str], Any]) -> 
     totals: defaultdict[str, float] = defaultdict(float)
     shown: list[tuple[Sample, float]] = []
     for step in range(cfg.train.steps):
-        prompts = source.for_step(step, cfg.algo.prompts_per_step)
         timer: dict[str, float] = {}
-        requests = make_requests(prompts, cfg, step, stop_ids)
-        samples, scores, _ = rollout_and_score(roles, requests, timer, cfg.failures.retries)
+        samples, scores = run_watched(
+            partial(_rollout, roles, cfg, source, log, step, stop_ids, timer),
+            cfg.failures.stall_s,
+            partial(rollout_progress, roles),
+        )
         kept, kept_scores = log.admit(samples, scores, grouped=cfg.algo.name != "ppo")
         m = log.metrics()
         outcomes = roles.reward.outcomes(kept, kept_scores)

@@ -46,6 +46,7 @@ from relayrl.controller.failures import InfraBudgetExceeded
 from relayrl.controller.faults import RunFault, RunInterrupted, StepGuard, signal_name
 from relayrl.controller.run_dir import claim_run_dir, record_config
 from relayrl.controller.schedules import make_schedule
+from relayrl.controller.watchdog import RolloutStalled
 from relayrl.data.prompt_format import FORMAT_FILE, prompt_format
 from relayrl.data.prompts import PromptSource
 from relayrl.reward import RewardFunctionError, get_reward_fn, score
@@ -283,8 +284,8 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
             logger.log(cfg.train.steps, last_eval)
         except KeyboardInterrupt as exc:
             raise _stopped(exc, cfg, roles, boundary, guard, saving, run_dir) from exc
-        except (RewardFunctionError, InfraBudgetExceeded) as exc:  # before the update: the
-            if guard.pending is not None or saving:  # last completed step can be saved
+        except (RewardFunctionError, InfraBudgetExceeded, RolloutStalled) as exc:  # before the
+            if guard.pending is not None or saving:  # update: the last completed step is saved
                 raise
             raise _reward_failed(exc, cfg, roles, boundary, guard, run_dir) from exc
         except Exception as exc:
@@ -363,17 +364,17 @@ def _stopped(
 
 
 def _reward_failed(
-    exc: RewardFunctionError | InfraBudgetExceeded,
+    exc: RewardFunctionError | InfraBudgetExceeded | RolloutStalled,
     cfg: RunConfig,
     roles: Roles,
     b: _Boundary,
     guard: StepGuard,
     run_dir: Path,
 ) -> RunFault:
-    """A reward function raised, or infrastructure failures exhausted their budget (a reward
-    function that raises or hangs on every sample): checkpoint the last completed step as a
-    signal does (the weights are still that step's: scoring comes before the update); the one
-    line."""
+    """A reward function raised, infrastructure failures exhausted their budget (a reward
+    function that raises or hangs on every sample) or the rollout stalled: checkpoint the last
+    completed step as a signal does (the weights are still that step's: scoring comes before
+    the update); the one line."""
     what = f"{exc} (step {b.step + 1})"
     done = b.saved is not None and b.saved.name == f"step_{b.step:06d}"
     if not (done or guard.committing or b.step == 0 or not cfg.train.save_on_signal):

@@ -58,6 +58,15 @@ class RewardWorker:
         """Seconds one inline call of ``fn`` may take (``reward.fn_timeout_s``; None: no limit);
         past it, :class:`RewardFunctionError` (the call is abandoned on its daemon thread)."""
         self._caller: _DaemonCaller | None = None
+        self.scored = 0
+        """Samples scored inline so far (a stall watchdog's progress: :meth:`progress`)."""
+
+    def progress(self) -> int:
+        """Samples scored so far, inline or by the service (counts that only grow; read from
+        another thread by ``controller.watchdog``)."""
+        if self.service is None:
+            return self.scored
+        return self.scored + int(self.service.stats()["reward_service/completed"])
 
     def _score_with_service(self, samples: Sequence[Sample]) -> tuple[Tensor, dict[str, float]]:
         assert self.service is not None
@@ -107,11 +116,12 @@ class RewardWorker:
                 outs = [_as_components(r) for r in batch]
             except Exception as e:  # an infrastructure failure of every sample (see below)
                 outs = [self._failed(s, e) for s in samples]
+            self.scored += len(samples)
         else:
-            outs = [
-                self._score_one(s, p, c, f)
-                for s, p, c, f in zip(samples, prompts, completions, fields, strict=True)
-            ]
+            outs = []
+            for s, p, c, f in zip(samples, prompts, completions, fields, strict=True):
+                outs.append(self._score_one(s, p, c, f))
+                self.scored += 1
         for i, out in enumerate(outs):
             scores[i] = out["score"]
             for k, v in out.items():
