@@ -707,3 +707,50 @@ def test_sigterm_during_sft_checkpoints_the_last_completed_step(
     a = load_file(whole / "model.safetensors")
     b = load_file(parts / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)  # bit-identical to the uninterrupted run
+
+
+def _readme_first_run_commands() -> list[list[str]]:
+    """The README's "A first run on your own model" code block, one argv per command (the
+    ``relayrl`` dropped, continuation lines joined, comments cut)."""
+    import shlex
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = text.split("## A first run on your own model")[1].split("```bash\n")[1]
+    block = block.split("```")[0].replace("\\\n", " ")
+    return [shlex.split(line, comments=True)[1:] for line in block.splitlines() if line.strip()]
+
+
+def test_the_readmes_path_from_trained_to_evaluated_and_served_runs(
+    tiny, tmp_path, capsys, monkeypatch
+):
+    """The README's commands as written: train, then evaluate, report and serve the trained
+    checkpoint (the model, data, step numbers and sizes swapped for the tiny ones)."""
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "my_rewards", raising=False)
+    (tmp_path / "my_rewards.py").write_text(
+        "def score(prompt, completion, sample):\n"
+        "    return float(completion.strip() == sample['answer'])\n"
+    )
+    swap = {  # substrings of the README's arguments
+        "/models/qwen2-0.5b": str(tiny),
+        "configs/grpo_jsonl.yaml": str(root / "configs/grpo_jsonl.yaml"),
+        "my.jsonl": str(root / "examples/arithmetic_prompts.jsonl"),
+        "step_000200": "step_000002",
+    }
+    extra = {
+        "train": [*TINY_RUN, "train.steps=2", "train.save_every=1"],
+        "eval": TINY_RUN,
+        "serve": ["--seconds", "0.1"],
+    }
+    commands = _readme_first_run_commands()
+    assert [argv[0] for argv in commands] == ["train", "eval", "report", "serve"]
+    for argv in commands:
+        for old, new in swap.items():
+            argv = [a.replace(old, new) for a in argv]
+        argv = ["0" if a == "8000" else a for a in argv]  # any free port
+        assert main([*argv, *extra.get(argv[0], [])]) == 0, (argv, capsys.readouterr().err)
+    out = capsys.readouterr().out
+    actor = "runs/my_grpo/checkpoints/step_000002/actor"
+    assert f"serving {actor} as 'actor' at http://127.0.0.1:" in out
+    assert "pass@8" in out and (tmp_path / actor / "model.safetensors").is_file()
