@@ -653,6 +653,21 @@ def test_near_zero_weight_syncs_do_not_paint_over_a_long_runs_timeline(tmp_path)
     assert count("train") > 10 * count("weight_sync")
 
 
+def test_the_timelines_legend_gives_each_kind_of_span_its_real_total():
+    """The widened near-zero bars are labelled with how little time they really took:
+    train 1000 x 1 s = 1000 s, weight_sync 1000 x 0.1 ms = 0.1 s, share 0.1 / 1000.1."""
+    from relayrl.telemetry.plots import timeline_labels
+
+    spans = [(i * 1.0001, 1.0, "train") for i in range(1000)]
+    spans += [(i * 1.0001 + 1.0, 1e-4, "weight_sync") for i in range(1000)]
+    runs = [("a", {"trainer": spans}), ("b", {"rollout": [(0.0, 999.9, "generate")]})]
+    assert timeline_labels(runs) == {
+        "train": "train: 1,000 s (50%)",
+        "weight_sync": "weight_sync: 0.1 s (0.005%)",
+        "generate": "generate: 1,000 s (50%)",
+    }
+
+
 def test_any_oserror_under_the_run_directory_is_one_line(tiny, tmp_path, capsys, monkeypatch):
     """Permission denied (not one of the disk-full errnos) on a file of the run: one line."""
     from relayrl.telemetry.metrics import MetricsLogger
