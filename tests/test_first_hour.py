@@ -595,6 +595,23 @@ def test_a_config_typo_is_reported_before_torch_is_imported(tmp_path, command):
     )
 
 
+def test_a_typo_in_the_config_file_is_reported_before_torch_and_transformers_load(tmp_path):
+    """``relayrl train bad.yaml``: the file's line, and neither torch nor transformers loaded."""
+    config = tmp_path / "bad.yaml"
+    config.write_text("seed: 0\nalgo:\n  kl_cof: 0.1\n")
+    code = (
+        "import sys\nfrom relayrl.cli import main\n"
+        f"rc = main(['train', {str(config)!r}])\n"
+        "assert not {'torch', 'transformers'} & set(sys.modules), 'torch was imported'\n"
+        "sys.exit(rc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        proc.stderr.strip() == f"relayrl train: error: {config}:3: unknown config key 'algo.kl_cof'"
+    )
+
+
 def test_sft_checkpoints_and_resumes_to_the_same_weights(tiny, tmp_path, capsys, monkeypatch):
     from safetensors.torch import load_file
 
