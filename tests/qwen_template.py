@@ -74,6 +74,13 @@ QWEN25_TEMPLATE = (
     "{%- endif %}\n"
 )
 
+# A minimal chat template (a role letter, the content, "A: " to answer): short prompts for the
+# tests that train through a template ("U: 3+5=\nA: ").
+ROLE_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'][0] | upper }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}A: {% endif %}"
+)
+
 QWEN_CHARS = (
     "0123456789+-*/=?.,:;!()<>[]{}'\"_ \n#|\\abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 )

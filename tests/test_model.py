@@ -39,11 +39,14 @@ def test_tiny_architectures_load_and_train(tmp_path, arch):
     assert losses[-1] < 0.5 * losses[0]
 
 
-def test_char_tokenizer_roundtrip(tmp_path):
-    path = build_tiny_model(tmp_path / "m", hidden_size=16)
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_char_tokenizer_roundtrip(tmp_path, arch):
+    """One token a character, whitespace included: a qwen2 directory's tokenizer is loaded as
+    Qwen2Tokenizer (byte-level), which dropped ' ' and '\\n' from the plain character vocab."""
+    path = build_tiny_model(tmp_path / "m", arch=arch, hidden_size=16)
     tok = load_tokenizer(path)
-    text = "12+34=46 ok"
-    ids = tok(text).input_ids
+    text = "U: 12+34=46 ok\nA: "
+    ids = tok(text, add_special_tokens=False).input_ids
     assert len(ids) == len(text)
     assert tok.decode(ids) == text
 

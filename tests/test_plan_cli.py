@@ -314,3 +314,33 @@ def test_calibration_script_on_synthetic_schedules(tmp_path, capsys):
         )
         == 2
     )
+
+
+PLAN_TABLES = {
+    "simulate": ["--steps", "2", "--batch", "16", "--turns", "2", "--env-latency", "constant:1"],
+    "reshard": ["--train", "2-8-2", "--gen", "1-4", "--model", "70b", "--bandwidth", "50"],
+    "placement": ["--model", "7b", "--devices", "16", "--top", "1"],
+    "plan": ["--nodes", "1", "--steps", "100"],
+    "cost": ["--model", "7b", "--tokens", "1e9", "--rl", "--critic"],
+}
+
+
+@pytest.mark.parametrize("command", PLAN_TABLES)
+def test_every_column_a_planning_command_prints_is_explained_in_docs_plan_md(
+    command, capsys, monkeypatch
+):
+    """Each table column of ``relayrl COMMAND`` is named, in backticks, in its own section of
+    docs/plan.md (issue 44: the planning commands' columns were not explained)."""
+    monkeypatch.setenv("COLUMNS", "400")  # no folded headers
+    rc, out = run_cli([command, *PLAN_TABLES[command]], capsys)
+    assert rc == 0
+    columns = {
+        cell.strip()
+        for line in out.splitlines()
+        if line.startswith("┃")
+        for cell in line.strip().strip("┃").split("┃")
+    }
+    assert len(columns) >= 3, out
+    section = (ROOT / "docs/plan.md").read_text().split(f"### `relayrl {command}`")[1]
+    section = section.split("\n### ")[0]
+    assert [c for c in sorted(columns) if f"`{c}`" not in section] == []

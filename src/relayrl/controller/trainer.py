@@ -160,6 +160,14 @@ def _inside(filename: Any, run_dir: Path) -> bool:
         return False
 
 
+# Printed when an overlap / async run resumes (docs/first-run.md, "Exactness").
+INEXACT_RESUME = (
+    "note: a {schedule} run resumes correctly but not bit-identically: the generations in "
+    "flight when it stopped are generated again, under other timing and policy versions "
+    "(only schedule: sync resumes exactly)"
+)
+
+
 @dataclass
 class _Boundary:
     """The state after the last completed step: what a checkpoint of it holds besides the
@@ -186,6 +194,8 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
         set_rng_state(state["rng"])
         schedule_state = state.get("schedule", {})
         print(f"resumed from {ckpt} at step {start}")
+        if cfg.schedule != "sync":
+            print(INEXACT_RESUME.format(schedule=cfg.schedule))
     if roles.rollout.version != start:
         roles.rollout.update_weights(roles.actor.state_dict(), version=start, interrupt=False)
 

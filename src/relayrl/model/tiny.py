@@ -30,6 +30,11 @@ DEFAULT_CHARS = (
 
 Arch = Literal["llama", "qwen2", "gpt2"]
 
+# transformers loads the tokenizer of every ``model_type: qwen2`` directory as Qwen2Tokenizer,
+# whatever its tokenizer_config says; that byte-level pre-tokenizer spells whitespace as these
+# characters, so a Qwen2's character vocabulary has them too (else ' ' and '\n' are dropped).
+BYTE_LEVEL_WHITESPACE = {" ": "\u0120", "\n": "\u010a", "\t": "\u0109"}
+
 
 def build_char_tokenizer(chars: str = DEFAULT_CHARS) -> PreTrainedTokenizerFast:
     """A character-level tokenizer: one token per character, plus pad/bos/eos/unk."""
@@ -66,6 +71,8 @@ def build_tiny_model(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if arch == "qwen2":
+        chars += "".join(v for k, v in BYTE_LEVEL_WHITESPACE.items() if k in chars)
     tokenizer = build_char_tokenizer(chars)
     ids = dict(
         vocab_size=len(tokenizer),
