@@ -50,7 +50,8 @@ def lora_and_offload(d: Path, rank: int, world: int) -> dict:
         "lora_merged": merged,
         "lora_adapters": adapters,
         "lora_stats": lora_stats,
-        "lora_class": type(lora).__name__,
+        "lora_parallelism": type(lora.parallelism).__name__,
+        "lora_option": lora.lora is not None,
         "offload": weights,
         "offload_stats": [{k: v for k, v in s.items()} for s in offload_stats],
         "offload_devices": devices,
@@ -73,8 +74,11 @@ def lora_on_fsdp(d: Path, rank: int, world: int) -> dict:
     if rank:
         return {}
     return {
-        "fsdp_lora_class": type(actor).__name__,
-        "fsdp_lora_ref_class": type(ref).__name__,
+        "fsdp_lora_parallelism": type(actor.parallelism).__name__,
+        "fsdp_lora_option": actor.lora is not None,
+        "fsdp_lora_ref_shares": ref.adapters_off
+        and ref.model is actor.model
+        and ref.parallelism is actor.parallelism,
         "fsdp_lora_merged": merged,
         "fsdp_lora_peft": peft_state,
         "fsdp_lora_stats": stats,

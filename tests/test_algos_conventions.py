@@ -106,9 +106,15 @@ def _cfg(*overrides: str) -> RunConfig:
     return load_config(RunConfig, None, list(overrides))
 
 
-def _worker_norm(worker_cls: type, cfg: RunConfig, mask: torch.Tensor) -> LossNorm:
-    """The worker's own ``_loss_norm`` on a mini-batch with ``mask`` (max response 2)."""
-    holder = SimpleNamespace(algo=cfg.algo, max_response_tokens=2)
+def _worker_norm(
+    worker_cls: type, cfg: RunConfig, mask: torch.Tensor, parallelism: object = None
+) -> LossNorm:
+    """The worker's own ``_loss_norm`` on a mini-batch with ``mask`` (max response 2), under
+    ``parallelism`` (default one process)."""
+    from relayrl.workers.parallel import SingleProcess
+
+    parallelism = parallelism if parallelism is not None else SingleProcess()
+    holder = SimpleNamespace(algo=cfg.algo, max_response_tokens=2, parallelism=parallelism)
     return worker_cls._loss_norm(holder, SimpleNamespace(response_mask=mask))
 
 
@@ -135,7 +141,7 @@ def _dp_rank(rank: int, store: str, out: str) -> None:
     """Rank 0 holds rows 0-1 of a 5-row step, rank 1 rows 2-4; rows 1, 3, 4 are empty."""
     import torch.distributed as dist
 
-    from relayrl.workers.data_parallel import DataParallelActorWorker
+    from relayrl.workers.data_parallel import ReplicatedDataParallel
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     masks = [torch.tensor([[1, 1], [0, 0]]), torch.tensor([[1, 0], [0, 0], [0, 0]])]
@@ -144,7 +150,7 @@ def _dp_rank(rank: int, store: str, out: str) -> None:
     res = {}
     for key in ("count", "skip"):
         cfg = _cfg("algo.loss_agg=seq-mean-token-mean", f"algo.seq_mean_empty_rows={key}")
-        norm = _worker_norm(DataParallelActorWorker, cfg, masks[rank])
+        norm = _worker_norm(ActorWorker, cfg, masks[rank], ReplicatedDataParallel())
         part = aggregate_loss(losses[rank], masks[rank], norm).reshape(1)
         dist.all_reduce(part)
         res[key] = (norm.global_tokens, norm.global_seqs, float(part))
@@ -158,7 +164,7 @@ def test_data_parallel_normaliser_is_the_actors(tmp_path) -> None:
     real all_reduce) gives the single-process actor's figures for both keys."""
     import torch.distributed as dist
 
-    from relayrl.workers.data_parallel import DataParallelActorWorker
+    from relayrl.workers.data_parallel import ReplicatedDataParallel
 
     if dist.is_initialized():
         pytest.skip("a process group is already initialised in this process")
@@ -167,7 +173,7 @@ def test_data_parallel_normaliser_is_the_actors(tmp_path) -> None:
     try:
         for key in ("count", "skip"):
             cfg = _cfg("algo.loss_agg=seq-mean-token-mean", f"algo.seq_mean_empty_rows={key}")
-            dp = _worker_norm(DataParallelActorWorker, cfg, MASK)
+            dp = _worker_norm(ActorWorker, cfg, MASK, ReplicatedDataParallel())
             assert dp == _worker_norm(ActorWorker, cfg, MASK)
             assert dp.global_seqs == (3.0 if key == "count" else 2.0)
     finally:

@@ -80,7 +80,7 @@ def test_sharded_checkpoint_resumes_exactly(two_ranks):
 
 def test_lora_data_parallel_equals_one_process(two_ranks):
     model, got = two_ranks
-    assert got["lora_class"] == "LoraDataParallelActorWorker"
+    assert got["lora_parallelism"] == "ReplicatedDataParallel" and got["lora_option"]
     one, stats = train_lora(model, 0, 0)
     adapters = {n: p.detach() for n, p in one.model.named_parameters() if p.requires_grad}
     assert adapters and all(".lora_" in n for n in adapters)
@@ -107,8 +107,8 @@ def test_lora_on_fsdp_two_ranks_equal_one_process(two_ranks):
     the checkpoint saves), the merged engine weights and the gradient norms equal one
     process's (float64, 1e-9); the reference (adapters disabled) is the base model's."""
     model, got = two_ranks
-    assert got["fsdp_lora_class"] == "FsdpLoraActorWorker"
-    assert got["fsdp_lora_ref_class"] == "FsdpAdapterDisabledReference"
+    assert got["fsdp_lora_parallelism"] == "Fsdp2Sharded" and got["fsdp_lora_option"]
+    assert got["fsdp_lora_ref_shares"]  # adapters off on the actor's model, its padder
     one, stats = train_lora(model, 0, 0)
     peft = got["fsdp_lora_peft"]
     want = one.model.state_dict()

@@ -15,7 +15,6 @@ from relayrl.controller.trainer import train
 from relayrl.model import build_tiny_model, forward_logprobs, load_causal_lm, load_tokenizer
 from relayrl.model.lora import save_adapter, save_merged, trainable_parameters
 from relayrl.workers.build import build_actor, build_reference
-from relayrl.workers.lora import AdapterDisabledReference
 from scale_helpers import random_experience, scale_config
 
 LORA = ("model.lora.r=4", "model.lora.alpha=8")
@@ -58,7 +57,7 @@ def test_only_adapters_train(tiny, trained):
 def test_reference_is_the_base_model_without_a_copy(tiny, trained):
     actor, exp = trained
     ref = build_reference(scale_config(tiny, *LORA, "algo.kl_coef=0.1"), actor)
-    assert isinstance(ref, AdapterDisabledReference) and ref.model is actor.model
+    assert ref.adapters_off and ref.model is actor.model and actor.lora is not None
     base = _logp(load_causal_lm(tiny), exp)
     assert torch.equal(ref.compute_logprobs(exp), base)
     assert not torch.allclose(actor.compute_logprobs(exp), base)  # adapters on again after

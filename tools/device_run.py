@@ -298,7 +298,7 @@ def step_fsdp(run: Run) -> dict[str, Any]:
         cfg = run_config(path, run.device, "model.dtype=bfloat16", "model.fsdp.enabled=true",
                          "optim.lr=1e-3")
         a = build_actor(cfg, str(path))
-        out["actor_class"] = type(a).__name__
+        out["actor_parallelism"] = type(a.parallelism).__name__
         out["sharded"] = bool(getattr(a, "sharded", False))
         a.update(exp)
         ckpt = run.work / "sharded"
@@ -350,7 +350,7 @@ def step_fsdp(run: Run) -> dict[str, Any]:
     lora.update(exp2)
     ref1, act1 = ref.compute_logprobs(exp), lora.compute_logprobs(exp)
     m = exp.response_mask.bool()
-    out["lora_reference_class"] = type(ref).__name__
+    out["lora_reference_adapters_off"] = bool(ref.adapters_off and ref.model is lora.model)
     # B = 0 at the start: adapters on or off, the same function of the same weights
     out["lora_ref_vs_actor_at_init_max_abs"] = _r(float((ref0 - act0)[m].abs().max()))
     # the base model's own bf16 weights vs fp32 master weights under bf16 autocast

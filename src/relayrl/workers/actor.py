@@ -1,9 +1,16 @@
-"""Actor and reference roles: per-token logprobs, and the actor's policy update."""
+"""Actor and reference roles: per-token logprobs, and the actor's policy update.
+
+One class each whatever the parallelism: a worker holds a ``Parallelism`` strategy
+(``relayrl.workers.parallel``: one process, replicated data parallel, FSDP2) for everything
+that differs between them, and the actor an optional ``LoraOption`` (``relayrl.workers.lora``).
+"""
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -15,13 +22,25 @@ from relayrl.config import AlgoConfig, OptimConfig, RunConfig
 from relayrl.model import forward_logprobs
 from relayrl.model.device import model_device
 from relayrl.model.loading import has_train_dropout
-from relayrl.model.lora import is_lora
+from relayrl.model.lora import adapters_disabled, is_lora
 from relayrl.workers.experience import Experience
-from relayrl.workers.optim import TrainState, make_optimizer
+from relayrl.workers.lora import LoraOption
+from relayrl.workers.optim import load_train_state, make_optimizer, train_state
+from relayrl.workers.parallel import (
+    Parallelism,
+    SingleProcess,
+    count_micro_batches,
+    full_tensor,
+)
 
 
 class ReferenceWorker:
-    """A frozen policy: computes log pi_ref of response tokens."""
+    """A frozen policy: computes log pi_ref of response tokens.
+
+    ``parallelism``: how it runs over processes (default one process); ``adapters_off``: the
+    forwards run with the model's LoRA adapters disabled (the reference of a LoRA actor);
+    ``frozen`` False: the model is another role's, its modes and trainable flags untouched.
+    """
 
     def __init__(
         self,
@@ -29,36 +48,74 @@ class ReferenceWorker:
         micro_batch_size: int,
         temperature: float = 1.0,
         micro_batch_tokens: int | None = None,
+        parallelism: Parallelism | None = None,
+        adapters_off: bool = False,
+        frozen: bool = True,
     ):
-        self.model = model.eval()
-        self.model.requires_grad_(False)
+        self.model = model
+        if frozen:
+            self.model.eval().requires_grad_(False)
         self.micro_batch_size = micro_batch_size
         self.micro_batch_tokens = micro_batch_tokens
         self.temperature = temperature
+        self.parallelism = parallelism if parallelism is not None else SingleProcess()
+        self.adapters_off = adapters_off
 
     @classmethod
-    def from_config(cls, model: torch.nn.Module, cfg: RunConfig) -> ReferenceWorker:
+    def from_config(
+        cls, model: torch.nn.Module, cfg: RunConfig, parallelism: Parallelism | None = None
+    ) -> ReferenceWorker:
         """The frozen reference of a run: micro-batching and temperature from ``cfg``."""
+        a = cfg.algo
+        temperature = cfg.rollout.temperature
+        return cls(model, a.micro_batch_size, temperature, a.micro_batch_tokens, parallelism)
+
+    @classmethod
+    def adapters_disabled_of(cls, actor: ActorWorker, cfg: RunConfig) -> ReferenceWorker:
+        """pi_ref of a LoRA actor: the actor's own model (and parallelism: FSDP2 pads the same
+        model's forwards) with the adapters disabled, without a second copy of the base."""
+        a = cfg.algo
         return cls(
-            model, cfg.algo.micro_batch_size, cfg.rollout.temperature, cfg.algo.micro_batch_tokens
+            actor.model,
+            a.micro_batch_size,
+            cfg.rollout.temperature,
+            a.micro_batch_tokens,
+            actor.parallelism,
+            adapters_off=True,
+            frozen=False,
         )
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the model is sharded over ranks (FSDP2): gathers and checkpoints are
+        collectives of every rank."""
+        return self.parallelism.sharded
 
     @torch.no_grad()
     def compute_logprobs(self, exp: Experience) -> Tensor:
-        was_training = self.model.training
-        self.model.eval()
-        dev = model_device(self.model)  # logprobs stay there until the whole batch is done
-        parts = [
-            (idx, forward_logprobs(self.model, mb.to(dev).batch, self.temperature)[0])
-            for idx, mb in exp.micro_batches(self.micro_batch_size, self.micro_batch_tokens)
-        ]
-        self.model.train(was_training)
+        """log pi(token) of every response token, 0 elsewhere (eval mode, micro-batched)."""
+        size, tokens = self.micro_batch_size, self.micro_batch_tokens
+        self.parallelism.plan_forwards(self.model, lambda: count_micro_batches(exp, size, tokens))
+        off = adapters_disabled(self.model) if self.adapters_off else contextlib.nullcontext()
+        with off:
+            was_training = self.model.training
+            self.model.eval()
+            dev = model_device(self.model)  # logprobs stay there until the whole batch is done
+            parts = [
+                (idx, forward_logprobs(self.model, mb.to(dev).batch, self.temperature)[0])
+                for idx, mb in exp.micro_batches(size, tokens)
+            ]
+            self.model.train(was_training)
+        self.parallelism.pad_forwards(self.model, backward=False)  # the same collectives
         home = exp.response_mask.device
         return exp.scatter_tokens(parts).to(home) * exp.response_mask  # one transfer
 
 
-class ActorWorker(TrainState, ReferenceWorker):
-    """The trained policy: PPO-family update with global loss normalisation per optimizer step."""
+class ActorWorker(ReferenceWorker):
+    """The trained policy: PPO-family update with global loss normalisation per optimizer step.
+
+    ``parallelism`` (default one process) and ``lora`` (a peft model is a LoRA actor whether
+    or not it is given) as for the reference."""
 
     def __init__(
         self,
@@ -69,14 +126,20 @@ class ActorWorker(TrainState, ReferenceWorker):
         temperature: float = 1.0,
         seed: int = 0,
         policy_loss: str = "ppo",
+        parallelism: Parallelism | None = None,
+        lora: LoraOption | None = None,
     ):
-        # a LoRA model trains its adapters only: keep peft's choice of trainable parameters
-        adapters = {n for n, p in model.named_parameters() if p.requires_grad}
-        super().__init__(model, algo.micro_batch_size, temperature, algo.micro_batch_tokens)
-        if is_lora(model):
-            for n, p in self.model.named_parameters():
-                p.requires_grad_(n in adapters)
-        else:
+        super().__init__(
+            model,
+            algo.micro_batch_size,
+            temperature,
+            algo.micro_batch_tokens,
+            parallelism,
+            frozen=False,
+        )
+        self.model.eval()
+        self.lora = lora if lora is not None or not is_lora(model) else LoraOption()
+        if self.lora is None:  # a LoRA model trains its adapters only: peft's choice stays
             self.model.requires_grad_(True)
         self.algo = algo
         self.policy_loss = policy_loss
@@ -93,7 +156,13 @@ class ActorWorker(TrainState, ReferenceWorker):
         self.generator = torch.Generator().manual_seed(seed)
 
     @classmethod
-    def from_config(cls, model: torch.nn.Module, cfg: RunConfig) -> ActorWorker:
+    def from_config(
+        cls,
+        model: torch.nn.Module,
+        cfg: RunConfig,
+        parallelism: Parallelism | None = None,
+        lora: LoraOption | None = None,
+    ) -> ActorWorker:
         """The actor of a run: algorithm, optimizer, response limit, seed and loss from ``cfg``."""
         return cls(
             model,
@@ -103,7 +172,24 @@ class ActorWorker(TrainState, ReferenceWorker):
             cfg.rollout.temperature,
             cfg.seed,
             cfg.policy_loss,
+            parallelism,
+            lora,
         )
+
+    def train_state(self) -> dict[str, Any]:
+        """Optimizer, LR scheduler and shuffling generator (a replicated role's checkpoint)."""
+        return train_state(self.optimizer, self.scheduler, self.generator)
+
+    def load_train_state(self, state: dict[str, Any]) -> None:
+        load_train_state(state, self.optimizer, self.scheduler, self.generator)
+
+    def save_sharded(self, out_dir: str) -> None:
+        """A sharded (FSDP2) checkpoint of parameters, optimizer, scheduler and generator
+        (``relayrl.controller.sharded_checkpoint``); every rank must call."""
+        self.parallelism.save_sharded(out_dir, {"role": self})
+
+    def load_sharded(self, in_dir: str) -> None:
+        self.parallelism.load_sharded(in_dir, {"role": self})
 
     def update(self, exp: Experience) -> dict[str, float]:
         """Epochs x mini-batches of policy-loss steps on ``exp`` (the loss ``algo.policy_loss``
@@ -154,10 +240,13 @@ class ActorWorker(TrainState, ReferenceWorker):
         """One optimizer step on ``mini``; its statistics added to ``sums`` / ``weights``
         (device tensors or floats)."""
         a = self.algo
+        trained = self._rows_with_gradient(mini)
+        size, tokens = a.micro_batch_size, a.micro_batch_tokens
+        count = partial(count_micro_batches, trained, size, tokens)
+        self.parallelism.plan_forwards(self.model, count)  # FSDP2: the ranks agree on it
         norm = self._loss_norm(mini)  # counts every row, trained or skipped
         self.optimizer.zero_grad(set_to_none=True)
         mini_loss: Any = 0.0
-        trained = self._rows_with_gradient(mini)
         sums["zero_adv_skipped_frac"] += 1.0 - len(trained) / max(len(mini), 1)
         weights["zero_adv_skipped_frac"] += 1.0
         if not len(trained):  # a zero gradient still moves Adam's moments
@@ -165,7 +254,7 @@ class ActorWorker(TrainState, ReferenceWorker):
                 if p.requires_grad:
                     p.grad = torch.zeros_like(p)
         else:
-            for _, micro in trained.micro_batches(a.micro_batch_size, a.micro_batch_tokens):
+            for _, micro in trained.micro_batches(size, tokens):
                 stats = self._micro_step(micro.to(dev), norm)
                 mini_loss = mini_loss + stats.pop("_loss")  # partial losses add up
                 tokens = stats.pop("_tokens")
@@ -246,26 +335,31 @@ class ActorWorker(TrainState, ReferenceWorker):
 
     def _mini_batches(self, exp: Experience) -> list[Experience]:
         """This epoch's mini-batches (a data-parallel rank: its part of the global ones)."""
-        return exp.shuffled_splits(self.algo.mini_batches, self.generator)
+        return self.parallelism.mini_batches(exp, self.algo.mini_batches, self.generator)
 
     def _loss_norm(self, mini: Experience) -> LossNorm:
-        """The step-global normaliser (a data-parallel actor sums the counts over ranks)."""
+        """The step-global normaliser (data parallel: the counts summed over ranks)."""
         a = self.algo
         empty = a.seq_mean_empty_rows == "count"
-        return LossNorm.for_batch(mini.response_mask, a.loss_agg, self.max_response_tokens, empty)
-
-    def _reduce_gradients(self) -> None:
-        """Hook before clipping: a data-parallel actor all-reduces gradients here."""
+        mask = mini.response_mask
+        return self.parallelism.loss_norm(mask, a.loss_agg, self.max_response_tokens, empty)
 
     def _clip_and_step(self) -> Tensor:
         """Reduce, clip, step; the gradient norm before clipping (a device tensor)."""
-        self._reduce_gradients()
+        self.parallelism.reduce_gradients(self.model)
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm).detach()
+        grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm)).detach()
         self.optimizer.step()
         self.scheduler.step()
         return grad_norm
 
     def state_dict(self) -> dict[str, Tensor]:
-        return self.model.state_dict()
+        """The rollout engine's full weights (LoRA: merged, under the base model's keys);
+        sharded: full tensors on rank 0, ``{}`` elsewhere (every rank must call)."""
+        return self.parallelism.full_state_dict(self.model, merged=True)
+
+    def adapter_state(self) -> dict[str, Tensor]:
+        """The model's own full state dict (LoRA: the peft model's, adapters included: what
+        ``save_adapter`` writes); sharded: on rank 0, ``{}`` elsewhere (a collective)."""
+        return self.parallelism.full_state_dict(self.model, merged=False)

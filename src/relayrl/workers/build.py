@@ -3,15 +3,15 @@
 One place decides, from ``model.*``, what a role's model is: loaded in the role's parameter
 dtype (fp32 master weights for a trainable role under bf16 mixed precision), on
 ``model.device`` (rank r -> local CUDA device r), with activation checkpointing, LoRA adapters
-(``model.lora``) and FSDP2 sharding (``model.fsdp``) as configured, and wrapped in the worker
-class that fits (single process, replica data parallel, FSDP2). The cluster back-ends call
-these instead of ``load_causal_lm`` + ``ActorWorker.from_config``.
+(``model.lora``: a ``LoraOption`` on the actor) and FSDP2 sharding (``model.fsdp``) as
+configured, held by the one worker class of its role with the ``Parallelism`` strategy that
+fits (``parallelism_for``: one process, replicated data parallel, FSDP2). The cluster
+back-ends call these instead of ``load_causal_lm`` + ``ActorWorker.from_config``.
 """
 
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -24,69 +24,57 @@ from relayrl.model.device import (
     precision_for,
     resolve_device,
 )
-from relayrl.model.lora import apply_lora, is_lora
+from relayrl.model.lora import is_lora
 from relayrl.workers.actor import ActorWorker, ReferenceWorker
 from relayrl.workers.critic import CriticWorker
-from relayrl.workers.data_parallel import DataParallelActorWorker, DataParallelCriticWorker
-from relayrl.workers.lora import (
-    AdapterDisabledReference,
-    LoraActorWorker,
-    LoraDataParallelActorWorker,
-)
+from relayrl.workers.data_parallel import ReplicatedDataParallel
+from relayrl.workers.lora import LoraOption, is_adapter_dir
+from relayrl.workers.parallel import Parallelism, SingleProcess
 
 
-def _distributed(cfg: RunConfig, world: int) -> bool:
-    """Whether the role runs over a process group (world > 1, or FSDP on any world)."""
-    if cfg.model.fsdp.enabled and not (dist.is_available() and dist.is_initialized()):
-        raise ValueError(
-            "model.fsdp.enabled: no torch.distributed process group is initialised "
-            "(cluster=ray builds FSDP2 roles after joining one; in your own script call "
-            "torch.distributed.init_process_group on every rank before building the roles)"
-        )
-    return world > 1 or cfg.model.fsdp.enabled
+def parallelism_for(cfg: RunConfig, world: int) -> Parallelism:
+    """A role's strategy (a new one per role: an FSDP2 one holds its model's padder):
+    ``Fsdp2Sharded`` with ``model.fsdp.enabled`` (on any world; a process group must be
+    initialised), ``ReplicatedDataParallel`` on a world over 1, else ``SingleProcess``."""
+    if cfg.model.fsdp.enabled:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError(
+                "model.fsdp.enabled: no torch.distributed process group is initialised "
+                "(cluster=ray builds FSDP2 roles after joining one; in your own script call "
+                "torch.distributed.init_process_group on every rank before building the roles)"
+            )
+        from relayrl.workers.fsdp import Fsdp2Sharded
+
+        return Fsdp2Sharded(cfg.model.fsdp)
+    return ReplicatedDataParallel() if world > 1 else SingleProcess()
 
 
-def _load_lm(cfg: RunConfig, path: str, dtype: torch.dtype) -> torch.nn.Module:
-    """A causal LM from ``path``; a peft adapter directory (a LoRA checkpoint) loads onto the
-    base model ``model.path`` with its adapters trainable."""
-    if (Path(path) / "adapter_config.json").is_file():
-        from peft import PeftModel
-
-        base = load_causal_lm(cfg.model.path, dtype)
-        if cfg.model.gradient_checkpointing:
-            enable_gradient_checkpointing(base)
-        return PeftModel.from_pretrained(base, path, is_trainable=True)
-    model = load_causal_lm(path, dtype)
+def _load_lm(
+    cfg: RunConfig, path: str, dtype: torch.dtype
+) -> tuple[torch.nn.Module, LoraOption | None]:
+    """A causal LM from ``path`` and its LoRA option: a peft adapter directory (a LoRA
+    checkpoint) loads onto the base model ``model.path`` with its adapters trainable;
+    ``model.lora`` wraps fresh adapters."""
+    adapter_dir = path if is_adapter_dir(path) else None
+    model = load_causal_lm(cfg.model.path if adapter_dir else path, dtype)
     if cfg.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)
-    if cfg.model.lora is not None:
-        model = apply_lora(model, cfg.model.lora)
-    return model
+    if adapter_dir is None and cfg.model.lora is None:
+        return model, None
+    lora = LoraOption(cfg.model.lora)
+    return lora.wrap(model, adapter_dir), lora
 
 
 def build_actor(cfg: RunConfig, path: str, rank: int = 0, world: int = 1) -> ActorWorker:
     """The actor: fp32 master weights under bf16 mixed precision, LoRA / FSDP2 as configured."""
     precision = precision_for(cfg.model, trainable=True)
-    model = apply_precision(
-        _load_lm(cfg, path, precision.param_dtype),
-        precision,
-        resolve_device(cfg.model.device, rank),
-    )
-    if is_lora(model):
-        if cfg.model.fsdp.enabled and _distributed(cfg, world):
-            from relayrl.workers.fsdp_lora import FsdpLoraActorWorker
-
-            return FsdpLoraActorWorker.from_config(model, cfg)
-        if world > 1:
-            return LoraDataParallelActorWorker.from_config(model, cfg)
-        return LoraActorWorker.from_config(model, cfg)
-    if _distributed(cfg, world):
-        if cfg.model.fsdp.enabled:
-            from relayrl.workers.fsdp import FsdpActorWorker
-
-            return FsdpActorWorker.from_config(model, cfg)
-        return DataParallelActorWorker.from_config(model, cfg)
-    return ActorWorker.from_config(model, cfg)
+    model, lora = _load_lm(cfg, path, precision.param_dtype)
+    model = apply_precision(model, precision, resolve_device(cfg.model.device, rank))
+    parallelism = parallelism_for(cfg, world)
+    if lora is not None:
+        lora.prepare(model, parallelism)  # the ranks start from rank 0's adapters
+    model = parallelism.wrap(model, precision)
+    return ActorWorker.from_config(model, cfg, parallelism, lora)
 
 
 def build_reference(
@@ -94,23 +82,16 @@ def build_reference(
 ) -> ReferenceWorker:
     """The frozen reference: the actor with adapters disabled under LoRA, else ``model.path``
     in the compute dtype (bf16 weights under bf16: a frozen role needs no master copy)."""
-    if actor is not None and is_lora(actor.model):
-        if getattr(actor, "sharded", False):
-            from relayrl.workers.fsdp_lora import FsdpAdapterDisabledReference
-
-            return FsdpAdapterDisabledReference(actor, cfg)  # type: ignore[arg-type]
-        return AdapterDisabledReference(actor, cfg)
+    if actor is not None and actor.lora is not None:
+        return ReferenceWorker.adapters_disabled_of(actor, cfg)
     precision = precision_for(cfg.model, trainable=False)
     model = apply_precision(
         load_causal_lm(cfg.model.path, precision.param_dtype),
         precision,
         resolve_device(cfg.model.device, rank),
     )
-    if cfg.model.fsdp.enabled and _distributed(cfg, world):
-        from relayrl.workers.fsdp import FsdpReferenceWorker
-
-        return FsdpReferenceWorker.from_config(model, cfg)
-    return ReferenceWorker.from_config(model, cfg)
+    parallelism = parallelism_for(cfg, world)
+    return ReferenceWorker.from_config(parallelism.wrap(model, precision), cfg, parallelism)
 
 
 def build_critic(cfg: RunConfig, path: str, rank: int = 0, world: int = 1) -> CriticWorker:
@@ -120,13 +101,8 @@ def build_critic(cfg: RunConfig, path: str, rank: int = 0, world: int = 1) -> Cr
     if cfg.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     model = apply_precision(model, precision, resolve_device(cfg.model.device, rank))
-    if _distributed(cfg, world):
-        if cfg.model.fsdp.enabled:
-            from relayrl.workers.fsdp import FsdpCriticWorker
-
-            return FsdpCriticWorker.from_config(model, cfg)
-        return DataParallelCriticWorker.from_config(model, cfg)
-    return CriticWorker.from_config(model, cfg)
+    parallelism = parallelism_for(cfg, world)
+    return CriticWorker.from_config(parallelism.wrap(model, precision), cfg, parallelism)
 
 
 def engine_device(cfg: RunConfig, rank: int = 0) -> torch.device:
@@ -149,13 +125,7 @@ def engine_model(
         model = load_causal_lm(
             cfg.model.path if is_lora(actor.model) else path, precision.param_dtype
         )
-        if cfg.model.fsdp.enabled:
-            from relayrl.workers.fsdp import full_state_dict
-
-            bucket = int(cfg.model.fsdp.sync_bucket_mb * (1 << 20))
-            state = full_state_dict(actor.model, bucket, keep)
-        else:
-            state = actor.state_dict()
+        state = actor.parallelism.full_state_dict(actor.model, merged=True, keep=keep)
         if state:
             with torch.no_grad():
                 model.load_state_dict(state)

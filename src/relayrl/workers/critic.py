@@ -1,8 +1,14 @@
-"""Critic role: V(s_t) per response token and the clipped value-loss update."""
+"""Critic role: V(s_t) per response token and the clipped value-loss update.
+
+One class whatever the parallelism: it holds a ``Parallelism`` strategy
+(``relayrl.workers.parallel``) as the actor does (no LoRA option).
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import partial
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -11,14 +17,23 @@ from relayrl.algos import LossNorm, clipped_value_loss
 from relayrl.config import AlgoConfig, OptimConfig, RunConfig
 from relayrl.model import forward_values
 from relayrl.workers.experience import Experience
-from relayrl.workers.optim import TrainState, make_optimizer
+from relayrl.workers.optim import load_train_state, make_optimizer, train_state
+from relayrl.workers.parallel import Parallelism, SingleProcess, count_micro_batches
 
 
-class CriticWorker(TrainState):
-    def __init__(self, model: torch.nn.Module, algo: AlgoConfig, optim: OptimConfig, seed: int = 0):
+class CriticWorker:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        algo: AlgoConfig,
+        optim: OptimConfig,
+        seed: int = 0,
+        parallelism: Parallelism | None = None,
+    ):
         self.model = model
         self.algo = algo
         self.grad_clip = optim.grad_clip
+        self.parallelism = parallelism if parallelism is not None else SingleProcess()
         self.optimizer, self.scheduler = make_optimizer(
             list(model.parameters()),
             optim.critic_lr,
@@ -29,19 +44,46 @@ class CriticWorker(TrainState):
         self.generator = torch.Generator().manual_seed(seed + 1)
 
     @classmethod
-    def from_config(cls, model: torch.nn.Module, cfg: RunConfig) -> CriticWorker:
+    def from_config(
+        cls, model: torch.nn.Module, cfg: RunConfig, parallelism: Parallelism | None = None
+    ) -> CriticWorker:
         """The critic of a run: algorithm, optimizer and seed from ``cfg``."""
-        return cls(model, cfg.algo, cfg.optim, cfg.seed)
+        return cls(model, cfg.algo, cfg.optim, cfg.seed, parallelism)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the model is sharded over ranks (FSDP2): checkpoints are collectives."""
+        return self.parallelism.sharded
+
+    def train_state(self) -> dict[str, Any]:
+        """Optimizer, LR scheduler and shuffling generator (a replicated role's checkpoint)."""
+        return train_state(self.optimizer, self.scheduler, self.generator)
+
+    def load_train_state(self, state: dict[str, Any]) -> None:
+        load_train_state(state, self.optimizer, self.scheduler, self.generator)
+
+    def save_sharded(self, out_dir: str) -> None:
+        """A sharded (FSDP2) checkpoint of this role; every rank must call."""
+        self.parallelism.save_sharded(out_dir, {"role": self})
+
+    def load_sharded(self, in_dir: str) -> None:
+        self.parallelism.load_sharded(in_dir, {"role": self})
+
+    def _count(self, exp: Experience) -> int:
+        return count_micro_batches(exp, self.algo.micro_batch_size, self.algo.micro_batch_tokens)
 
     @torch.no_grad()
     def compute_values(self, exp: Experience) -> Tensor:
+        self.parallelism.plan_forwards(self.model, lambda: self._count(exp))
         self.model.eval()
         a = self.algo
         parts = [
             (idx, forward_values(self.model, mb.batch))
             for idx, mb in exp.micro_batches(a.micro_batch_size, a.micro_batch_tokens)
         ]
-        return exp.scatter_tokens(parts) * exp.response_mask
+        out = exp.scatter_tokens(parts) * exp.response_mask
+        self.parallelism.pad_forwards(self.model, backward=False)
+        return out
 
     def update(self, exp: Experience) -> dict[str, float]:
         """Clipped value loss 0.5 max((V-R)^2, (V_clip-R)^2) against ``returns``, old ``values``."""
@@ -53,6 +95,7 @@ class CriticWorker(TrainState):
         total_loss = 0.0
         for _ in range(a.epochs):
             for mini in self._mini_batches(exp):
+                self.parallelism.plan_forwards(self.model, partial(self._count, mini))
                 norm = self._loss_norm(mini)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss_sum = 0.0
@@ -73,7 +116,7 @@ class CriticWorker(TrainState):
                     for k, v in stats.items():
                         sums[k] += v * tokens
                     count += tokens
-                self._reduce_gradients()
+                self.parallelism.reduce_gradients(self.model)
                 max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
                 self.optimizer.step()
@@ -86,12 +129,9 @@ class CriticWorker(TrainState):
 
     def _mini_batches(self, exp: Experience) -> list[Experience]:
         """This epoch's mini-batches (a data-parallel rank: its part of the global ones)."""
-        return exp.shuffled_splits(self.algo.mini_batches, self.generator)
+        return self.parallelism.mini_batches(exp, self.algo.mini_batches, self.generator)
 
     def _loss_norm(self, mini: Experience) -> LossNorm:
-        """The step-global normaliser (a data-parallel critic sums the counts over ranks)."""
+        """The step-global normaliser (data parallel: the counts summed over ranks)."""
         empty = self.algo.seq_mean_empty_rows == "count"
-        return LossNorm.for_batch(mini.response_mask, self.algo.loss_agg, 1.0, empty)
-
-    def _reduce_gradients(self) -> None:
-        """Hook before clipping: a data-parallel critic all-reduces gradients here."""
+        return self.parallelism.loss_norm(mini.response_mask, self.algo.loss_agg, 1.0, empty)

@@ -1,4 +1,5 @@
-"""Data-parallel actor and critic: each rank trains on its shard; gradients summed over ranks.
+"""Replicated data parallelism (``ReplicatedDataParallel``): each rank holds the whole model and
+trains on its shard of the batch; gradients summed over ranks.
 
 The global batch is cut into mini-batches before it is sharded (veRL's dispatch): a rank's
 shard is a contiguous block of rows of the global batch, in rank order (what the worker
@@ -15,7 +16,7 @@ clipping, so every rank clips the same global norm and takes the same optimizer 
 Every rank runs the same number of optimizer steps (one per non-empty global mini-batch),
 also when its part of a mini-batch is empty.
 
-With ``model.fsdp.enabled`` ``relayrl.workers.build`` builds the FSDP2 workers of
+With ``model.fsdp.enabled`` ``relayrl.workers.build`` gives the workers ``Fsdp2Sharded`` of
 ``relayrl.workers.fsdp`` instead (sharded state, reduce-scatter instead of the all-reduce).
 """
 
@@ -26,19 +27,8 @@ import torch.distributed as dist
 
 from relayrl.algos import LossNorm
 from relayrl.algos.aggregation import step_counts
-from relayrl.workers.actor import ActorWorker
-from relayrl.workers.critic import CriticWorker
 from relayrl.workers.experience import Experience
-
-
-def global_loss_norm(
-    mini: Experience, mode: str, norm_constant: float = 1.0, count_empty_rows: bool = True
-) -> LossNorm:
-    """``LossNorm`` with token and sequence counts summed over all data-parallel ranks (each
-    rank's counted by ``step_counts``, the single-process actor's convention)."""
-    counts = torch.tensor(step_counts(mini.response_mask, count_empty_rows), dtype=torch.float64)
-    dist.all_reduce(counts, op=dist.ReduceOp.SUM)
-    return LossNorm(mode, float(counts[0]), float(counts[1]), float(norm_constant))
+from relayrl.workers.parallel import Parallelism
 
 
 def shard_position(rows: int) -> tuple[int, int]:
@@ -72,29 +62,22 @@ def all_reduce_gradients(model: torch.nn.Module) -> None:
         offset += n
 
 
-class DataParallelActorWorker(ActorWorker):
-    """``ActorWorker`` on one rank of an initialised default process group."""
+class ReplicatedDataParallel(Parallelism):
+    """One rank of an initialised default process group holding a replica of the model: the
+    rank's parts of the global mini-batches, the global loss counts, gradients all-reduced."""
 
-    def _mini_batches(self, exp: Experience) -> list[Experience]:
-        return rank_mini_batches(exp, self.algo.mini_batches, self.generator)
+    distributed = True
 
-    def _loss_norm(self, mini: Experience) -> LossNorm:
-        empty = self.algo.seq_mean_empty_rows == "count"
-        return global_loss_norm(mini, self.algo.loss_agg, self.max_response_tokens, empty)
+    def mini_batches(self, exp: Experience, n: int, generator: torch.Generator) -> list[Experience]:
+        return rank_mini_batches(exp, n, generator)
 
-    def _reduce_gradients(self) -> None:
-        all_reduce_gradients(self.model)
+    def loss_norm(
+        self, mask: torch.Tensor, mode: str, norm_constant: float, count_empty_rows: bool
+    ) -> LossNorm:
+        """The counts of ``step_counts`` (the single-process convention), summed over ranks."""
+        counts = torch.tensor(step_counts(mask, count_empty_rows), dtype=torch.float64)
+        dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+        return LossNorm(mode, float(counts[0]), float(counts[1]), float(norm_constant))
 
-
-class DataParallelCriticWorker(CriticWorker):
-    """``CriticWorker`` on one rank of an initialised default process group."""
-
-    def _mini_batches(self, exp: Experience) -> list[Experience]:
-        return rank_mini_batches(exp, self.algo.mini_batches, self.generator)
-
-    def _loss_norm(self, mini: Experience) -> LossNorm:
-        empty = self.algo.seq_mean_empty_rows == "count"
-        return global_loss_norm(mini, self.algo.loss_agg, 1.0, empty)
-
-    def _reduce_gradients(self) -> None:
-        all_reduce_gradients(self.model)
+    def reduce_gradients(self, model: torch.nn.Module) -> None:
+        all_reduce_gradients(model)

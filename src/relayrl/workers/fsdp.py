@@ -1,4 +1,4 @@
-"""FSDP2 (``torch.distributed.fsdp.fully_shard``) actor, critic and reference workers.
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``) as the parallelism of a worker: ``Fsdp2Sharded``.
 
 Same code on CPU (gloo) and GPU (NCCL): every decoder layer is one FSDP unit, the root holds
 embeddings, final norm and head. Parameters, gradients and optimizer state are sharded over
@@ -8,7 +8,8 @@ the backward. Under ``model.dtype: bfloat16`` the gathered parameters are cast t
 gradients reduced in fp32 (``MixedPrecisionPolicy``): the sharded fp32 parameters are the
 master weights and AdamW's state is fp32.
 
-Two things differ from a replica all-reduce (``relayrl.workers.data_parallel``):
+Two things differ from a replica all-reduce (``relayrl.workers.data_parallel``, whose
+mini-batch parts and global loss counts it shares):
 
 * gradients are SUMMED over ranks (divide factor 1): each rank's loss is already normalised by
   the global token / sequence counts, so the sum is the single-process gradient;
@@ -23,7 +24,7 @@ holds more than one bucket of full tensors.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +46,10 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
-from relayrl.algos import LossNorm
-from relayrl.config import FsdpConfig, RunConfig
+from relayrl.config import FsdpConfig
 from relayrl.model.device import Precision, model_device, set_compute_dtype
 from relayrl.model.lora import is_lora, merged_entries, merged_stream
-from relayrl.workers.actor import ReferenceWorker
-from relayrl.workers.data_parallel import DataParallelActorWorker, DataParallelCriticWorker
-from relayrl.workers.experience import Experience
+from relayrl.workers.data_parallel import ReplicatedDataParallel
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -127,15 +125,6 @@ class CollectivePadder:
                     (out.logits.float().sum() * 0.0).backward()
         self.count = self.target = 0
         return missing
-
-
-def _count_micro(exp: Experience, size: int, tokens: int | None) -> int:
-    return sum(1 for _ in exp.micro_batches(size, tokens)) if len(exp) else 0
-
-
-def _full(norm: Tensor) -> Tensor:
-    full = getattr(norm, "full_tensor", None)
-    return full() if full is not None else norm
 
 
 def iter_full_tensors(
@@ -247,121 +236,48 @@ def load_sharded(in_dir: str | Path, roles: Mapping[str, Any]) -> None:
         w.generator.set_state(extra[name]["generator"])
 
 
-class ShardedCheckpointing:
-    """``save_sharded`` / ``load_sharded`` of one trainable FSDP2 role (``sharded`` True): a
-    ``torch.distributed.checkpoint`` directory of its parameters and optimizer state plus
-    each rank's scheduler and generator (``relayrl.controller.sharded_checkpoint``). Every
-    rank must call (collectives)."""
+class Fsdp2Sharded(ReplicatedDataParallel):
+    """One rank of an FSDP2 group: parameters, gradients and optimizer state sharded
+    (``shard_model``), the same forward count on every rank (``CollectivePadder``), full
+    weights gathered in buckets of ``fsdp.sync_bucket_mb``, sharded checkpoints. One
+    instance per model: it holds that model's padder (a LoRA actor's adapter-disabled
+    reference shares the actor's)."""
 
     sharded = True
 
-    def save_sharded(self, out_dir: str) -> None:
-        save_sharded(out_dir, {"role": self})
+    def __init__(self, fsdp: FsdpConfig):
+        self.fsdp = fsdp
+        self.bucket_bytes = int(fsdp.sync_bucket_mb * (1 << 20))
+        self._padder: CollectivePadder | None = None
 
-    def load_sharded(self, in_dir: str) -> None:
-        load_sharded(in_dir, {"role": self})
+    def wrap(self, model: torch.nn.Module, precision: Precision) -> torch.nn.Module:
+        return shard_model(model, self.fsdp, precision)
 
-
-class FsdpActorWorker(ShardedCheckpointing, DataParallelActorWorker):
-    """The data-parallel actor with FSDP2-sharded parameters, gradients and optimizer state."""
-
-    sync_bucket_bytes: int = 256 << 20
-
-    @classmethod
-    def from_config(cls, model: torch.nn.Module, cfg: RunConfig) -> FsdpActorWorker:
-        from relayrl.model.device import precision_for
-
-        shard_model(model, cfg.model.fsdp, precision_for(cfg.model, trainable=True))
-        worker = super().from_config(model, cfg)
-        assert isinstance(worker, FsdpActorWorker)
-        worker.sync_bucket_bytes = int(cfg.model.fsdp.sync_bucket_mb * (1 << 20))
-        return worker
-
-    @property
-    def padder(self) -> CollectivePadder:
-        if not hasattr(self, "_padder"):
-            self._padder = CollectivePadder(self.model)
+    def padder(self, model: torch.nn.Module) -> CollectivePadder:
+        """The model's padder (made, and its forward hook registered, on first use)."""
+        if self._padder is None:
+            self._padder = CollectivePadder(model)
+        if self._padder.model is not model:
+            raise ValueError("one Fsdp2Sharded per model: this one pads another model")
         return self._padder
 
-    def compute_logprobs(self, exp: Experience) -> Tensor:
-        self.padder.plan(_count_micro(exp, self.micro_batch_size, self.micro_batch_tokens))
-        out = super().compute_logprobs(exp)
-        self.padder.pad(backward=False)
-        return out
+    def plan_forwards(self, model: torch.nn.Module, count: Callable[[], int]) -> None:
+        self.padder(model).plan(count())
 
-    def _loss_norm(self, mini: Experience) -> LossNorm:
-        """The global normaliser, and the mini-batch's forward count agreed over ranks."""
-        trained = self._rows_with_gradient(mini)
-        a = self.algo
-        n = _count_micro(trained, a.micro_batch_size, a.micro_batch_tokens) if len(trained) else 0
-        self.padder.plan(n)
-        return super()._loss_norm(mini)
+    def pad_forwards(self, model: torch.nn.Module, backward: bool) -> None:
+        self.padder(model).pad(backward)
 
-    def _reduce_gradients(self) -> None:
-        self.padder.pad(backward=True)  # FSDP reduce-scattered in each backward
+    def reduce_gradients(self, model: torch.nn.Module) -> None:
+        self.pad_forwards(model, backward=True)  # FSDP reduce-scattered in each backward
 
-    def _clip_and_step(self) -> Tensor:
-        self._reduce_gradients()
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
-        grad_norm = _full(torch.nn.utils.clip_grad_norm_(params, max_norm)).detach()
-        self.optimizer.step()
-        self.scheduler.step()
-        return grad_norm
+    def full_state_dict(
+        self, model: torch.nn.Module, merged: bool = True, keep: bool | None = None
+    ) -> dict[str, Tensor]:
+        """Full tensors on rank 0 (``keep``), ``{}`` elsewhere: every rank must call."""
+        return full_state_dict(model, self.bucket_bytes, keep, merged)
 
-    def state_dict(self) -> dict[str, Tensor]:
-        """Full tensors on rank 0 (``{}`` elsewhere): every rank must call (a collective)."""
-        return full_state_dict(self.model, self.sync_bucket_bytes)
+    def save_sharded(self, out_dir: str, roles: Mapping[str, Any]) -> None:
+        save_sharded(out_dir, roles)
 
-
-class FsdpReferenceWorker(ReferenceWorker):
-    """A frozen sharded reference (bf16 parameters under ``model.dtype: bfloat16``)."""
-
-    @classmethod
-    def from_config(cls, model: torch.nn.Module, cfg: RunConfig) -> FsdpReferenceWorker:
-        from relayrl.model.device import precision_for
-
-        shard_model(model, cfg.model.fsdp, precision_for(cfg.model, trainable=False))
-        worker = super().from_config(model, cfg)
-        assert isinstance(worker, FsdpReferenceWorker)
-        return worker
-
-    def compute_logprobs(self, exp: Experience) -> Tensor:
-        padder = getattr(self, "_padder", None) or CollectivePadder(self.model)
-        self._padder = padder
-        padder.plan(_count_micro(exp, self.micro_batch_size, self.micro_batch_tokens))
-        out = super().compute_logprobs(exp)
-        padder.pad(backward=False)
-        return out
-
-
-class FsdpCriticWorker(ShardedCheckpointing, DataParallelCriticWorker):
-    """The data-parallel critic with FSDP2-sharded parameters, gradients and optimizer state."""
-
-    @classmethod
-    def from_config(cls, model: torch.nn.Module, cfg: RunConfig) -> FsdpCriticWorker:
-        from relayrl.model.device import precision_for
-
-        shard_model(model, cfg.model.fsdp, precision_for(cfg.model, trainable=True))
-        return cls(model, cfg.algo, cfg.optim, cfg.seed)
-
-    @property
-    def padder(self) -> CollectivePadder:
-        if not hasattr(self, "_padder"):
-            self._padder = CollectivePadder(self.model)
-        return self._padder
-
-    def compute_values(self, exp: Experience) -> Tensor:
-        a = self.algo
-        self.padder.plan(_count_micro(exp, a.micro_batch_size, a.micro_batch_tokens))
-        out = super().compute_values(exp)
-        self.padder.pad(backward=False)
-        return out
-
-    def _loss_norm(self, mini: Experience) -> LossNorm:
-        a = self.algo
-        self.padder.plan(_count_micro(mini, a.micro_batch_size, a.micro_batch_tokens))
-        return super()._loss_norm(mini)
-
-    def _reduce_gradients(self) -> None:
-        self.padder.pad(backward=True)
+    def load_sharded(self, in_dir: str, roles: Mapping[str, Any]) -> None:
+        load_sharded(in_dir, roles)

@@ -1,29 +1,25 @@
-"""LoRA as an option on the actor (``model.lora``): the actor whose ``state_dict`` is the merged
-model, its data-parallel variant, and the reference that is the actor with adapters disabled.
+"""LoRA as an option on the actor (``model.lora``): ``LoraOption``.
 
-Split from ``relayrl.workers.build`` so that ``build`` (which picks a worker class) and
-``fsdp_lora`` (the FSDP2 LoRA workers, built on these) do not import each other.
+Whatever the parallelism, a LoRA actor is the one ``ActorWorker`` whose model is a peft model
+and whose ``lora`` is a ``LoraOption``: only the adapters train (peft's choice of trainable
+parameters is kept), the ranks of a process group start from rank 0's adapters (peft draws
+``lora_A`` from each process's own RNG: ``prepare`` broadcasts them, before an FSDP2 wrap),
+``state_dict`` is the merged full model under the base model's keys (the weights the rollout
+engine runs; ``Parallelism.full_state_dict`` with ``merged``), ``adapter_state`` the peft
+model's own keys (the adapter checkpoint). The reference is the actor's own model with the
+adapters disabled (``ReferenceWorker.adapters_disabled_of``): no second copy of the base.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
-from torch import Tensor
 
-from relayrl.config import RunConfig
-from relayrl.model.lora import adapters_disabled, merged_state_dict
-from relayrl.workers.actor import ActorWorker, ReferenceWorker
-from relayrl.workers.data_parallel import DataParallelActorWorker
-from relayrl.workers.experience import Experience
-
-
-class LoraActorWorker(ActorWorker):
-    """The actor of a LoRA run: adapters train; ``state_dict`` is the merged full model
-    (the weights the rollout engine runs), under the base model's keys."""
-
-    def state_dict(self) -> dict[str, Tensor]:
-        return merged_state_dict(self.model)
+from relayrl.config import LoraConfig
+from relayrl.model.lora import apply_lora
+from relayrl.workers.parallel import Parallelism
 
 
 def broadcast_trainable(model: torch.nn.Module) -> None:
@@ -35,29 +31,29 @@ def broadcast_trainable(model: torch.nn.Module) -> None:
                 dist.broadcast(p.data, src=0)
 
 
-class LoraDataParallelActorWorker(LoraActorWorker, DataParallelActorWorker):
-    """A LoRA actor on one data-parallel rank: each rank holds the full frozen base and the
-    adapters (replicas); only the adapters' gradients are all-reduced (SUM, over the global
-    loss counts), so every rank takes the single-process step. The adapters start as rank
-    0's (peft draws ``lora_A`` from each process's own RNG)."""
-
-    @classmethod
-    def from_config(cls, model: torch.nn.Module, cfg: RunConfig) -> ActorWorker:
-        broadcast_trainable(model)
-        return super().from_config(model, cfg)
+def is_adapter_dir(path: str) -> bool:
+    """Whether ``path`` is a peft adapter directory (a LoRA checkpoint)."""
+    return (Path(path) / "adapter_config.json").is_file()
 
 
-class AdapterDisabledReference(ReferenceWorker):
-    """The reference of a LoRA run: the actor's own model with its adapters disabled, so
-    pi_ref is the base model without a second copy of its weights."""
+class LoraOption:
+    """LoRA adapters on the actor's model; ``config`` None: they come with a checkpoint."""
 
-    def __init__(self, actor: ActorWorker, cfg: RunConfig):
-        # not ReferenceWorker.__init__: that would freeze (and eval) the actor's model
-        self.model = actor.model
-        self.micro_batch_size = cfg.algo.micro_batch_size
-        self.micro_batch_tokens = cfg.algo.micro_batch_tokens
-        self.temperature = cfg.rollout.temperature
+    def __init__(self, config: LoraConfig | None = None):
+        self.config = config
 
-    def compute_logprobs(self, exp: Experience) -> Tensor:
-        with adapters_disabled(self.model):
-            return super().compute_logprobs(exp)
+    def wrap(self, base: torch.nn.Module, adapter_dir: str | None = None) -> torch.nn.Module:
+        """The adapter wrap: ``base`` with the peft adapters of ``adapter_dir`` (trainable), or
+        with fresh ones per ``config`` (``relayrl.model.lora.apply_lora``)."""
+        if adapter_dir is not None:
+            from peft import PeftModel
+
+            return PeftModel.from_pretrained(base, adapter_dir, is_trainable=True)
+        if self.config is None:
+            raise ValueError("LoraOption.wrap: no model.lora config and no adapter directory")
+        return apply_lora(base, self.config)  # type: ignore[no-any-return]
+
+    def prepare(self, model: torch.nn.Module, parallelism: Parallelism) -> None:
+        """Before the parallelism wraps the model: every rank starts from rank 0's adapters."""
+        if parallelism.distributed:
+            broadcast_trainable(model)

@@ -30,24 +30,27 @@ def make_optimizer(
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-class TrainState:
-    """Checkpointable training state of a role: optimizer, LR scheduler, shuffling generator.
+def train_state(
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    generator: torch.Generator,
+) -> dict[str, Any]:
+    """The checkpointable training state of a replicated role: optimizer, LR scheduler and
+    shuffling generator."""
+    return {
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "generator": generator.get_state(),
+    }
 
-    Mixed into trainable roles that set ``optimizer``, ``scheduler`` and ``generator``.
-    """
 
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    generator: torch.Generator
-
-    def train_state(self) -> dict[str, Any]:
-        return {
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "generator": self.generator.get_state(),
-        }
-
-    def load_train_state(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.generator.set_state(state["generator"])
+def load_train_state(
+    state: dict[str, Any],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    generator: torch.Generator,
+) -> None:
+    """Restore what ``train_state`` returned."""
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    generator.set_state(state["generator"])
