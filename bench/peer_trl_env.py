@@ -137,6 +137,19 @@ def _run(cmd: list[str], what: str = "") -> str:
 # --- the TRL arm -------------------------------------------------------------------------
 
 
+def rg_reward(completions, question, answer, rg_task, rg_metadata, **_: Any) -> list[float]:
+    """TRL reward function: reasoning-gym's scorer as relayrl's ``reasoning_gym`` reward calls
+    it (``reasoning_gym_score(question, completion, sample)["score"]``), one row per completion;
+    ``rg_metadata`` is the entry's metadata as JSON text."""
+    from relayrl.reward.task_rewards import reasoning_gym_score
+
+    out = []
+    for c, q, x, t, m in zip(completions, question, answer, rg_task, rg_metadata, strict=True):
+        sample = {"answer": x, "rg_task": t, "rg_metadata": json.loads(m)}
+        out.append(reasoning_gym_score(q, c, sample)["score"])
+    return out
+
+
 def trl_worker(spec_path: str) -> None:
     """Runs TRL's ``GRPOTrainer`` from a spec written by ``run_trl`` (in TRL's venv)."""
     import torch
@@ -155,18 +168,6 @@ def trl_worker(spec_path: str) -> None:
         return [
             arithmetic(p, c, {"answer": x})
             for p, c, x in zip(prompts, completions, answer, strict=True)
-        ]
-
-    def rg_reward(completions, question, answer, rg_task, rg_metadata, **_: Any) -> list[float]:
-        """reasoning-gym's scorer as relayrl's ``reasoning_gym`` reward calls it."""
-        from relayrl.reward.task_rewards import reasoning_gym_score
-
-        rows = zip(completions, question, answer, rg_task, rg_metadata, strict=True)
-        return [
-            reasoning_gym_score(q, c, {"answer": x, "rg_task": t, "rg_metadata": json.loads(m)})[
-                "score"
-            ]
-            for c, q, x, t, m in rows
         ]
 
     step_times: list[float] = []
