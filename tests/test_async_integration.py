@@ -115,7 +115,7 @@ def test_async_dynamic_sampling_trains_only_groups_with_signal(sft_model, tmp_pa
 
 
 def test_finish_order_resume_trains_no_admission_id_twice(tmp_path, monkeypatch):
-    """``async.in_order: false`` with a forced straggler: group 1's reward takes 2 s, so step 1
+    """``async.in_order: false`` with a forced straggler: group 1's reward takes 30 s, so step 1
     trains four later groups and the checkpoint holds next_group 1 and the ids trained above
     it. The resumed run generates group 1 again, passes over those ids, and across both runs
     no admission id is trained twice (they used to be: next_group went backwards). The resumed
@@ -150,7 +150,7 @@ def test_finish_order_resume_trains_no_admission_id_twice(tmp_path, monkeypatch)
         return out
 
     monkeypatch.setattr(GroupBuffer, "take", recording_take)
-    _train(run_config(model, run, "train.steps=1", *common(2.0)))
+    _train(run_config(model, run, "train.steps=1", *common(30.0)))
     assert 1 not in trained[0], trained  # the straggler was passed over
     state = torch.load(latest_checkpoint(run) / "trainer_state.pt", weights_only=False)
     assert state["schedule"]["next_group"] == 1

@@ -537,7 +537,13 @@ def test_a_reward_function_that_hangs_times_out_in_one_line(tiny, tmp_path, caps
     t0 = time.monotonic()
     rc, err = _run(
         capsys,
-        train_argv(config, "train.steps=4", f"reward.fn={name}:hangs", "reward.fn_timeout_s=1"),
+        train_argv(
+            config,
+            "train.steps=4",
+            f"reward.fn={name}:hangs",
+            "reward.fn_timeout_s=1",
+            "failures.regenerate_rounds=0",  # no fresh groups: each would hang too
+        ),
     )
     assert rc == 1
     assert time.monotonic() - t0 < 20
