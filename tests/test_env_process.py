@@ -72,9 +72,12 @@ def test_a_spinning_environment_is_killed_and_replaced(tiny, tmp_path, monkeypat
         runner.close()
     assert hung.metadata["env"]["stop_reason"] == "timeout"
     worker_pids = {int(x) for x in pids.read_text().split()}
-    assert len(worker_pids) == 3 and not any(_alive(p) for p in worker_pids)  # all gone
+    # the healthy episodes may share one worker or use two, as the pool schedules them; the
+    # killed worker is replaced by a fresh one and every worker is gone at the end
+    created = runner.pool.counters["created"]
+    assert len(worker_pids) == created >= 2 and not any(_alive(p) for p in worker_pids)
     assert m["env/stop_timeout"] == 1
-    assert runner.pool.counters["created"] == 3 and runner.pool.counters["closed"] == 3
+    assert runner.pool.counters["closed"] == created
 
 
 def test_a_factory_that_raises_in_the_worker_is_a_recorded_failure(tiny):
