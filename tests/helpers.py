@@ -7,6 +7,9 @@ import os
 from pathlib import Path
 from types import ModuleType
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
 from relayrl.config import ArithmeticConfig, DataConfig, RunConfig, SFTConfig, load_config
 from relayrl.controller.sft import run_sft
 from relayrl.data.prompts import PromptSource
@@ -17,6 +20,15 @@ TEST_SEED = int(os.environ.get("RELAYRL_TEST_SEED", "0"))
 """Seed of the SFT fixture and of every RL test run (conftest.py)."""
 SFT_TARGET = 0.35
 """Validation greedy pass rate at which the fixture's SFT stops (checked every 20 steps)."""
+SMALL_STEP = (
+    "data.eval_size=4",
+    "rollout.max_tokens=6",
+    "algo.prompts_per_step=4",
+    "algo.group_size=4",
+    "train.save_every=0",
+)
+"""Overrides of a small, quick RL step (4 prompts x 4 samples of 6 tokens, 4 held out, no
+periodic checkpoint), for tests of what happens around a step rather than of learning."""
 
 
 def make_sft_model(root: Path, seed: int = 0, target: float = SFT_TARGET) -> Path:
@@ -113,3 +125,20 @@ def leave_process_group() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def byte_bpe_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE (GPT-2's scheme: tokens can split a character's bytes) trained on
+    ``a+b=c`` sums, 300 ids with ``<pad>``, ``<eos>``, ``<unk>``."""
+    tk = Tokenizer(models.BPE(unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<pad>", "<eos>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tk.train_from_iterator([f"{a}+{b}={a + b}" for a in range(50) for b in range(50)], trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )

@@ -16,7 +16,7 @@ import json
 import pytest
 import torch
 
-from helpers import run_config
+from helpers import SMALL_STEP, run_config
 from relayrl.algos import compute_advantages
 from relayrl.cli import main
 from relayrl.cluster.local import build_local_roles
@@ -245,16 +245,7 @@ def _records(run_dir):
 
 
 def _single_turn(tiny, run_dir, *overrides):
-    return run_config(
-        tiny,
-        run_dir,
-        "data.eval_size=4",
-        "rollout.max_tokens=6",
-        "algo.prompts_per_step=4",
-        "algo.group_size=4",
-        "train.save_every=0",
-        *overrides,
-    )
+    return run_config(tiny, run_dir, *SMALL_STEP, *overrides)
 
 
 def test_reward_fn_raising_on_30_percent_trains_to_the_end(tiny, tmp_path):

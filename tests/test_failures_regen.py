@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from failure_helpers import prompt_fails
-from helpers import run_config
+from helpers import SMALL_STEP, run_config
 from relayrl.cluster.local import build_local_roles
 from relayrl.controller.algorithms import admit
 from relayrl.controller.dynamic_sampling import REFILL_STEP_BASE
@@ -60,11 +60,7 @@ def _cfg(tiny, run_dir, *overrides):
     return run_config(
         tiny,
         run_dir,
-        "data.eval_size=4",
-        "rollout.max_tokens=6",
-        "algo.prompts_per_step=4",
-        "algo.group_size=4",
-        "train.save_every=0",
+        *SMALL_STEP,
         "reward.fn=failure_helpers:fails_on_prompts",
         "failures.retries=1",
         "failures.regenerate_rounds=2",

@@ -542,7 +542,6 @@ def test_a_reward_function_that_hangs_times_out_in_one_line(tiny, tmp_path, caps
             "train.steps=4",
             f"reward.fn={name}:hangs",
             "reward.fn_timeout_s=1",
-            "failures.regenerate_rounds=0",  # no fresh groups: each would hang too
         ),
     )
     assert rc == 1

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import openai
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+from transformers import GPT2Config, GPT2LMHeadModel
 
+from helpers import byte_bpe_tokenizer
 from qwen_template import ScriptedEngine, qwen_tokenizer
 from relayrl.env.openai_server import OpenAIServer
 from relayrl.env.openai_stream import ChoiceText, IncrementalDecoder, held_suffix
@@ -91,23 +91,8 @@ def test_decoder_deltas_join_to_the_decode_of_a_character_tokenizer():
     assert deltas == ["a", "b", " ", "c", "+", "a"] and dec.flush() == ""
 
 
-def _byte_bpe() -> PreTrainedTokenizerFast:
-    tk = Tokenizer(models.BPE(unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<pad>", "<eos>", "<unk>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tk.train_from_iterator([f"{a}+{b}={a + b}" for a in range(50) for b in range(50)], trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
-    )
-
-
 def test_decoder_holds_a_character_split_over_byte_tokens_until_it_is_whole():
-    tok = _byte_bpe()
+    tok = byte_bpe_tokenizer()
     ids = tok("1é世", add_special_tokens=False)["input_ids"]
     assert len(ids) == 6  # '1', then 2 + 3 single-byte tokens (never merged in training)
     dec = IncrementalDecoder(lambda x: tok.decode(x))
@@ -118,7 +103,7 @@ def test_decoder_holds_a_character_split_over_byte_tokens_until_it_is_whole():
 
 
 def test_decoder_deltas_equal_the_full_decode_on_random_byte_tokens():
-    tok = _byte_bpe()
+    tok = byte_bpe_tokenizer()
     rng = random.Random(0)
     for _ in range(50):
         ids = [rng.randrange(3, len(tok)) for _ in range(rng.randrange(1, 40))]
@@ -314,7 +299,7 @@ def test_a_request_the_engine_rejects_is_a_400_before_the_stream(server):
 def test_a_byte_level_bpe_model_streams_split_characters_whole(tmp_path):
     """A random GPT-2 on a byte-level BPE samples lone bytes: partial characters are held
     until whole (or sent as the full decode shows them), and the joined stream is the reply."""
-    tok = _byte_bpe()
+    tok = byte_bpe_tokenizer()
     cfg = GPT2Config(
         n_positions=128,
         n_embd=32,

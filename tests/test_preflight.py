@@ -12,27 +12,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
+from helpers import byte_bpe_tokenizer
 from relayrl.cli import main
 
-LONG = " ".join(f"{i}+{i}" for i in range(40))  # 159 tokens with the tokenizer below
-
-
-def _tokenizer() -> PreTrainedTokenizerFast:
-    tk = Tokenizer(models.BPE(unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<pad>", "<eos>", "<unk>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tk.train_from_iterator([f"{a}+{b}={a + b}" for a in range(50) for b in range(50)], trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
-    )
+LONG = " ".join(f"{i}+{i}" for i in range(40))  # 159 tokens with byte_bpe_tokenizer()
 
 
 def _gpt2(out: Path, tok: PreTrainedTokenizerFast, vocab: int) -> Path:
@@ -60,7 +45,7 @@ def _jsonl(path: Path, prompts: list[str]) -> Path:
 def user(tmp_path_factory):
     """(root, the GPT-2, a copy without tokenizer files, one whose embedding is too small)."""
     root = tmp_path_factory.mktemp("preflight")
-    tok = _tokenizer()
+    tok = byte_bpe_tokenizer()
     assert len(tok(LONG).input_ids) == 159
     gpt2 = _gpt2(root / "gpt2", tok, len(tok))
     notok = root / "notok"

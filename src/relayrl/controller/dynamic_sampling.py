@@ -70,11 +70,15 @@ def regenerate_small_groups(
     r * B + g of ``step`` (B = ``prompts_per_step``), generated, scored and retried
     (``failures.retries``) like the step's own. Its samples take the old group's places, so
     the batch keeps its size and order. A group still too small after the last round is left
-    to :meth:`FailureLog.admit` to drop."""
+    to :meth:`FailureLog.admit` to drop. A step whose every group is too small (the reward
+    function or environment fails for everything) is not regenerated: fresh prompts would
+    fail the same way, each costing its timeouts; the step ends as a failure of the step."""
     rounds = cfg.failures.regenerate_rounds
     samples, scores, regenerated = list(samples), scores.clone(), 0
     refill = refill_prompts(source, step, rounds + 1)
     b = cfg.algo.prompts_per_step
+    if len(small_groups(samples)) == len({s.group_id for s in samples}):
+        return samples, scores, 0  # no group survived: a failure of the whole step, not retried
     for rnd in range(1, rounds + 1):
         small = small_groups(samples)
         if not small:

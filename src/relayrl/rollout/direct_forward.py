@@ -142,7 +142,9 @@ def _add_norm(
     """``h + b`` (the residual stream; ``b`` None: ``h``) and its RMSNorm: with ``lanes``
     (``_c_norm_lanes``) in one C call of the same bits (``varlen_decode.add_rms_norm``),
     else torch's seven operations."""
-    weight = cast(Tensor, norm._parameters["weight"])  # an RMSNorm's: always registered
+    # an RMSNorm's weight is always registered (torch types _parameters values as Optional);
+    # no runtime cast here: this runs per layer on every decode step
+    weight: Tensor = norm._parameters["weight"]  # type: ignore[assignment]
     eps = norm.variance_epsilon
     if lanes and weight.dtype == torch.float32 and weight.is_contiguous():
         return varlen_decode.add_rms_norm(h, b, weight, eps, lanes, checked=False)
@@ -155,7 +157,7 @@ def _lin(x: Tensor, layer: torch.nn.Linear) -> Tensor:
     """``nn.Linear.forward`` (``F.linear``), its tensors from ``_parameters`` (no
     ``Module.__getattr__``; a linear's weight is always registered, its bias may be None)."""
     p = layer._parameters
-    return F.linear(x, cast(Tensor, p["weight"]), p.get("bias"))
+    return F.linear(x, p["weight"], p.get("bias"))  # type: ignore[arg-type]  # per step: no cast
 
 
 FUSE_MAX_ELEMENTS = 1 << 20
@@ -333,7 +335,7 @@ def direct_logits(
     lm = cast("LlamaForCausalLM", model)  # a ``supported`` model
     inner = lm.model
     ids = ids.view(-1)
-    h = F.embedding(ids, cast(Tensor, inner.embed_tokens._parameters["weight"]))  # [N, hidden]
+    h = F.embedding(ids, inner.embed_tokens._parameters["weight"])  # type: ignore[arg-type]
     cos, sin = _rotary(position_ids.view(-1), inner.rotary_emb, h.dtype)
     n = ids.shape[0]
     lanes = _c_norm_lanes(h)

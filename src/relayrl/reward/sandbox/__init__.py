@@ -8,32 +8,5 @@ whose verdict the program under test cannot reach.
 - ``code_harness``: tests run beside the program, their verdict on a channel it cannot write.
 """
 
-from relayrl.reward.sandbox.api import (
-    BOOT_FAILED,
-    CHANNEL_BYTES,
-    IsolationMode,
-    Sandbox,
-    SandboxLimits,
-    SandboxResult,
-    SandboxStatus,
-    detect_isolation,
-    processes_of_session,
-    processes_of_uid,
-    remove_orphaned_dirs,
-    run_python,
-)
-
-__all__ = [
-    "BOOT_FAILED",
-    "CHANNEL_BYTES",
-    "IsolationMode",
-    "Sandbox",
-    "SandboxLimits",
-    "SandboxResult",
-    "SandboxStatus",
-    "detect_isolation",
-    "processes_of_session",
-    "processes_of_uid",
-    "remove_orphaned_dirs",
-    "run_python",
-]
+from relayrl.reward.sandbox.api import *  # noqa: F403  (its public names, ``__all__``)
+from relayrl.reward.sandbox.api import __all__ as __all__

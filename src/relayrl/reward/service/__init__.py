@@ -6,18 +6,5 @@
 - ``model_lanes`` / ``rm_scorer``: batched model scorers (a reward model) beside the functions.
 """
 
-from relayrl.reward.service.server import (
-    ModelScorer,
-    RewardService,
-    ServiceClosed,
-    build_reward_service,
-    service_enabled,
-)
-
-__all__ = [
-    "ModelScorer",
-    "RewardService",
-    "ServiceClosed",
-    "build_reward_service",
-    "service_enabled",
-]
+from relayrl.reward.service.server import *  # noqa: F403  (its public names, ``__all__``)
+from relayrl.reward.service.server import __all__ as __all__
