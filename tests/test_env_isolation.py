@@ -91,12 +91,17 @@ def test_every_environment_is_closed_at_the_end_of_a_run_also_in_flight(tiny):
     model, tok = tiny
     Blocking.closed, Blocking.created = [], []
     runner = _runner(model, tok, lambda: Blocking(hang_async_s=30.0), timeout_s=60.0)
+    earlier = set(threading.enumerate())
     runner.submit_many(_requests(8, set()))
     deadline = time.monotonic() + 20
     while runner.pool.in_use < 8 and time.monotonic() < deadline:
         runner.poll(0.05)
     assert runner.pool.in_use == 8  # every episode waits in its step
-    n_threads = threading.active_count()
+    # this run's environment loop threads (EnvLoop("relayrl-env")), by identity: threads that
+    # other tests left behind, starting or ending meanwhile, do not enter the count
+    env_loops = [t for t in threading.enumerate() if t.name == "relayrl-env" and t not in earlier]
     runner.close()
     assert len(Blocking.created) == 8 and sorted(Blocking.closed) == sorted(Blocking.created)
-    assert threading.active_count() <= n_threads - 8  # their loops' threads are gone
+    for t in env_loops:  # a stopped loop's thread returns from run_forever right after close
+        t.join(timeout=10)
+    assert len(env_loops) == 8 and not any(t.is_alive() for t in env_loops)  # threads gone
