@@ -204,11 +204,14 @@ def _serve(
     os.environ["OMP_NUM_THREADS"] = str(spec.threads)
     torch.set_num_threads(spec.threads)
     device = spec.shared_device()
+    owns_server = False  # a vLLM server process (rollout.vllm_process: server)
     try:
         if spec.backend == "vllm":  # rollout.backend: vllm (same interface, same loop)
             from relayrl.rollout.vllm_select import engine_from_spec
+            from relayrl.rollout.vllm_server import VllmServerEngine
 
             engine: Any = engine_from_spec(spec, shared)  # in process or a server
+            owns_server = isinstance(engine, VllmServerEngine)
         else:
             engine = build_own_engine(spec, shared)
     except Exception:
@@ -217,10 +220,9 @@ def _serve(
     out_conn.send(("ready", os.getpid()))
     try:
         _engine_loop(engine, spec, shared, cmd_conn, out_conn, must_exit, device)
-    finally:  # a vLLM server process (rollout.vllm_process: server) stops with the worker
-        close = getattr(engine, "close", None) if getattr(engine, "server", None) else None
-        if close is not None:
-            close()
+    finally:  # the server stops with the worker
+        if owns_server:
+            engine.close()
 
 
 def _engine_loop(
@@ -303,7 +305,7 @@ def _start_ignoring_sigint(process: Any) -> None:
 
 
 class EngineProcess:
-    """Client of an engine worker process; same rollout interface as ``RolloutEngine``."""
+    """Client of an engine worker process: a :class:`~relayrl.rollout.PollingBackend`."""
 
     def __init__(
         self,
@@ -434,6 +436,16 @@ class EngineProcess:
                 ) from exc
 
     # ----------------------------------------------------------------- interface
+    @property
+    def max_slots(self) -> int:
+        """The worker engine's slots (``spec.max_slots``)."""
+        return self.spec.max_slots
+
+    @property
+    def max_model_len(self) -> int | None:
+        """Not known here (the worker's engine reads it from the model): None."""
+        return None
+
     def submit_many(self, requests: Iterable[GenerationRequest]) -> None:
         self._send(("submit", list(requests)))
 

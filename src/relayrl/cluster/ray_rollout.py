@@ -63,7 +63,8 @@ def lost_on_replica(
 
 
 class RayRolloutClient:
-    """Rollout replicas on Ray behind the ``EngineProcess`` client interface."""
+    """Rollout replicas on Ray: a :class:`~relayrl.rollout.PollingBackend` (as
+    ``EngineProcess``)."""
 
     def __init__(
         self,
@@ -145,7 +146,7 @@ class RayRolloutClient:
         per: dict[int, list[GenerationRequest]] = {}
         with self._lock:
             if self._min_version is not None:
-                ready = []
+                ready: list[tuple[int, GenerationRequest]] = []
                 for item in tagged:
                     held = self._min_version(item[1]) > self._loaded_version
                     (self._held if held else ready).append(item)
@@ -273,6 +274,20 @@ class RayRolloutClient:
             raise self._error
 
     # ------------------------------------------------------------------ interface
+    @property
+    def max_slots(self) -> int | None:
+        """None: a pool of replicas (the controller uses ``rollout.max_slots``)."""
+        return None
+
+    @property
+    def max_model_len(self) -> int | None:
+        """None: the replicas' engines read it from the model."""
+        return None
+
+    def rejected(self) -> list[tuple[dict[str, Any], str]]:
+        """Nothing: a replica hands a request it cannot run back as an ``'abort'`` sample."""
+        return []
+
     def submit_many(self, requests: Iterable[GenerationRequest]) -> None:
         self._check()
         tagged = []
@@ -325,28 +340,28 @@ class RayRolloutClient:
         """
         self._check()
         t0 = time.perf_counter()
-        remote = isinstance(state_dict, RemoteStateDict)
-        if remote and self._collective:
-            self._update_collective(state_dict, version, interrupt)
+        remote = state_dict if isinstance(state_dict, RemoteStateDict) else None
+        if remote is not None and self._collective:
+            self._update_collective(remote, version, interrupt)
             self._finish_update(version, t0)
             return
-        need_ref = not remote or not all(self._colocated)
+        need_ref = remote is None or not all(self._colocated)
         ref = None
         if need_ref:
-            if isinstance(state_dict, RemoteStateDict):
-                ref = state_dict.ref  # sharded: every trainer rank joins the gather
+            if remote is not None:
+                ref = remote.ref  # sharded: every trainer rank joins the gather
             else:
                 ref = ray.put({k: v.detach() for k, v in state_dict.items()})
         with self._lock:
             self._weights_ref = ref if ref is not None else self._weights_ref
             calls = []
             for i, h in enumerate(self._replicas):
-                local = remote and self._colocated[i]
+                local = remote is not None and self._colocated[i]
                 calls.append(h.rollout_update.remote(None if local else ref, version, interrupt))
-            if remote and state_dict.sharded and not need_ref:
+            if remote is not None and remote.sharded and not need_ref:
                 # FSDP2 actor colocated: its ranks without an engine join the gather
                 mine = {h._actor_id for h in self._replicas}
-                for h in state_dict.group.hosts:
+                for h in remote.group.hosts:
                     if h._actor_id not in mine:
                         calls.append(h.rollout_update.remote(None, version, interrupt))
             self.version = version

@@ -31,6 +31,7 @@ from ray.exceptions import RayActorError
 from torch import Tensor
 
 from relayrl.cluster.weight_collective import Entry, WeightGroup, drain, entries_of, plan_buckets
+from relayrl.rollout import RolloutEngine, SteppingEngine
 
 MUTATES_ACTOR = frozenset({"update", "load_train_state", "load_sharded"})
 """Actor methods after which its weights are no longer the version last sent."""
@@ -46,7 +47,7 @@ class CollectiveWeightSync:
 
     spec: Any
     roles: dict[str, Any]
-    engine: Any
+    engine: SteppingEngine | None
     _weight_group: WeightGroup | None = None
     _torn = False  # a receive failed part-way: the engine is paused until a sync completes
     _weights_lock: threading.Lock
@@ -168,7 +169,7 @@ class CollectiveWeightSync:
             with self._cv:
                 if version == engine.version:
                     drain(parts)  # already loaded (the first sync of a run): join, load nothing
-                elif hasattr(engine, "update_weights_streamed"):
+                elif isinstance(engine, RolloutEngine):  # the own engine: part by part
                     shapes = {e.name: e.shape for b in buckets for e in b}
                     try:
                         engine.update_weights_streamed(parts, version, shapes, interrupt)
@@ -193,9 +194,9 @@ class CollectiveWeightSync:
         """A copy of the engine's weights and its version (tests)."""
         assert self.engine is not None
         with self._cv:
-            model = getattr(self.engine, "model", None)
-            if model is None:
+            if not isinstance(self.engine, RolloutEngine):
                 raise RuntimeError("engine_state: this engine exposes no model")
+            model = self.engine.model
             state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             state["__version__"] = torch.tensor(self.engine.version)
             return state

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from relayrl.cluster.ray_weight_sync import CollectiveWeightSync
 from relayrl.config import RunConfig
-from relayrl.rollout import GenerationRequest, Sample
+from relayrl.rollout import GenerationRequest, RolloutEngine, Sample, SteppingEngine
 from relayrl.rollout.engine import _error_sample
 from relayrl.workers.experience import Experience
 
@@ -99,7 +99,7 @@ class RoleHost(CollectiveWeightSync):
         torch.manual_seed(spec.cfg.seed + spec.rank)  # LoRA's initial adapters, dropout
         self.spec = spec
         self.roles: dict[str, Any] = {}
-        self.engine: Any = None  # RolloutEngine | VllmEngine: the rollout interface
+        self.engine: SteppingEngine | None = None  # RolloutEngine | VllmEngine
         self._init_weight_sync()
         if not spec.grouped:
             self.build(weights)
@@ -344,9 +344,10 @@ class RoleHost(CollectiveWeightSync):
         from relayrl.workers.fsdp import iter_full_state_buckets
 
         engine, actor = self.engine, self.roles["actor"]
+        assert engine is not None
         buckets = iter_full_state_buckets(actor.model, _sync_bytes(self.spec.cfg))
         load = version != engine.version  # the gather runs anyway: every rank must join
-        if not hasattr(engine, "model"):  # vLLM: one dict
+        if not isinstance(engine, RolloutEngine):  # vLLM: one dict
             state: dict[str, Tensor] = {}
             for b in buckets:
                 state.update(b)

@@ -31,9 +31,8 @@ from relayrl.config import DataConfig
 from relayrl.config.eval import EvalConfig
 from relayrl.controller.failures import infra_cause, retry_failed
 from relayrl.data.prompts import PromptSource, TokenizedPrompt
-from relayrl.reward import answers_equal, extract_final_answer, extract_integer_answer
-from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
-from relayrl.workers.reward import RewardWorker
+from relayrl.reward import Scorer, answers_equal, extract_final_answer, extract_integer_answer
+from relayrl.rollout import GenerationRequest, RolloutBackend, SamplingParams
 
 __all__ = [
     "HELD_OUT",
@@ -175,8 +174,8 @@ class EvalResult:
 
 
 def evaluate_prompts(
-    engine: RolloutEngine,
-    reward: RewardWorker,
+    engine: RolloutBackend,
+    reward: Scorer,
     prompts: Sequence[TokenizedPrompt],
     max_tokens: int,
     stop_token_ids: list[int] | None = None,
@@ -251,8 +250,8 @@ def evaluate_prompts(
 
 
 def held_out_metrics(
-    engine: RolloutEngine,
-    reward: RewardWorker,
+    engine: RolloutBackend,
+    reward: Scorer,
     prompts: Sequence[TokenizedPrompt],
     max_tokens: int,
     stop_token_ids: list[int] | None = None,
@@ -281,8 +280,8 @@ def held_out_metrics(
 
 
 def greedy_pass_rate(
-    engine: RolloutEngine,
-    reward: RewardWorker,
+    engine: RolloutBackend,
+    reward: Scorer,
     prompts: Sequence[TokenizedPrompt],
     max_tokens: int,
     stop_token_ids: list[int] | None = None,

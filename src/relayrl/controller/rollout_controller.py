@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 import torch
 
@@ -33,17 +32,17 @@ from relayrl.controller.watchdog import RolloutStalled
 from relayrl.data.dynamic import has_signal
 from relayrl.data.prompts import PromptSource, TokenizedPrompt
 from relayrl.env.scoring import scoring_view
-from relayrl.rollout import Sample
+from relayrl.reward import Scorer
+from relayrl.rollout import PollingBackend, Sample
 from relayrl.telemetry.timeline import Timeline
-from relayrl.workers.reward import RewardWorker
 
 
 class RolloutController(threading.Thread):
     def __init__(
         self,
-        engine: Any,
+        engine: PollingBackend,
         source: PromptSource,
-        reward: RewardWorker,
+        reward: Scorer,
         cfg: RunConfig,
         gate: StalenessGate,
         buffer: GroupBuffer,
@@ -84,7 +83,8 @@ class RolloutController(threading.Thread):
         self._urgent: list[int] = []  # the groups the engine was last told the trainer awaits
         # Never flood the engine beyond what keeps its slots busy (this is also what bounds
         # an unbounded eta): at most 2 x slots worth of groups unfinished, and at least B.
-        slots = int(getattr(getattr(engine, "spec", None), "max_slots", cfg.rollout.max_slots))
+        slots = engine.max_slots
+        slots = cfg.rollout.max_slots if slots is None else slots
         per_group = cfg.algo.group_size
         self._capacity = max(cfg.algo.prompts_per_step, -(-2 * slots // per_group))
 
@@ -238,9 +238,8 @@ class RolloutController(threading.Thread):
         """A service result: back to its sample, with the episode's score (``EpisodeScorer``
         when the run has environments: failures 0, per-turn rewards added)."""
         sample = self._views.pop(id(view), view)
-        finish = getattr(self.reward, "finish", None)
-        if finish is not None:
-            score = float(finish([sample], torch.tensor([score], dtype=torch.float32))[0])
+        # float64 carries the service's float exactly (the plain worker's finish is the identity)
+        score = float(self.reward.finish([sample], torch.tensor([score], dtype=torch.float64))[0])
         self._collect(sample, score)
 
     def _retry(self, sample: Sample) -> bool:

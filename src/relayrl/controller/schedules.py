@@ -48,7 +48,7 @@ from relayrl.env.registry import resolve_factory
 from relayrl.env.render import make_renderer
 from relayrl.env.runner import EpisodeRunner, RunnerLimits
 from relayrl.env.scoring import EpisodeScorer
-from relayrl.rollout import Sample
+from relayrl.rollout import EpisodeMetrics, PollingBackend, Sample, driven
 from relayrl.telemetry.mismatch import MismatchMonitor
 from relayrl.telemetry.timeline import Timeline
 from relayrl.workers import Experience, Roles
@@ -64,7 +64,7 @@ def attach_environments(roles: Roles, cfg: RunConfig) -> None:
         return
     factory = resolve_factory(e.factory or "", e.kwargs)
     roles.rollout = EpisodeRunner(
-        roles.rollout,
+        driven(roles.rollout),
         factory,
         make_renderer(roles.tokenizer, e.render),
         RunnerLimits.from_config(e, _context_length(roles)),
@@ -77,7 +77,7 @@ def attach_environments(roles: Roles, cfg: RunConfig) -> None:
 
 def _context_length(roles: Roles) -> int:
     """The engine's context (``max_model_len``), else the actor model's positions."""
-    n = getattr(roles.rollout, "max_model_len", None)
+    n = roles.rollout.max_model_len
     if n is None:
         config = getattr(roles.actor.model, "config", None)
         n = getattr(config, "max_position_embeddings", None)
@@ -90,8 +90,9 @@ def env_metrics(roles: Roles) -> dict[str, float]:
     """The episode runner's ``env/*`` counters since the last call (none single-turn). The
     sync schedule counts its own step's episodes; the async ones count every episode that
     finished since the previous step (an ``train.eval_every`` evaluation's too)."""
-    metrics = getattr(roles.rollout, "env_metrics", None)  # EpisodeRunner, AgentRollout (i20b)
-    return metrics() if callable(metrics) else {}
+    if isinstance(roles.rollout, EpisodeMetrics):  # EpisodeRunner, AgentRollout (i20b)
+        return roles.rollout.env_metrics()
+    return {}
 
 
 class SyncSchedule:
@@ -218,6 +219,11 @@ class AsyncSchedule:
         self.roles, self.cfg, self.timeline = roles, cfg, timeline
         self.gate = StalenessGate(cfg.algo.prompts_per_step, cfg.staleness_eta)
         self.buffer = GroupBuffer(in_order=cfg.async_.in_order)
+        if not isinstance(roles.rollout, PollingBackend):
+            raise TypeError(
+                f"schedule={cfg.schedule}: the rollout backend {type(roles.rollout).__name__} "
+                "is not a PollingBackend (an engine in its own process or on Ray)"
+            )
         self.controller = RolloutController(
             roles.rollout, source, roles.reward, cfg, self.gate, self.buffer, stop_ids, timeline
         )

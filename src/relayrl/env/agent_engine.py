@@ -18,9 +18,9 @@ everything that touches the engine, in order:
 Streaming (``generate(request, on_tokens=sink)``): the sink is called on this thread, first
 with empty lists once the engine has accepted the request, then after every step with the
 tokens the request gained, as ``(ids, behaviour logprobs, versions)``, read with the engine's
-``progress(request_id, start)`` (the in-process engines), and last with whatever the finished
-sample adds, before its future resolves: the concatenated deltas are the sample's response.
-An engine without ``progress`` (the polling client) hands the tokens over at the finish only
+``progress(request_id, start)`` (the in-process engines; the vLLM server's returns None), and
+last with whatever the finished sample adds, before its future resolves: the concatenated
+deltas are the sample's response. A polling client hands the tokens over at the finish only
 (and makes no acceptance call). Nothing of this runs for requests without a sink: the engine's
 step is the same. ``abort(future)`` stops a request (``engine.abort``): its future gets the
 ``'abort'`` sample; the polling client has no abort (its request runs to its end).
@@ -38,6 +38,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from relayrl.rollout.backend import PollingBackend, SteppingEngine
 from relayrl.rollout.types import GenerationRequest, Sample
 
 T = TypeVar("T")
@@ -55,20 +56,22 @@ class EngineOwner:
     """The one thread that drives ``engine`` (see module).
 
     Args:
-        engine: a stepping engine (``submit`` -> id, ``step`` -> finished samples,
-            ``has_unfinished``) or a polling client (``submit_many``, ``poll(timeout)``,
+        engine: a :class:`~relayrl.rollout.SteppingEngine` (``submit`` -> id, ``step`` ->
+            finished samples, ``progress``, ``abort``) or a
+            :class:`~relayrl.rollout.PollingBackend` (``submit_many``, ``poll(timeout)``,
             ``rejected()``).
         idle_wait_s: how long the thread sleeps on its inbox when the engine has no work.
     """
 
-    def __init__(self, engine: Any, idle_wait_s: float = 0.05) -> None:
+    def __init__(self, engine: SteppingEngine | PollingBackend, idle_wait_s: float = 0.05) -> None:
         self.engine = engine
-        self.polling = hasattr(engine, "poll") and not hasattr(engine, "step")
+        self._poller = engine if isinstance(engine, PollingBackend) else None
+        self._stepper = None if isinstance(engine, PollingBackend) else engine
+        self.polling = self._poller is not None
         self.idle_wait_s = idle_wait_s
         self._inbox: queue.Queue[tuple[str, Any, Future[Any]]] = queue.Queue()
         self._pending: dict[int, Future[Sample]] = {}
         self._streams: dict[int, tuple[TokenSink, list[int]]] = {}  # key -> (sink, [sent])
-        self._progress = getattr(engine, "progress", None) if not self.polling else None
         self.observers: list[Callable[[Sample], None]] = []
         self.aborts_requested = 0  # abort() calls on unfinished requests
         self._tickets = itertools.count()
@@ -81,7 +84,7 @@ class EngineOwner:
     @property
     def max_model_len(self) -> int | None:
         """The engine's context length, when it says (prompt + completion tokens)."""
-        value = getattr(self.engine, "max_model_len", None)
+        value = self.engine.max_model_len
         return int(value) if value is not None else None
 
     def generate(
@@ -169,15 +172,15 @@ class EngineOwner:
                 self._submit(request, sink, fut)
             elif kind == "abort":
                 key = next((k for k, f in self._pending.items() if f is payload), None)
-                if key is not None and not self.polling and hasattr(self.engine, "abort"):
-                    self.engine.abort(key)
+                if key is not None and self._stepper is not None:
+                    self._stepper.abort(key)
 
     def _submit(
         self, request: GenerationRequest, sink: TokenSink | None, fut: Future[Sample]
     ) -> None:
         if not fut.set_running_or_notify_cancel():
             return
-        if self.polling:
+        if self._poller is not None:
             ticket = next(self._tickets)
             tagged = GenerationRequest(
                 request.prompt_ids,
@@ -188,10 +191,11 @@ class EngineOwner:
             self._pending[ticket] = fut
             if sink is not None:
                 self._streams[ticket] = (sink, [0])
-            self.engine.submit_many([tagged])
+            self._poller.submit_many([tagged])
             return
+        assert self._stepper is not None
         try:
-            rid = self.engine.submit(request)
+            rid = self._stepper.submit(request)
         except ValueError as exc:  # InvalidRequestError: this request only
             fut.set_exception(exc)
             return
@@ -201,25 +205,25 @@ class EngineOwner:
             sink([], [], [])  # accepted
 
     def _advance(self) -> None:
-        if self.polling:
-            for meta, error in self.engine.rejected():
+        if self._poller is not None:
+            for meta, error in self._poller.rejected():
                 self._streams.pop(int(meta.get(TICKET, -1)), None)
                 fut = self._pending.pop(int(meta.get(TICKET, -1)), None)
                 if fut is not None:
                     fut.set_exception(ValueError(error))
-            for s in self.engine.poll(timeout=0.01):
+            for s in self._poller.poll(timeout=0.01):
                 ticket = s.metadata.pop(TICKET, None)
                 if ticket is not None:
                     self._finish(int(ticket), s)
             return
-        for s in self.engine.step():
+        assert self._stepper is not None
+        for s in self._stepper.step():
             self._finish(s.request_id, s)
-        if self._progress is not None:
-            for key, (sink, sent) in self._streams.items():
-                new = self._progress(key, sent[0])
-                if new is not None and new[0]:
-                    sent[0] += len(new[0])
-                    sink(*new)
+        for key, (sink, sent) in self._streams.items():
+            new = self._stepper.progress(key, sent[0])
+            if new is not None and new[0]:
+                sent[0] += len(new[0])
+                sink(*new)
 
     def _finish(self, key: int, s: Sample) -> None:
         """Show a finished sample to the observers, hand its last tokens to its sink, then

@@ -64,6 +64,7 @@ from relayrl.env.pool import DaemonThreadExecutor
 from relayrl.env.registry import load_callable
 from relayrl.env.scoring import EpisodeScorer
 from relayrl.env.sessions import Session
+from relayrl.rollout.backend import PollingBackend, SteppingEngine
 from relayrl.rollout.types import EngineReport, GenerationRequest, Sample
 
 AgentFn = Callable[[str, str, dict[str, Any]], Any]
@@ -85,6 +86,7 @@ def agent_reward(prompt: str, completion: str, sample: dict) -> float:
 
 class AgentRollout:
     """The rollout role of an agent run (see module): ``generate`` runs one agent per request.
+    A :class:`~relayrl.rollout.PollingBackend` over the engine's.
 
     Args:
         engine: the engine (or an :class:`EngineOwner` of it); every engine call, weight
@@ -97,7 +99,7 @@ class AgentRollout:
 
     def __init__(
         self,
-        engine: Any,
+        engine: SteppingEngine | PollingBackend | EngineOwner,
         tokenizer: Any,
         agent: AgentFn | str,
         timeout_s: float = 120.0,
@@ -126,7 +128,7 @@ class AgentRollout:
         self._error: BaseException | None = None
         self._closed = False
         self._lock = threading.Lock()
-        self.version = int(getattr(self.engine, "version", 0))
+        self.version = self.engine.version
         self._loop = asyncio.new_event_loop()
         self._limit: asyncio.Semaphore | None = None
         self._loop_thread = threading.Thread(
@@ -178,8 +180,19 @@ class AgentRollout:
 
     def prioritize(self, group_ids: Iterable[int]) -> None:
         ids = list(group_ids)
-        if hasattr(self.engine, "prioritize"):
-            self.owner.call(lambda e: e.prioritize(ids))
+        self.owner.call(lambda e: e.prioritize(ids))
+
+    @property
+    def max_slots(self) -> int | None:
+        return self.engine.max_slots
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.engine.max_model_len
+
+    def rejected(self) -> list[tuple[dict[str, Any], str]]:
+        """Nothing: a call the engine refuses is answered with an error to the agent."""
+        return []
 
     def report(self) -> EngineReport:
         return self.owner.call(lambda e: e.report())
@@ -214,14 +227,7 @@ class AgentRollout:
         if not self._loop_thread.is_alive():
             self._loop.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
-
-    def __getattr__(self, name: str) -> Any:  # max_slots, spec, ...: the engine's own
-        if name in ("engine", "owner"):
-            raise AttributeError(name)
-        return getattr(self.engine, name)
+        self.engine.close()
 
     # ------------------------------------------------------------------ rollouts
     def _start(self, request: GenerationRequest) -> Future[Sample]:

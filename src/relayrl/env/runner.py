@@ -1,10 +1,11 @@
 """The multi-turn episode runner: wraps a rollout engine and looks like one to the controller.
 
-``EpisodeRunner(engine, factory, ...)`` has the rollout interface the schedules use
-(``generate``; ``submit_many`` / ``poll``; ``update_weights``, ``prioritize``, ``report`` and
-the rest delegated to the engine), so the sync and async schedules run multi-turn episodes
-through the same code as single-turn generation. Each request (a prompt row, as the
-controller builds it) becomes one episode::
+``EpisodeRunner(engine, factory, ...)`` is a :class:`~relayrl.rollout.PollingBackend`
+(``generate``; ``submit_many`` / ``poll``; ``update_weights``, ``prioritize``, ``report``,
+``version`` and the slot and context sizes passed on to the engine, a
+:class:`~relayrl.rollout.SteppingEngine` stepped here or a polling client), so the sync and
+async schedules run multi-turn episodes through the same code as single-turn generation.
+Each request (a prompt row, as the controller builds it) becomes one episode::
 
     env = pool.acquire(); messages = env.reset(row)          # in the env loop (off-path)
     context = render(messages)                               # token ids, once
@@ -60,7 +61,8 @@ from relayrl.env.template_check import TemplateCheck, check_tool_template
 from relayrl.env.tools import assistant_message
 from relayrl.env.trajectory import TrajectoryBuilder
 from relayrl.env.types import EnvError, Message, StepResult, as_step_result, check_messages
-from relayrl.rollout.types import FinishReason, GenerationRequest, Sample
+from relayrl.rollout.backend import PollingBackend, SteppingEngine
+from relayrl.rollout.types import EngineReport, FinishReason, GenerationRequest, Sample
 
 ENV_TAG = "_env_episode"
 """Metadata key that ties an engine request to its episode (and turn)."""
@@ -117,7 +119,7 @@ class EpisodeRunner:
 
     def __init__(
         self,
-        engine: Any,
+        engine: SteppingEngine | PollingBackend,
         factory: Callable[[], Environment],
         renderer: PlainRenderer | ChatTemplateRenderer,
         limits: RunnerLimits,
@@ -131,6 +133,9 @@ class EpisodeRunner:
         elif isolation != "thread":
             raise ValueError(f"env.isolation: {isolation!r} is not thread or process")
         self.engine = engine
+        # how to drive it, decided once: poll a client, or step an engine in this thread
+        self._poller = engine if isinstance(engine, PollingBackend) else None
+        self._stepper = None if isinstance(engine, PollingBackend) else engine
         self.renderer = renderer
         self.limits = limits
         self.loop = EnvLoop()
@@ -186,13 +191,32 @@ class EpisodeRunner:
     def has_unfinished(self) -> bool:
         return bool(self._episodes) or bool(self._out)
 
-    def update_weights(self, state_dict: Mapping[str, Any], version: int, **kw: Any) -> None:
-        self.engine.update_weights(state_dict, version=version, **kw)
+    def update_weights(
+        self, state_dict: Mapping[str, Any], version: int, interrupt: bool = True
+    ) -> None:
+        self.engine.update_weights(state_dict, version=version, interrupt=interrupt)
 
-    def __getattr__(self, name: str) -> Any:  # report, stats, prioritize, version, spec, ...
-        if name == "engine":
-            raise AttributeError(name)
-        return getattr(self.engine, name)
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    @property
+    def max_slots(self) -> int | None:
+        return self.engine.max_slots
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.engine.max_model_len
+
+    def prioritize(self, group_ids: Iterable[int]) -> None:
+        self.engine.prioritize(group_ids)
+
+    def report(self) -> EngineReport:
+        return self.engine.report()
+
+    def rejected(self) -> list[tuple[dict[str, Any], str]]:
+        """Nothing: a turn the engine refuses ends its episode (an ``'abort'`` sample)."""
+        return []
 
     def close(self) -> None:
         """Close the pool's environments, stop the env loop, close the engine."""
@@ -204,9 +228,7 @@ class EpisodeRunner:
         except Exception:  # noqa: BLE001  (closing must not mask the run's own error)
             self.counters["close_failures"] += 1
         self.loop.stop()
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        self.engine.close()
 
     # ---------------------------------------------------------------- metrics
     def env_metrics(self) -> dict[str, float]:
@@ -263,15 +285,15 @@ class EpisodeRunner:
         """One round: environment results, then one engine step / poll."""
         progressed = self._drain_ready()
         wait = 0.0 if progressed else timeout
-        engine = self.engine
         samples: list[Sample] = []
         if self._in_engine == 0:
             self._wait_ready(wait)
-        elif hasattr(engine, "poll"):
-            samples = engine.poll(timeout=min(wait, 0.01) if self._waiting_env else wait)
-            self._check_rejected()
+        elif self._poller is not None:
+            samples = self._poller.poll(timeout=min(wait, 0.01) if self._waiting_env else wait)
+            self._check_rejected(self._poller)
         else:
-            samples = engine.step()
+            assert self._stepper is not None
+            samples = self._stepper.step()
         for s in samples:
             self._on_turn(s)
         self._drain_ready()
@@ -360,11 +382,8 @@ class EpisodeRunner:
             return
         self._in_engine += 1
 
-    def _check_rejected(self) -> None:
-        rejected = getattr(self.engine, "rejected", None)
-        if rejected is None:
-            return
-        for meta, error in rejected():
+    def _check_rejected(self, poller: PollingBackend) -> None:
+        for meta, error in poller.rejected():
             ep = self._episodes.get(meta.get(ENV_TAG, -1)) if isinstance(meta, dict) else None
             if ep is not None:
                 self._in_engine -= 1

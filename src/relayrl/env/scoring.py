@@ -20,12 +20,14 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from relayrl.reward.scorer import Scorer
+from relayrl.reward.service.server import RewardService
 from relayrl.rollout.types import Sample
 
 NOT_SCORED = ("env_error", "timeout", "abort")
@@ -100,9 +102,12 @@ def expand_episodes(
 
 
 class EpisodeScorer:
-    """The reward role for episodes (see module); single-turn samples pass through as they are."""
+    """The reward role for episodes (see module); single-turn samples pass through as they are.
+    A :class:`~relayrl.reward.Scorer` over the run's (``inner``)."""
 
-    def __init__(self, inner: Any, outcome: str = "reward_fn", turn_reward_coef: float = 0.0):
+    def __init__(
+        self, inner: Scorer, outcome: str = "reward_fn", turn_reward_coef: float = 0.0
+    ) -> None:
         self.inner = inner
         self.outcome = outcome
         self.turn_reward_coef = turn_reward_coef
@@ -130,7 +135,19 @@ class EpisodeScorer:
                 out[i] = float(info.get("outcome") or 0.0)
         return out
 
-    def __getattr__(self, name: str) -> Any:  # service, tokenizer, decode, close, ...
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+    @property
+    def service(self) -> RewardService | None:
+        return self.inner.service
+
+    @property
+    def fn(self) -> Callable[..., Any]:
+        return self.inner.fn
+
+    def decode(self, sample: Sample) -> str:
+        return self.inner.decode(sample)
+
+    def progress(self) -> int:
+        return self.inner.progress()
+
+    def close(self) -> None:
+        self.inner.close()

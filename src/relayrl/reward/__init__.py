@@ -9,7 +9,8 @@
   the program under test cannot reach (``sandbox.code_harness``);
 - weighted mixing, per-domain z-scores and batch logging (``mixing``);
 - the asynchronous reward service with a process pool and batched model scorers
-  (``service``).
+  (``service``);
+- the reward role's protocol and the batched scorer's (``scorer``).
 """
 
 from relayrl.reward import builtin as _builtin  # noqa: F401  (registers the built-ins)
@@ -54,6 +55,7 @@ from relayrl.reward.sandbox import (
     detect_isolation,
     run_python,
 )
+from relayrl.reward.scorer import BatchScorer, Scorer
 from relayrl.reward.service import (
     ModelScorer,
     RewardService,
@@ -71,6 +73,7 @@ from relayrl.reward.verifiers import (
 __all__ = [
     "END_MARKERS",
     "REWARD_FUNCTIONS",
+    "BatchScorer",
     "ModelScorer",
     "RewardFn",
     "RewardFunctionError",
@@ -78,6 +81,7 @@ __all__ = [
     "RewardService",
     "RewardSpec",
     "RewardSpecError",
+    "Scorer",
     "Sandbox",
     "SandboxLimits",
     "SandboxResult",

@@ -33,10 +33,11 @@ import itertools
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
+from transformers import PreTrainedModel
 
 from relayrl.rollout.cuda_graphs import DecodeGraphs
 from relayrl.rollout.kv_cache import SlotKVCache
@@ -101,14 +102,16 @@ class RolloutEngine:
             raise ValueError(f"urgent_steps must be >= 0, got {urgent_steps}")
         _check_supported(config)
         self.device = model_device(model, device)
-        self.model = model.eval()
+        # a HF causal LM (the runner calls its forward / config / heads); callers hold it as a
+        # Module (a PEFT-merged or FSDP-gathered copy): typed once here, no per-step cost
+        self.model = cast(PreTrainedModel, model.eval())
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.max_slots = max_slots
         self.max_model_len = int(max_model_len)
         self.version = version
-        self.input_vocab = _input_vocab_size(model)
-        self.output_vocab = _output_vocab_size(model)
+        self.input_vocab = _input_vocab_size(model, config)
+        self.output_vocab = _output_vocab_size(model, config)
         self.kv_cache = SlotKVCache(max_slots, self.max_model_len, device=self.device)
         self.scheduler = Scheduler(self.kv_cache)
         if cuda_graphs is None:
@@ -117,7 +120,7 @@ class RolloutEngine:
         if cuda_graphs:  # (on the CPU: a ValueError)
             graphs = DecodeGraphs(self.model, pad_token_id, max_slots, self.device, capture=True)
         self.runner = ModelRunner(pad_token_id, max_slots, device=self.device, graphs=graphs)
-        self._models: dict[int, torch.nn.Module] = {version: self.model}
+        self._models: dict[int, PreTrainedModel] = {version: self.model}
         self._ids = itertools.count()
         self._seed_rng = random.Random(seed)
         self._finished: list[Sample] = []  # finished outside step() (aborts), or not yet handed out
@@ -477,6 +480,9 @@ class RolloutEngine:
         for v in [v for v in self._models if v not in in_use]:
             del self._models[v]
 
+    def close(self) -> None:
+        """Nothing to stop: the engine runs in its caller's thread (``RolloutBackend.close``)."""
+
     # ------------------------------------------------------------------ reporting
     def stats(self) -> dict[str, Any]:
         """Counters and timings since construction."""
@@ -554,18 +560,18 @@ def _error_sample(request_id: int, request: GenerationRequest, error: str) -> Sa
     )
 
 
-def _input_vocab_size(model: torch.nn.Module) -> int:
-    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if emb is not None and hasattr(emb, "num_embeddings"):
-        return int(emb.num_embeddings)
-    return int(model.config.vocab_size)
+def _input_vocab_size(model: torch.nn.Module, config: Any) -> int:
+    """Rows of the input embedding (a HF model's), else ``config.vocab_size``."""
+    get = getattr(model, "get_input_embeddings", None)
+    rows = getattr(get() if get is not None else None, "num_embeddings", None)
+    return int(rows if rows is not None else config.vocab_size)
 
 
-def _output_vocab_size(model: torch.nn.Module) -> int:
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is not None and hasattr(head, "out_features"):
-        return int(head.out_features)
-    return int(model.config.vocab_size)
+def _output_vocab_size(model: torch.nn.Module, config: Any) -> int:
+    """Outputs of the LM head (a HF model's), else ``config.vocab_size``."""
+    get = getattr(model, "get_output_embeddings", None)
+    cols = getattr(get() if get is not None else None, "out_features", None)
+    return int(cols if cols is not None else config.vocab_size)
 
 
 def _check_supported(config: Any) -> None:

@@ -62,11 +62,12 @@ class GpuWeightSync:
     def __init__(self, engine: Any, model: torch.nn.Module, init_info: Any) -> None:
         from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
 
-        server = getattr(engine, "server", None)
-        if server is not None:  # a VllmServerEngine: over its RL API
+        from relayrl.rollout.vllm_server import VllmServerEngine
+
+        if isinstance(engine, VllmServerEngine):  # over its RL API
             from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
 
-            self.client: Any = HTTPVLLMWeightSyncClient(server.url)
+            self.client: Any = HTTPVLLMWeightSyncClient(engine.server.url)
         else:
             self.client = _InProcessClient(engine.llm)
         self.trainer = WeightTransferTrainerFactory.trainer_init(

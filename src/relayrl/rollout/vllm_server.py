@@ -198,6 +198,13 @@ class VllmServerEngine(VllmFrontend):
             self.server.call("/abort_requests", {"request_ids": [external_id(live.vllm_id)]})
         return True
 
+    def progress(
+        self, request_id: int, start: int = 0
+    ) -> tuple[list[int], list[float], list[int]] | None:
+        """None: the server returns a request's tokens when it finishes (nothing streams
+        before; its sample carries every token)."""
+        return None
+
     # ------------------------------------------------------------------ running
     def step(self, timeout: float | None = 0.05) -> list[Sample]:
         """Wait for at least one call to answer (at most ``timeout`` s, so a caller's loop

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from relayrl.reward import (
+    BatchScorer,
     RewardFunctionError,
     RewardService,
     batch_reward_stats,
@@ -40,6 +41,8 @@ from relayrl.rollout.types import Sample
 
 
 class RewardWorker:
+    """The reward role (a :class:`~relayrl.reward.Scorer`): see the module."""
+
     def __init__(
         self,
         fn: Callable[..., Any],
@@ -91,6 +94,10 @@ class RewardWorker:
         ]
         return torch.tensor(out, dtype=torch.float32)
 
+    def finish(self, samples: Sequence[Sample], scores: Tensor) -> Tensor:
+        """The service's scores as they are (single-turn samples: nothing to add)."""
+        return scores
+
     def close(self) -> None:
         if self.service is not None:
             self.service.close()
@@ -110,7 +117,7 @@ class RewardWorker:
         fields = [dict(s.metadata) for s in samples]
         prompts = [str(f.get("prompt", "")) for f in fields]
         completions = [self.decode(s) for s in samples]
-        if hasattr(self.fn, "score_batch"):  # model-based scorer: one batched call
+        if isinstance(self.fn, BatchScorer):  # model-based scorer: one batched call
             try:
                 batch = self.fn.score_batch(prompts, completions, fields)
                 outs = [_as_components(r) for r in batch]

@@ -6,17 +6,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from relayrl.rollout import RolloutEngine
+from relayrl.reward.scorer import Scorer
+from relayrl.rollout.backend import RolloutBackend
 from relayrl.workers.actor import ActorWorker, ReferenceWorker
 from relayrl.workers.critic import CriticWorker
-from relayrl.workers.reward import RewardWorker
 
 
 @dataclass
 class Roles:
     actor: ActorWorker
-    rollout: RolloutEngine | Any  # the engine or a client of engine workers: same methods, report()
-    reward: RewardWorker
+    rollout: RolloutBackend
+    """The own engine, vLLM, a client of engine workers or replicas, or the episode / agent
+    runner over one (``relayrl.rollout.backend``)."""
+    reward: Scorer
+    """The ``RewardWorker``, or the ``EpisodeScorer`` over it (``relayrl.reward.scorer``)."""
     tokenizer: Any
     reference: ReferenceWorker | None = None
     critic: CriticWorker | None = None
@@ -27,9 +30,7 @@ class Roles:
 
     def close(self) -> None:
         """Stop worker processes (an engine worker, when the rollout runs in one)."""
-        close = getattr(self.rollout, "close", None)
-        if close is not None:
-            close()
+        self.rollout.close()
         self.reward.close()
         if self.on_close is not None:
             self.on_close()

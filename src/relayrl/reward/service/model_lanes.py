@@ -22,7 +22,8 @@ __all__ = ["ModelLane", "ModelScorer", "model_value", "run_inline"]
 
 @runtime_checkable
 class ModelScorer(Protocol):
-    """A batched, in-process scorer (a reward model, a judge)."""
+    """A batched, in-process scorer (a reward model, a judge): ``relayrl.reward.scorer.
+    BatchScorer``. Per completion a float, or a dict of named components with a ``"score"``."""
 
     def score_batch(
         self, prompts: Sequence[str], completions: Sequence[str], samples: Sequence[dict]

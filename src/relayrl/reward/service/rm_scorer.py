@@ -21,12 +21,13 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 
 from relayrl.model.reward_model import RM_STATS_FILE, load_reward_model, score_texts
 from relayrl.reward import get_reward_fn, score
+from relayrl.reward.service.model_lanes import ModelScorer
 
 __all__ = [
     "NO_RULE",
@@ -41,13 +42,9 @@ NO_RULE = "none"
 """``reward.fn: none`` with ``reward.model_path`` set: the reward model alone."""
 
 
-@runtime_checkable
-class BatchScorer(Protocol):
-    """Scores a batch of completions at once (model-based scorers)."""
-
-    def score_batch(
-        self, prompts: Sequence[str], completions: Sequence[str], samples: Sequence[dict]
-    ) -> list[float] | list[dict[str, float]]: ...
+BatchScorer = ModelScorer
+"""Scores a batch of completions at once (model-based scorers): the reward service's
+``ModelScorer`` protocol (``relayrl.reward.scorer``)."""
 
 
 class RewardModelScorer:

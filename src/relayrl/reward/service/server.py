@@ -136,7 +136,7 @@ class RewardService:
         scorers = [_scorer_triple(s, i) for i, s in enumerate(model_scorers)]
         if (
             reward is not None
-            and hasattr(reward, "score_batch")
+            and isinstance(reward, ModelScorer)
             and not isinstance(reward, RewardMix)
         ):
             scorers.insert(0, ("model", reward, 1.0))
@@ -496,7 +496,7 @@ def _scorer_triple(item: Any, i: int) -> tuple[str, Any, float]:
         name, scorer, weight = item
     else:
         name, scorer, weight = ("model" if i == 0 else f"model{i + 1}"), item, 1.0
-    if not hasattr(scorer, "score_batch"):
+    if not isinstance(scorer, ModelScorer):
         raise TypeError(f"model scorer {name!r} has no score_batch(prompts, completions, samples)")
     return str(name), scorer, float(weight)
 
