@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -25,6 +25,7 @@ from relayrl.rollout.types import Sample
 __all__ = ["BatchScorer", "Scorer"]
 
 
+@runtime_checkable
 class Scorer(Protocol):
     """The reward role. Scores are per sample, float32 ``[B]``: the raw verifiable outcome of
     the reward function (or the service's weighted mixture); shaping and KL penalties are the
