@@ -21,7 +21,7 @@ from relayrl.model import load_tokenizer, set_threads
 from relayrl.model.lora import is_lora
 from relayrl.reward import build_reward_service
 from relayrl.reward.service.rm_scorer import build_reward_fn, reward_model_scorers
-from relayrl.rollout import RolloutEngine
+from relayrl.rollout import RolloutBackend, RolloutEngine
 from relayrl.workers import RewardWorker, Roles
 from relayrl.workers.build import (
     build_actor,
@@ -46,7 +46,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
     leave = _single_rank_group(cfg) if cfg.model.fsdp.enabled else None
     tokenizer = load_tokenizer(cfg.model.path)
     actor = build_actor(cfg, actor_path)  # device, precision, checkpointing, LoRA: model.*
-    rollout: Any  # RolloutEngine | VllmEngine | EngineProcess: the rollout interface
+    rollout: RolloutBackend  # RolloutEngine | VllmEngine | VllmServerEngine | EngineProcess
     if cfg.schedule == "sync" and cfg.rollout.backend == "vllm":  # this process or a server
         from relayrl.rollout.vllm_select import make_vllm_engine, use_server
 

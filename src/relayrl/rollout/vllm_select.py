@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from relayrl.rollout.backend import SteppingEngine
+
 
 def use_server(process: str, device: str) -> bool:
     """Whether ``rollout.vllm_process`` asks for a server process on ``device``."""
@@ -34,7 +36,7 @@ def make_vllm_engine(
     state_dict: Mapping[str, Tensor] | None = None,
     weight_sync_timeout_s: float = 600.0,
     **common: Any,
-) -> Any:
+) -> SteppingEngine:
     """The vLLM engine for ``process`` on ``device``; ``common``: the arguments both engines
     take (``eos_token_id``, ``pad_token_id``, ``max_slots``, ``version``, ``seed``,
     ``kv_cache_gib``, ``dtype``); ``weight_transfer`` (a GPU server): vLLM's transfer
@@ -68,7 +70,7 @@ def make_vllm_engine(
     )
 
 
-def engine_from_spec(spec: Any, state_dict: Mapping[str, Tensor]) -> Any:
+def engine_from_spec(spec: Any, state_dict: Mapping[str, Tensor]) -> SteppingEngine:
     """The engine of an engine worker's ``EngineSpec`` (:mod:`relayrl.cluster.engine_process`):
     in process (``VllmEngine.from_spec``) or a server process, from ``spec.vllm_process``; the
     initial weights come from the worker's shared-memory ``state_dict``."""
