@@ -8,7 +8,7 @@ from collections import Counter
 from typing import Any
 
 from relayrl.model.tiny import build_char_tokenizer
-from relayrl.rollout.types import Sample
+from relayrl.rollout.types import EngineReport, Sample
 
 QWEN25_TEMPLATE = (
     "{%- if tools %}\n"
@@ -99,8 +99,13 @@ def qwen_tokenizer(special_tool_tags: bool = False) -> Any:
 
 
 class ScriptedEngine:
-    """The engine interface the episode runner uses (``submit`` / ``step``): turn k of every
-    episode replies ``replies[k]`` (tokenised, then ``<|im_end|>``), logprob -1, version 0."""
+    """A ``relayrl.rollout.SteppingEngine`` (``submit`` / ``step``): turn k of every episode
+    replies ``replies[k]`` (tokenised, then ``<|im_end|>``), logprob -1, version 0. Nothing
+    streams (``progress`` None) and nothing aborts (a reply is whole at once); no context
+    length (``max_model_len`` None: the caller's limits hold)."""
+
+    max_slots = 64
+    max_model_len = None
 
     def __init__(self, tok: Any, replies: list[str], end: bool = True):
         self.tok, self.replies, self.end = tok, replies, end
@@ -144,3 +149,29 @@ class ScriptedEngine:
             )
         self.pending = []
         return out
+
+    def generate(self, requests: list[Any]) -> list[Sample]:
+        for r in requests:
+            self.submit(r)
+        return self.step()
+
+    def abort(self, request_id: int) -> bool:
+        return False
+
+    def progress(self, request_id: int, start: int = 0) -> None:
+        return None
+
+    def update_weights(self, state_dict: Any, version: int, interrupt: bool = True) -> None:
+        self.version = version
+
+    def prioritize(self, group_ids: Any) -> None:
+        pass
+
+    def stats(self) -> dict[str, Any]:
+        return {"requests": len(self.contexts)}
+
+    def report(self) -> EngineReport:
+        return EngineReport(self.stats())
+
+    def close(self) -> None:
+        pass
