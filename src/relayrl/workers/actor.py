@@ -257,10 +257,10 @@ class ActorWorker(ReferenceWorker):
             for _, micro in trained.micro_batches(size, tokens):
                 stats = self._micro_step(micro.to(dev), norm)
                 mini_loss = mini_loss + stats.pop("_loss")  # partial losses add up
-                tokens = stats.pop("_tokens")
+                n_tokens = stats.pop("_tokens")  # not ``tokens``: the micro-batch token budget
                 for k, v in stats.items():
-                    sums[k] = sums[k] + v * tokens
-                    weights[k] = weights[k] + tokens
+                    sums[k] = sums[k] + v * n_tokens
+                    weights[k] = weights[k] + n_tokens
         sums["loss"] = sums["loss"] + mini_loss
         weights["loss"] += 1.0
         sums["grad_norm"] = sums["grad_norm"] + self._clip_and_step()

@@ -121,6 +121,7 @@ def engine_model(
     (default: all but rank 0) get the unloaded model."""
     precision = precision_for(cfg.model, trainable=False)
     device = engine_device(cfg, rank)
+    model: torch.nn.Module
     if is_lora(actor.model) or cfg.model.fsdp.enabled:
         model = load_causal_lm(
             cfg.model.path if is_lora(actor.model) else path, precision.param_dtype
