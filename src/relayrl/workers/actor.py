@@ -71,15 +71,16 @@ class ReferenceWorker:
         return cls(model, a.micro_batch_size, temperature, a.micro_batch_tokens, parallelism)
 
     @classmethod
-    def adapters_disabled_of(cls, actor: ActorWorker, cfg: RunConfig) -> ReferenceWorker:
+    def adapters_disabled_of(cls, actor: ActorWorker) -> ReferenceWorker:
         """pi_ref of a LoRA actor: the actor's own model (and parallelism: FSDP2 pads the same
-        model's forwards) with the adapters disabled, without a second copy of the base."""
-        a = cfg.algo
+        model's forwards) with the adapters disabled, without a second copy of the base;
+        micro-batching and temperature are the actor's (``algo.micro_batch_*``,
+        ``rollout.temperature``)."""
         return cls(
             actor.model,
-            a.micro_batch_size,
-            cfg.rollout.temperature,
-            a.micro_batch_tokens,
+            actor.micro_batch_size,
+            actor.temperature,
+            actor.micro_batch_tokens,
             actor.parallelism,
             adapters_off=True,
             frozen=False,
