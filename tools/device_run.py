@@ -146,7 +146,7 @@ def step_engine(run: Run) -> dict[str, Any]:
     actor = build_actor(cfg, str(path))
     master = {str(p.dtype) for p in actor.model.parameters()}
     where = {str(p.device.type) for p in actor.model.parameters()}
-    gen = engine_model(cfg, actor, str(path))
+    gen = engine_model(cfg.model, actor, str(path))
     engine = RolloutEngine(gen, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                            max_slots=64)
     g = torch.Generator().manual_seed(1)

@@ -75,7 +75,7 @@ def run_rank(rank: int, world: int, port: int, args: argparse.Namespace, out: st
     actor = build_actor(cfg, args.model, rank, world)
     engine = None
     # a collective: every rank gathers; the model lands on this rank's device
-    gen_model = engine_model(cfg, actor, args.model, rank=rank)
+    gen_model = engine_model(cfg.model, actor, args.model, rank=rank)
     if rank == 0:
         engine = RolloutEngine(
             gen_model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id

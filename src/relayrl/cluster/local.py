@@ -51,7 +51,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
         from relayrl.rollout.vllm_select import make_vllm_engine, use_server
 
         lora = is_lora(actor.model)
-        device = str(engine_device(cfg))
+        device = str(engine_device(cfg.model))
         # a server on the trainer's GPU gets the weights device to device (CUDA IPC)
         ipc = device != "cpu" and use_server(cfg.rollout.vllm_process, device)
         ipc = ipc and not lora and not cfg.model.fsdp.enabled
@@ -77,7 +77,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
             attach(rollout, actor.model, "ipc")
     elif cfg.schedule == "sync":
         rollout = RolloutEngine(
-            engine_model(cfg, actor, actor_path),
+            engine_model(cfg.model, actor, actor_path),
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
             max_slots=cfg.rollout.max_slots,
@@ -98,7 +98,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
             vllm_kv_cache_gib=cfg.rollout.vllm_kv_cache_gib,
             vllm_process=cfg.rollout.vllm_process,
             vllm_gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
-            device=str(engine_device(cfg)),
+            device=str(engine_device(cfg.model)),
             cuda_graphs=cfg.rollout.cuda_graphs,
             weight_sync_timeout_s=cfg.weight_sync.timeout_s,
         )

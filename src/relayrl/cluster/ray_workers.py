@@ -163,7 +163,7 @@ class RoleHost(CollectiveWeightSync):
             self.engine = make_vllm_engine(
                 path,
                 process=cfg.rollout.vllm_process,
-                device=str(engine_device(cfg, spec.rank)),
+                device=str(engine_device(cfg.model, spec.rank)),
                 gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
                 eos_token_id=tok.eos_token_id,
                 pad_token_id=tok.pad_token_id,
@@ -183,7 +183,7 @@ class RoleHost(CollectiveWeightSync):
             with torch.no_grad():
                 model.load_state_dict(dict(state))
         # this rank's device (rank r -> local CUDA device r, as its process group's)
-        model = apply_precision(model, precision, engine_device(cfg, spec.rank))
+        model = apply_precision(model, precision, engine_device(cfg.model, spec.rank))
         self.engine = RolloutEngine(
             model.eval().requires_grad_(False),
             eos_token_id=tok.eos_token_id,

@@ -71,15 +71,16 @@ class ReferenceWorker:
         return cls(model, a.micro_batch_size, temperature, a.micro_batch_tokens, parallelism)
 
     @classmethod
-    def adapters_disabled_of(cls, actor: ActorWorker, cfg: RunConfig) -> ReferenceWorker:
+    def adapters_disabled_of(cls, actor: ActorWorker) -> ReferenceWorker:
         """pi_ref of a LoRA actor: the actor's own model (and parallelism: FSDP2 pads the same
-        model's forwards) with the adapters disabled, without a second copy of the base."""
-        a = cfg.algo
+        model's forwards) with the adapters disabled, without a second copy of the base;
+        micro-batching and temperature are the actor's (``algo.micro_batch_*``,
+        ``rollout.temperature``)."""
         return cls(
             actor.model,
-            a.micro_batch_size,
-            cfg.rollout.temperature,
-            a.micro_batch_tokens,
+            actor.micro_batch_size,
+            actor.temperature,
+            actor.micro_batch_tokens,
             actor.parallelism,
             adapters_off=True,
             frozen=False,
@@ -257,10 +258,10 @@ class ActorWorker(ReferenceWorker):
             for _, micro in trained.micro_batches(size, tokens):
                 stats = self._micro_step(micro.to(dev), norm)
                 mini_loss = mini_loss + stats.pop("_loss")  # partial losses add up
-                tokens = stats.pop("_tokens")
+                n_tokens = stats.pop("_tokens")  # not ``tokens``: the micro-batch token budget
                 for k, v in stats.items():
-                    sums[k] = sums[k] + v * tokens
-                    weights[k] = weights[k] + tokens
+                    sums[k] = sums[k] + v * n_tokens
+                    weights[k] = weights[k] + n_tokens
         sums["loss"] = sums["loss"] + mini_loss
         weights["loss"] += 1.0
         sums["grad_norm"] = sums["grad_norm"] + self._clip_and_step()

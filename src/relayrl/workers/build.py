@@ -16,7 +16,7 @@ import copy
 import torch
 import torch.distributed as dist
 
-from relayrl.config import RunConfig
+from relayrl.config import FsdpConfig, ModelConfig, RunConfig
 from relayrl.model import load_causal_lm, load_critic
 from relayrl.model.device import (
     apply_precision,
@@ -32,11 +32,11 @@ from relayrl.workers.lora import LoraOption, is_adapter_dir
 from relayrl.workers.parallel import Parallelism, SingleProcess
 
 
-def parallelism_for(cfg: RunConfig, world: int) -> Parallelism:
+def parallelism_for(fsdp: FsdpConfig, world: int) -> Parallelism:
     """A role's strategy (a new one per role: an FSDP2 one holds its model's padder):
     ``Fsdp2Sharded`` with ``model.fsdp.enabled`` (on any world; a process group must be
     initialised), ``ReplicatedDataParallel`` on a world over 1, else ``SingleProcess``."""
-    if cfg.model.fsdp.enabled:
+    if fsdp.enabled:
         if not (dist.is_available() and dist.is_initialized()):
             raise ValueError(
                 "model.fsdp.enabled: no torch.distributed process group is initialised "
@@ -45,32 +45,32 @@ def parallelism_for(cfg: RunConfig, world: int) -> Parallelism:
             )
         from relayrl.workers.fsdp import Fsdp2Sharded
 
-        return Fsdp2Sharded(cfg.model.fsdp)
+        return Fsdp2Sharded(fsdp)
     return ReplicatedDataParallel() if world > 1 else SingleProcess()
 
 
 def _load_lm(
-    cfg: RunConfig, path: str, dtype: torch.dtype
+    model_cfg: ModelConfig, path: str, dtype: torch.dtype
 ) -> tuple[torch.nn.Module, LoraOption | None]:
     """A causal LM from ``path`` and its LoRA option: a peft adapter directory (a LoRA
     checkpoint) loads onto the base model ``model.path`` with its adapters trainable;
     ``model.lora`` wraps fresh adapters."""
     adapter_dir = path if is_adapter_dir(path) else None
-    model = load_causal_lm(cfg.model.path if adapter_dir else path, dtype)
-    if cfg.model.gradient_checkpointing:
+    model = load_causal_lm(model_cfg.path if adapter_dir else path, dtype)
+    if model_cfg.gradient_checkpointing:
         enable_gradient_checkpointing(model)
-    if adapter_dir is None and cfg.model.lora is None:
+    if adapter_dir is None and model_cfg.lora is None:
         return model, None
-    lora = LoraOption(cfg.model.lora)
+    lora = LoraOption(model_cfg.lora)
     return lora.wrap(model, adapter_dir), lora
 
 
 def build_actor(cfg: RunConfig, path: str, rank: int = 0, world: int = 1) -> ActorWorker:
     """The actor: fp32 master weights under bf16 mixed precision, LoRA / FSDP2 as configured."""
     precision = precision_for(cfg.model, trainable=True)
-    model, lora = _load_lm(cfg, path, precision.param_dtype)
+    model, lora = _load_lm(cfg.model, path, precision.param_dtype)
     model = apply_precision(model, precision, resolve_device(cfg.model.device, rank))
-    parallelism = parallelism_for(cfg, world)
+    parallelism = parallelism_for(cfg.model.fsdp, world)
     if lora is not None:
         lora.prepare(model, parallelism)  # the ranks start from rank 0's adapters
     model = parallelism.wrap(model, precision)
@@ -83,14 +83,14 @@ def build_reference(
     """The frozen reference: the actor with adapters disabled under LoRA, else ``model.path``
     in the compute dtype (bf16 weights under bf16: a frozen role needs no master copy)."""
     if actor is not None and actor.lora is not None:
-        return ReferenceWorker.adapters_disabled_of(actor, cfg)
+        return ReferenceWorker.adapters_disabled_of(actor)
     precision = precision_for(cfg.model, trainable=False)
     model = apply_precision(
         load_causal_lm(cfg.model.path, precision.param_dtype),
         precision,
         resolve_device(cfg.model.device, rank),
     )
-    parallelism = parallelism_for(cfg, world)
+    parallelism = parallelism_for(cfg.model.fsdp, world)
     return ReferenceWorker.from_config(parallelism.wrap(model, precision), cfg, parallelism)
 
 
@@ -101,29 +101,30 @@ def build_critic(cfg: RunConfig, path: str, rank: int = 0, world: int = 1) -> Cr
     if cfg.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     model = apply_precision(model, precision, resolve_device(cfg.model.device, rank))
-    parallelism = parallelism_for(cfg, world)
+    parallelism = parallelism_for(cfg.model.fsdp, world)
     return CriticWorker.from_config(parallelism.wrap(model, precision), cfg, parallelism)
 
 
-def engine_device(cfg: RunConfig, rank: int = 0) -> torch.device:
+def engine_device(model_cfg: ModelConfig, rank: int = 0) -> torch.device:
     """Where the own rollout engine of ``rank`` computes: ``model.device`` as the trainer's
     roles resolve it (rank r -> local CUDA device r). The engine follows its model there (KV
     cache, sampler, batches); the vLLM backend places itself."""
-    return resolve_device(cfg.model.device, rank)
+    return resolve_device(model_cfg.device, rank)
 
 
 def engine_model(
-    cfg: RunConfig, actor: ActorWorker, path: str, keep: bool | None = None, rank: int = 0
+    model_cfg: ModelConfig, actor: ActorWorker, path: str, keep: bool | None = None, rank: int = 0
 ) -> torch.nn.Module:
     """The rollout engine's own model: the actor's weights (merged under LoRA) as a plain HF
-    model in the compute dtype on ``engine_device(cfg, rank)``, frozen. Under FSDP2 every rank
+    model in the compute dtype on ``engine_device(model_cfg, rank)``, frozen. Under FSDP2 every rank
     must call (the full weights are gathered bucket by bucket); ranks with ``keep`` False
     (default: all but rank 0) get the unloaded model."""
-    precision = precision_for(cfg.model, trainable=False)
-    device = engine_device(cfg, rank)
-    if is_lora(actor.model) or cfg.model.fsdp.enabled:
+    precision = precision_for(model_cfg, trainable=False)
+    device = engine_device(model_cfg, rank)
+    model: torch.nn.Module
+    if is_lora(actor.model) or model_cfg.fsdp.enabled:
         model = load_causal_lm(
-            cfg.model.path if is_lora(actor.model) else path, precision.param_dtype
+            model_cfg.path if is_lora(actor.model) else path, precision.param_dtype
         )
         state = actor.parallelism.full_state_dict(actor.model, merged=True, keep=keep)
         if state:

@@ -48,11 +48,14 @@ def rank_mini_batches(exp: Experience, n: int, generator: torch.Generator) -> li
 
 def all_reduce_gradients(model: torch.nn.Module) -> None:
     """Sum the gradients of ``model`` over ranks (one flat collective, not one per tensor)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:  # a parameter unused on this rank still joins the collective
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    grads = [p.grad for p in params]
+    grads: list[torch.Tensor] = []
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        g = p.grad
+        if g is None:  # a parameter unused on this rank still joins the collective
+            g = p.grad = torch.zeros_like(p)
+        grads.append(g)
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
     offset = 0

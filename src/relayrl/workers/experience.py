@@ -130,12 +130,9 @@ class Experience:
     def select(self, index: Tensor | Sequence[int]) -> Experience:
         idx = torch.as_tensor(index, dtype=torch.long)
         samples = [self.samples[int(i)] for i in idx] if self.samples else []
-        return replace(
-            self,
-            batch=self.batch.select(idx),
-            samples=samples,
-            **{k: v[idx] for k, v in self.tensors().items()},
-        )
+        # Any: mypy checks ``**`` of a dict[str, Tensor] against every field, samples included
+        tensors: dict[str, Any] = {k: v[idx] for k, v in self.tensors().items()}
+        return replace(self, batch=self.batch.select(idx), samples=samples, **tensors)
 
     def to(self, device: torch.device) -> Experience:
         """The batch and every tensor on ``device`` (itself when already there)."""
@@ -150,7 +147,8 @@ class Experience:
             b.response_ids.to(device),
             b.response_mask.to(device),
         )
-        return replace(self, batch=batch, **{k: v.to(device) for k, v in self.tensors().items()})
+        tensors: dict[str, Any] = {k: v.to(device) for k, v in self.tensors().items()}
+        return replace(self, batch=batch, **tensors)
 
     def micro_batches(
         self, max_seqs: int, max_tokens: int | None = None
@@ -166,6 +164,7 @@ class Experience:
         With a step-global ``LossNorm`` the summed gradient does not depend on the split.
         """
         n = len(self)
+        groups: list[Tensor]
         if max_tokens is None:
             order = torch.arange(n)
             groups = [order[s : s + max_seqs] for s in range(0, n, max_seqs)]
@@ -173,7 +172,8 @@ class Experience:
             lengths = self.response_lengths.long()
             order = torch.argsort(lengths, descending=True, stable=True)
             p = self.batch.prompt_width
-            groups, current, width = [], [], 0
+            groups, width = [], 0
+            current: list[int] = []
             for i in order.tolist():
                 w = max(width, p + int(lengths[i]))
                 if current and (len(current) >= max_seqs or (len(current) + 1) * w > max_tokens):
@@ -202,7 +202,7 @@ class Experience:
             b.response_ids[:, :keep],
             b.response_mask[:, :keep],
         )
-        tensors = {
+        tensors: dict[str, Any] = {
             k: v[:, :keep] if v.dim() >= 2 and v.shape[1] == r else v
             for k, v in self.tensors().items()
         }
