@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 
@@ -21,8 +22,10 @@ ray = pytest.importorskip("ray")
 
 from relayrl.cluster.local import build_local_roles  # noqa: E402
 from relayrl.cluster.ray_roles import build_ray_roles  # noqa: E402
+from relayrl.cluster.ray_rollout import RolloutReplicaDied  # noqa: E402
 from relayrl.controller.algorithms import make_requests  # noqa: E402
 from relayrl.controller.checkpoint import latest_checkpoint  # noqa: E402
+from relayrl.controller.failures import InfraBudgetExceeded  # noqa: E402
 from relayrl.controller.trainer import train  # noqa: E402
 from relayrl.data.prompts import PromptSource  # noqa: E402
 from relayrl.model import load_causal_lm, load_critic  # noqa: E402
@@ -231,6 +234,7 @@ def test_killed_rollout_replica_is_restarted_without_losing_or_duplicating(sft_m
         "ray.placement={actor: trainer, rollout: rollout}",
         "ray.rollout_replicas=2",
         "rollout.max_slots=4",  # requests finish in waves: many still in flight at the kill
+        "ray.max_replica_restarts=1",
     )
     roles = build_ray_roles(cfg, str(sft_model), None)
     client = roles.rollout
@@ -249,6 +253,19 @@ def test_killed_rollout_replica_is_restarted_without_losing_or_duplicating(sft_m
         assert versions == {1}  # the restarted replica came back with the current weights
         stats = client.report().counters
         assert stats["replica_restarts"] == 1 and stats["replicas"] == 2
+        # A replica that keeps dying stops the run (issue 43): its one restart is spent, so
+        # the next death is a RolloutReplicaDied, an InfraBudgetExceeded (the trainer's one
+        # line, exit 1) naming replica_lost and its last error, at the next client call.
+        ray.kill(client.replica(0), no_restart=True)
+        deadline = time.monotonic() + 60
+        with pytest.raises(RolloutReplicaDied) as info:
+            while time.monotonic() < deadline:
+                client.poll(timeout=0.2)
+        msg = str(info.value)
+        assert isinstance(info.value, InfraBudgetExceeded) and "\n" not in msg
+        assert msg.startswith("rollout replica 0 died after 1 restarts")
+        assert "(ray.max_replica_restarts=1)" in msg and "mostly replica_lost" in msg
+        assert re.search(r"last error: \w*Actor\w*Error: ", msg), msg  # ActorDiedError
     finally:
         roles.close()
 

@@ -38,14 +38,17 @@ from torch import Tensor
 from relayrl.cluster.engine_process import drain_queue
 from relayrl.cluster.ray_weight_sync import ReplicaLost, WeightGroupMembers, dead_among
 from relayrl.cluster.ray_workers import TICKET, RemoteStateDict
-from relayrl.controller.failures import note_retry
+from relayrl.controller.failures import InfraBudgetExceeded, note_retry
 from relayrl.rollout import EngineReport, GenerationRequest, Sample
 
 log = logging.getLogger(__name__)
 
 
-class RolloutReplicaDied(RuntimeError):
-    """A rollout replica died more often than ``ray.max_replica_restarts`` allows."""
+class RolloutReplicaDied(InfraBudgetExceeded):
+    """A rollout replica died more often than ``ray.max_replica_restarts`` allows (or one
+    that cannot be restarted died): the run stops with one line naming the cause
+    ``replica_lost`` and its last error (exit 1, the trainer appends the newest intact
+    checkpoint)."""
 
 
 ReplicaFactory = Callable[[int, Any, int], Any]
@@ -201,14 +204,18 @@ class RayRolloutClient:
     def _restart(self, index: int, cause: BaseException) -> None:
         """Replace a dead replica and resubmit what was in flight on it (to the live replicas;
         ``collective``: then re-form the weight group with the new one)."""
+        error = " ".join(f"{type(cause).__name__}: {cause}".split())[:300]
         if self._colocated[index] or self._factory is None:
             raise RolloutReplicaDied(
-                f"rollout replica {index} died and cannot be restarted "
-                f"(it is colocated with the trainer): {cause}"
+                f"rollout replica {index} died and cannot be restarted (it is colocated with "
+                f"the trainer): infrastructure failure replica_lost; last error: {error}"
             )
         if self.restarts >= self._max_restarts:
             raise RolloutReplicaDied(
-                f"rollout replica {index} died after {self.restarts} restarts: {cause}"
+                f"rollout replica {index} died after {self.restarts} restarts "
+                f"(ray.max_replica_restarts={self._max_restarts}): infrastructure failures, "
+                f"mostly replica_lost ({self.resubmitted} requests resubmitted); "
+                f"last error: {error}"
             )
         self.restarts += 1
         log.warning("rollout replica %d died (%s); restarting", index, type(cause).__name__)
