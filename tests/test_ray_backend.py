@@ -5,6 +5,7 @@ restarted with no sample lost or duplicated."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -536,4 +537,54 @@ def test_killed_replica_rejoins_the_collective_weight_group(sft_model, tmp_path)
         _generate_on(client, 1, 8, 2)
         assert client.report().counters["version"] == 2
     finally:
+        roles.close()
+
+
+def test_collective_sync_to_a_stopped_replica_restarts_it_within_the_bound(
+    sft_model, tmp_path, monkeypatch, caplog
+):
+    """Issue 43, item 4: ``weight_sync.transport=collective``, one replica whose process is
+    stopped (SIGSTOP: alive for Ray, taking part in nothing). ``update_weights`` to version 1
+    does not hang: the probe before the sync gets no answer within 30 s (or, stopped after
+    it, the sender's broadcast fails after ``weight_sync.timeout_s`` and the replica's part
+    has not returned ``STUCK_GRACE_S`` later), so the replica is named with the version and
+    killed, restarted, the group re-formed, and version 1 reaches the new engine. Bounded by
+    probe + timeout + grace + a restart's slack, never a ratio of timings."""
+    import signal
+
+    from relayrl.cluster import ray_weight_sync
+
+    monkeypatch.setattr(ray_weight_sync, "STUCK_GRACE_S", 2.0)
+    cfg = run_config(
+        sft_model,
+        tmp_path / "stop",
+        "cluster=ray",
+        "weight_sync.transport=collective",
+        "weight_sync.timeout_s=5",
+        "ray.pools={trainer: {bundles: 1, cpus_per_bundle: 0.5}, "
+        "rollout: {bundles: 1, cpus_per_bundle: 0.5}}",
+        "ray.placement={actor: trainer, rollout: rollout}",
+    )
+    roles = build_ray_roles(cfg, str(sft_model), None)
+    client = roles.rollout
+    pid = ray.get(client.replica(0).ready.remote())["pid"]
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with caplog.at_level("WARNING", logger="relayrl.cluster.ray_weight_sync"):
+            client.update_weights(roles.actor.state_dict(), version=1, interrupt=False)
+        took = time.monotonic() - t0
+        assert took < 30 + 5 + 2 + 120, took  # probe + timeout + grace + a loaded restart
+        stuck = [r.getMessage() for r in caplog.records if "replica" in r.getMessage()]
+        assert stuck and stuck[0].startswith("weight sync of version 1: replica"), stuck
+        assert "killing it for a restart" in stuck[0] or "weight_sync.timeout_s=5" in stuck[0]
+        assert client.restarts == 1 and client.version == 1
+        with pytest.raises(ProcessLookupError):  # the stopped process was killed
+            for _ in range(100):
+                os.kill(pid, 0)
+                time.sleep(0.1)
+        _assert_engines_hold_the_actor(roles, 1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
         roles.close()

@@ -386,7 +386,7 @@ class RayRolloutClient:
                     break  # the re-formation's full sync delivered this version
                 handles = list(self._replicas)
                 try:
-                    if dead_among(handles):
+                    if dead_among(handles, what=f"weight sync of version {version}"):
                         raise ReplicaLost([])
                     self._members.sync(handles, version, interrupt)
                 except ReplicaLost:
