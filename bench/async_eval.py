@@ -6,7 +6,11 @@ other in the same process.
 
 busy = sum of the steps' ``time/train`` / the wall time from the end of the evaluation before
 training to the start of the one after it (both timed by wrapping ``held_out_metrics``; they
-are the same in every mode). A tiny model on the CPU, ``--steps`` steps; prints one JSON line.
+are the same in every mode). The window spans the same steps in every mode, so ``wall_vs_none_
+<mode>`` (its wall time over no evaluation's) is what the evaluation cost training in time: a
+busy fraction near no evaluation's with a longer wall time means the trainer's own steps were
+slowed (an evaluation engine sharing the trainer's cores or device). A tiny model on the
+CPU, ``--steps`` steps; prints one JSON line.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src:tests python bench/async_eval.py --steps 20 --every 5
 """
@@ -99,6 +103,8 @@ def main() -> None:
     out["points_lost_background"] = round(100 * (none - out["background"]["busy_frac"]), 1)
     out["points_lost_separate"] = round(100 * (none - out["separate"]["busy_frac"]), 1)
     out["points_lost_waited"] = round(100 * (none - out["waited"]["busy_frac"]), 1)
+    for mode in ("background", "separate", "waited"):  # the same steps: wall time vs none
+        out[f"wall_vs_none_{mode}"] = round(out[mode]["wall_s"] / out["none"]["wall_s"], 2)
     out["load_avg_1m"] = round(os.getloadavg()[0], 2)
     print(json.dumps(out))
 

@@ -78,7 +78,9 @@ class RayRolloutClient:
         on_close: Callable[[], None] | None = None,
         min_version: Callable[[GenerationRequest], int] | None = None,
         members: WeightGroupMembers | None = None,
+        sync_timeout_s: float = 600.0,
     ):
+        self._sync_timeout_s = sync_timeout_s  # object store: a replica's load, at most
         self._members = members  # the weight group of trainer rank 0 and the replicas
         self._collective = members is not None
         self._sync_lock = threading.Lock()  # one sync or re-formation of the group at a time
@@ -357,12 +359,37 @@ class RayRolloutClient:
                     if h._actor_id not in mine:
                         calls.append(h.rollout_update.remote(None, version, interrupt))
             self.version = version
-        for c in calls:
+            handles = list(self._replicas)
+        self._wait_loaded(calls, handles, version)
+        self._finish_update(version, t0)
+
+    def _wait_loaded(self, calls: list[Any], handles: list[Any], version: int) -> None:
+        """Wait for every replica's ``rollout_update`` (``calls[i]``: replica i; any further
+        ones: trainer ranks joining a gather), at most ``weight_sync.timeout_s``. A dead
+        replica is restarted by its receiver with these weights; one that did not answer in
+        time is alive but stuck (stopped, deadlocked): named with the version in a warning
+        and killed, so that its receiver restarts it with these weights the same way."""
+        ready, pending = ray.wait(calls, num_returns=len(calls), timeout=self._sync_timeout_s)
+        for c in ready:
             try:
                 ray.get(c)
             except RayActorError:  # it is restarted by its receiver with these weights
                 pass
-        self._finish_update(version, t0)
+        stuck = [i for i, c in enumerate(calls[: len(handles)]) if c in pending]
+        if len(stuck) < len(pending):  # a trainer rank: not a replica to restart
+            raise RuntimeError(
+                f"weight sync of version {version}: a trainer rank did not finish its part "
+                f"within weight_sync.timeout_s={self._sync_timeout_s:g} s"
+            )
+        for i in stuck:
+            log.warning(
+                "weight sync of version %d: rollout replica %d did not load it within "
+                "weight_sync.timeout_s=%g s; killing it for a restart",
+                version,
+                i,
+                self._sync_timeout_s,
+            )
+            ray.kill(handles[i], no_restart=True)
 
     def _update_collective(self, state: RemoteStateDict, version: int, interrupt: bool) -> None:
         """One broadcast over the weight group: every trainer rank of an FSDP2 actor (the

@@ -319,15 +319,10 @@ class WeightGroupMembers:
         alive but stuck (stopped, deadlocked; a dead one's call fails at once): it is killed,
         so that the client restarts it (``ray.max_replica_restarts``), and the sync fails
         with :class:`ReplicaLost` whose cause names the replica and the version."""
-        pending = list(refs)
-        first = True
-        while pending:
-            done, pending = ray.wait(
-                pending, num_returns=1, timeout=None if first else self.timeout_s + STUCK_GRACE_S
-            )
-            if not done:
-                break
-            first = False
+        _, pending = ray.wait(list(refs), num_returns=1, timeout=None)
+        if pending:
+            grace = self.timeout_s + STUCK_GRACE_S
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=grace)
         if not pending:
             return
         stuck = [i for i, ref in enumerate(replica_refs) if ref in pending]
@@ -336,14 +331,17 @@ class WeightGroupMembers:
                 f"{what}: trainer rank 0 did not return within weight_sync.timeout_s="
                 f"{self.timeout_s:g} s (+{STUCK_GRACE_S:g} s) after the replicas"
             )
-        error = WeightSyncError(
-            f"{what}: replica(s) {stuck} did not return within weight_sync.timeout_s="
-            f"{self.timeout_s:g} s (+{STUCK_GRACE_S:g} s) after the others; restarting them"
-        )
-        log.warning("%s", error)
         for i in stuck:
+            log.warning(
+                "%s: replica %d did not return within weight_sync.timeout_s=%g s (+%g s) "
+                "after another member; killing it for a restart",
+                what,
+                i,
+                self.timeout_s,
+                STUCK_GRACE_S,
+            )
             ray.kill(replicas[i], no_restart=True)
-        raise ReplicaLost(stuck, error)
+        raise ReplicaLost(stuck, WeightSyncError(f"{what}: replica(s) {stuck} stuck"))
 
     def _collect(
         self, replicas: list[Any], replica_refs: list[Any], trainer_refs: list[Any], what: str
