@@ -1,10 +1,16 @@
 """The trainer's busy fraction in ``schedule=async`` with and without a held-out evaluation
-every ``--every`` steps: evaluation beside training (``eval.background: true``, the default)
-against the trainer waiting for it (``eval.background: false``) and no evaluation at all.
+every ``--every`` steps: evaluation beside training on the rollout engine (``eval.background:
+true``, the default), beside training on an engine of its own (``eval.replica: separate``),
+the trainer waiting for it (``eval.background: false``) and no evaluation at all, one after the
+other in the same process.
 
 busy = sum of the steps' ``time/train`` / the wall time from the end of the evaluation before
 training to the start of the one after it (both timed by wrapping ``held_out_metrics``; they
-are the same in every mode). A tiny model on the CPU, ``--steps`` steps; prints one JSON line.
+are the same in every mode). The window spans the same steps in every mode, so ``wall_vs_none_
+<mode>`` (its wall time over no evaluation's) is what the evaluation cost training in time: a
+busy fraction near no evaluation's with a longer wall time means the trainer's own steps were
+slowed (an evaluation engine sharing the trainer's cores or device). A tiny model on the
+CPU, ``--steps`` steps; prints one JSON line.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src:tests python bench/async_eval.py --steps 20 --every 5
 """
@@ -56,6 +62,7 @@ def run(model: Path, root: Path, mode: str, steps: int, every: int, eval_size: i
                 "train.save_every=0",
                 f"train.eval_every={0 if mode == 'none' else every}",
                 f"eval.background={mode != 'waited'}",
+                f"eval.replica={'separate' if mode == 'separate' else 'shared'}",
                 f"data.eval_size={eval_size}",
                 "rollout.max_tokens=16",
                 "algo.prompts_per_step=4",
@@ -89,12 +96,16 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="relayrl-async-eval-"))
     model = build_tiny_model(root / "m", hidden_size=args.hidden, seed=0)
     out: dict[str, Any] = {"steps": args.steps, "every": args.every, "eval_size": args.eval_size}
-    for mode in ("none", "background", "waited"):
+    for mode in ("none", "background", "separate", "waited"):
         out[mode] = run(model, root, mode, args.steps, args.every, args.eval_size)
         print(mode, out[mode], file=sys.stderr)
     none = out["none"]["busy_frac"]
     out["points_lost_background"] = round(100 * (none - out["background"]["busy_frac"]), 1)
+    out["points_lost_separate"] = round(100 * (none - out["separate"]["busy_frac"]), 1)
     out["points_lost_waited"] = round(100 * (none - out["waited"]["busy_frac"]), 1)
+    for mode in ("background", "separate", "waited"):  # the same steps: wall time vs none
+        out[f"wall_vs_none_{mode}"] = round(out[mode]["wall_s"] / out["none"]["wall_s"], 2)
+    out["load_avg_1m"] = round(os.getloadavg()[0], 2)
     print(json.dumps(out))
 
 

@@ -12,7 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relayrl.controller.failures import FailureLog, fresh_request, note_retry
+from relayrl.config.failures import FailuresConfig
+from relayrl.controller.failures import (
+    FailureLog,
+    InfraBudgetExceeded,
+    fresh_request,
+    note_retry,
+)
 from relayrl.rollout import GenerationRequest, SamplingParams
 from relayrl.rollout.types import Sample
 
@@ -74,3 +80,38 @@ def test_a_request_lost_on_a_dead_replica_is_tagged():
         }
     ]
     assert req.metadata[TICKET] == 4 and "retried" not in req.metadata
+
+
+def test_replica_losses_are_charged_to_the_budget():
+    """Each lost attempt (``metadata["retried"]``) is charged to the budget in the order it
+    happened, before the sample's own outcome: samples lost twice each make the attempts
+    F F S F F S ... (2 of 3 failed), past max_rate 0.5 over a window of 6 once it fills; the
+    one line names replica_lost and its last error. The same samples in a log with a larger
+    window train."""
+    lost = note_retry(
+        note_retry({}, "replica_lost", "rollout replica 0 died"),
+        "replica_lost",
+        "rollout replica 1 died (RayActorError)",
+    )
+    samples = [_sample(0, lost), _sample(0, lost)]
+    roomy = FailureLog(FailuresConfig(max_rate=0.5, window=64))
+    kept, _ = roomy.admit(samples, torch.ones(2))
+    assert len(kept) == 2 and list(roomy.recent) == [True, True, False] * 2
+    tight = FailureLog(FailuresConfig(max_rate=0.5, window=6))
+    with pytest.raises(InfraBudgetExceeded) as info:
+        tight.admit(samples, torch.ones(2))
+    msg = str(info.value)
+    assert "\n" not in msg and "4 of the last 6 samples failed (failures.max_rate=0.5)" in msg
+    assert "mostly replica_lost (4 of 4)" in msg
+    assert msg.endswith("last error: rollout replica 1 died (RayActorError)")
+
+
+def test_replica_losses_in_a_row_stop_the_run():
+    """A sample lost three times: 3 failed attempts in a row reach max_consecutive=3; one lost
+    twice (then delivered) does not."""
+    twice = note_retry(note_retry({}, "replica_lost", "a"), "replica_lost", "b")
+    log = FailureLog(FailuresConfig(max_consecutive=3))
+    log.admit([_sample(0, twice), _sample(0, twice)], torch.ones(2))
+    thrice = note_retry(twice, "replica_lost", "rollout replica 0 died again")
+    with pytest.raises(InfraBudgetExceeded, match=r"3 samples in a row failed.*replica_lost"):
+        log.admit([_sample(1, thrice), _sample(1, {})], torch.ones(2))

@@ -5,8 +5,10 @@ restarted with no sample lost or duplicated."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import threading
 import time
 
@@ -21,8 +23,10 @@ ray = pytest.importorskip("ray")
 
 from relayrl.cluster.local import build_local_roles  # noqa: E402
 from relayrl.cluster.ray_roles import build_ray_roles  # noqa: E402
+from relayrl.cluster.ray_rollout import RolloutReplicaDied  # noqa: E402
 from relayrl.controller.algorithms import make_requests  # noqa: E402
 from relayrl.controller.checkpoint import latest_checkpoint  # noqa: E402
+from relayrl.controller.failures import InfraBudgetExceeded  # noqa: E402
 from relayrl.controller.trainer import train  # noqa: E402
 from relayrl.data.prompts import PromptSource  # noqa: E402
 from relayrl.model import load_causal_lm, load_critic  # noqa: E402
@@ -231,6 +235,7 @@ def test_killed_rollout_replica_is_restarted_without_losing_or_duplicating(sft_m
         "ray.placement={actor: trainer, rollout: rollout}",
         "ray.rollout_replicas=2",
         "rollout.max_slots=4",  # requests finish in waves: many still in flight at the kill
+        "ray.max_replica_restarts=1",
     )
     roles = build_ray_roles(cfg, str(sft_model), None)
     client = roles.rollout
@@ -249,6 +254,19 @@ def test_killed_rollout_replica_is_restarted_without_losing_or_duplicating(sft_m
         assert versions == {1}  # the restarted replica came back with the current weights
         stats = client.report().counters
         assert stats["replica_restarts"] == 1 and stats["replicas"] == 2
+        # A replica that keeps dying stops the run (issue 43): its one restart is spent, so
+        # the next death is a RolloutReplicaDied, an InfraBudgetExceeded (the trainer's one
+        # line, exit 1) naming replica_lost and its last error, at the next client call.
+        ray.kill(client.replica(0), no_restart=True)
+        deadline = time.monotonic() + 60
+        with pytest.raises(RolloutReplicaDied) as info:
+            while time.monotonic() < deadline:
+                client.poll(timeout=0.2)
+        msg = str(info.value)
+        assert isinstance(info.value, InfraBudgetExceeded) and "\n" not in msg
+        assert msg.startswith("rollout replica 0 died after 1 restarts")
+        assert "(ray.max_replica_restarts=1)" in msg and "mostly replica_lost" in msg
+        assert re.search(r"last error: \w*Actor\w*Error: ", msg), msg  # ActorDiedError
     finally:
         roles.close()
 
@@ -519,4 +537,58 @@ def test_killed_replica_rejoins_the_collective_weight_group(sft_model, tmp_path)
         _generate_on(client, 1, 8, 2)
         assert client.report().counters["version"] == 2
     finally:
+        roles.close()
+
+
+@pytest.mark.parametrize("transport", ["collective", "object_store"])
+def test_weight_sync_to_a_stopped_replica_restarts_it_within_the_bound(
+    sft_model, tmp_path, monkeypatch, caplog, transport
+):
+    """Issue 43, item 4: one replica whose process is stopped (SIGSTOP: alive for Ray, taking
+    part in nothing); ``update_weights`` to version 1 does not hang. ``collective``: the probe
+    before the sync gets no answer within 30 s (or, stopped after it, the sender's broadcast
+    fails after ``weight_sync.timeout_s`` and the replica's part has not returned
+    ``STUCK_GRACE_S`` later); ``object_store``: its load has not returned within
+    ``weight_sync.timeout_s``. Either way the replica is named with the version and killed,
+    restarted (the group re-formed), and version 1 reaches the new engine. Bounded by probe +
+    timeout + grace + a restart's slack, never a ratio of timings."""
+    import signal
+
+    from relayrl.cluster import ray_weight_sync
+
+    monkeypatch.setattr(ray_weight_sync, "STUCK_GRACE_S", 2.0)
+    cfg = run_config(
+        sft_model,
+        tmp_path / "stop",
+        "cluster=ray",
+        f"weight_sync.transport={transport}",
+        "weight_sync.timeout_s=5",
+        "ray.pools={trainer: {bundles: 1, cpus_per_bundle: 0.5}, "
+        "rollout: {bundles: 1, cpus_per_bundle: 0.5}}",
+        "ray.placement={actor: trainer, rollout: rollout}",
+    )
+    roles = build_ray_roles(cfg, str(sft_model), None)
+    client = roles.rollout
+    pid = ray.get(client.replica(0).ready.remote())["pid"]
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with caplog.at_level("WARNING"):
+            client.update_weights(roles.actor.state_dict(), version=1, interrupt=False)
+        took = time.monotonic() - t0
+        assert took < 30 + 5 + 2 + 120, took  # probe + timeout + grace + a loaded restart
+        stuck = [r.getMessage() for r in caplog.records if "killing it" in r.getMessage()]
+        assert stuck and stuck[0].startswith("weight sync of version 1: "), stuck
+        assert "replica 0 did not" in stuck[0]
+        with pytest.raises(ProcessLookupError):  # the stopped process was killed
+            for _ in range(100):
+                os.kill(pid, 0)
+                time.sleep(0.1)
+        _wait_for(lambda: client.restarts == 1 and client.replicas_ready(), timeout=180)
+        assert client.version == 1
+        ray.get(client.replica(0).ready.remote())
+        _assert_engines_hold_the_actor(roles, 1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
         roles.close()

@@ -74,7 +74,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
         if ipc:  # pragma: no cover - needs CUDA (not run here)
             from relayrl.rollout.vllm_gpu_sync import attach
 
-            attach(rollout, actor.model, "ipc")
+            attach(rollout, actor.model, "ipc", cfg.weight_sync.timeout_s)
     elif cfg.schedule == "sync":
         rollout = RolloutEngine(
             engine_model(cfg.model, actor, actor_path),

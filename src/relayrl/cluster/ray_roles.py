@@ -192,6 +192,7 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
         on_close=stop_all,
         min_version=_admission_version(cfg),
         members=members,
+        sync_timeout_s=cfg.weight_sync.timeout_s,
     )
 
     def group_of(role: str) -> WorkerGroup:

@@ -38,14 +38,17 @@ from torch import Tensor
 from relayrl.cluster.engine_process import drain_queue
 from relayrl.cluster.ray_weight_sync import ReplicaLost, WeightGroupMembers, dead_among
 from relayrl.cluster.ray_workers import TICKET, RemoteStateDict
-from relayrl.controller.failures import note_retry
+from relayrl.controller.failures import InfraBudgetExceeded, note_retry
 from relayrl.rollout import EngineReport, GenerationRequest, Sample
 
 log = logging.getLogger(__name__)
 
 
-class RolloutReplicaDied(RuntimeError):
-    """A rollout replica died more often than ``ray.max_replica_restarts`` allows."""
+class RolloutReplicaDied(InfraBudgetExceeded):
+    """A rollout replica died more often than ``ray.max_replica_restarts`` allows (or one
+    that cannot be restarted died): the run stops with one line naming the cause
+    ``replica_lost`` and its last error (exit 1, the trainer appends the newest intact
+    checkpoint)."""
 
 
 ReplicaFactory = Callable[[int, Any, int], Any]
@@ -76,7 +79,9 @@ class RayRolloutClient:
         on_close: Callable[[], None] | None = None,
         min_version: Callable[[GenerationRequest], int] | None = None,
         members: WeightGroupMembers | None = None,
+        sync_timeout_s: float = 600.0,
     ):
+        self._sync_timeout_s = sync_timeout_s  # object store: a replica's load, at most
         self._members = members  # the weight group of trainer rank 0 and the replicas
         self._collective = members is not None
         self._sync_lock = threading.Lock()  # one sync or re-formation of the group at a time
@@ -202,14 +207,18 @@ class RayRolloutClient:
     def _restart(self, index: int, cause: BaseException) -> None:
         """Replace a dead replica and resubmit what was in flight on it (to the live replicas;
         ``collective``: then re-form the weight group with the new one)."""
+        error = " ".join(f"{type(cause).__name__}: {cause}".split())[:300]
         if self._colocated[index] or self._factory is None:
             raise RolloutReplicaDied(
-                f"rollout replica {index} died and cannot be restarted "
-                f"(it is colocated with the trainer): {cause}"
+                f"rollout replica {index} died and cannot be restarted (it is colocated with "
+                f"the trainer): infrastructure failure replica_lost; last error: {error}"
             )
         if self.restarts >= self._max_restarts:
             raise RolloutReplicaDied(
-                f"rollout replica {index} died after {self.restarts} restarts: {cause}"
+                f"rollout replica {index} died after {self.restarts} restarts "
+                f"(ray.max_replica_restarts={self._max_restarts}): infrastructure failures, "
+                f"mostly replica_lost ({self.resubmitted} requests resubmitted); "
+                f"last error: {error}"
             )
         self.restarts += 1
         log.warning("rollout replica %d died (%s); restarting", index, type(cause).__name__)
@@ -365,12 +374,37 @@ class RayRolloutClient:
                     if h._actor_id not in mine:
                         calls.append(h.rollout_update.remote(None, version, interrupt))
             self.version = version
-        for c in calls:
+            handles = list(self._replicas)
+        self._wait_loaded(calls, handles, version)
+        self._finish_update(version, t0)
+
+    def _wait_loaded(self, calls: list[Any], handles: list[Any], version: int) -> None:
+        """Wait for every replica's ``rollout_update`` (``calls[i]``: replica i; any further
+        ones: trainer ranks joining a gather), at most ``weight_sync.timeout_s``. A dead
+        replica is restarted by its receiver with these weights; one that did not answer in
+        time is alive but stuck (stopped, deadlocked): named with the version in a warning
+        and killed, so that its receiver restarts it with these weights the same way."""
+        ready, pending = ray.wait(calls, num_returns=len(calls), timeout=self._sync_timeout_s)
+        for c in ready:
             try:
                 ray.get(c)
             except RayActorError:  # it is restarted by its receiver with these weights
                 pass
-        self._finish_update(version, t0)
+        stuck = [i for i, c in enumerate(calls[: len(handles)]) if c in pending]
+        if len(stuck) < len(pending):  # a trainer rank: not a replica to restart
+            raise RuntimeError(
+                f"weight sync of version {version}: a trainer rank did not finish its part "
+                f"within weight_sync.timeout_s={self._sync_timeout_s:g} s"
+            )
+        for i in stuck:
+            log.warning(
+                "weight sync of version %d: rollout replica %d did not load it within "
+                "weight_sync.timeout_s=%g s; killing it for a restart",
+                version,
+                i,
+                self._sync_timeout_s,
+            )
+            ray.kill(handles[i], no_restart=True)
 
     def _update_collective(self, state: RemoteStateDict, version: int, interrupt: bool) -> None:
         """One broadcast over the weight group: every trainer rank of an FSDP2 actor (the
@@ -394,7 +428,7 @@ class RayRolloutClient:
                     break  # the re-formation's full sync delivered this version
                 handles = list(self._replicas)
                 try:
-                    if dead_among(handles):
+                    if dead_among(handles, what=f"weight sync of version {version}"):
                         raise ReplicaLost([])
                     self._members.sync(handles, version, interrupt)
                 except ReplicaLost:

@@ -21,17 +21,31 @@ completes, so it never samples from a half-loaded model.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
 
 import ray
 import torch
-from ray.exceptions import RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError
 from torch import Tensor
 
-from relayrl.cluster.weight_collective import Entry, WeightGroup, drain, entries_of, plan_buckets
+from relayrl.cluster.weight_collective import (
+    Entry,
+    WeightGroup,
+    WeightSyncError,
+    drain,
+    entries_of,
+    plan_buckets,
+)
 from relayrl.rollout import RolloutEngine, SteppingEngine
+
+log = logging.getLogger(__name__)
+
+STUCK_GRACE_S = 30.0
+"""Seconds past ``weight_sync.timeout_s`` a replica's part of a sync may take after another
+member's returned before it counts as stuck (slack for a busy host)."""
 
 MUTATES_ACTOR = frozenset({"update", "load_train_state", "load_sharded"})
 """Actor methods after which its weights are no longer the version last sent."""
@@ -211,14 +225,28 @@ class ReplicaLost(RuntimeError):
         self.dead = dead
 
 
-def dead_among(handles: list[Any], timeout_s: float = 30.0) -> list[int]:
-    """Indices of the Ray actors among ``handles`` that are dead (a cheap call to each)."""
+def dead_among(handles: list[Any], timeout_s: float = 30.0, what: str = "a probe") -> list[int]:
+    """Indices of the Ray actors among ``handles`` that are dead (a cheap call to each), or
+    stuck: alive for Ray but no answer within ``timeout_s`` (a stopped or deadlocked
+    process). A stuck one is killed, so that the rollout client restarts it
+    (``ray.max_replica_restarts``), with a warning naming it and ``what`` (the sync and its
+    version)."""
     refs = [h.ready.remote() for h in handles]
     dead = []
+    deadline = time.monotonic() + timeout_s
     for i, ref in enumerate(refs):
         try:
-            ray.get(ref, timeout=timeout_s)
+            ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
         except RayActorError:
+            dead.append(i)
+        except GetTimeoutError:
+            log.warning(
+                "%s: replica %d did not answer a probe within %g s; killing it for a restart",
+                what,
+                i,
+                timeout_s,
+            )
+            ray.kill(handles[i], no_restart=True)
             dead.append(i)
     return dead
 
@@ -257,13 +285,16 @@ class WeightGroupMembers:
             h.weights_join.remote(addr, port, r, world, self._backend, self.generation)
             for r, h in enumerate(members)
         ]
-        self._collect(replicas, refs[1:], refs[:1])
+        self._collect(
+            replicas, refs[1:], refs[:1], f"forming weight group generation {self.generation}"
+        )
 
     def sync(self, replicas: list[Any], version: int, interrupt: bool, held: bool = False) -> None:
         """One broadcast of the actor's weights as ``version`` to every replica (the actor's
         weights must be ``version``). Raises :class:`ReplicaLost` if a replica died."""
         refs = [h.weights_send.remote(version, held) for h in self.trainers]
-        self._collect(replicas, [h.weights_receive.remote(interrupt) for h in replicas], refs)
+        receives = [h.weights_receive.remote(interrupt) for h in replicas]
+        self._collect(replicas, receives, refs, f"weight sync of version {version}")
 
     def sync_current(self, replicas: list[Any]) -> int | None:
         """A full sync of the version the actor's weights are now (after a re-formation), or
@@ -280,11 +311,46 @@ class WeightGroupMembers:
         finally:
             ray.get([h.weights_release.remote() for h in held])
 
-    def _collect(
-        self, replicas: list[Any], replica_refs: list[Any], trainer_refs: list[Any]
+    def _stuck(
+        self, replicas: list[Any], replica_refs: list[Any], refs: list[Any], what: str
     ) -> None:
-        """Wait for every call; a dead replica -> ReplicaLost, a dead trainer -> its error;
-        another failure with no dead replica (probed through Ray) is raised as it is."""
+        """Wait for every call of a sync or rendezvous, bounded: once one has returned (the
+        sender's, within ``timeout_s`` per broadcast, the group's own bound), the others get
+        ``timeout_s + STUCK_GRACE_S`` more. A replica whose call has not returned by then is
+        alive but stuck (stopped, deadlocked; a dead one's call fails at once): it is killed,
+        so that the client restarts it (``ray.max_replica_restarts``), and the sync fails
+        with :class:`ReplicaLost` whose cause names the replica and the version."""
+        _, pending = ray.wait(list(refs), num_returns=1, timeout=None)
+        if pending:
+            grace = self.timeout_s + STUCK_GRACE_S
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=grace)
+        if not pending:
+            return
+        stuck = [i for i, ref in enumerate(replica_refs) if ref in pending]
+        if not stuck:  # a trainer rank stuck past its own bound: not a replica to restart
+            raise WeightSyncError(
+                f"{what}: trainer rank 0 did not return within weight_sync.timeout_s="
+                f"{self.timeout_s:g} s (+{STUCK_GRACE_S:g} s) after the replicas"
+            )
+        for i in stuck:
+            log.warning(
+                "%s: replica %d did not return within weight_sync.timeout_s=%g s (+%g s) "
+                "after another member; killing it for a restart",
+                what,
+                i,
+                self.timeout_s,
+                STUCK_GRACE_S,
+            )
+            ray.kill(replicas[i], no_restart=True)
+        raise ReplicaLost(stuck, WeightSyncError(f"{what}: replica(s) {stuck} stuck"))
+
+    def _collect(
+        self, replicas: list[Any], replica_refs: list[Any], trainer_refs: list[Any], what: str
+    ) -> None:
+        """Wait for every call (bounded: :meth:`_stuck`); a dead replica -> ReplicaLost, a
+        dead trainer -> its error; another failure with no dead replica (probed through Ray)
+        is raised as it is."""
+        self._stuck(replicas, replica_refs, [*replica_refs, *trainer_refs], what)
         dead: list[int] = []
         errors: list[Exception] = []
         for i, ref in enumerate(replica_refs):

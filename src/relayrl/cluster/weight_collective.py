@@ -21,11 +21,19 @@ A group lives for one *generation*: when a replica dies, every survivor and rank
 size) form the next generation on a fresh ``TCPStore`` (a new port; its keys prefixed with the
 generation, so nothing of an older rendezvous is read). A member that died makes the others'
 pending broadcasts fail (gloo: at once, the connection closes; NCCL: after ``timeout_s``).
+
+Every failure of the group (a rendezvous a member never joined, a broadcast a member never
+took part in, a peer that died) is a :class:`WeightSyncError` of one line naming this member
+(trainer rank 0 sending to replicas ``0..R-1``, or replica ``r`` = rank ``r + 1``), the version
+(when known: a sync's manifest carries it), the generation and ``weight_sync.timeout_s``: each
+rendezvous and each broadcast waits at most ``timeout_s``, so a member that hangs is an error
+within that bound, never a hang.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -136,6 +144,14 @@ class _Backend(Protocol):
     def abort(self) -> None: ...
 
 
+class WeightSyncError(RuntimeError):
+    """A rendezvous or broadcast of the weight group failed or timed out (one line)."""
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:400]
+
+
 class WeightGroup:
     """This process's membership of the weight-sync group (rank 0: the trainer's rank 0)."""
 
@@ -153,19 +169,40 @@ class WeightGroup:
             raise ValueError(f"weight_sync.backend: {backend!r} (gloo or nccl)")
         timeout = timedelta(seconds=timeout_s)
         self.rank, self.world, self.backend = rank, world, backend
-        self.generation = generation
-        self._tcp: dist.TCPStore | None
-        self._tcp = dist.TCPStore(addr, port, world, is_master=rank == 0, timeout=timeout)
-        store = dist.PrefixStore(f"weights/{generation}/", self._tcp)
-        self.pg: _Backend | None  # (torch's stubs: see _Backend)
-        if backend == "nccl":  # pragma: no cover - needs CUDA (not run here)
-            self.device = torch.device("cuda", torch.cuda.current_device())
-            opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = timeout
-            self.pg = dist.ProcessGroupNCCL(store, rank, world, opts)  # type: ignore[assignment]
-        else:
-            self.device = torch.device("cpu")
-            self.pg = dist.ProcessGroupGloo(store, rank, world, timeout)  # type: ignore[assignment]
+        self.generation, self.timeout_s = generation, timeout_s
+        self._tcp: dist.TCPStore | None = None
+        self.pg: _Backend | None = None  # (torch's stubs: see _Backend)
+        t0 = time.monotonic()
+        try:
+            self._tcp = dist.TCPStore(addr, port, world, is_master=rank == 0, timeout=timeout)
+            store = dist.PrefixStore(f"weights/{generation}/", self._tcp)
+            if backend == "nccl":  # pragma: no cover - needs CUDA (not run here)
+                self.device = torch.device("cuda", torch.cuda.current_device())
+                opts = dist.ProcessGroupNCCL.Options()
+                opts._timeout = timeout
+                self.pg = dist.ProcessGroupNCCL(store, rank, world, opts)  # type: ignore[assignment]
+            else:
+                self.device = torch.device("cpu")
+                self.pg = dist.ProcessGroupGloo(store, rank, world, timeout)  # type: ignore[assignment]
+        except Exception as exc:
+            self._tcp = None
+            raise self._error("joining the group", None, t0, exc) from exc
+
+    def who(self) -> str:
+        """This member in words: trainer rank 0 (and the replicas it sends to) or replica r."""
+        if self.rank == 0:
+            return f"trainer rank 0 -> replicas 0..{self.world - 2} (ranks 1..{self.world - 1})"
+        return f"replica {self.rank - 1} (rank {self.rank})"
+
+    def _error(
+        self, what: str, version: int | None, t0: float, exc: BaseException
+    ) -> WeightSyncError:
+        at = "" if version is None else f" of version {version}"
+        return WeightSyncError(
+            f"weight sync{at} failed: {self.who()} {what} in weight group generation "
+            f"{self.generation}, after {time.monotonic() - t0:.1f} s "
+            f"(weight_sync.timeout_s={self.timeout_s:g}): {_one_line(exc)}"
+        )
 
     def close(self) -> None:
         """Leave the group (its generation ends): abort the process group (NCCL: a
@@ -221,7 +258,24 @@ class WeightGroup:
         tensors: Iterable[tuple[str, Tensor]],
     ) -> None:
         """Broadcast ``version`` and the weights: ``tensors`` yields (name, full tensor) in
-        manifest order (a sharded actor gathers each when it is reached)."""
+        manifest order (a sharded actor gathers each when it is reached). A broadcast that
+        fails or passes ``timeout_s`` is a :class:`WeightSyncError` naming the version."""
+        t0 = time.monotonic()
+        try:
+            self._send(version, buckets, tensors)
+        except WeightSyncError:
+            raise
+        except RuntimeError as exc:  # gloo / NCCL: a peer died or did not take part in time
+            if "weight sync:" in str(exc) or "is closed" in str(exc):
+                raise  # our own check (a manifest mismatch, a closed group): as it is
+            raise self._error("sending", version, t0, exc) from exc
+
+    def _send(
+        self,
+        version: int,
+        buckets: Sequence[Sequence[Entry]],
+        tensors: Iterable[tuple[str, Tensor]],
+    ) -> None:
         self.send_manifest(version, buckets)
         it = iter(tensors)
         for bucket in buckets:
@@ -238,13 +292,25 @@ class WeightGroup:
     def receive(self) -> tuple[int, list[list[Entry]], Iterator[dict[str, Tensor]]]:
         """(version, manifest, the buckets): each bucket is received when the iterator is
         advanced, and the iterator MUST be run to its end (the sender waits on every member;
-        ``drain`` it after an error)."""
-        version, buckets = self.recv_manifest()
+        ``drain`` it after an error). A broadcast that fails or passes ``timeout_s`` is a
+        :class:`WeightSyncError` naming this replica (and the version, once the manifest
+        came)."""
+        t0 = time.monotonic()
+        try:
+            version, buckets = self.recv_manifest()
+        except RuntimeError as exc:
+            if "is closed" in str(exc):
+                raise
+            raise self._error("receiving the manifest", None, t0, exc) from exc
 
         def parts() -> Iterator[dict[str, Tensor]]:
-            for bucket in buckets:
+            for i, bucket in enumerate(buckets):
                 buf = torch.empty(layout(bucket)[1], dtype=torch.uint8, device=self.device)
-                self.broadcast(buf)
+                try:
+                    self.broadcast(buf)
+                except RuntimeError as exc:
+                    what = f"receiving bucket {i + 1} of {len(buckets)}"
+                    raise self._error(what, version, t0, exc) from exc
                 yield unpack(buf, bucket)
 
         return version, buckets, parts()

@@ -40,6 +40,13 @@ class EvalConfig(_Strict):
     """``async`` / ``overlap`` without environments: the evaluations every
     ``train.eval_every`` steps run beside training instead of stalling it
     (``relayrl.controller.background_eval``); false: the trainer waits for them."""
+    replica: Literal["shared", "separate"] = "shared"
+    """Where a background evaluation generates. ``shared``: on the rollout engine, in its
+    evaluation lane beside training's requests (a weight update may re-prefill it under newer
+    weights: ``eval/version_min`` / ``eval/version_max``). ``separate`` (``cluster: local``):
+    on an engine of its own in the trainer's process, loaded with the actor's weights when the
+    evaluation starts, so every token is of that version (``eval/at_step``) and training's
+    engine gets none of its requests (``relayrl.controller.eval_replica``)."""
 
     @model_validator(mode="after")
     def _checks(self) -> EvalConfig:

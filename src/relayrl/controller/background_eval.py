@@ -9,7 +9,9 @@ logged with the first step record after it finished, with ``eval/at_step`` (the 
 when it started) and ``eval/version_min`` / ``eval/version_max`` (the policy versions of the
 tokens it generated: a weight update with interruption during the evaluation re-prefills its
 sequences under the new weights). An evaluation still running when the next one is due is not
-doubled: that one is skipped and counted (``eval/skipped``).
+doubled: that one is skipped and counted (``eval/skipped``). With ``prepare`` (a separate
+evaluation replica, ``relayrl.controller.eval_replica``) each evaluation that starts first
+runs ``prepare(step)`` in the caller's thread: the replica loads the weights of that step.
 """
 
 from __future__ import annotations
@@ -21,8 +23,13 @@ from collections.abc import Callable
 class BackgroundEval:
     """Runs ``evaluate`` in a thread; :meth:`collect` gives its metrics once it finished."""
 
-    def __init__(self, evaluate: Callable[[], dict[str, float]]) -> None:
+    def __init__(
+        self,
+        evaluate: Callable[[], dict[str, float]],
+        prepare: Callable[[int], None] | None = None,
+    ) -> None:
         self._evaluate = evaluate
+        self._prepare = prepare
         self._thread: threading.Thread | None = None
         self._result: dict[str, float] | None = None
         self._error: BaseException | None = None
@@ -39,6 +46,8 @@ class BackgroundEval:
             self.skipped += 1
             return False
         self._result, self._error = None, None
+        if self._prepare is not None:
+            self._prepare(step)
 
         def run() -> None:
             try:

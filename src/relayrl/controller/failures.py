@@ -182,7 +182,8 @@ class FailureLog:
         self.recent: deque[bool] = deque(maxlen=self.cfg.window)
         self.in_a_row = 0
         self._peak = 0  # the longest run of failures since the last check
-        self.totals: Counter[str] = Counter()
+        self.totals: Counter[str] = Counter()  # samples left out, per cause
+        self.charged: Counter[str] = Counter()  # failed attempts charged to the budget
         self.retried_causes: set[str] = set()  # ``retried`` tags seen in the run
         self.last_error: dict[str, str] = {}
         self._step: Counter[str] = Counter()
@@ -206,6 +207,7 @@ class FailureLog:
             for retry in s.metadata.get(RETRIED_KEY) or ():
                 self.retried_causes.add(retry["cause"])
                 self._step[f"retried/{retry['cause']}"] += 1
+                self._charge(str(retry["cause"]), str(retry.get("error") or retry["cause"]))
             kind = tag(s)
             failed = kind is not None and kind[0] == INFRA
             self._record(kind if failed else None)
@@ -229,16 +231,24 @@ class FailureLog:
 
     def _record(self, kind: tuple[str, str, str] | None) -> None:
         self._step["samples"] += 1
-        self.recent.append(kind is not None)
         if kind is None:
+            self.recent.append(False)
             self.in_a_row = 0
             return
         _, cause, error = kind
-        self.in_a_row += 1
-        self._peak = max(self._peak, self.in_a_row)
+        self._charge(cause, error)
         self._step[f"infra/{cause}"] += 1
         self._step["infra"] += 1
         self.totals[cause] += 1
+
+    def _charge(self, cause: str, error: str) -> None:
+        """One failed attempt charged to the budget: a sample left out, or an attempt a
+        backend generated again on its own (``metadata["retried"]``: a lost Ray replica), in
+        the order they happened (the retried attempts before the sample's own outcome)."""
+        self.recent.append(True)
+        self.in_a_row += 1
+        self._peak = max(self._peak, self.in_a_row)
+        self.charged[cause] += 1
         self.last_error[cause] = error
 
     def _check(self, batch: int) -> None:
@@ -256,10 +266,10 @@ class FailureLog:
 
     def _dominant(self) -> str:
         """``infrastructure failures, mostly <cause> (n of m): last error: ...``."""
-        if not self.totals:
+        if not self.charged:
             return "no infrastructure failure recorded"
-        cause, n = self.totals.most_common(1)[0]
-        total = sum(self.totals.values())
+        cause, n = self.charged.most_common(1)[0]
+        total = sum(self.charged.values())
         error = " ".join(self.last_error[cause].split())[:300]
         return f"infrastructure failures, mostly {cause} ({n} of {total}); last error: {error}"
 

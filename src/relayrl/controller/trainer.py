@@ -41,6 +41,7 @@ from relayrl.controller.checkpoint import (
     seed_everything,
     set_rng_state,
 )
+from relayrl.controller.eval_replica import EvalReplica
 from relayrl.controller.evaluate import held_out_metrics
 from relayrl.controller.failures import InfraBudgetExceeded
 from relayrl.controller.faults import RunFault, RunInterrupted, StepGuard, signal_name
@@ -206,9 +207,9 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
     if source.skipped:
         print(f"skipped {source.skipped} prompts longer than {cfg.data.max_prompt_tokens} tokens")
 
-    def evaluate() -> dict[str, float]:
+    def evaluate(engine: Any = None) -> dict[str, float]:
         return held_out_metrics(
-            roles.rollout,
+            roles.rollout if engine is None else engine,
             roles.reward,
             eval_prompts,
             cfg.rollout.max_tokens,
@@ -238,7 +239,13 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
             role.update = guard.wrap(role.update)  # type: ignore[method-assign]
     guard.install()
     beside = cfg.schedule != "sync" and cfg.eval.background and not cfg.env.enabled
-    background = BackgroundEval(evaluate) if beside and not cfg.env.agent.enabled else None
+    background = None
+    if beside and not cfg.env.agent.enabled:
+        if cfg.eval.replica == "separate":  # an engine of its own, a snapshot per evaluation
+            replica = EvalReplica(cfg, roles)
+            background = BackgroundEval(lambda: evaluate(replica.engine), replica.load)
+        else:
+            background = BackgroundEval(evaluate)
     boundary = _Boundary(start, rng_state(), {}, kl_ctl.value, ckpt)
     saving = False
     try:

@@ -352,7 +352,7 @@ class VllmEngine(VllmFrontend):
         trainer's parameters through vLLM's NCCL / CUDA-IPC transfer engine instead."""
         t0 = time.perf_counter()
         if self.weight_sync is not None:
-            self.weight_sync.push()
+            self.weight_sync.push(self.version)  # the version being loaded (_begin_update)
         else:
             weights = [(k, v.detach()) for k, v in state_dict.items()]
             self.llm.collective_rpc(

@@ -342,7 +342,7 @@ class VllmServerEngine(VllmFrontend):
         (GPU) vLLM's transfer engine over the RL API instead."""
         t0 = time.perf_counter()
         if self.weight_sync is not None:
-            self.weight_sync.push()
+            self.weight_sync.push(self.version)  # the version being loaded (_begin_update)
         else:
             from safetensors.torch import save_file
 
