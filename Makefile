@@ -157,4 +157,4 @@ vllm-cuda-venv:
 # `$(VLLM_PY) -m pytest -m vllm tests/test_vllm_backend.py` runs them too.
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_ENV) $(VLLM_PY) -m pytest -q -m "vllm and not slow" tests/test_vllm_backend.py \
-		tests/test_vllm_server.py tests/test_vllm_sync_failures.py
+		tests/test_vllm_server.py tests/test_vllm_sync_failures.py tests/test_vllm_stream.py

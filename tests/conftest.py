@@ -64,6 +64,7 @@ _SHARED_GROUPS = {
     "test_vllm_backend": "ray",
     "test_vllm_server": "ray",
     "test_vllm_sync_failures": "ray",
+    "test_vllm_stream": "ray",
     "test_sandbox": "sandbox",
     "test_code_attacks": "sandbox",
     "test_models_fetch": "smollm2",  # one worker converts the cached model (issue 38)

@@ -21,6 +21,7 @@ from relayrl.rollout import (
     EngineReport,
     EpisodeMetrics,
     GenerationRequest,
+    LivePollingBackend,
     PollingBackend,
     RolloutBackend,
     RolloutEngine,
@@ -152,6 +153,7 @@ def test_the_engine_process_client_polls(tiny) -> None:
     )
     with EngineProcess(spec, model.state_dict()) as proc:
         assert _kinds(proc) == (True, False, True)
+        assert isinstance(proc, LivePollingBackend)  # streams and aborts by the caller's key
         assert driven(proc) is proc
         assert (proc.max_slots, proc.max_model_len) == (2, None)  # the caller reads the config
         samples = proc.generate(_requests(tok))

@@ -45,7 +45,9 @@ import torch
 import torch.multiprocessing as mp
 from torch import Tensor
 
+from relayrl.cluster.live_requests import ClientStreams, Progress, WorkerStreams, tag, untag
 from relayrl.rollout import EngineReport, GenerationRequest, Sample
+from relayrl.rollout.backend import SteppingEngine
 
 _CTX = mp.get_context("spawn")
 EVAL_TAG = "_eval_ticket"
@@ -210,7 +212,7 @@ def _serve(
             from relayrl.rollout.vllm_select import engine_from_spec
             from relayrl.rollout.vllm_server import VllmServerEngine
 
-            engine: Any = engine_from_spec(spec, shared)  # in process or a server
+            engine: SteppingEngine = engine_from_spec(spec, shared)  # in process or a server
             owns_server = isinstance(engine, VllmServerEngine)
         else:
             engine = build_own_engine(spec, shared)
@@ -226,7 +228,7 @@ def _serve(
 
 
 def _engine_loop(
-    engine: Any,
+    engine: SteppingEngine,
     spec: EngineSpec,
     shared: dict[str, Tensor],
     cmd_conn: Any,
@@ -236,6 +238,7 @@ def _engine_loop(
 ) -> None:
     busy_since: float | None = None
     spans: list[tuple[float, float]] = []
+    live = WorkerStreams(engine)  # submit_live requests: streamed tokens, abort by key
     while True:
         if must_exit():
             return
@@ -248,14 +251,22 @@ def _engine_loop(
                 msg = cmd_conn.recv()
                 kind = msg[0]
                 if kind == "submit":
-                    errors = []
+                    errors, accepted = [], []
                     for req in msg[1]:
                         try:
-                            engine.submit(req)
+                            rid = engine.submit(req)
                         except ValueError as exc:
                             errors.append((req.metadata, str(exc)))
+                            continue
+                        update = live.submitted(req, rid)
+                        if update is not None:
+                            accepted.append(update)
                     if errors:
                         out_conn.send(("rejected", errors))
+                    if accepted:
+                        out_conn.send(("progress", accepted))
+                elif kind == "abort":
+                    live.abort(msg[1])
                 elif kind == "update":
                     _, version, interrupt = msg
                     engine.update_weights(shared, version, interrupt=interrupt)
@@ -278,7 +289,11 @@ def _engine_loop(
             busy_since = t0 if busy_since is None else busy_since
             finished = engine.step()
             if finished:
+                live.finished(finished)
                 out_conn.send(("samples", finished))
+            updates = live.updates()
+            if updates:
+                out_conn.send(("progress", updates))
         elif busy_since is not None:
             spans.append((busy_since, time.perf_counter()))
             busy_since = None
@@ -338,6 +353,7 @@ class EngineProcess:
         self._acked.set()
         self._stats_q: queue.Queue[EngineReport] = queue.Queue()
         self._rejected: list[tuple[dict[str, Any], str]] = []
+        self._live = ClientStreams()  # submit_live requests' streamed tokens
         self._send_lock = threading.Lock()
         self._tickets = itertools.count()
         self._dead: str | None = None
@@ -390,8 +406,13 @@ class EngineProcess:
                     self._eval_cv.notify_all()
                 return
             kind = msg[0]
-            if kind == "samples":
+            if kind == "progress":
+                self._live.add(msg[1])
+            elif kind == "samples":
                 for s in msg[1]:
+                    key = untag(s.metadata)
+                    if key is not None:
+                        self._live.forget(key)
                     ticket = s.metadata.get(EVAL_TAG)
                     if ticket is None:
                         self._samples.put(s)
@@ -404,6 +425,10 @@ class EngineProcess:
             elif kind == "stats":
                 self._stats_q.put(EngineReport(msg[1], msg[2]))
             elif kind == "rejected":
+                for meta, _ in msg[1]:
+                    key = untag(meta)
+                    if key is not None:
+                        self._live.forget(key)
                 self._rejected.extend(msg[1])
             elif kind == "stopped":
                 return
@@ -451,6 +476,29 @@ class EngineProcess:
 
     def submit(self, request: GenerationRequest) -> None:
         self.submit_many([request])
+
+    def submit_live(self, request: GenerationRequest, key: int, stream: bool = True) -> None:
+        """Submit ``request`` under the caller's ``key`` (unique among live requests): it can
+        be aborted with ``abort(key)``, and when ``stream`` its tokens are read with
+        ``progress(key, start)`` while it runs (:mod:`relayrl.cluster.live_requests`). Its
+        sample comes out of ``poll`` as any other."""
+        self._live.submitted(key)
+        self._send(("submit", [tag(request, key, stream)]))
+
+    def progress(self, key: int, start: int = 0) -> Progress | None:
+        """A streamed live request's tokens from index ``start`` on, as (ids, behaviour
+        logprobs, versions): those the worker sent so far (once per engine step); None before
+        the worker accepted it and once its sample arrived (the sample holds every token)."""
+        return self._live.progress(key, start)
+
+    def abort(self, key: int) -> bool:
+        """Stop the live request ``key`` in the worker (``engine.abort``): its ``'abort'``
+        sample (the tokens so far) comes out of ``poll``, and its slot is free at the worker's
+        next step. False when the request's sample already arrived (nothing is sent)."""
+        if key not in self._live.keys:
+            return False
+        self._send(("abort", [key]))
+        return True
 
     def prioritize(self, group_ids: Iterable[int]) -> None:
         """``RolloutEngine.prioritize`` in the worker: these groups' rows are urgent."""

@@ -79,9 +79,9 @@ def group_of_actor(groups: dict[str, WorkerGroup], by_pool: dict[str, list[str]]
 
 
 def _start_host(pool: ResourcePool, rank: int, spec: HostSpec, weights: Any = None) -> Any:
-    return RoleHostActor.options(
-        name=None, max_restarts=0, **pool.options(rank)
-    ).remote(spec, weights)
+    return RoleHostActor.options(name=None, max_restarts=0, **pool.options(rank)).remote(
+        spec, weights
+    )
 
 
 def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) -> Roles:

@@ -11,19 +11,24 @@ everything that touches the engine, in order:
 2. advance the engine: ``engine.step()`` for a stepping engine (the in-process
    ``RolloutEngine`` / ``VllmEngine``), or ``engine.poll(timeout)`` for a polling client (the
    ``EngineProcess`` client of an engine in its own process: requests are tagged with a ticket
-   in their metadata, and requests the worker rejects come back through ``rejected()``);
+   in their metadata, and requests the worker rejects come back through ``rejected()``; a
+   client with ``submit_live`` gets each request under its ticket as the live key);
 3. hand streamed requests their new tokens; show the samples that finished to the observers,
    then resolve their futures.
 
 Streaming (``generate(request, on_tokens=sink)``): the sink is called on this thread, first
 with empty lists once the engine has accepted the request, then after every step with the
 tokens the request gained, as ``(ids, behaviour logprobs, versions)``, read with the engine's
-``progress(request_id, start)`` (the in-process engines; the vLLM server's returns None), and
+``progress(request_id, start)`` (the in-process engines; the engine-process client's
+``progress(ticket, start)``, which reads what its worker sent after each of its steps), and
 last with whatever the finished sample adds, before its future resolves: the concatenated
-deltas are the sample's response. A polling client hands the tokens over at the finish only
-(and makes no acceptance call). Nothing of this runs for requests without a sink: the engine's
-step is the same. ``abort(future)`` stops a request (``engine.abort``): its future gets the
-``'abort'`` sample; the polling client has no abort (its request runs to its end).
+deltas are the sample's response. On the engine-process client the acceptance call comes once
+the worker accepted the request (its first ``progress`` that is not None). A polling client
+without ``submit_live`` (Ray replicas) hands the tokens over at the finish only (and makes no
+acceptance call). Nothing of this runs for requests without a sink: the engine's step is the
+same. ``abort(future)`` stops a request (``engine.abort``, by request id or, on the
+engine-process client, by ticket): its future gets the ``'abort'`` sample; a polling client
+without ``submit_live`` has no abort (its request runs to its end).
 
 Versions are the engine's: the owner hands back the engine's own ``Sample`` (per-token ids,
 behaviour logprobs and the versions the engine stamped), untouched.
@@ -38,7 +43,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from relayrl.rollout.backend import PollingBackend, SteppingEngine
+from relayrl.rollout.backend import LivePollingBackend, PollingBackend, SteppingEngine
 from relayrl.rollout.types import GenerationRequest, Sample
 
 T = TypeVar("T")
@@ -67,11 +72,15 @@ class EngineOwner:
         self.engine = engine
         self._poller = engine if isinstance(engine, PollingBackend) else None
         self._stepper = None if isinstance(engine, PollingBackend) else engine
+        # a polling client that streams and aborts by ticket (the engine-process client)
+        self._live = engine if isinstance(engine, LivePollingBackend) else None
         self.polling = self._poller is not None
+        self.live = self._live is not None
         self.idle_wait_s = idle_wait_s
         self._inbox: queue.Queue[tuple[str, Any, Future[Any]]] = queue.Queue()
         self._pending: dict[int, Future[Sample]] = {}
-        self._streams: dict[int, tuple[TokenSink, list[int]]] = {}  # key -> (sink, [sent])
+        # key -> (sink, [tokens sent, accepted (the empty call was made)])
+        self._streams: dict[int, tuple[TokenSink, list[int]]] = {}
         self.observers: list[Callable[[Sample], None]] = []
         self.aborts_requested = 0  # abort() calls on unfinished requests
         self._tickets = itertools.count()
@@ -174,6 +183,8 @@ class EngineOwner:
                 key = next((k for k, f in self._pending.items() if f is payload), None)
                 if key is not None and self._stepper is not None:
                     self._stepper.abort(key)
+                elif key is not None and self._live is not None:
+                    self._live.abort(key)
 
     def _submit(
         self, request: GenerationRequest, sink: TokenSink | None, fut: Future[Sample]
@@ -190,8 +201,11 @@ class EngineOwner:
             )
             self._pending[ticket] = fut
             if sink is not None:
-                self._streams[ticket] = (sink, [0])
-            self._poller.submit_many([tagged])
+                self._streams[ticket] = (sink, [0, 0])
+            if self._live is not None:
+                self._live.submit_live(tagged, ticket, stream=sink is not None)
+            else:
+                self._poller.submit_many([tagged])
             return
         assert self._stepper is not None
         try:
@@ -201,7 +215,7 @@ class EngineOwner:
             return
         self._pending[int(rid)] = fut
         if sink is not None:
-            self._streams[int(rid)] = (sink, [0])
+            self._streams[int(rid)] = (sink, [0, 1])
             sink([], [], [])  # accepted
 
     def _advance(self) -> None:
@@ -215,15 +229,20 @@ class EngineOwner:
                 ticket = s.metadata.pop(TICKET, None)
                 if ticket is not None:
                     self._finish(int(ticket), s)
+        else:
+            assert self._stepper is not None
+            for s in self._stepper.step():
+                self._finish(s.request_id, s)
+        source = self._stepper if self._stepper is not None else self._live
+        if source is None:  # a polling client without streaming: tokens come at the finish
             return
-        assert self._stepper is not None
-        for s in self._stepper.step():
-            self._finish(s.request_id, s)
         for key, (sink, sent) in self._streams.items():
-            new = self._stepper.progress(key, sent[0])
-            if new is not None and new[0]:
-                sent[0] += len(new[0])
-                sink(*new)
+            new = source.progress(key, sent[0])
+            if new is None or not (new[0] or not sent[1]):
+                continue
+            sent[0] += len(new[0])
+            sent[1] = 1  # accepted: the first call (maybe with no tokens yet)
+            sink(*new)
 
     def _finish(self, key: int, s: Sample) -> None:
         """Show a finished sample to the observers, hand its last tokens to its sink, then

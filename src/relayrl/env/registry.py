@@ -18,6 +18,7 @@ BUILTIN: dict[str, str] = {
     "mcp": "relayrl.env.mcp_tools:make_mcp_env",
     "gym": "relayrl.env.gym_adapter:make_gym_env",
     "skyrl": "relayrl.env.skyrl_adapter:make_skyrl_env",
+    "openenv": "relayrl.env.openenv_adapter:make_openenv_env",
 }
 
 

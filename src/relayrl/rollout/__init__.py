@@ -13,6 +13,7 @@ a :class:`SteppingEngine` (``submit`` / ``step``) or a :class:`PollingBackend` (
 
 from relayrl.rollout.backend import (
     EpisodeMetrics,
+    LivePollingBackend,
     PollingBackend,
     RolloutBackend,
     SteppingEngine,
@@ -33,6 +34,7 @@ __all__ = [
     "FinishReason",
     "GenerationRequest",
     "InvalidRequestError",
+    "LivePollingBackend",
     "PollingBackend",
     "RolloutBackend",
     "RolloutEngine",

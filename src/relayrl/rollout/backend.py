@@ -22,7 +22,14 @@ from torch import Tensor
 
 from relayrl.rollout.types import EngineReport, GenerationRequest, Sample
 
-__all__ = ["EpisodeMetrics", "PollingBackend", "RolloutBackend", "SteppingEngine", "driven"]
+__all__ = [
+    "EpisodeMetrics",
+    "LivePollingBackend",
+    "PollingBackend",
+    "RolloutBackend",
+    "SteppingEngine",
+    "driven",
+]
 
 
 @runtime_checkable
@@ -151,6 +158,29 @@ class PollingBackend(RolloutBackend, Protocol):
     def rejected(self) -> list[tuple[dict[str, Any], str]]:
         """(request metadata, error) of requests refused since the last call; empty for a
         backend that hands a bad request back as an ``'abort'`` sample instead."""
+        ...
+
+
+@runtime_checkable
+class LivePollingBackend(PollingBackend, Protocol):
+    """A polling backend whose requests can be streamed and aborted while they run, under a
+    key the caller picks (the engine-process client)."""
+
+    def submit_live(self, request: GenerationRequest, key: int, stream: bool = True) -> None:
+        """Submit ``request`` under ``key`` (unique among live requests): ``abort(key)`` stops
+        it, and when ``stream`` its tokens are read with ``progress(key, start)`` while it
+        runs. Its sample comes out of ``poll``."""
+        ...
+
+    def progress(self, key: int, start: int = 0) -> tuple[list[int], list[float], list[int]] | None:
+        """A streamed live request's tokens from index ``start`` on, as (ids, behaviour
+        logprobs, versions); None before the backend accepted it and once its sample
+        arrived."""
+        ...
+
+    def abort(self, key: int) -> bool:
+        """Stop the live request ``key``: its ``'abort'`` sample comes out of ``poll``. False
+        when its sample already arrived."""
         ...
 
 

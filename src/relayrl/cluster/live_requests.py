@@ -1,0 +1,137 @@
+"""Streaming and abort for requests of an engine in its own process (:mod:`.engine_process`).
+
+The in-process engines stream through ``progress(request_id, start)`` (a running request's
+tokens from index ``start`` on, as ``(ids, behaviour logprobs, versions)``, or None) and stop a
+request with ``abort(request_id)``. The engine-process client offers the same two calls keyed
+by a caller's ``key`` instead of the worker's request id: a request submitted with
+``EngineProcess.submit_live(request, key, stream)`` carries ``key`` in its metadata
+(``LIVE_TAG``; ``STREAM_TAG`` when its tokens are streamed), and
+
+- the worker (:class:`WorkerStreams`) remembers ``key -> request id`` until the request's
+  sample leaves; once it accepted a streamed request it sends ``(key, [], [], [])``, and after
+  every engine step ``(key, ids, logprobs, versions)`` with the tokens each streamed request
+  gained since the last message (read with the engine's own ``progress``; an engine without
+  it sends nothing more: the tokens come with the sample). An ``("abort", keys)`` command
+  calls the engine's ``abort`` on those requests: their ``'abort'`` samples (tokens so far)
+  come out of the next step and the slots are free.
+- the client (:class:`ClientStreams`) appends those messages per key on its receiver thread;
+  ``progress(key, start)`` reads them (None before the worker accepted the request and after
+  its sample arrived; the caller then takes the rest from the sample, which holds every token).
+
+Messages are one per engine step for all streamed requests together; requests submitted
+without ``submit_live`` cost nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from relayrl.rollout.backend import SteppingEngine
+from relayrl.rollout.types import GenerationRequest, Sample
+
+LIVE_TAG = "_live_key"
+"""Metadata key of a live request's key (removed from its sample by the client)."""
+STREAM_TAG = "_live_stream"
+"""Metadata key: the live request's tokens are streamed (removed from its sample)."""
+
+Progress = tuple[list[int], list[float], list[int]]
+Update = tuple[int, list[int], list[float], list[int]]  # key, ids, logprobs, versions
+
+
+def tag(request: GenerationRequest, key: int, stream: bool) -> GenerationRequest:
+    """``request`` with its live key (and stream flag) in a copy of its metadata."""
+    meta = {**request.metadata, LIVE_TAG: key, STREAM_TAG: stream}
+    return GenerationRequest(request.prompt_ids, request.params, request.group_id, meta)
+
+
+def untag(metadata: dict[str, Any]) -> int | None:
+    """Remove the live tags from ``metadata``; the key, or None for a request without one."""
+    metadata.pop(STREAM_TAG, None)
+    key = metadata.pop(LIVE_TAG, None)
+    return None if key is None else int(key)
+
+
+class WorkerStreams:
+    """The worker's side (see module): which request id each key is, and what was sent."""
+
+    def __init__(self, engine: SteppingEngine) -> None:
+        self.engine = engine
+        self.ids: dict[int, int] = {}  # key -> the engine's request id
+        self.sent: dict[int, list[int]] = {}  # request id -> [key, tokens sent]
+
+    def submitted(self, request: GenerationRequest, rid: int) -> Update | None:
+        """Note an accepted request; its acceptance update when it is streamed."""
+        key = request.metadata.get(LIVE_TAG)
+        if key is None:
+            return None
+        self.ids[int(key)] = rid
+        if not request.metadata.get(STREAM_TAG):
+            return None
+        self.sent[rid] = [int(key), 0]
+        return int(key), [], [], []
+
+    def abort(self, keys: Iterable[int]) -> None:
+        """``engine.abort`` for the requests of ``keys`` still in the engine."""
+        for key in keys:
+            rid = self.ids.get(int(key))
+            if rid is not None:
+                self.engine.abort(rid)
+
+    def finished(self, samples: Iterable[Sample]) -> None:
+        """Forget the requests whose samples leave now."""
+        for s in samples:
+            key = s.metadata.get(LIVE_TAG)
+            if key is not None:
+                self.ids.pop(int(key), None)
+                self.sent.pop(s.request_id, None)
+
+    def updates(self) -> list[Update]:
+        """Each streamed request's tokens gained since its last update (none: left out)."""
+        out: list[Update] = []
+        for rid, entry in self.sent.items():
+            new = self.engine.progress(rid, entry[1])
+            if new is not None and new[0]:
+                entry[1] += len(new[0])
+                out.append((entry[0], list(new[0]), list(new[1]), list(new[2])))
+        return out
+
+
+class ClientStreams:
+    """The client's side (see module): the tokens received per streamed key."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tokens: dict[int, Progress] = {}
+        self.keys: set[int] = set()  # live keys whose sample has not arrived
+
+    def submitted(self, key: int) -> None:
+        with self._lock:
+            self.keys.add(key)
+
+    def add(self, updates: Iterable[Update]) -> None:
+        """The worker's updates (receiver thread)."""
+        with self._lock:
+            for key, ids, lps, vs in updates:
+                if key not in self.keys:  # its sample already arrived
+                    continue
+                got = self._tokens.setdefault(key, ([], [], []))
+                got[0].extend(ids)
+                got[1].extend(lps)
+                got[2].extend(vs)
+
+    def forget(self, key: int) -> None:
+        """The request's sample (or rejection) arrived: nothing more is kept for it."""
+        with self._lock:
+            self.keys.discard(key)
+            self._tokens.pop(key, None)
+
+    def progress(self, key: int, start: int = 0) -> Progress | None:
+        """The streamed request's tokens from index ``start`` on; None before the worker
+        accepted it and after its sample arrived."""
+        with self._lock:
+            got = self._tokens.get(key)
+            if got is None:
+                return None
+            return got[0][start:], got[1][start:], got[2][start:]
