@@ -55,7 +55,8 @@ fp32, 2 under bf16 mixed precision)::
 
 with ``P_l = (N - V h) / L`` parameters per layer. LoRA: ``N_t`` is the adapters and
 ``P_max`` the largest adapter. Six coefficients are fitted (:class:`TrainMemoryModel`:
-``a_fp32``, ``a_bf16``, ``k_ckpt``, ``a0``, ``v`` and ``overhead``); everything else is
+``a_fp32``, ``a_bf16``, ``k_ckpt``, ``a0``, ``v`` and ``overhead``), ``x`` is measured on
+one model (``CHUNKED_LOGIT_BYTES``: the fit's rows predate chunking), everything else is
 counted. Tensor and pipeline parallelism are the caller's: pass the per-rank ``N / (tp pp)``,
 ``h / tp``, ``L / pp``, ``V / tp``. With a single micro-batch per optimizer step the gradients
 only build up during the backward, so the full ``G`` is an upper bound there. Not modelled: an
