@@ -13,6 +13,7 @@ import pytest
 from helpers import load_bench
 from relayrl.plan.memory import (
     CALIBRATED,
+    CHUNKED_LOGIT_BYTES,
     MB,
     TrainMemoryModel,
     TrainShape,
@@ -74,6 +75,44 @@ def test_precision_checkpointing_lora_fsdp_by_hand():
     # tensor parallel: the embedding shard E given explicitly sets P_l and P_max
     tp = shape(embedding_params=20)
     assert tp.layer_params == 490 and M.terms(tp)["U"] == 160
+
+
+def test_kept_logits_and_chunked_logprobs_by_hand():
+    """The lm_head on a share k of the positions (``logits_to_keep``) and chunked logprobs:
+    X = k T V b_c + x r T V, x = CHUNKED_LOGIT_BYTES instead of the fitted v."""
+    x = CHUNKED_LOGIT_BYTES
+    # T 5, V 10, r 0.6, k 0.4: K V 4 = 0.4 * 5 * 10 * 4 = 80; x r T V = 30 x
+    s = shape(logits_kept=0.4, chunked_logprobs=True)
+    assert M.terms(s)["X"] == pytest.approx(80 + 30 * x)
+    assert M.loss_bytes(s) == pytest.approx(16000 + 460 + 80 + 30 * x + 100)
+    # bf16: the head's output is bf16 (K V 2 = 40), the chunked buffers stay fp32
+    assert M.terms(shape(logits_kept=0.4, chunked_logprobs=True, bf16=True))["X"] == (
+        pytest.approx(40 + 30 * x)
+    )
+    # only the head kept: the fitted v on the whole-batch buffers (80 + 8 * 30)
+    assert M.terms(shape(logits_kept=0.4))["X"] == pytest.approx(320)
+    # SmolLM2-135M-Instruct, LoRA, a micro-batch of 16 rows of 64 prompt + 16 response
+    # tokens: T = 1280, V = 49152, K = 16 * 17 = 272 positions, r T = 256 response tokens
+    smol = TrainShape(
+        params=139_399_488,
+        trainable=4_884_480,
+        hidden=576,
+        layers=30,
+        vocab=49152,
+        tokens=1280,
+        response_share=16 / 80,
+        lora=True,
+        logits_kept=17 / 80,
+        chunked_logprobs=True,
+    )
+    assert CALIBRATED.terms(smol)["X"] == pytest.approx(272 * 49152 * 4 + x * 256 * 49152)
+    # before logits_to_keep: every position's logits and the fitted whole-batch buffers
+    old = TrainShape(**{**smol.__dict__, "logits_kept": 1.0, "chunked_logprobs": False})
+    assert CALIBRATED.terms(old)["X"] == pytest.approx(
+        1280 * 49152 * 4 + CALIBRATED.v * 256 * 49152
+    )
+    with pytest.raises(ValueError, match="logits_kept"):
+        shape(logits_kept=0.0)
 
 
 def test_fit_recovers_the_coefficients():

@@ -127,7 +127,7 @@ def test_no_feasible_plan_raises():
 def test_search_memory_is_the_calibrated_training_memory_model():
     """A GPU hosting only the actor's training holds exactly the two-phase model's peak
     (plan/memory.py) of its per-rank shape: 7B over tp 4 and FSDP2 dp 2, bf16, foreach AdamW."""
-    from relayrl.plan.memory import CALIBRATED
+    from relayrl.plan.memory import CALIBRATED, CHUNKED_LOGIT_BYTES
 
     pb = realhf_example()
     a7 = pb.models["actor"]
@@ -152,10 +152,23 @@ def test_search_memory_is_the_calibrated_training_memory_model():
     p_l = (n - e) / L
     wgs = 16 * n / 2  # W 4 + G 4 + S 8 bytes per parameter, over 2 ranks
     act = T * h * (c.a_bf16 * L + c.a0)
-    logits = T * V * 2 + c.v * r * T * V
+    # the lm_head on the gen + 1 last positions of a row (bf16), the chunked fp32 logprobs
+    kept = (pb.gen_len + 1) / (pb.prompt_len + pb.gen_len)
+    logits = kept * T * V * 2 + CHUNKED_LOGIT_BYTES * r * T * V
     fsdp = (2 * 2 + 4) * p_l  # two gathered bf16 layers + one fp32 layer gradient
     backward = wgs + act + logits + fsdp + c.overhead
     optimizer = wgs + 4 * n / 2 + c.overhead  # foreach AdamW: sqrt(v) of the whole shard
     assert mem[0] == pytest.approx(max(backward, optimizer), rel=1e-12)
     # between updates only weights and AdamW stay (W + S + C)
     assert pb.train_persistent("actor", s) == pytest.approx(12 * n / 2 + c.overhead)
+
+
+def test_train_shape_keeps_the_actors_response_logits_only():
+    """The actor's update runs the lm_head on the gen + 1 last positions and chunks its
+    logprobs (as ``relayrl.model.forward_logprobs`` does); the critic's one-output head does
+    not."""
+    pb = realhf_example()
+    s = Strategy(1, 8, 1)
+    actor, critic = pb.train_shape("actor", s), pb.train_shape("critic", s)
+    assert actor.logits_kept == pytest.approx(897 / 1024) and actor.chunked_logprobs
+    assert critic.logits_kept == 1.0 and not critic.chunked_logprobs

@@ -27,9 +27,19 @@ fp32, 2 under bf16 mixed precision)::
         = T h (k L + a0)            with checkpointing: ``k`` per layer (its kept input; the
                                     recomputation of a layer comes later in the backward, when
                                     the logit buffers are gone)
-    X   = T V b_c + v r T V         the lm_head's logits of every position (compute dtype) and
-                                    ``v`` bytes per response token and vocabulary entry of fp32
-                                    logprob / entropy buffers (the fp32 upcast)
+    X   = K V b_c + v r T V         the lm_head's logits of the ``K`` positions it runs on
+                                    (compute dtype) and ``v`` bytes per response token and
+                                    vocabulary entry of fp32 logprob / entropy buffers (the fp32
+                                    upcast), computed over the whole micro-batch at once;
+        = K V b_c + x r T V         logprobs and entropy in chunks of positions, the entropy's
+                                    softmax recomputed in the backward
+                                    (``relayrl.model.forward_logprobs``): ``x`` =
+                                    ``CHUNKED_LOGIT_BYTES`` per response token and vocabulary
+                                    entry (the contiguous fp32 copies of the response logits and
+                                    the gradient accumulated over the chunks)
+    K   = k T                       ``k`` = 1: the head on every position; with
+                                    ``logits_to_keep = R + 1`` (the trainer's forward),
+                                    ``k = (R + 1) / (P + R)``
     F   = 2 P_l b_c + 4 P_l         [FSDP, dp > 1, in the backward] two gathered layers
                                     (prefetch) and one unsharded layer gradient; replaces B16
     D   = 16 V h                    [the embedding trains] four fp32 ``V h`` buffers at the
@@ -45,7 +55,8 @@ fp32, 2 under bf16 mixed precision)::
 
 with ``P_l = (N - V h) / L`` parameters per layer. LoRA: ``N_t`` is the adapters and
 ``P_max`` the largest adapter. Six coefficients are fitted (:class:`TrainMemoryModel`:
-``a_fp32``, ``a_bf16``, ``k_ckpt``, ``a0``, ``v`` and ``overhead``); everything else is
+``a_fp32``, ``a_bf16``, ``k_ckpt``, ``a0``, ``v`` and ``overhead``), ``x`` is measured on
+one model (``CHUNKED_LOGIT_BYTES``: the fit's rows predate chunking), everything else is
 counted. Tensor and pipeline parallelism are the caller's: pass the per-rank ``N / (tp pp)``,
 ``h / tp``, ``L / pp``, ``V / tp``. With a single micro-batch per optimizer step the gradients
 only build up during the backward, so the full ``G`` is an upper bound there. Not modelled: an
@@ -91,6 +102,9 @@ class TrainShape:
         embedding_params: ``E``, this rank's embedding / lm_head parameters (default ``V h``;
             under tensor parallelism ``V h / tp`` while ``hidden`` is ``h / tp``). Where the
             module docstring writes ``V h`` it means ``E``.
+        logits_kept: ``k``, the share of the ``T`` positions the lm_head runs on (1: all, a
+            forward without ``logits_to_keep``; ``(R + 1) / (P + R)`` with it).
+        chunked_logprobs: logprobs and entropy in chunks (``x`` instead of the fitted ``v``).
     """
 
     params: float
@@ -107,6 +121,8 @@ class TrainShape:
     optimizer: Optimizer = "single"
     largest_trained: float | None = None
     embedding_params: float | None = None
+    logits_kept: float = 1.0
+    chunked_logprobs: bool = False
 
     def __post_init__(self) -> None:
         for f in ("hidden", "layers", "vocab", "dp"):
@@ -118,6 +134,8 @@ class TrainShape:
             raise ValueError(f"TrainShape: response_share {self.response_share} not in [0, 1]")
         if self.optimizer not in ("single", "foreach", "fused"):
             raise ValueError(f"TrainShape: unknown optimizer {self.optimizer!r}")
+        if not 0.0 < self.logits_kept <= 1.0:
+            raise ValueError(f"TrainShape: logits_kept {self.logits_kept} not in (0, 1]")
 
     @property
     def embedding(self) -> float:
@@ -142,6 +160,13 @@ class TrainShape:
         return self.embedding if not self.lora else 0.0
 
 
+CHUNKED_LOGIT_BYTES = 10.6
+"""``x``: bytes per response token and vocabulary entry of the chunked logprob / entropy
+computation at the loss point's peak (fp32; measured on SmolLM2-135M-Instruct, LoRA, rows of
+16 + 64 against 64 + 16 tokens: the difference of the allocator peaks less the difference of
+``K V 4``, over the difference of ``r T V``; ``bench/smollm2_memory.py``)."""
+
+
 @dataclass(frozen=True)
 class TrainMemoryModel:
     """The fitted coefficients of the two-phase model (module docstring)."""
@@ -161,7 +186,7 @@ class TrainMemoryModel:
 
     def terms(self, s: TrainShape) -> dict[str, float]:
         """Every term of both phases, bytes (names as in the module docstring)."""
-        n, nt, dp, h, L, V, T = s.params, s.trainable, s.dp, s.hidden, s.layers, s.vocab, s.tokens
+        n, nt, dp, h, L, T = s.params, s.trainable, s.dp, s.hidden, s.layers, s.tokens
         bc = s.compute_bytes
         a = self.a_bf16 if s.bf16 else self.a_fp32
         sharded = dp > 1
@@ -176,12 +201,18 @@ class TrainMemoryModel:
             "S": 8.0 * nt / dp,
             "B16": b16,
             "A": act,
-            "X": T * V * bc + self.v * s.response_share * T * V,
+            "X": self.logit_bytes(s),
             "F": (2.0 * bc + 4.0) * s.layer_params if sharded else 0.0,
             "D": 0.0 if s.lora else (16.0 + (bc if sharded else 0.0)) * s.embedding,
             "U": upd,
             "C": self.overhead,
         }
+
+    def logit_bytes(self, s: TrainShape) -> float:
+        """``X``: the lm_head's logits and the logprob / entropy buffers (module docstring)."""
+        head = s.logits_kept * s.tokens * s.vocab * s.compute_bytes
+        per = CHUNKED_LOGIT_BYTES if s.chunked_logprobs else self.v
+        return head + per * s.response_share * s.tokens * s.vocab
 
     def loss_bytes(self, s: TrainShape) -> float:
         """The backward's start: ``W + G + S + B16 + A + X + F + C``."""

@@ -40,9 +40,11 @@ activations, logits, the foreach AdamW temporary), so a training mesh holds exac
 ``peak_bytes`` (:meth:`PPOProblem.train_memory`) of the per-rank shape: ``h/tp`` hidden,
 ``L/pp`` layers, ``V/tp`` vocabulary (vocab-parallel logits), an lm_head shard ``V h/tp``,
 bf16 mixed precision, foreach AdamW (CUDA's default), micro-batches of
-``micro_batch_tokens`` with the response share ``gen/(prompt + gen)``. The coefficients are the
-CPU fit ``CALIBRATED`` (three model sizes, a fourth held out): on GPUs an extrapolation. It
-must fit ``memory_fraction`` of the device (the rest for the CUDA context and NCCL buffers).
+``micro_batch_tokens`` with the response share ``gen/(prompt + gen)``, the actor's lm_head on
+the ``gen + 1`` last positions of a row and its logprobs chunked (as the trainer computes
+them). The coefficients are the CPU fit ``CALIBRATED`` (three model sizes, a fourth held
+out): on GPUs an extrapolation. It must fit ``memory_fraction`` of the device (the rest for
+the CUDA context and NCCL buffers).
 
 Search (:func:`search_plan`): simulated annealing (Metropolis-Hastings on
 ``exp(-cost / temperature)``, temperature decaying geometrically from ``t0 * cost0`` to
@@ -312,10 +314,14 @@ class PPOProblem:
     def train_shape(self, role: str, s: Strategy, tokens: int | None = None) -> TrainShape:
         """One GPU's share of ``role``'s update under ``s`` (module docstring): micro-batches of
         ``tokens`` (default ``micro_batch_tokens``). The critic's head has one output: its
-        logits term is ``T`` values, not ``T V``."""
+        logits term is ``T`` values, not ``T V``. The actor's lm_head runs on the ``gen + 1``
+        last positions of a row (``logits_to_keep``) and its logprobs are chunked, as the
+        trainer computes them (``relayrl.model.forward_logprobs``)."""
         m = self.models[role]
         tp = s.tp
         n = m.params / (tp * s.pp)
+        actor = role != "critic"
+        seq = self.prompt_len + self.gen_len
         return TrainShape(
             params=n,
             trainable=n,
@@ -328,6 +334,8 @@ class PPOProblem:
             dp=s.dp,
             optimizer="foreach",
             embedding_params=min(n, m.vocab * m.hidden / tp),
+            logits_kept=min(1.0, (self.gen_len + 1) / seq) if actor else 1.0,
+            chunked_logprobs=actor,
         )
 
     def train_memory(self, role: str, s: Strategy, tokens: int | None = None) -> float:
