@@ -23,8 +23,8 @@ them, never trained on, on the base model and on each side's merged LoRA model),
 per step and CPU seconds per step (this process's CPU clock, all threads, around each step:
 relayrl's ``schedule.step``, TRL's ``on_step_begin`` .. ``on_step_end``), the generation's
 share, and the ratios relayrl / TRL; per step the training reward and grad norm, and
-``weight_delta_l2`` (how far each side moved the merged model from the base). One JSON line per (seed, arm), then one per seed with the
-ratios.
+``weight_delta_l2`` (how far each side moved the merged model from the base). One JSON line
+per (seed, arm), then one per seed with the ratios.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/peer_trl_smollm2.py \\
         [--seeds 0] [--steps 5] [--prompts 8] [--group 8] [--eval-size 100] [--dry-run]
