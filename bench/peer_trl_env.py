@@ -229,6 +229,7 @@ def trl_worker(spec_path: str) -> None:
         "checkpoints": {
             p.name.split("-")[1]: str(p) for p in out.iterdir() if p.name.startswith("checkpoint-")
         },
+        "log_history": trainer.state.log_history,  # TRL's per-step reward, grad_norm, ...
         "trl_version": trl.__version__,
         "torch_threads": torch.get_num_threads(),
     }

@@ -22,8 +22,9 @@ Measured: held-out greedy accuracy before and after (ONE evaluation for every mo
 them, never trained on, on the base model and on each side's merged LoRA model), wall seconds
 per step and CPU seconds per step (this process's CPU clock, all threads, around each step:
 relayrl's ``schedule.step``, TRL's ``on_step_begin`` .. ``on_step_end``), the generation's
-share, and the ratios relayrl / TRL. One JSON line per (seed, arm), then one per seed with the
-ratios.
+share, and the ratios relayrl / TRL; per step the training reward and grad norm, and
+``weight_delta_l2`` (how far each side moved the merged model from the base). One JSON line
+per (seed, arm), then one per seed with the ratios.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python bench/peer_trl_smollm2.py \\
         [--seeds 0] [--steps 5] [--prompts 8] [--group 8] [--eval-size 100] [--dry-run]
@@ -197,6 +198,7 @@ def run_relayrl(a: argparse.Namespace, seed: int, model: str, out: Path) -> dict
         "cpu_times": cpu,
         "gen_times": [float(r.get("time/generate", 0.0)) for r in rows],
         "reward_mean": [round(float(r["reward_mean"]), 4) for r in rows],
+        "grad_norm": [round(float(r.get("actor/grad_norm", float("nan"))), 4) for r in rows],
         "own_eval": [final.get("eval_before"), final.get("eval_after")],
     }
 
@@ -232,6 +234,9 @@ def run_trl(a: argparse.Namespace, seed: int, model: str, out: Path, py: Path, e
         raise SystemExit(f"the TRL arm failed: {' '.join(cmd)}")
     res = json.loads((out / "result.json").read_text())
     res["model_out"] = spec["save_merged"]
+    logs = [r for r in res.get("log_history", []) if "reward" in r]
+    res["reward_mean"] = [round(float(r["reward"]), 4) for r in logs]
+    res["grad_norm"] = [round(float(r.get("grad_norm", float("nan"))), 4) for r in logs]
     return res
 
 
@@ -259,9 +264,25 @@ def figures(arm: str, seed: int, res: dict[str, Any], before: float, after: floa
         "s_per_step": median(st), "cpu_s_per_step": median(cpu), "gen_s_per_step": median(gen),
         "step_times": [round(x, 2) for x in st], "cpu_times": [round(x, 2) for x in cpu],
         "train_wall_s": round(res["wall_s"], 1),
+        "reward_mean": res.get("reward_mean"), "grad_norm": res.get("grad_norm"),
+        "weight_delta_l2": weight_delta(a.base_model, res["model_out"]),
         **({"own_eval": res["own_eval"]} if "own_eval" in res else {}),
         **({"trl_version": res["trl_version"]} if "trl_version" in res else {}),
     }  # fmt: skip
+
+
+def weight_delta(base_dir: str, tuned_dir: str) -> float:
+    """sqrt(sum over the base model's weights of ||W_tuned - W_base||^2): how far an arm moved
+    the model (merged LoRA: the adapters' B @ A * alpha / r)."""
+    from safetensors.torch import load_file
+
+    base = load_file(str(Path(base_dir) / "model.safetensors"))
+    tuned = load_file(str(Path(tuned_dir) / "model.safetensors"))
+    total = 0.0
+    for k, w in base.items():
+        if k in tuned:
+            total += float((tuned[k].double() - w.double()).pow(2).sum())
+    return round(total**0.5, 5)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -301,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     py = env_mod.ensure_venv(env_mod.VENV, env_mod.LOCK) if "trl" in a.arms else None
     model = str(fetch_model("smollm2"))
+    a.base_model = model
     for seed in a.seeds:
         load = [round(x, 1) for x in os.getloadavg()]
         base = shared_eval(a, seed, model, work / f"eval_base_seed{seed}.jsonl")
