@@ -145,7 +145,7 @@ def test_config_errors_name_the_key(tmp_path):
         "icepop masks tokens: use level token"
     )
     # a loss name is checked against the registry before the run starts (a run's own module
-    # may register one: tests/test_algos_loss_in_one_module.py); a non-name still here
+    # may register one: tests/integration/test_algos_loss_in_one_module.py); a non-name still here
     with pytest.raises(ConfigError) as err:
         load_config(RunConfig, None, ["algo.policy_loss=gp-g"])
     assert str(err.value).startswith("command line: bad value for 'algo.policy_loss' ('gp-g'):")

@@ -18,7 +18,7 @@ from relayrl.data.records import PromptRecord
 from relayrl.model import build_tiny_model, load_causal_lm, load_tokenizer
 from relayrl.model.fetch import fetch_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():

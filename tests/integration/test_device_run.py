@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
 CPU_STEPS = "env,peaks,engine,ipc,fsdp,nccl_pair,update_0.5b,decode"
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA refusal")

@@ -69,7 +69,8 @@ def _cfg(tiny, run_dir, *overrides):
 
 
 def test_a_group_left_with_one_sample_is_regenerated_with_a_fresh_prompt(tiny, tmp_path):
-    """Hand-checked draws (seed of tests/helpers.py, arithmetic task, B = 4, G = 4, 2 rounds):
+    """Hand-checked draws (seed of tests/support/helpers.py, arithmetic task, B = 4, G = 4,
+    2 rounds):
 
     step 1 draws 65+53, 91+57, 93+2, 64+30; groups 0, 1, 3 fail (1 sample left each). Round 1
     (refill index 10_000_000 + 1 * 3 + 1) draws 87+56, 21+1, 17+27 for them: 21+1 and 17+27

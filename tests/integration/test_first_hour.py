@@ -751,7 +751,7 @@ def _readme_first_run_commands() -> list[list[str]]:
     ``relayrl`` dropped, continuation lines joined, comments cut)."""
     import shlex
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     block = text.split("## A first run on your own model")[1].split("```bash\n")[1]
     block = block.split("```")[0].replace("\\\n", " ")
     return [shlex.split(line, comments=True)[1:] for line in block.splitlines() if line.strip()]
@@ -762,7 +762,7 @@ def test_the_readmes_path_from_trained_to_evaluated_and_served_runs(
 ):
     """The README's commands as written: train, then evaluate, report and serve the trained
     checkpoint (the model, data, step numbers and sizes swapped for the tiny ones)."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(tmp_path)
     monkeypatch.delitem(sys.modules, "my_rewards", raising=False)
     (tmp_path / "my_rewards.py").write_text(

@@ -407,8 +407,8 @@ def test_collective_weight_sync_equals_the_object_store_payload(sft_model, tmp_p
     gloo group of their own, weights broadcast in small buckets after one actor update; the
     replica's engine then holds exactly (torch.equal) the state dict the object-store path
     ships (rank 0's ``RemoteStateDict``), at the client's version, and samples carry it
-    (several receivers: tests/test_weight_collective.py). Then the replica is killed and
-    comes back through a re-formed group with the same weights."""
+    (several receivers: tests/unit/cluster/test_weight_collective.py). Then the replica is
+    killed and comes back through a re-formed group with the same weights."""
     cfg = run_config(
         sft_model,
         tmp_path / "coll",

@@ -16,7 +16,7 @@ from relayrl.config import RunConfig, load_config
 from relayrl.controller.trainer import train
 from relayrl.model.fetch import fetch_model
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "grpo_smollm2_arithmetic.yaml"
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from helpers import load_bench
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "peer_cookbook.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "peer_cookbook.py"
 
 
 def _run(tmp_path: Path, *args: str, timeout: float) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -322,7 +322,7 @@ SERVE = [sys.executable, "-m", "relayrl.cli", "tinker-serve"]
 
 
 def _start_cli(base: Path, state: Path) -> tuple[subprocess.Popen[str], str]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
     proc = subprocess.Popen(
         [*SERVE, str(base), "--port", "0", "--state-dir", str(state), "--threads", "1"],
         stdout=subprocess.PIPE,

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from relayrl.rollout import GenerationRequest, InvalidRequestError, RolloutEngine, SamplingParams
-from test_rollout_helpers import EOS, PAD, hf_greedy, random_prompts, recompute_logprobs
+from rollout_helpers import EOS, PAD, hf_greedy, random_prompts, recompute_logprobs
 
 try:
     import vllm  # noqa: F401

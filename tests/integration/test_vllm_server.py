@@ -18,7 +18,7 @@ import torch
 
 from relayrl.rollout import GenerationRequest, SamplingParams
 from relayrl.rollout.vllm_server_process import server_args
-from test_rollout_helpers import EOS, PAD, hf_greedy, random_prompts, recompute_logprobs
+from rollout_helpers import EOS, PAD, hf_greedy, random_prompts, recompute_logprobs
 
 try:
     import vllm  # noqa: F401

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from relayrl.rollout import GenerationRequest, SamplingParams
-from test_rollout_helpers import EOS, PAD, random_prompts
+from rollout_helpers import EOS, PAD, random_prompts
 
 try:
     import vllm  # noqa: F401

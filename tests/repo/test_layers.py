@@ -106,9 +106,9 @@ def layer_violations(src: Path = SRC) -> list[str]:
             elif src_layer == "relayrl":
                 bad.append(f"{where} (the package root imports nothing)")
             elif src_layer not in FLOORS and src_layer not in APPS:
-                bad.append(f"{where} ({src_layer} has no floor in tests/test_layers.py)")
+                bad.append(f"{where} ({src_layer} has no floor in tests/repo/test_layers.py)")
             elif dst not in FLOORS and dst not in APPS:
-                bad.append(f"{where} ({dst} has no floor in tests/test_layers.py)")
+                bad.append(f"{where} ({dst} has no floor in tests/repo/test_layers.py)")
             elif _floor(dst) > _floor(src_layer):
                 bad.append(f"{where} (floor {_floor(src_layer)} imports floor {_floor(dst)})")
     return bad
@@ -216,7 +216,7 @@ def test_every_package_has_a_floor() -> None:
             continue
         if path.is_dir() and not (path / "__init__.py").exists():
             continue
-        assert name in known, f"src/relayrl/{path.name} has no floor in tests/test_layers.py"
+        assert name in known, f"src/relayrl/{path.name} has no floor in tests/repo/test_layers.py"
 
 
 def test_the_checker_finds_each_kind_of_violation(tmp_path) -> None:
@@ -240,7 +240,8 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path) -> None:
         (tmp_path / "relayrl" / name).write_text(text)
     bad = layer_violations(tmp_path / "relayrl")
     assert bad == [
-        "attic/old.py:1: attic imports relayrl.model (attic has no floor in tests/test_layers.py)",
+        "attic/old.py:1: attic imports relayrl.model"
+        " (attic has no floor in tests/repo/test_layers.py)",
         "config_x.py:1: config_x imports relayrl.model (config modules are leaves)",
         "model/a.py:4: model imports relayrl.controller (floor 2 imports floor 8)",
         "model/a.py:5: model imports relayrl.cluster (floor 2 imports floor 9)",

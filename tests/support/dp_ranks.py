@@ -1,5 +1,5 @@
-"""Rank code of tests/test_fsdp.py (run inside ``fsdp_ranks.rank_main``): a LoRA actor on 2
-data-parallel ranks, and an FSDP2 actor with ``model.fsdp.cpu_offload``."""
+"""Rank code of tests/integration/test_fsdp.py (run inside ``fsdp_ranks.rank_main``): a LoRA
+actor on 2 data-parallel ranks, and an FSDP2 actor with ``model.fsdp.cpu_offload``."""
 
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ stops at a with-tool validation pass rate (``SFT_TARGET``), well below this mode
 report of issue 20; one JSON line per seed, the SFT's validation curve in
 ``ROOT/sft_seedN.log``)::
 
-    PYTHONPATH=src:tests python tests/env_calculator.py --seeds 0 1 2 [--sft lr=1e-3 ...]
+    PYTHONPATH=src:tests/support python tests/support/env_calculator.py --seeds 0 1 2 \
+        [--sft lr=1e-3 ...]
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Components that fail for infrastructure reasons, for tests/test_failures.py: a reward
+"""Components that fail for infrastructure reasons, for tests/integration/test_failures.py: a reward
 function that raises on some samples, one that kills its worker, environments that raise or
 hang. Importable by name (``failure_helpers:...``) from reward workers and ``env.factory``."""
 

@@ -1,4 +1,4 @@
-"""The rank processes of tests/test_fsdp.py (importable by spawned children)."""
+"""The rank processes of tests/integration/test_fsdp.py (importable by spawned children)."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def rank_main(rank: int, world: int, init_file: str, model_dir: str, out_dir: st
     exp2.old_logprobs = fresh.compute_logprobs(exp2)
     fresh.update(exp2)
     resumed = fresh.state_dict()
-    extra = lora_and_offload(d, rank, world)  # tests/dp_ranks.py: LoRA DP, cpu_offload
+    extra = lora_and_offload(d, rank, world)  # tests/support/dp_ranks.py: LoRA DP, cpu_offload
     if rank == 0:
         torch.save(
             {

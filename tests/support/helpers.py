@@ -98,7 +98,7 @@ def slow_on_prompt(
 
 def load_bench(name: str) -> ModuleType:
     """``bench/<name>.py`` as a module (the scripts are not a package)."""
-    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
     assert spec is not None and spec.loader is not None, path
     mod = importlib.util.module_from_spec(spec)

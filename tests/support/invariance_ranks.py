@@ -1,5 +1,5 @@
-"""Rank code of tests/test_world_size_invariance.py (importable by spawned children): the
-actor and the critic trained with several mini-batches per step, for every loss
+"""Rank code of tests/integration/test_world_size_invariance.py (importable by spawned
+children): the actor and the critic trained with several mini-batches per step, for every loss
 aggregation, on FSDP2 and on replicated data-parallel ranks (world 0: one process)."""
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_algos_microbatch import Batch, make_batch, split_grad
 
 from relayrl.algos import (
     AGGREGATION_MODES,
@@ -20,7 +21,6 @@ from relayrl.algos import (
     rollout_correction,
     sapo_loss,
 )
-from test_algos_microbatch import Batch, make_batch, split_grad
 
 
 def _weights(b: Batch) -> torch.Tensor:

@@ -285,7 +285,7 @@ def test_sft_target_pass_rate_needs_eval_every(capsys, configs):
 
 
 def test_shipped_configs_are_valid_and_jsonl_evaluates_on_held_out_data():
-    root = Path(__file__).resolve().parents[1] / "configs"
+    root = Path(__file__).resolve().parents[3] / "configs"
     for path in sorted(root.glob("*.yaml")):
         if (
             path.name != "rlhf_rm.yaml"

@@ -3,8 +3,9 @@
 Units: ``note_retry`` (the tag), ``FailureLog`` counting it per step as ``failures/retried/
 <cause>`` (a continuous series once seen), ``fresh_request`` dropping it, and the Ray client's
 ``lost_on_replica`` (the tag a request in flight on a dead replica is resubmitted with). The
-real kill is ``tests/test_ray_backend.py::test_killed_rollout_replica_is_restarted_without_
-losing_or_duplicating``, which checks that exactly the resubmitted samples carry it.
+real kill is ``tests/integration/test_ray_backend.py::
+test_killed_rollout_replica_is_restarted_without_losing_or_duplicating``, which checks that
+exactly the resubmitted samples carry it.
 """
 
 from __future__ import annotations

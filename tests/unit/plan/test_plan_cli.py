@@ -10,7 +10,7 @@ import pytest
 from helpers import load_bench
 from relayrl.plan.cli import add_subcommands
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str]:

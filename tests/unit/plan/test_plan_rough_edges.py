@@ -17,7 +17,7 @@ from relayrl.plan.sim_report import steady_rate
 from relayrl.plan.simulator import SimConfig, simulate
 from relayrl.plan.timemodel import RooflineTimeModel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def parser() -> argparse.ArgumentParser:

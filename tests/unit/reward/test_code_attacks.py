@@ -345,7 +345,7 @@ def test_io_attack_cannot_read_the_answer_on_the_host(host: Listeners, tmp_path:
     world = Path(tempfile.gettempdir()) / f"relayrl-attack-data-{TOKEN}.txt"
     world.write_text(answer)
     os.chmod(world, 0o644)
-    repo = Path(__file__).resolve().parents[1] / "examples"
+    repo = Path(__file__).resolve().parents[3] / "examples"
     files = [str(world), str(dataset), *map(str, sorted(repo.glob("*")))]
     try:
         before = _before()

@@ -22,7 +22,7 @@ from relayrl.cluster.engine_process import (
 )
 from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams, sampler
 from relayrl.rollout.transfer import to_host
-from test_rollout_helpers import EOS, PAD, random_prompts, tiny_model
+from rollout_helpers import EOS, PAD, random_prompts, tiny_model
 
 CUDA = torch.cuda.is_available()
 PROMPTS = random_prompts([3, 9, 1, 14, 6, 2, 11], seed=5)  # made outside any device context

@@ -15,7 +15,7 @@ import torch
 from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
 from relayrl.rollout.cuda_graphs import DecodeGraphs, batch_bucket, capture_sizes, kv_bucket
 from relayrl.rollout.kv_cache import SlotKVCache
-from test_rollout_helpers import EOS, PAD, random_prompts, tiny_model
+from rollout_helpers import EOS, PAD, random_prompts, tiny_model
 
 LOGPROB_ATOL = 1e-5
 """The static step's attention reads ``C >= kv_len`` columns (masked): the same math, but

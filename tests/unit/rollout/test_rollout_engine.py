@@ -11,7 +11,7 @@ from relayrl.rollout import (
     RolloutEngine,
     SamplingParams,
 )
-from test_rollout_helpers import (
+from rollout_helpers import (
     EOS,
     PAD,
     hf_greedy,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
-from test_rollout_helpers import EOS, PAD, random_prompts, recompute_logprobs, tiny_model
+from rollout_helpers import EOS, PAD, random_prompts, recompute_logprobs, tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from relayrl.rollout import (
     direct_forward,
 )
 from relayrl.rollout.cpu_kernels import varlen_decode
-from test_rollout_helpers import EOS, PAD, random_prompts, tiny_model
+from rollout_helpers import EOS, PAD, random_prompts, tiny_model
 
 pytestmark = pytest.mark.skipif(
     not varlen_decode.available(), reason=f"no kernel: {varlen_decode.unavailable_reason()}"

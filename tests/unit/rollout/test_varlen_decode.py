@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
 from relayrl.rollout.cpu_kernels import varlen_decode
 from relayrl.rollout.split_attention import causal_mask
-from test_rollout_helpers import random_prompts, tiny_model
+from rollout_helpers import random_prompts, tiny_model
 
 pytestmark = pytest.mark.skipif(
     not varlen_decode.available(), reason=f"no kernel: {varlen_decode.unavailable_reason()}"
