@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md")), ROOT / "bench" / "README.md"]
+PAGES.append(ROOT / "tests" / "README.md")
 GENERATED = {DOCS / "modules.md", DOCS / "config.md"}  # written from the tree and the schema
 
 
