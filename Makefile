@@ -154,7 +154,7 @@ vllm-cuda-venv:
 	$(VLLM_CUDA_VENV)/bin/python -c "import torch, vllm; assert torch.cuda.is_available()"
 
 # The vLLM backend's tests (skipped by `make test`); the GRPO learning runs are slow-marked:
-# `$(VLLM_PY) -m pytest -m vllm tests/test_vllm_backend.py` runs them too.
+# `$(VLLM_PY) -m pytest -m vllm tests/integration/test_vllm_backend.py` runs them too.
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_ENV) $(VLLM_PY) -m pytest -q -m "vllm and not slow" tests/test_vllm_backend.py \
-		tests/test_vllm_server.py tests/test_vllm_sync_failures.py tests/test_vllm_stream.py
+	$(VLLM_ENV) $(VLLM_PY) -m pytest -q -m "vllm and not slow" tests/integration/test_vllm_backend.py \
+		tests/integration/test_vllm_server.py tests/integration/test_vllm_sync_failures.py tests/integration/test_vllm_stream.py

@@ -1,4 +1,4 @@
-"""Agreement of math verifiers with the hand verdicts of ``tests/test_reward_math.py``.
+"""Agreement of math verifiers with the hand verdicts of ``tests/unit/reward/test_reward_math.py``.
 
 Prints ONE JSON line: how many of the table's (completion, reference, verdict) rows each
 verifier gets right -- relayrl's ``verify_math`` now (``after``), as of ``--before-ref``

@@ -103,7 +103,8 @@ ARMS = (
 
 
 def sft_model(root: Path, seed: int, target: float, threads: int) -> Path:
-    """The test fixture's warm start (tests/helpers.py ``make_sft_model``), cached in ``root``."""
+    """The test fixture's warm start (tests/support/helpers.py ``make_sft_model``), cached in
+    ``root``."""
     out = root / f"sft_seed{seed}"
     if (out / "config.json").exists():
         return out

@@ -22,7 +22,7 @@ on every device) and copied with the step's other inputs.
 On the CPU (float32 logits, the step library of ``relayrl.rollout.cpu_kernels.varlen_decode`` built)
 everything after the log_softmax, i.e. the uniforms, the float64 CDF, the search, greedy
 rows' argmax and the token's logprob, runs in one C call (``sample_rows_f32``) with the same
-results as the torch operations (``tests/test_step_kernels.py``) in less time
+results as the torch operations (``tests/unit/rollout/test_step_kernels.py``) in less time
 (docs/measurements.md).
 
 Device. Every tensor is made on the logits' device (``relayrl.rollout.transfer``); the

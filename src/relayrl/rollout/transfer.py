@@ -11,7 +11,7 @@ and their logprobs, is :func:`to_host` (one device -> host copy, the only sync o
 
 Every tensor is created with an explicit ``device=`` (host ones on ``CPU``), never on torch's
 default device: inside ``with torch.device("meta"):`` (or a CUDA default) the engine computes
-where its model is, as it does outside (tests/test_engine_device.py).
+where its model is, as it does outside (tests/unit/rollout/test_engine_device.py).
 """
 
 from __future__ import annotations

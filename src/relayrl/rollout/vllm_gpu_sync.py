@@ -25,7 +25,7 @@ sync refuses every later push with the same line, and a server engine
 (:class:`~relayrl.rollout.vllm_server.VllmServerEngine`, which takes the error as a
 ``VllmServerError``) refuses every later request; the run stops. The bound itself is tested
 on the CPU with a transfer into a real process that hangs or dies
-(``tests/test_vllm_gpu_sync_bounds.py``); the NCCL / IPC transfers have not run here.
+(``tests/unit/rollout/test_vllm_gpu_sync_bounds.py``); the NCCL / IPC transfers have not run here.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ default 0.8 / 1.2) and are computed by relayrl's :func:`relayrl.algos.ppo_clip_l
 :func:`relayrl.algos.gated_losses.cispo_loss` with the ``token-sum`` aggregation
 (eps_low = 1 - lo, eps_high = hi - 1). Where they differ from Tinker's text: relayrl clamps the
 log-ratio to +-20 before exp (a ratio beyond e^20 is a broken sample); below that they agree
-to float precision (tests/test_tinker_losses.py). ``dro``'s ``beta`` defaults to 0.05.
+to float precision (tests/unit/tinker/test_tinker_losses.py). ``dro``'s ``beta`` defaults to 0.05.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
    draw after its log_softmax (sample_rows_f32: SplitMix64 uniforms, a float64 running CDF,
    torch.searchsorted's binary search; relayrl.rollout.sampler). Like the kernel they repeat
    torch's float operations in torch's order (the build forbids reassociation and contraction),
-   so the direct path keeps the module path's bits (tests/test_step_kernels.py). */
+   so the direct path keeps the module path's bits (tests/unit/rollout/test_step_kernels.py). */
 
 #include <math.h>
 #include <stdint.h>

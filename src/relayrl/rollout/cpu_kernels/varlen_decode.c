@@ -5,7 +5,7 @@
    time (__builtin_cpu_supports; functions compiled with target("avx2"), no FMA). Every
    float operation runs in the order the source writes it (no fast-math, -ffp-contract=off)
    and every lane of a wider path repeats a narrower one's operations in its order, so the
-   paths agree bit for bit (tests/test_varlen_decode.py). */
+   paths agree bit for bit (tests/unit/rollout/test_varlen_decode.py). */
 
 #include <stdint.h>
 #if defined(__SSE2__) && !defined(RELAYRL_SCALAR)

