@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import json
 import threading
-import time
 
 import httpx
 import openai
@@ -321,9 +320,21 @@ def test_session_placement_by_hand():
 def test_a_weight_update_during_a_call_keeps_the_engines_versions(tiny):
     """An interrupting update while a chat call decodes: the reply's tokens carry version 0
     up to the update and 1 after it, as the engine stamped them, and the session records the
-    same."""
+    same. The update is made by the engine's own step once 5 tokens exist (a poll from the
+    test's thread could land after the reply ended on a busy machine)."""
     model, tok = tiny
-    srv = OpenAIServer(_engine(model, tok), tok)
+    engine = _engine(model, tok)
+    new = {k: v + 0.01 for k, v in model.state_dict().items()}
+    engine_step = engine.step
+
+    def step():  # on the engine's thread: the update lands once 5 tokens exist, never later
+        out = engine_step()
+        if engine.version == 0 and engine.stats()["tokens_generated"] >= 5:
+            engine.update_weights(new, 1, interrupt=True)
+        return out
+
+    engine.step = step  # type: ignore[method-assign]
+    srv = OpenAIServer(engine, tok)
     srv.start()
     try:
         session = srv.open_session()
@@ -341,12 +352,6 @@ def test_a_weight_update_during_a_call_keeps_the_engines_versions(tiny):
 
         thread = threading.Thread(target=call)
         thread.start()
-        generated = lambda e: e.stats()["tokens_generated"]  # noqa: E731
-        deadline = time.monotonic() + 60
-        while srv.owner.call(generated) < 5 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        new = {k: v + 0.01 for k, v in model.state_dict().items()}
-        srv.owner.call(lambda e: e.update_weights(new, 1, interrupt=True))
         thread.join(60)
     finally:
         srv.stop()
