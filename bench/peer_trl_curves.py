@@ -65,15 +65,18 @@ def _over(x: float | None, y: float | None) -> float | None:
 
 def target_summary(curves: dict[str, list[Point]], target: float | None = None,
                    ref: str = "trl") -> dict[str, Any]:  # fmt: skip
-    """The target (``common_target``), each arm's ``time_to_target`` and, for every other arm,
-    its wall and CPU seconds to the target over ``ref``'s (None where either is missing or the
-    reference's time is 0, e.g. the base model already at the target)."""
+    """The target (``common_target``), each arm's ``time_to_target``, ``target_at_base`` (every
+    arm reached it at step 0) and, for every other arm, its wall and CPU seconds to the target
+    over ``ref``'s (None where either is missing or the reference's time is 0, e.g. the base
+    model already at the target)."""
     t = common_target(curves, target)
     out: dict[str, Any] = {"target": t, "target_given": target is not None}
     if t is None:
         return out
     reach = {arm: time_to_target(c, t) for arm, c in curves.items()}
     out["to_target"] = reach
+    # every arm at the target before training (no arm got past the base): times 0, no ratio
+    out["target_at_base"] = all(r is not None and r["step"] == 0 for r in reach.values())
     base = reach.get(ref)
     for arm, r in reach.items():
         if arm == ref or base is None or r is None:

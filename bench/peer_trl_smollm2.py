@@ -75,7 +75,9 @@ ARMS = ("relayrl", "relayrl-async", "relayrl-vllm", "trl")
 ARM_OVERRIDES = {
     "relayrl": [],
     "relayrl-async": ["schedule=async"],  # async.* the defaults: eta 2, interrupt, in order
-    "relayrl-vllm": ["rollout.backend=vllm"],  # sync; vLLM in the trainer's process
+    # sync; vLLM in the trainer's process. Its KV cache must hold one sequence of the model's
+    # whole context (SmolLM2: 8192 tokens, 0.35 GiB): the default 0.25 GiB does not start
+    "relayrl-vllm": ["rollout.backend=vllm", "rollout.vllm_kv_cache_gib=0.5"],
 }
 """The relayrl arms: the recipe (sync, own engine), its async schedule, its vLLM backend."""
 VLLM_PY = REPO / ".vllm-venv" / "bin" / "python"
@@ -263,7 +265,8 @@ def run_relayrl(a: argparse.Namespace, seed: int, model: str, out: Path, arm: st
         "wall_s": wall,
         "step_times": [float(r["time/step"]) for r in rows],
         "cpu_times": cpu,
-        "gen_times": [float(r.get("time/generate", 0.0)) for r in rows],
+        # the sync schedule times its generation; async's runs beside the trainer: none
+        "gen_times": [float(r["time/generate"]) for r in rows if "time/generate" in r],
         "reward_mean": [round(float(r["reward_mean"]), 4) for r in rows],
         "grad_norm": [round(float(r.get("actor/grad_norm", float("nan"))), 4) for r in rows],
         "own_eval": [final.get("eval_before"), final.get("eval_after")],

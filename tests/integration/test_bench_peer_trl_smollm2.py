@@ -194,6 +194,7 @@ def test_common_target_and_time_to_target() -> None:
     assert c.time_to_target(curves["relayrl"], 0.5) is None
     s = c.target_summary(curves)
     assert s["target"] == 0.25 and s["target_given"] is False
+    assert s["target_at_base"] is False
     assert s["to_target"]["relayrl-async"]["step"] == 2 and s["to_target"]["trl"]["step"] == 4
     assert s["wall_to_target_relayrl_over_trl"] == 0.4  # 40 / 100
     assert s["cpu_to_target_relayrl_over_trl"] == 0.333  # 20 / 60
@@ -209,6 +210,7 @@ def test_common_target_and_time_to_target() -> None:
     s = c.target_summary(curves, target=0.05)
     assert s["to_target"]["trl"] == {"step": 0, "wall_s": 0.0, "cpu_s": 0.0, "acc": 0.05}
     assert s["wall_to_target_relayrl_over_trl"] is None
+    assert s["target_at_base"] is True
     # across seeds: the median of each ratio over the seeds that have it
     med = c.across_seeds([{"x_over_trl": 0.5}, {"x_over_trl": 1.5}, {"x_over_trl": None}])
     assert med == {"x_over_trl": 1.0, "x_over_trl_n": 2}
