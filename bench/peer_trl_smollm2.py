@@ -281,8 +281,12 @@ def run_relayrl_elsewhere(a: argparse.Namespace, seed: int, model: str, out: Pat
         return f"no vLLM venv python at {py} (make vllm-venv, or --vllm-python)"
     out.mkdir(parents=True, exist_ok=True)
     args = {k: v for k, v in vars(a).items() if k != "base_model"}
+    import sysconfig
+
+    paths = sysconfig.get_paths()  # this (the main) venv's site-packages: see ``worker``
     spec = {"args": args, "seed": seed, "model": model, "out": str(out), "arm": arm,
-            "result": str(out / "result.json")}  # fmt: skip
+            "result": str(out / "result.json"),
+            "fallback_site": list(dict.fromkeys([paths["purelib"], paths["platlib"]]))}  # fmt: skip
     (out / "worker.json").write_text(json.dumps(spec))
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS=str(a.threads))
     env.setdefault("VLLM_HOST_IP", "127.0.0.1")
@@ -300,10 +304,17 @@ def run_relayrl_elsewhere(a: argparse.Namespace, seed: int, model: str, out: Pat
 
 
 def worker(spec_path: str) -> int:
-    """``--worker SPEC``: one relayrl arm in this python, its result as JSON."""
-    import torch
+    """``--worker SPEC``: one relayrl arm in this python, its result as JSON. The main venv's
+    site-packages (``fallback_site``) are appended to ``sys.path`` after this venv's own, so a
+    package this venv lacks comes from the main venv and one it has is its own
+    (``requirements-vllm.lock`` predates reasoning-gym, which the recipe's data needs)."""
+    import site
 
     spec = json.loads(Path(spec_path).read_text())
+    for path in spec.get("fallback_site", []):
+        site.addsitedir(path)
+    import torch
+
     a = argparse.Namespace(**spec["args"])
     torch.set_num_threads(a.threads)
     res = run_relayrl(a, spec["seed"], spec["model"], Path(spec["out"]), spec["arm"])
