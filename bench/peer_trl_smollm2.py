@@ -11,8 +11,9 @@ so figures are this conversion's, not the original model's). Arms (``--arms``, a
   its own worker process, ``rollout.threads`` 1);
 - ``relayrl-vllm``: the same (sync) with ``rollout.backend=vllm``, run by ``--vllm-python``
   (``.vllm-venv``, ``make vllm-venv``: vLLM is not in the main venv) through this file's
-  ``--worker`` mode; without that venv, or if it fails, one JSON line says why and the bench
-  goes on;
+  ``--worker`` mode (the main venv's packages behind its own: ``worker``); KV cache 0.5 GiB
+  (SmolLM2's 8192-token context needs 0.35); without that venv, or if it fails, one JSON line
+  says why and the bench goes on;
 - ``trl``: TRL's ``GRPOTrainer``.
 
 Matched: the starting weights (the fetched directory; each side adds LoRA adapters whose B is
