@@ -214,3 +214,10 @@ def test_common_target_and_time_to_target() -> None:
     # across seeds: the median of each ratio over the seeds that have it
     med = c.across_seeds([{"x_over_trl": 0.5}, {"x_over_trl": 1.5}, {"x_over_trl": None}])
     assert med == {"x_over_trl": 1.0, "x_over_trl_n": 2}
+
+
+def test_vllm_arm_without_its_venv_says_why(tmp_path: Path) -> None:
+    bench = _bench()
+    a = bench.parse(["--arms", "relayrl-vllm", "--vllm-python", str(tmp_path / "none/python")])
+    why = bench.run_arm(a, "relayrl-vllm", 0, "m", tmp_path / "out", None, None)
+    assert isinstance(why, str) and "no vLLM venv python" in why and "make vllm-venv" in why
