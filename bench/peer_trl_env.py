@@ -10,8 +10,10 @@ A stamp holds the lock's sha256: a changed lock rebuilds the venv.
 Run with that venv's python, ``python bench/peer_trl_env.py SPEC.json`` trains TRL's
 ``GRPOTrainer`` as ``SPEC.json`` says (written by ``peer_trl.run_trl`` or
 ``peer_trl_smollm2.run_trl``: optionally ``reward: reasoning_gym``, ``lora`` (``peft.LoraConfig``
-keywords) and ``save_merged`` (a directory for the trained model, adapters merged)) and writes
-the result, with wall and CPU seconds (``time.process_time``) of each step.
+keywords), ``save_merged`` (a directory for the trained model, adapters merged) and
+``save_steps`` / ``save_dir`` (the merged model after each of those steps, ``save_dir/step_S``,
+saved after the step's timer stops)) and writes the result, with wall and CPU seconds
+(``time.process_time``) of each step.
 """
 
 from __future__ import annotations
@@ -181,6 +183,24 @@ def trl_worker(spec_path: str) -> None:
             step_times.append(time.perf_counter() - self.t)
             cpu_times.append(time.process_time() - self.c)
 
+    save_steps = set(spec.get("save_steps") or [])
+    saved: dict[int, str] = {}
+    holder: dict[str, Any] = {}
+
+    class Saver(TrainerCallback):  # after Timer: not in the step's time
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step in save_steps:  # global_step counts this step already
+                import copy
+
+                model = copy.deepcopy(holder["trainer"].model)
+                if peft_config is not None:
+                    model = model.merge_and_unload()
+                d = Path(spec["save_dir"]) / f"step_{state.global_step}"
+                model.save_pretrained(d)
+                tokenizer.save_pretrained(d)
+                saved[state.global_step] = str(d)
+                del model
+
     peft_config = None
     if spec.get("lora"):
         import peft
@@ -194,9 +214,10 @@ def trl_worker(spec_path: str) -> None:
         args=args,
         train_dataset=Dataset.from_list(spec["prompts"]),
         processing_class=tokenizer,
-        callbacks=[Timer()],
+        callbacks=[Timer(), Saver()],
         peft_config=peft_config,
     )
+    holder["trainer"] = trainer
     gen_times: list[float] = []
     generate = trainer._generate  # timed: TRL's generation alone, per step
 
@@ -230,6 +251,7 @@ def trl_worker(spec_path: str) -> None:
             p.name.split("-")[1]: str(p) for p in out.iterdir() if p.name.startswith("checkpoint-")
         },
         "log_history": trainer.state.log_history,  # TRL's per-step reward, grad_norm, ...
+        "saved": saved,
         "trl_version": trl.__version__,
         "torch_threads": torch.get_num_threads(),
     }

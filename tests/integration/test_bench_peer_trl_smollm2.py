@@ -58,6 +58,22 @@ def test_plan_matches_the_two_sides(tmp_path: Path, capsys) -> None:
     # the overrides are valid against the recipe
     cfg = load_config(RunConfig, bench.RECIPE, plan["relayrl"])
     assert cfg.algo.group_size == 6 and cfg.model.lora is not None and cfg.model.lora.save_merged
+    assert cfg.schedule == "sync" and cfg.rollout.backend == "own"
+    assert cfg.train.save_every == 0 and plan["eval_steps"] == [0, 3]  # no --eval-every
+    asy = load_config(RunConfig, bench.RECIPE, plan["relayrl-async"])
+    assert asy.schedule == "async" and asy.async_.eta == 2 and asy.rollout.backend == "own"
+    vll = load_config(RunConfig, bench.RECIPE, plan["relayrl-vllm"])
+    assert vll.schedule == "sync" and vll.rollout.backend == "vllm"
+
+
+def test_plan_saves_every_eval_step(tmp_path: Path, capsys) -> None:
+    bench = _bench()
+    argv = ["--dry-run", "--work", str(tmp_path), "--steps", "10", "--eval-every", "3"]
+    assert bench.main(argv + ["--arms", "relayrl", "trl"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert "relayrl-async" not in plan and plan["eval_steps"] == [0, 3, 6, 9, 10]
+    cfg = load_config(RunConfig, bench.RECIPE, plan["relayrl"])
+    assert cfg.train.save_every == 3 and cfg.train.keep_checkpoints == 11  # 3, 6, 9 and 10 kept
 
 
 def test_ratios_and_median() -> None:
@@ -71,6 +87,8 @@ def test_ratios_and_median() -> None:
         "gen_s_per_step_relayrl_over_trl": None,  # TRL's missing
     }
     assert bench.median([5.0, 1.0, 3.0, 100.0]) == 4.0 and bench.median([]) is None
+    named = bench.ratios(r, t, ("s_per_step",), name="relayrl-async")
+    assert named == {"s_per_step_relayrl-async_over_trl": 0.25}
 
 
 def test_trl_rows_are_relayrl_prompts_rendered(smol_tok) -> None:
@@ -148,3 +166,58 @@ def test_pip_check_allows_only_the_model_package_lines() -> None:
     assert env.check_problems("No broken requirements found.\n") == []
     other = "trl 1.16.0 has requirement accelerate>=9, but you have accelerate 1.15.0."
     assert env.check_problems(report + other + "\n") == [other]
+
+
+def test_eval_steps_and_curve() -> None:
+    c = load_bench("peer_trl_curves")
+    assert c.eval_steps(10, 3) == [0, 3, 6, 9, 10]
+    assert c.eval_steps(10, 5) == [0, 5, 10]
+    assert c.eval_steps(10, 0) == [0, 10] and c.eval_steps(4, 9) == [0, 4]
+    # step s: the times of steps 0..s-1 summed; a step without an accuracy is left out
+    got = c.curve([0, 2, 4], [10.0, 20.0, 30.0, 40.0], [5.0, 6.0, 7.0, 8.0], {0: 0.1, 4: 0.3})
+    assert got == [(0, 0.0, 0.0, 0.1), (4, 100.0, 26.0, 0.3)]
+
+
+def test_common_target_and_time_to_target() -> None:
+    c = load_bench("peer_trl_curves")
+    curves = {
+        # (step, wall s so far, CPU s so far, accuracy)
+        "relayrl": [(0, 0.0, 0.0, 0.05), (2, 20.0, 10.0, 0.20), (4, 40.0, 20.0, 0.30)],
+        "relayrl-async": [(0, 0.0, 0.0, 0.05), (2, 16.0, 14.0, 0.25), (4, 32.0, 28.0, 0.25)],
+        "trl": [(0, 0.0, 0.0, 0.05), (2, 50.0, 30.0, 0.10), (4, 100.0, 60.0, 0.40)],
+    }
+    # best accuracies 0.30 / 0.25 / 0.40: every arm reached 0.25 (async's best)
+    assert c.common_target(curves) == 0.25
+    assert c.time_to_target(curves["relayrl"], 0.25) == {
+        "step": 4, "wall_s": 40.0, "cpu_s": 20.0, "acc": 0.30,
+    }  # fmt: skip
+    assert c.time_to_target(curves["relayrl"], 0.5) is None
+    s = c.target_summary(curves)
+    assert s["target"] == 0.25 and s["target_given"] is False
+    assert s["target_at_base"] is False
+    assert s["to_target"]["relayrl-async"]["step"] == 2 and s["to_target"]["trl"]["step"] == 4
+    assert s["wall_to_target_relayrl_over_trl"] == 0.4  # 40 / 100
+    assert s["cpu_to_target_relayrl_over_trl"] == 0.333  # 20 / 60
+    assert s["wall_to_target_relayrl-async_over_trl"] == 0.16  # 16 / 100
+    assert s["cpu_to_target_relayrl-async_over_trl"] == 0.233  # 14 / 60
+    # a given target: an arm that never reaches it has no ratio
+    s = c.target_summary(curves, target=0.3)
+    assert s["target"] == 0.3 and s["target_given"] is True
+    assert s["to_target"]["relayrl-async"] is None
+    assert "wall_to_target_relayrl-async_over_trl" not in s
+    assert s["wall_to_target_relayrl_over_trl"] == 0.4  # 40 / 100 (TRL reaches 0.3 at step 4)
+    # the base already at the target: TRL's time 0, no ratio
+    s = c.target_summary(curves, target=0.05)
+    assert s["to_target"]["trl"] == {"step": 0, "wall_s": 0.0, "cpu_s": 0.0, "acc": 0.05}
+    assert s["wall_to_target_relayrl_over_trl"] is None
+    assert s["target_at_base"] is True
+    # across seeds: the median of each ratio over the seeds that have it
+    med = c.across_seeds([{"x_over_trl": 0.5}, {"x_over_trl": 1.5}, {"x_over_trl": None}])
+    assert med == {"x_over_trl": 1.0, "x_over_trl_n": 2}
+
+
+def test_vllm_arm_without_its_venv_says_why(tmp_path: Path) -> None:
+    bench = _bench()
+    a = bench.parse(["--arms", "relayrl-vllm", "--vllm-python", str(tmp_path / "none/python")])
+    why = bench.run_arm(a, "relayrl-vllm", 0, "m", tmp_path / "out", None, None)
+    assert isinstance(why, str) and "no vLLM venv python" in why and "make vllm-venv" in why
