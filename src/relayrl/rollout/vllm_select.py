@@ -38,8 +38,8 @@ def make_vllm_engine(
     **common: Any,
 ) -> SteppingEngine:
     """The vLLM engine for ``process`` on ``device``; ``common``: the arguments both engines
-    take (``eos_token_id``, ``pad_token_id``, ``max_slots``, ``version``, ``seed``,
-    ``kv_cache_gib``, ``dtype``); ``weight_transfer`` (a GPU server): vLLM's transfer
+    take (``eos_token_id``, ``pad_token_id``, ``max_slots``, ``max_model_len``, ``version``,
+    ``seed``, ``kv_cache_gib``, ``dtype``); ``weight_transfer`` (a GPU server): vLLM's transfer
     engine to start (``ipc`` / ``nccl``), driven by ``vllm_gpu_sync.attach``;
     ``weight_sync_timeout_s`` (a server): the bound on each request of a weight update."""
     device = str(device)
@@ -82,6 +82,7 @@ def engine_from_spec(spec: Any, state_dict: Mapping[str, Tensor]) -> SteppingEng
         eos_token_id=spec.eos_token_id,
         pad_token_id=spec.pad_token_id,
         max_slots=spec.max_slots,
+        max_model_len=spec.max_model_len,
         version=spec.version,
         interrupt_mode=spec.vllm_interrupt,
         kv_cache_gib=spec.vllm_kv_cache_gib,
