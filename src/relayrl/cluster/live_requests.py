@@ -24,6 +24,7 @@ without ``submit_live`` cost nothing.
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -35,6 +36,21 @@ LIVE_TAG = "_live_key"
 """Metadata key of a live request's key (removed from its sample by the client)."""
 STREAM_TAG = "_live_stream"
 """Metadata key: the live request's tokens are streamed (removed from its sample)."""
+
+
+def drain_queue(q: queue.Queue[Sample], timeout: float) -> list[Sample]:
+    """Everything in ``q`` now, waiting up to ``timeout`` seconds for the first item."""
+    out: list[Sample] = []
+    try:
+        out.append(q.get(timeout=timeout) if timeout > 0 else q.get_nowait())
+    except queue.Empty:
+        return out
+    while True:
+        try:
+            out.append(q.get_nowait())
+        except queue.Empty:
+            return out
+
 
 Progress = tuple[list[int], list[float], list[int]]
 Update = tuple[int, list[int], list[float], list[int]]  # key, ids, logprobs, versions

@@ -64,6 +64,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
             max_slots=cfg.rollout.max_slots,
+            max_model_len=cfg.rollout.max_model_len,
             interrupt_mode=cfg.rollout.vllm_interrupt,
             kv_cache_gib=cfg.rollout.vllm_kv_cache_gib,
             dtype=cfg.model.dtype,
@@ -81,6 +82,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
             max_slots=cfg.rollout.max_slots,
+            max_model_len=cfg.rollout.max_model_len,
             cuda_graphs=cfg.rollout.cuda_graphs,
         )
     else:  # overlap / async: the engine in its own process, weights through shared memory
@@ -93,6 +95,7 @@ def build_local_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) 
             threads=cfg.rollout.threads,
             version=0,
             urgent_steps=cfg.async_.urgent_steps,
+            max_model_len=cfg.rollout.max_model_len,
             backend=cfg.rollout.backend,
             vllm_interrupt=cfg.rollout.vllm_interrupt,
             vllm_kv_cache_gib=cfg.rollout.vllm_kv_cache_gib,

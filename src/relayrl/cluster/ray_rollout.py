@@ -35,7 +35,7 @@ import ray
 from ray.exceptions import RayActorError
 from torch import Tensor
 
-from relayrl.cluster.engine_process import drain_queue
+from relayrl.cluster.live_requests import drain_queue
 from relayrl.cluster.ray_weight_sync import ReplicaLost, WeightGroupMembers, dead_among
 from relayrl.cluster.ray_workers import TICKET, RemoteStateDict
 from relayrl.controller.failures import InfraBudgetExceeded, note_retry

@@ -17,6 +17,11 @@ class RolloutConfig(_Strict):
     top_k: int = Field(0, ge=0)
     max_tokens: int = Field(8, ge=1)
     max_slots: int = Field(64, ge=1)
+    max_model_len: int | None = Field(None, ge=2)
+    """Context (prompt + response tokens) the engine serves; null: the model's own
+    (``max_position_embeddings``). Both backends: the own engine's KV length per slot, vLLM's
+    ``max_model_len`` (its KV cache, ``rollout.vllm_kv_cache_gib``, must hold one sequence of
+    it: checked before the run starts). Prompts are checked against it as against the model's."""
     threads: int = Field(1, ge=1)
     """torch threads of the engine worker process (overlap / async schedules)."""
     backend: Literal["own", "vllm"] = "own"

@@ -41,6 +41,7 @@ class EvalReplica:
             eos_token_id=tok.eos_token_id,
             pad_token_id=tok.pad_token_id,
             max_slots=cfg.rollout.max_slots,
+            max_model_len=cfg.rollout.max_model_len,
             seed=cfg.seed,
             cuda_graphs=cfg.rollout.cuda_graphs,
         )

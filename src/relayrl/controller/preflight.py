@@ -18,7 +18,12 @@ directory:
   ``data.max_prompt_tokens + rollout.max_tokens`` is more than the context, the prompts the
   run would use are tokenised and none may be longer than ``context - rollout.max_tokens``
   (a configuration that only could overflow, with prompts that do not, is accepted: small
-  models with the default ``data.max_prompt_tokens`` stay usable).
+  models with the default ``data.max_prompt_tokens`` stay usable);
+- ``rollout.max_model_len``, when set, is no more than the model's context and is the context
+  the prompts are checked against;
+- ``rollout.backend: vllm``: vLLM's KV cache (``rollout.vllm_kv_cache_gib``) holds one
+  sequence of the served context (``rollout.max_model_len``, else the model's), which vLLM
+  needs to start (``check_vllm_kv_cache``; the bytes: ``kv_cache_bytes``).
 
 ``check_sft_lengths`` is the SFT command's counterpart (prompt + response + EOS per example).
 
@@ -28,6 +33,7 @@ and ``DataError`` (a data file), which the CLI prints as one line with exit code
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,6 +49,7 @@ from relayrl.model import (
     check_vocab_fits,
     load_tokenizer,
     model_context_length,
+    read_model_config,
 )
 
 __all__ = [
@@ -53,8 +60,14 @@ __all__ = [
     "check_run",
     "check_sft_lengths",
     "check_sft_val_prompts",
+    "check_vllm_kv_cache",
+    "kv_cache_bytes",
     "model_context",
 ]
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+VLLM_BLOCK = 16
+"""Tokens per vLLM KV block: a sequence takes whole blocks (its default ``block_size``)."""
 
 
 class Context:
@@ -67,7 +80,10 @@ class Context:
         self.config_key = config_key
 
     def describe(self) -> str:
-        """``the 128-token context of model.path m/gpt2 (n_positions in its config.json)``."""
+        """``the 128-token context of model.path m/gpt2 (n_positions in its config.json)``;
+        without ``config_key``: ``the 64-token context set by rollout.max_model_len``."""
+        if not self.config_key:
+            return f"the {self.tokens}-token context set by {self.key}"
         return (
             f"the {self.tokens}-token context of {self.key} {self.path} "
             f"({self.config_key} in its config.json)"
@@ -108,8 +124,64 @@ def check_run(cfg: RunConfig, training: bool = True) -> None:
     if cfg.algo.name == "dpo":  # offline: no generation, no rollout.max_tokens
         return
     contexts = [c for key, path in models if (c := model_context(key, path)) is not None]
+    cap = cfg.rollout.max_model_len
+    if cap is not None:
+        for c in contexts:
+            if cap > c.tokens:
+                raise ConfigError(
+                    f"rollout.max_model_len={cap} exceeds {c.describe()}: set "
+                    f"rollout.max_model_len <= {c.tokens} (null: the model's own)"
+                )
+        contexts.append(Context("rollout.max_model_len", cfg.model.path, cap, ""))
+    if cfg.rollout.backend == "vllm":
+        served = cap or next((c.tokens for c in contexts if c.key == "model.path"), None)
+        if served is not None:
+            check_vllm_kv_cache(cfg, served)
     if contexts:
         check_context(cfg, tokenizer, min(contexts, key=lambda c: c.tokens), training)
+
+
+def kv_cache_bytes(config: dict[str, Any], dtype: str, tokens: int) -> int | None:
+    """KV cache bytes of one sequence of ``tokens`` tokens:
+    ``2 x layers x kv_heads x head_dim x bytes(dtype) x tokens`` (2: a key and a value per
+    layer, head and token; ``bytes(dtype)``: 4 for float32, 2 for bfloat16 / float16).
+    ``config`` is the model's ``config.json``: ``num_hidden_layers`` (``n_layer``),
+    ``num_key_value_heads`` (else ``num_attention_heads`` / ``n_head``: no GQA), ``head_dim``
+    (else ``hidden_size`` / ``n_embd`` over the attention heads). None when a key is missing."""
+    if "num_hidden_layers" not in config and isinstance(config.get("text_config"), dict):
+        config = config["text_config"]  # a multimodal model: its language model's
+    layers = config.get("num_hidden_layers", config.get("n_layer"))
+    heads = config.get("num_attention_heads", config.get("n_head"))
+    kv_heads = config.get("num_key_value_heads") or heads
+    width = config.get("hidden_size", config.get("n_embd"))
+    head_dim = config.get("head_dim") or (width // heads if width and heads else None)
+    if not (layers and kv_heads and head_dim) or dtype not in DTYPE_BYTES:
+        return None
+    return 2 * int(layers) * int(kv_heads) * int(head_dim) * DTYPE_BYTES[dtype] * tokens
+
+
+def check_vllm_kv_cache(cfg: RunConfig, tokens: int) -> None:
+    """A one-line ``ConfigError`` when ``rollout.vllm_kv_cache_gib`` (GiB = 2**30 bytes)
+    cannot hold one sequence of the served context, ``tokens`` rounded up to vLLM's
+    ``VLLM_BLOCK``-token blocks (``kv_cache_bytes`` at ``model.dtype``, the KV dtype vLLM
+    uses): vLLM would refuse to start, after loading the model, with a long error of its own.
+    The message names the GiB needed and the ``rollout.max_model_len`` that fits (whole
+    blocks)."""
+    dtype = cfg.model.dtype
+    padded = -(-tokens // VLLM_BLOCK) * VLLM_BLOCK
+    need = kv_cache_bytes(read_model_config(cfg.model.path), dtype, padded)
+    have = cfg.rollout.vllm_kv_cache_gib * (1 << 30)
+    if need is None or need <= have:
+        return
+    fits = int(have // (need // padded)) // VLLM_BLOCK * VLLM_BLOCK
+    gib = need / (1 << 30)
+    gib = math.ceil(gib * 10 ** (d := 2 - math.floor(math.log10(gib)))) / 10**d  # 3 digits, up
+    shorter = f" or rollout.max_model_len <= {fits}" if fits >= VLLM_BLOCK else ""
+    raise ConfigError(
+        f"rollout.vllm_kv_cache_gib={cfg.rollout.vllm_kv_cache_gib} cannot hold one "
+        f"{tokens}-token sequence of model.path {cfg.model.path} ({dtype} KV needs {gib} GiB): "
+        f"set rollout.vllm_kv_cache_gib >= {gib}{shorter}"
+    )
 
 
 def check_policy_loss(cfg: RunConfig) -> None:

@@ -203,6 +203,7 @@ class VllmEngine(VllmFrontend):
             eos_token_id=spec.eos_token_id,
             pad_token_id=spec.pad_token_id,
             max_slots=spec.max_slots,
+            max_model_len=getattr(spec, "max_model_len", None),
             version=spec.version,
             interrupt_mode=spec.vllm_interrupt,
             kv_cache_gib=spec.vllm_kv_cache_gib,

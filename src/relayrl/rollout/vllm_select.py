@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from relayrl.model.known_models import resolve_model_path
 from relayrl.rollout.backend import SteppingEngine
 
 
@@ -38,10 +39,12 @@ def make_vllm_engine(
     **common: Any,
 ) -> SteppingEngine:
     """The vLLM engine for ``process`` on ``device``; ``common``: the arguments both engines
-    take (``eos_token_id``, ``pad_token_id``, ``max_slots``, ``version``, ``seed``,
-    ``kv_cache_gib``, ``dtype``); ``weight_transfer`` (a GPU server): vLLM's transfer
+    take (``eos_token_id``, ``pad_token_id``, ``max_slots``, ``max_model_len``, ``version``,
+    ``seed``, ``kv_cache_gib``, ``dtype``); ``weight_transfer`` (a GPU server): vLLM's transfer
     engine to start (``ipc`` / ``nccl``), driven by ``vllm_gpu_sync.attach``;
-    ``weight_sync_timeout_s`` (a server): the bound on each request of a weight update."""
+    ``weight_sync_timeout_s`` (a server): the bound on each request of a weight update.
+    ``model_path`` may be a known model's short name (``smollm2``: its fetched directory)."""
+    model_path = resolve_model_path(model_path)  # vLLM and AutoConfig read a directory
     device = str(device)
     if use_server(process, device):
         from relayrl.rollout.vllm_server import VllmServerEngine
@@ -82,6 +85,7 @@ def engine_from_spec(spec: Any, state_dict: Mapping[str, Tensor]) -> SteppingEng
         eos_token_id=spec.eos_token_id,
         pad_token_id=spec.pad_token_id,
         max_slots=spec.max_slots,
+        max_model_len=spec.max_model_len,
         version=spec.version,
         interrupt_mode=spec.vllm_interrupt,
         kv_cache_gib=spec.vllm_kv_cache_gib,

@@ -204,6 +204,9 @@ def test_engine_process_worker_builds_on_the_specs_device(models, tmp_path) -> N
     assert [s.response_ids for s in engine.generate(reqs)] == [
         s.response_ids for s in ref.generate(reqs)
     ]
+    assert engine.max_model_len == models["llama"].config.max_position_embeddings
+    capped = EngineSpec(**{**spec.__dict__, "max_model_len": 32})  # rollout.max_model_len
+    assert build_own_engine(capped, shared).max_model_len == 32
     assert _spec("x", "cuda:0").shared_device().type == "cuda"
     vllm = EngineSpec(**{**_spec("x", "cuda:0").__dict__, "backend": "vllm"})
     assert vllm.shared_device() == torch.device("cpu")  # vLLM places itself
