@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import recipe_config
 from relayrl.cluster.local import build_local_roles
-from relayrl.config import RunConfig, load_config
+from relayrl.config import RunConfig
 from relayrl.controller.trainer import train
 from relayrl.model.fetch import fetch_model
 
@@ -26,18 +27,7 @@ def smol_dir() -> Path:
 
 
 def _config(model: Path, run_dir: Path, *overrides: str) -> RunConfig:
-    return load_config(
-        RunConfig,
-        RECIPE,
-        [
-            f"model.path={model}",
-            f"run_dir={run_dir}",
-            "threads=1",
-            "logging.progress=false",
-            "logging.tensorboard=false",
-            *overrides,
-        ],
-    )
+    return recipe_config(RECIPE, model, run_dir, *overrides)
 
 
 def test_one_grpo_step_on_the_real_model(smol_dir: Path, tmp_path: Path) -> None:

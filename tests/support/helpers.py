@@ -66,13 +66,17 @@ def make_sft_model(root: Path, seed: int = 0, target: float = SFT_TARGET) -> Pat
 
 
 def run_config(model: Path, run_dir: Path, *overrides: str) -> RunConfig:
+    return recipe_config(None, model, run_dir, f"seed={TEST_SEED}", *overrides)
+
+
+def recipe_config(recipe: Path | None, model: Path, run_dir: Path, *overrides: str) -> RunConfig:
+    """``recipe`` (None: the defaults) on ``model`` into ``run_dir``, one thread, quiet."""
     return load_config(
         RunConfig,
-        None,
+        recipe,
         [
             f"model.path={model}",
             f"run_dir={run_dir}",
-            f"seed={TEST_SEED}",
             "threads=1",
             "logging.progress=false",
             "logging.tensorboard=false",
