@@ -207,6 +207,7 @@ def relayrl_overrides(a: argparse.Namespace, mode: str, arm: str, held: Path) ->
         "rollout.temperature=1.0",
         f"data.eval_path={held}",
         "data.eval_size=200",
+        f"model.gradient_checkpointing={str(a.gradient_checkpointing).lower()}",
     ]
     if arm != "relayrl_defaults":  # TRL's values for what relayrl's defaults set otherwise
         out += ["algo.mini_batches=1", "optim.warmup_steps=0", "optim.betas=[0.9,0.999]"]
@@ -290,6 +291,7 @@ def trl_config(a: argparse.Namespace, mode: str, seed: int, out: Path) -> dict[s
         lr_scheduler_type="constant", warmup_steps=0, adam_beta1=0.9, adam_beta2=0.999,
         adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=1.0, beta=0.0, loss_type="dapo",
         scale_rewards="group", num_iterations=1, temperature=1.0, shuffle_dataset=False,
+        gradient_checkpointing=a.gradient_checkpointing,
         save_strategy="steps", save_steps=a.eval_every, save_only_model=True, logging_steps=1,
         report_to=[], disable_tqdm=True, dataloader_num_workers=0,
     )  # fmt: skip
@@ -453,6 +455,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=1e-4, help="at 5e-4 every arm collapsed (s3)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--eta", type=int, default=2, help="async.eta of relayrl_async")
+    ap.add_argument(
+        "--gradient-checkpointing", action="store_true",
+        help="both sides recompute activations (TRL's GRPOConfig defaults to on, relayrl to off;"
+        " without this flag both are off)",
+    )  # fmt: skip
     ap.add_argument("--target", type=float, default=None, help="a fixed pass rate to time too")
     ap.add_argument("--sft-target", type=float, default=0.35)
     ap.add_argument("--sft-seed", type=int, default=0, help="one warm start for every run seed")

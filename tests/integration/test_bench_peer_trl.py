@@ -41,6 +41,13 @@ def test_dry_run_prints_the_plan_and_creates_nothing(tmp_path: Path, capsys) -> 
     # the keys both sides set, in each one's names
     assert "optim.lr=0.0001" in asy and long["trl"]["learning_rate"] == 1e-4
     assert long["trl"]["loss_type"] == "dapo" and "algo.loss_agg=token-mean" in asy
+    # the same memory setting both sides: TRL's GRPOConfig would checkpoint by default
+    assert long["trl"]["gradient_checkpointing"] is False
+    assert "model.gradient_checkpointing=false" in asy
+    assert bench.main(["--dry-run", "--modes", "long", "--gradient-checkpointing"]) == 0
+    ckpt = json.loads(capsys.readouterr().out)["plan"]["modes"]["long"]
+    assert ckpt["trl"]["gradient_checkpointing"] is True
+    assert all("model.gradient_checkpointing=true" in o for o in ckpt["relayrl"].values())
     # the naive async arm: async, the clip on the engine's logprobs (no pi_prox forward)
     assert bench.main(["--dry-run", "--arms", "relayrl_async_naive", "--modes", "long"]) == 0
     (naive,) = json.loads(capsys.readouterr().out)["plan"]["modes"]["long"]["relayrl"].values()
