@@ -13,16 +13,10 @@ gradio, which the lock cannot hold; see docs/environments.md).
 
 from __future__ import annotations
 
-import json
-import math
-
 import pytest
 
-from qwen_template import ScriptedEngine, qwen_tokenizer
-from relayrl.env import ChatTemplateRenderer
+from env_episodes import env_tiny_model, run_episode, train_through_env
 from relayrl.env.registry import resolve_factory
-from relayrl.env.runner import EpisodeRunner, RunnerLimits
-from relayrl.rollout import GenerationRequest, SamplingParams
 
 pytest.importorskip("openenv.core")
 import openenv_envs  # noqa: E402
@@ -36,26 +30,10 @@ LOCAL = {
 ROW = {"prompt": "3+4=", "answer": "7"}
 
 
-def _run(factory, replies, row=ROW, max_turns=4):
-    tok = qwen_tokenizer()
-    runner = EpisodeRunner(
-        ScriptedEngine(tok, replies),
-        factory,
-        ChatTemplateRenderer(tok),
-        RunnerLimits(max_turns=max_turns, max_model_len=4096),
-    )
-    req = GenerationRequest([1], SamplingParams(max_tokens=80), metadata=row)
-    try:
-        (s,) = runner.generate([req])
-    finally:
-        runner.close()
-    return tok, s
-
-
 @pytest.mark.parametrize(("replies", "outcome"), [(["5", "7"], 1.0), (["5", "6"], 0.0)])
 def test_an_openenv_episode_runs_over_its_server(replies, outcome):
     before = len(openenv_envs.EVENTS)
-    tok, s = _run(resolve_factory("openenv", LOCAL), replies)
+    tok, s = run_episode(resolve_factory("openenv", LOCAL), replies, ROW)
     env = s.metadata["env"]
     assert env["stop_reason"] == "env_done" and env["turns"] == 2
     assert env["turn_rewards"] == [0.0] and env["outcome"] == outcome
@@ -70,7 +48,7 @@ def test_a_server_given_by_base_url_and_observations_as_json():
     from relayrl.env.openenv_adapter import serve_locally
 
     url = serve_locally(LOCAL["environment"], LOCAL["action"], LOCAL["observation"])
-    tok, s = _run(resolve_factory("openenv", {"base_url": url}), ["7"])
+    tok, s = run_episode(resolve_factory("openenv", {"base_url": url}), ["7"], ROW)
     env = s.metadata["env"]
     assert env["outcome"] == 1.0 and env["turns"] == 1
     assert '{"text": "Q: 3+4="}' in tok.decode(s.prompt_ids)  # no observation_field: JSON
@@ -91,38 +69,10 @@ def test_bad_settings_are_one_line_naming_the_key(kwargs, message):
 
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory):
-    from relayrl.model import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("openenv") / "m", hidden_size=32, seed=1)
+    return env_tiny_model(tmp_path_factory.mktemp("openenv"))
 
 
 def test_grpo_trains_through_an_openenv_environment(tiny_path, tmp_path):
-    from helpers import run_config
-    from relayrl.cluster.local import build_local_roles
-    from relayrl.controller.trainer import train
-
-    run_dir = tmp_path / "run"
     kwargs = ", ".join(f"{k}: '{v}'" for k, v in LOCAL.items())
-    cfg = run_config(
-        tiny_path,
-        run_dir,
-        "env.factory=openenv",
-        f"env.kwargs={{{kwargs}}}",
-        "env.outcome=env",
-        "env.max_turns=2",
-        "rollout.max_tokens=8",
-        "algo.prompts_per_step=2",
-        "algo.group_size=2",
-        "data.eval_size=2",
-        "train.steps=2",
-        "train.save_every=0",
-    )
-    train(cfg, lambda a, c: build_local_roles(cfg, a, c))
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in recs if "reward_mean" in r]
-    assert len(steps) == 2
-    for r in steps:
-        assert r["env/episodes"] == 4 and r.get("env/failures", 0) == 0
-        assert r["env/stop_env_done"] + r.get("env/stop_max_turns", 0) == 4
-        assert 1 <= r["env/turns_mean"] <= 2 and 0.0 <= r["reward_mean"] <= 1.0
-        assert r["actor/optimizer_steps"] > 0 and math.isfinite(r["actor/grad_norm"])
+    steps = train_through_env(tiny_path, tmp_path / "run", "openenv", f"env.kwargs={{{kwargs}}}")
+    assert all(0.0 <= r["reward_mean"] <= 1.0 for r in steps)

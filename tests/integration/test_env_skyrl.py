@@ -10,16 +10,12 @@ user-defined environment."""
 from __future__ import annotations
 
 import json
-import math
 import sqlite3
 
 import pytest
 
-from qwen_template import ScriptedEngine, qwen_tokenizer
-from relayrl.env import ChatTemplateRenderer
+from env_episodes import env_tiny_model, run_episode, train_through_env
 from relayrl.env.registry import resolve_factory
-from relayrl.env.runner import EpisodeRunner, RunnerLimits
-from relayrl.rollout import GenerationRequest, SamplingParams
 
 skyrl_gym = pytest.importorskip("skyrl_gym")
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput  # noqa: E402
@@ -69,23 +65,6 @@ if "relayrl_test_digits" not in skyrl_gym.registry:
     skyrl_gym.register(id="relayrl_test_digits", entry_point="test_env_skyrl:DigitsEnv")
 
 
-def _run(factory, replies, row, max_turns=4, isolation="thread"):
-    tok = qwen_tokenizer()
-    runner = EpisodeRunner(
-        ScriptedEngine(tok, replies),
-        factory,
-        ChatTemplateRenderer(tok),
-        RunnerLimits(max_turns=max_turns, max_model_len=4096),
-        isolation=isolation,
-    )
-    req = GenerationRequest([1], SamplingParams(max_tokens=80), metadata=row)
-    try:
-        (s,) = runner.generate([req])
-    finally:
-        runner.close()
-    return tok, s
-
-
 @pytest.fixture
 def spider(tmp_path):
     """SkyRL's text2sql layout: ``{db_path}/spider/database/{db_id}/{db_id}.sqlite``."""
@@ -119,7 +98,7 @@ def test_skyrl_text2sql_runs_a_multi_turn_episode_unchanged(spider, solution, re
         "<think>look</think><sql>SELECT name, price FROM items ORDER BY price</sql>",
         f"<think>done</think><solution>{solution}</solution>",
     ]
-    tok, s = _run(factory, replies, {**SQL_ROW, "max_turns": 3})
+    tok, s = run_episode(factory, replies, {**SQL_ROW, "max_turns": 3})
     env = s.metadata["env"]
     assert env["stop_reason"] == "env_done" and env["turns"] == 2
     assert env["turn_rewards"] == [0.0] and env["outcome"] == reward
@@ -137,7 +116,7 @@ def test_skyrl_text2sql_runs_a_multi_turn_episode_unchanged(spider, solution, re
 def test_skyrl_gsm8k_multi_turn_turn_rewards_and_its_own_max_turns():
     factory = resolve_factory("skyrl", {"env_class": "gsm8k_multi_turn"})
     row = {"prompt": "12+30=", "answer": "42", "max_turns": 3}
-    tok, s = _run(factory, ["#### 41", "no idea", "#### 40"], row, max_turns=5)
+    tok, s = run_episode(factory, ["#### 41", "no idea", "#### 40"], row, max_turns=5)
     env = s.metadata["env"]
     # 0.2 / max_turns for a well-formatted wrong answer, 0 unformatted; done at its max_turns
     assert env["stop_reason"] == "env_done" and env["turns"] == 3
@@ -145,7 +124,7 @@ def test_skyrl_gsm8k_multi_turn_turn_rewards_and_its_own_max_turns():
     assert env["outcome"] == pytest.approx(0.2 / 3)
     assert env["infos"][-1]["metrics"] == {"steps": 3}
     assert tok.decode(s.prompt_ids + s.response_ids).count("'#### ANSWER'") == 2
-    _, s = _run(factory, ["#### 41", "#### 42"], row, max_turns=5)
+    _, s = run_episode(factory, ["#### 41", "#### 42"], row, max_turns=5)
     assert s.metadata["env"]["turns"] == 2 and s.metadata["env"]["outcome"] == 1.0
 
 
@@ -158,7 +137,7 @@ def test_skyrl_text2sql_in_a_worker_process(spider):
         "<sql>SELECT max(price) FROM items</sql>",
         "<think>5</think><solution>SELECT 5</solution>",
     ]
-    tok, s = _run(factory, replies, SQL_ROW, isolation="process")
+    tok, s = run_episode(factory, replies, SQL_ROW, isolation="process")
     env = s.metadata["env"]
     assert env["stop_reason"] == "env_done" and env["turns"] == 2 and env["outcome"] == 1.0
     assert "<observation> 0\n 5\n" in tok.decode(s.prompt_ids + s.response_ids)
@@ -167,7 +146,7 @@ def test_skyrl_text2sql_in_a_worker_process(spider):
 @pytest.mark.parametrize(("reply", "reward"), [("so #### 42", 1.0), ("#### 41", 0.0), ("42", 0.0)])
 def test_skyrl_gsm8k_scores_one_turn(reply, reward):
     factory = resolve_factory("skyrl", {"env_class": "gsm8k"})
-    _, s = _run(factory, [reply], {"prompt": "12+30=", "answer": "42"})
+    _, s = run_episode(factory, [reply], {"prompt": "12+30=", "answer": "42"})
     env = s.metadata["env"]
     assert env["stop_reason"] == "env_done" and env["turns"] == 1
     assert env["outcome"] == reward and env["turn_rewards"] == []
@@ -177,7 +156,7 @@ def test_skyrl_gsm8k_scores_one_turn(reply, reward):
 def test_a_user_defined_base_text_env_runs_unchanged(env_class):
     closed.clear()
     factory = resolve_factory("skyrl", {"env_class": env_class})
-    tok, s = _run(factory, ["ab12", "7777"], {"prompt": "Say digits", "max_turns": 2})
+    tok, s = run_episode(factory, ["ab12", "7777"], {"prompt": "Say digits", "max_turns": 2})
     env = s.metadata["env"]
     assert env["stop_reason"] == "env_done" and env["turns"] == 2
     assert env["turn_rewards"] == [0.5] and env["outcome"] == 1.0
@@ -189,7 +168,7 @@ def test_a_user_defined_base_text_env_runs_unchanged(env_class):
 def test_a_skyrl_shaped_message_list_prompt_goes_to_init_as_is():
     factory = resolve_factory("skyrl", {"env_class": "relayrl_test_digits"})
     prompt = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Go"}]
-    tok, s = _run(factory, ["1", "2"], {"prompt": prompt, "max_turns": 2})
+    tok, s = run_episode(factory, ["1", "2"], {"prompt": prompt, "max_turns": 2})
     text = tok.decode(s.prompt_ids + s.response_ids)
     assert "system\nBe terse.<|im_end|>" in text and "user\nGo<|im_end|>" in text
 
@@ -197,7 +176,7 @@ def test_a_skyrl_shaped_message_list_prompt_goes_to_init_as_is():
 def test_relayrl_max_turns_bounds_a_skyrl_episode():
     closed.clear()
     factory = resolve_factory("skyrl", {"env_class": "relayrl_test_digits"})
-    _, s = _run(factory, ["1"], {"prompt": "p", "max_turns": 9}, max_turns=3)
+    _, s = run_episode(factory, ["1"], {"prompt": "p", "max_turns": 9}, max_turns=3)
     assert s.metadata["env"]["stop_reason"] == "max_turns" and s.metadata["env"]["turns"] == 3
     assert closed == ["digits"]
 
@@ -209,48 +188,16 @@ def test_an_unknown_env_class_is_refused_naming_the_registry():
 
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory):
-    from relayrl.model import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("skyrl") / "m", hidden_size=32, seed=1)
-
-
-def _train(model, run_dir, *overrides):
-    from helpers import run_config
-    from relayrl.cluster.local import build_local_roles
-    from relayrl.controller.trainer import train
-
-    cfg = run_config(
-        model,
-        run_dir,
-        "env.factory=skyrl",
-        "env.outcome=env",
-        "env.max_turns=2",
-        "rollout.max_tokens=8",
-        "algo.prompts_per_step=2",
-        "algo.group_size=2",
-        "data.eval_size=2",
-        "train.steps=2",
-        "train.save_every=0",
-        *overrides,
-    )
-    train(cfg, lambda a, c: build_local_roles(cfg, a, c))
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in recs if "reward_mean" in r]
-    assert len(steps) == 2
-    for r in steps:
-        assert r["env/episodes"] == 4 and r.get("env/failures", 0) == 0
-        assert r["env/stop_env_done"] + r.get("env/stop_max_turns", 0) == 4
-        assert 1 <= r["env/turns_mean"] <= 2
-        assert r["actor/optimizer_steps"] > 0 and math.isfinite(r["actor/grad_norm"])
-    return steps
+    return env_tiny_model(tmp_path_factory.mktemp("skyrl"))
 
 
 @pytest.mark.parametrize("env_class", ["gsm8k_multi_turn", "relayrl_test_digits"])
 def test_grpo_trains_through_a_skyrl_env(tiny_path, tmp_path, env_class):
     """On relayrl's arithmetic rows (``answer`` -> ``reward_spec.ground_truth``)."""
-    steps = _train(
+    steps = train_through_env(
         tiny_path,
         tmp_path / "run",
+        "skyrl",
         f"env.kwargs={{env_class: {env_class}, extras: {{max_turns: 2}}}}",
     )
     assert all(0.0 <= r["reward_mean"] <= 1.0 for r in steps)
@@ -261,9 +208,10 @@ def test_grpo_trains_through_skyrl_text2sql_on_skyrl_shaped_jsonl_rows(tiny_path
     in a JSONL file, the SQLite database under ``env_config.db_path``."""
     rows = tmp_path / "sql.jsonl"
     rows.write_text("".join(json.dumps({**SQL_ROW, "prompt": f"q{i}?"}) + "\n" for i in range(6)))
-    steps = _train(
+    steps = train_through_env(
         tiny_path,
         tmp_path / "run",
+        "skyrl",
         "data.task=jsonl",
         f"data.train_path={rows}",
         f"env.kwargs={{env_class: text2sql, env_config: {{db_path: '{spider}'}}, "

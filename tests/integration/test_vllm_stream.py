@@ -2,10 +2,10 @@
 endpoint (official ``openai`` client) over ``VllmEngine`` in this process (the owner reads
 ``VllmEngine.progress`` after each step) and over an engine worker process running it (the
 worker reads it and sends the tokens, :mod:`relayrl.cluster.live_requests`). The same checks
-as tests/integration/test_openai_stream_process.py: the first chunk leaves before the
-finish (an observer
-holds the finish until the client has a chunk), streamed == unstreamed, a client that goes
-away has its request aborted and its slot freed.
+(tests/support/openai_stream_checks.py) as tests/integration/test_openai_stream_process.py: the
+first chunk leaves before the finish (an observer holds the finish until the client has a
+chunk), streamed == unstreamed, a client that goes away has its request aborted and its slot
+freed.
 
 Skipped unless ``import vllm`` works (``make test-vllm`` sets that environment up). vLLM's
 CPU attention needs a head size in {32, 64, ...}: 2 heads of 32.
@@ -14,19 +14,19 @@ CPU attention needs a head size in {32, 64, ...}: 2 heads of 32.
 from __future__ import annotations
 
 import copy
-import threading
 
 import pytest
-from test_openai_stream_process import (
+
+from openai_stream_checks import (
     TEMPLATE,
-    check_disconnect_aborts_in_the_worker,
+    check_disconnect_aborts,
     check_first_chunk_before_finish,
     check_streamed_equals_unstreamed,
+    hold_engine,
     process_server,
     stop_process_server,
     stop_worker,
 )
-
 from relayrl.env.openai_server import OpenAIServer
 from relayrl.model import load_tokenizer
 from relayrl.model.tiny import build_tiny_model
@@ -85,28 +85,6 @@ def server(request, model_path):
     engine.close()
 
 
-def _hold_engine(srv):
-    """(hold, resume) for an engine in this process: a call on the owner thread that waits."""
-    held, release = threading.Event(), threading.Event()
-    holder: list[threading.Thread] = []
-
-    def block(engine):
-        held.set()
-        release.wait(60)
-
-    def hold():
-        t = threading.Thread(target=srv.owner.call, args=(block,))
-        t.start()
-        holder.append(t)
-        assert held.wait(60)
-
-    def resume():
-        release.set()
-        holder[0].join(60)
-
-    return hold, resume
-
-
 def test_the_first_chunk_arrives_before_the_finish(server):
     check_first_chunk_before_finish(server)
 
@@ -117,5 +95,5 @@ def test_streamed_text_and_ids_equal_the_unstreamed_reply(server, chat):
 
 
 def test_a_client_that_goes_away_has_its_request_aborted(server):
-    hold, resume = stop_worker(server) if server.owner.polling else _hold_engine(server)
-    check_disconnect_aborts_in_the_worker(server, hold, resume)
+    hold, resume = stop_worker(server) if server.owner.polling else hold_engine(server)
+    check_disconnect_aborts(server, hold, resume)

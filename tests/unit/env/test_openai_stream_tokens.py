@@ -4,82 +4,40 @@ the request (shown by an observer that holds the engine's finish until the clien
 chunk), joined they are the unstreamed reply (greedy and seeded, stop strings, ``n``,
 logprobs, a byte-level BPE model whose tokens split characters, tool calls under a chat
 template), a client that goes away mid-stream frees its engine slot (the request is aborted),
-and the incremental decoder's deltas join to the full decode (hand-checked cases)."""
+and the incremental decoder's deltas join to the full decode (hand-checked cases). The server
+set-up and the ``check_*`` assertion sets are tests/support/openai_stream_checks.py's (shared with
+tests/integration/test_openai_stream_process.py)."""
 
 from __future__ import annotations
 
-import copy
-import queue
 import random
-import threading
-import time
-from pathlib import Path
 
-import openai
 import pytest
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from helpers import byte_bpe_tokenizer
+from openai_stream_checks import (
+    check_disconnect_aborts,
+    check_first_chunk_before_finish,
+    check_rejected_before_stream,
+    check_streamed_equals_unstreamed,
+    client,
+    collect,
+    hold_engine,
+    serve,
+    stream_model,
+)
 from qwen_template import ScriptedEngine, qwen_tokenizer
 from relayrl.env.openai_server import OpenAIServer
 from relayrl.env.openai_stream import ChoiceText, IncrementalDecoder, held_suffix
-from relayrl.model import load_causal_lm, load_tokenizer
-from relayrl.model.tiny import build_char_tokenizer, build_tiny_model
-from relayrl.rollout import RolloutEngine
-
-TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-LONG = 1000  # a budget the tiny model cannot finish while a test holds its engine
-
-
-def _serve(path: Path, template: str | None = TEMPLATE, slots: int = 4) -> OpenAIServer:
-    tok = load_tokenizer(path)
-    if template is not None:
-        tok.chat_template = template
-    engine = RolloutEngine(
-        copy.deepcopy(load_causal_lm(path)),
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        max_slots=slots,
-    )
-    srv = OpenAIServer(engine, tok)
-    srv.start()
-    return srv
+from relayrl.model.tiny import build_char_tokenizer
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    path = build_tiny_model(
-        tmp_path_factory.mktemp("stream") / "m", hidden_size=32, max_position_embeddings=2048
-    )
-    srv = _serve(path)
+    srv = serve(stream_model(tmp_path_factory.mktemp("stream")))
     yield srv
     srv.stop()
-
-
-def _client(srv, session=None):
-    key = session.key if session is not None else "EMPTY"
-    return openai.OpenAI(base_url=srv.base_url(session), api_key=key, max_retries=0, timeout=120)
-
-
-def _collect(stream, chat: bool = True) -> dict:
-    """Per choice index: joined text, token ids, versions, per-chunk token counts, finish."""
-    out: dict = {}
-    for chunk in stream:
-        for ch in chunk.choices:
-            c = out.setdefault(ch.index, {"text": "", "ids": [], "vs": [], "n": [], "lps": []})
-            c["text"] += (ch.delta.content or "") if chat else ch.text
-            extra = ch.model_extra or {}
-            ids = extra.get("token_ids") or []
-            if ids:
-                c["n"].append(len(ids))
-            c["ids"] += ids
-            c["vs"] += extra.get("versions") or []
-            if chat and ch.logprobs is not None and ch.logprobs.content:
-                c["lps"] += [x.logprob for x in ch.logprobs.content]
-            c["finish"] = ch.finish_reason or c.get("finish")
-            if chat and ch.delta.tool_calls:
-                c["tool_calls"] = ch.delta.tool_calls
-    return out
 
 
 # ---------------------------------------------------------------------- the decoder (by hand)
@@ -147,66 +105,24 @@ def test_the_first_chunk_arrives_while_the_engine_still_generates(server):
     resolves, and holds it until the client has a chunk with tokens: it can only see one if
     chunks left while the request was still generating (today's code before this change
     cut them from the finished call, and this wait timed out)."""
-    session = server.open_session()
-    got, seen = threading.Event(), []
-
-    def on_finish(sample):
-        if sample.metadata.get("session") == session.key:
-            seen.append(got.wait(60))
-
-    server.owner.observe(on_finish)
-    try:
-        stream = _client(server, session).chat.completions.create(
-            model="p",
-            messages=[{"role": "user", "content": "12+3="}],
-            max_tokens=40,
-            temperature=0,
-            stream=True,
-            extra_body={"ignore_eos": True},
-        )
-        counts = []
-        for chunk in stream:
-            for ch in chunk.choices:
-                n = len((ch.model_extra or {}).get("token_ids") or [])
-                if n:
-                    counts.append(n)
-                    got.set()
-    finally:
-        server.owner.observers.remove(on_finish)
-    assert seen == [True]
-    assert len(counts) > 1 and sum(counts) == 40  # many chunks, each with its new tokens
-    assert session.calls[0].completion_ids and len(session.calls[0].completion_ids) == 40
+    check_first_chunk_before_finish(server, max_tokens=40)
 
 
 @pytest.mark.parametrize("chat", [True, False])
 def test_greedy_streamed_text_equals_the_unstreamed_reply(server, chat):
-    client = _client(server)
-    kw = dict(model="p", max_tokens=60, temperature=0, extra_body={"ignore_eos": True})
-    if chat:
-        ask = dict(messages=[{"role": "user", "content": "7*8="}], logprobs=True)
-        plain = client.chat.completions.create(**ask, **kw)
-        got = _collect(client.chat.completions.create(**ask, stream=True, **kw))[0]
-        want = plain.choices[0].message.content
-        assert got["lps"] == [x.logprob for x in plain.choices[0].logprobs.content]
-    else:
-        plain = client.completions.create(prompt="7*8=", **kw)
-        got = _collect(client.completions.create(prompt="7*8=", stream=True, **kw), chat=False)[0]
-        want = plain.choices[0].text
-    assert len(want) > 10 and got["text"] == want
-    assert got["ids"] == plain.choices[0].model_extra["token_ids"] and got["n"]
-    assert got["finish"] == plain.choices[0].finish_reason == "length"
+    check_streamed_equals_unstreamed(server, chat, logprobs=True)
 
 
 def test_a_stop_string_cuts_the_stream_as_it_cuts_the_reply_and_frees_the_slot(server):
-    client = _client(server)
+    oai = client(server)
     kw = dict(model="p", max_tokens=200, temperature=0, extra_body={"ignore_eos": True})
-    full = client.completions.create(prompt="3+4=", **{**kw, "max_tokens": 40}).choices[0].text
+    full = oai.completions.create(prompt="3+4=", **{**kw, "max_tokens": 40}).choices[0].text
     stop = full[20:22]  # two characters: the first is held until the second shows
-    cut = client.completions.create(prompt="3+4=", stop=stop, **kw)
+    cut = oai.completions.create(prompt="3+4=", stop=stop, **kw)
     before = server.owner.call(lambda e: e.stats())
     session = server.open_session()
-    got = _collect(
-        _client(server, session).completions.create(prompt="3+4=", stop=stop, stream=True, **kw),
+    got = collect(
+        client(server, session).completions.create(prompt="3+4=", stop=stop, stream=True, **kw),
         chat=False,
     )[0]
     assert got["text"] == cut.choices[0].text == full[: full.index(stop)]
@@ -218,12 +134,12 @@ def test_a_stop_string_cuts_the_stream_as_it_cuts_the_reply_and_frees_the_slot(s
 
 
 def test_n_seeded_choices_stream_as_their_unstreamed_replies(server):
-    client = _client(server)
+    oai = client(server)
     kw = dict(model="p", messages=[{"role": "user", "content": "1+"}], max_tokens=12, seed=3, n=2)
-    plain = client.chat.completions.create(**kw)
+    plain = oai.chat.completions.create(**kw)
     session = server.open_session()
-    got = _collect(
-        _client(server, session).chat.completions.create(
+    got = collect(
+        client(server, session).chat.completions.create(
             stream=True, stream_options={"include_usage": True}, **kw
         )
     )
@@ -238,62 +154,11 @@ def test_a_client_that_goes_away_mid_stream_frees_its_engine_slot(server):
     """The engine is held (a call on its thread) once the client has tokens; the client
     closes; once the server asked for the abort the engine goes on: the request comes out
     aborted with its tokens so far, nothing is recorded, no slot stays taken."""
-    session = server.open_session()
-    finished: queue.Queue = queue.Queue()
-
-    def on_finish(sample):
-        if sample.metadata.get("session") == session.key:
-            finished.put(sample)
-
-    server.owner.observe(on_finish)
-    held, release, running = threading.Event(), threading.Event(), []
-
-    def hold(engine):
-        running.append(engine.stats()["num_running"])
-        held.set()
-        release.wait(60)
-
-    try:
-        before = server.owner.call(lambda e: e.stats())
-        aborts = server.owner.aborts_requested
-        stream = _client(server, session).completions.create(
-            model="p",
-            prompt="9+9=",
-            max_tokens=LONG,
-            temperature=0,
-            stream=True,
-            extra_body={"ignore_eos": True},
-        )
-        n = 0
-        for chunk in stream:
-            n += len((chunk.choices[0].model_extra or {}).get("token_ids") or [])
-            if n >= 3:
-                break
-        holder = threading.Thread(target=server.owner.call, args=(hold,))
-        holder.start()
-        assert held.wait(60) and running == [1]  # still generating
-        stream.close()
-        for _ in range(600):  # the server noticed the disconnect and asked for the abort
-            if server.owner.aborts_requested > aborts:
-                break
-            time.sleep(0.1)
-        release.set()
-        holder.join(60)
-        sample = finished.get(timeout=60)
-    finally:
-        release.set()
-        server.owner.observers.remove(on_finish)
-    assert server.owner.aborts_requested == aborts + 1
-    assert sample.finish_reason == "abort" and 3 <= len(sample.response_ids) < LONG
-    after = server.owner.call(lambda e: e.stats())
-    assert after["requests_aborted"] == before["requests_aborted"] + 1
-    assert after["num_running"] == 0 and session.calls == []
+    check_disconnect_aborts(server, *hold_engine(server, running=1))
 
 
 def test_a_request_the_engine_rejects_is_a_400_before_the_stream(server):
-    with pytest.raises(openai.BadRequestError) as e:
-        _client(server).completions.create(model="p", prompt=[10**6], max_tokens=2, stream=True)
-    assert "vocabulary" in e.value.body["message"]
+    check_rejected_before_stream(server)
 
 
 def test_a_byte_level_bpe_model_streams_split_characters_whole(tmp_path):
@@ -312,14 +177,14 @@ def test_a_byte_level_bpe_model_streams_split_characters_whole(tmp_path):
     )
     GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "g")
     tok.save_pretrained(tmp_path / "g")
-    srv = _serve(tmp_path / "g", template=None, slots=2)
+    srv = serve(tmp_path / "g", template=None, slots=2)
     try:
-        client = _client(srv)
+        oai = client(srv)
         split = 0  # replies in which some token ends mid-character
         for seed in range(3):
             kw = dict(model="p", prompt="1+2=", max_tokens=50, seed=seed, temperature=1.5)
-            plain = client.completions.create(**kw)
-            got = _collect(client.completions.create(stream=True, **kw), chat=False)[0]
+            plain = oai.completions.create(**kw)
+            got = collect(oai.completions.create(stream=True, **kw), chat=False)[0]
             assert got["text"] == plain.choices[0].text
             assert got["ids"] == plain.choices[0].model_extra["token_ids"]
             ids = got["ids"]
@@ -337,8 +202,8 @@ def test_tool_calls_stream_as_one_delta_after_the_text_before_them():
     try:
         tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
         kw = dict(model="p", messages=[{"role": "user", "content": "go"}], tools=tools)
-        plain = _client(srv).chat.completions.create(**kw)
-        got = _collect(_client(srv).chat.completions.create(stream=True, **kw))[0]
+        plain = client(srv).chat.completions.create(**kw)
+        got = collect(client(srv).chat.completions.create(stream=True, **kw))[0]
         msg = plain.choices[0].message
         assert got["text"] == msg.content == "Sure." and got["finish"] == "tool_calls"
         (call,) = got["tool_calls"]
@@ -361,12 +226,12 @@ def _response_events(stream) -> tuple[list[str], str, object]:
 
 
 def test_a_streamed_response_is_the_unstreamed_one_delta_by_delta(server):
-    client = _client(server)
+    oai = client(server)
     kw = dict(model="p", input="7*8=", instructions="add", max_output_tokens=30, temperature=0)
-    plain = client.responses.create(**kw)
+    plain = oai.responses.create(**kw)
     session = server.open_session()
     kinds, text, final = _response_events(
-        _client(server, session).responses.create(stream=True, **kw)
+        client(server, session).responses.create(stream=True, **kw)
     )
     assert kinds[:4] == [
         "response.created",
@@ -389,8 +254,8 @@ def test_a_streamed_response_calls_a_function_as_the_unstreamed_one():
     try:
         tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
         kw = dict(model="p", input="go", tools=tools)
-        plain = _client(srv).responses.create(**kw)
-        kinds, text, final = _response_events(_client(srv).responses.create(stream=True, **kw))
+        plain = client(srv).responses.create(**kw)
+        kinds, text, final = _response_events(client(srv).responses.create(stream=True, **kw))
         assert text == "" and "response.output_text.delta" not in kinds
         assert "response.function_call_arguments.done" in kinds and kinds[-1].endswith("completed")
         (want,) = plain.output
