@@ -48,7 +48,10 @@ def server(tmp_path_factory):
 # ---------------------------------------------------------------------- the own engine
 def test_the_first_chunk_arrives_while_the_worker_still_generates(server):
     assert server.owner.polling and server.owner.live
-    check_first_chunk_before_finish(server)
+    # LONG, not 300: the worker once made all 300 tokens before the owner thread's first
+    # poll (run after tests/unit/env/test_openai_stream_tokens.py's collection, every time),
+    # and a reply that finishes within one poll reaches the client whole, at its finish
+    check_first_chunk_before_finish(server, max_tokens=LONG)
 
 
 @pytest.mark.parametrize("chat", [True, False])
@@ -61,7 +64,8 @@ def test_a_client_that_goes_away_has_its_request_aborted_in_the_worker(server):
 
 
 def test_a_stop_string_aborts_the_rest_in_the_worker(server):
-    kw = dict(model="p", max_tokens=200, temperature=0, extra_body={"ignore_eos": True})
+    # LONG, not 200: the worker must not reach the budget before the server's abort arrives
+    kw = dict(model="p", max_tokens=LONG, temperature=0, extra_body={"ignore_eos": True})
     full = client(server).completions.create(prompt="3+4=", **{**kw, "max_tokens": 40})
     stop = full.choices[0].text[20:22]
     cut = client(server).completions.create(prompt="3+4=", stop=stop, **kw)
