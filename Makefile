@@ -77,10 +77,11 @@ image-check:
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2 PYTHONPATH=src $(IMAGE_VENV)/bin/python \
 	  tools/device_run.py --device cpu --out $(IMAGE_VENV)/out --grpo-overrides train.steps=4
 
-# ruff over the sources, tests, benches and tools; mypy over src/relayrl (its config and the
-# baseline of modules it does not check yet: [tool.mypy] in pyproject.toml).
+# ruff (lint and format) over the sources, tests, benches and tools; mypy over src/relayrl (its
+# config and the baseline of modules it does not check yet: [tool.mypy] in pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench tools
+	$(VENV)/bin/ruff format --check src tests bench tools
 	$(VENV)/bin/mypy
 
 # Resolve pyproject.toml's ranges (with the dev extra) in a throw-away venv, under

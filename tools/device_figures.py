@@ -23,16 +23,21 @@ from device_common import (
 )
 
 
-def _update_figures(run: Run, size: str, ac: bool, rows: int, prompt: int, response: int,
-                    micro: int, steps: int) -> dict[str, Any]:
+def _update_figures(
+    run: Run, size: str, ac: bool, rows: int, prompt: int, response: int, micro: int, steps: int
+) -> dict[str, Any]:
     from relayrl.model.device import apply_precision, enable_gradient_checkpointing, precision_for
     from relayrl.plan.memory import CALIBRATED, TrainShape
     from relayrl.workers.actor import ActorWorker
 
     path = qwen2_dir(run, size)
-    cfg = run_config(path, run.device, "model.dtype=bfloat16",
-                     f"model.gradient_checkpointing={str(ac).lower()}",
-                     f"algo.micro_batch_size={micro}")
+    cfg = run_config(
+        path,
+        run.device,
+        "model.dtype=bfloat16",
+        f"model.gradient_checkpointing={str(ac).lower()}",
+        f"algo.micro_batch_size={micro}",
+    )
     precision = precision_for(cfg.model, trainable=True)
     model = qwen2_model(path, precision.param_dtype, run.device)
     if ac:
@@ -50,10 +55,18 @@ def _update_figures(run: Run, size: str, ac: bool, rows: int, prompt: int, respo
     tokens = rows * (prompt + response)
     tps = tokens / s
     flops = RESULTS.get("peaks", {}).get("matmul_flops")
-    shape = TrainShape(params=n, trainable=n, hidden=c.hidden_size, layers=c.num_hidden_layers,
-                       vocab=c.vocab_size, tokens=micro * (prompt + response),
-                       response_share=response / (prompt + response), bf16=True,
-                       checkpointing=ac, optimizer="foreach")
+    shape = TrainShape(
+        params=n,
+        trainable=n,
+        hidden=c.hidden_size,
+        layers=c.num_hidden_layers,
+        vocab=c.vocab_size,
+        tokens=micro * (prompt + response),
+        response_share=response / (prompt + response),
+        bf16=True,
+        checkpointing=ac,
+        optimizer="foreach",
+    )
     pred = CALIBRATED.peak_bytes(shape)
     return {
         "params": n,
@@ -95,15 +108,21 @@ def _decode_engine(model: Any, slots: int, graphs: bool) -> Any:
 
     dev = next(model.parameters()).device
     cuda = dev.type == "cuda"
-    engine = RolloutEngine(model, eos_token_id=model.config.vocab_size + 7, pad_token_id=0,
-                           max_slots=slots, cuda_graphs=graphs and cuda)
+    engine = RolloutEngine(
+        model,
+        eos_token_id=model.config.vocab_size + 7,
+        pad_token_id=0,
+        max_slots=slots,
+        cuda_graphs=graphs and cuda,
+    )
     if graphs and not cuda:
         engine.runner.graphs = DecodeGraphs(model, 0, slots, dev, capture=False)
     return engine
 
 
-def _timed_generate(engine: Any, reqs: list[Any], device: torch.device
-                    ) -> tuple[list[Any], float, float]:
+def _timed_generate(
+    engine: Any, reqs: list[Any], device: torch.device
+) -> tuple[list[Any], float, float]:
     """(samples, wall seconds, decode seconds: decode-only steps and their sampling)."""
     st0 = engine.stats()
     _sync(device)
@@ -113,23 +132,37 @@ def _timed_generate(engine: Any, reqs: list[Any], device: torch.device
     wall = time.perf_counter() - t0
     st1 = engine.stats()
     dec_s = (st1["decode_time_s"] + st1["sample_time_s"]) - (
-        st0["decode_time_s"] + st0["sample_time_s"])
+        st0["decode_time_s"] + st0["sample_time_s"]
+    )
     return samples, wall, dec_s
 
 
 def _compare(a: list[Any], b: list[Any]) -> dict[str, Any]:
     """Rows with the same tokens, and the largest logprob difference over those rows."""
     same = [(x, y) for x, y in zip(a, b, strict=True) if x.response_ids == y.response_ids]
-    diffs = [abs(p - q) for x, y in same
-             for p, q in zip(x.behaviour_logprobs, y.behaviour_logprobs, strict=True)]
-    return {"rows_tokens_equal": len(same), "rows": len(a),
-            "logprob_max_abs_diff": _r(max(diffs)) if diffs else None,
-            "logprobs_bitwise_equal": len(same) == len(a) and not any(diffs)}
+    diffs = [
+        abs(p - q)
+        for x, y in same
+        for p, q in zip(x.behaviour_logprobs, y.behaviour_logprobs, strict=True)
+    ]
+    return {
+        "rows_tokens_equal": len(same),
+        "rows": len(a),
+        "logprob_max_abs_diff": _r(max(diffs)) if diffs else None,
+        "logprobs_bitwise_equal": len(same) == len(a) and not any(diffs),
+    }
 
 
-GRAPH_STATS = ("cuda_graph_mode", "cuda_graph_captures", "cuda_graph_capture_s",
-               "cuda_graph_replays", "cuda_graph_eager_steps", "cuda_graph_invalidations",
-               "cuda_graphs_held", "cuda_graph_disabled")
+GRAPH_STATS = (
+    "cuda_graph_mode",
+    "cuda_graph_captures",
+    "cuda_graph_capture_s",
+    "cuda_graph_replays",
+    "cuda_graph_eager_steps",
+    "cuda_graph_invalidations",
+    "cuda_graphs_held",
+    "cuda_graph_disabled",
+)
 
 
 def step_decode(run: Run) -> dict[str, Any]:
@@ -162,10 +195,13 @@ def step_decode(run: Run) -> dict[str, Any]:
     eager.generate(warm)
     graphed.generate(warm)
     for rows in rows_list:
-        prompts = [torch.randint(3, c.vocab_size, (prompt,), generator=g).tolist()
-                   for _ in range(rows)]
-        reqs = [GenerationRequest(p, SamplingParams(max_tokens=new, ignore_eos=True, seed=i))
-                for i, p in enumerate(prompts)]
+        prompts = [
+            torch.randint(3, c.vocab_size, (prompt,), generator=g).tolist() for _ in range(rows)
+        ]
+        reqs = [
+            GenerationRequest(p, SamplingParams(max_tokens=new, ignore_eos=True, seed=i))
+            for i, p in enumerate(prompts)
+        ]
         samples, wall, dec_s = _timed_generate(eager, reqs, run.device)
         gen = sum(len(s.response_ids) for s in samples)
         dec_tokens = gen - rows  # the first token of each row comes from its prefill
@@ -181,8 +217,9 @@ def step_decode(run: Run) -> dict[str, Any]:
         g_tps = (sum(len(s.response_ids) for s in g_samples) - rows) / g_dec_s if g_dec_s else 0.0
         ids = torch.tensor(prompts, device=run.device)
         model.generation_config.pad_token_id = 0
-        hf_kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=True, top_k=0,
-                     eos_token_id=None)
+        hf_kw = dict(
+            max_new_tokens=new, min_new_tokens=new, do_sample=True, top_k=0, eos_token_id=None
+        )
         model.generate(ids[:, :8], max_new_tokens=2, do_sample=True, top_k=0, eos_token_id=None)
         _sync(run.device)
         t0 = time.perf_counter()
@@ -213,10 +250,15 @@ def step_decode(run: Run) -> dict[str, Any]:
     # kernels on the same buffers, so the same bits (greedy and sampled rows)
     static = _decode_engine(model, slots, graphs=False)
     static.runner.graphs = DecodeGraphs(model, 0, slots, run.device, capture=False)
-    check = [GenerationRequest(torch.randint(3, c.vocab_size, (prompt,), generator=g).tolist(),
-                               SamplingParams(max_tokens=new // 4, ignore_eos=True, seed=i,
-                                              temperature=0.0 if i % 2 else 1.0))
-             for i in range(min(32, slots))]
+    check = [
+        GenerationRequest(
+            torch.randint(3, c.vocab_size, (prompt,), generator=g).tolist(),
+            SamplingParams(
+                max_tokens=new // 4, ignore_eos=True, seed=i, temperature=0.0 if i % 2 else 1.0
+            ),
+        )
+        for i in range(min(32, slots))
+    ]
     graphed_check = graphed.generate(check)
     out["graph_vs_static_eager"] = _compare(graphed_check, static.generate(check))
     out["graph_vs_static_eager"]["static_steps"] = static.stats()["cuda_graph_eager_steps"]
@@ -232,7 +274,8 @@ def step_decode(run: Run) -> dict[str, Any]:
     # weights copied in place: the graphs stay, and still give the same tokens
     out["graphs_kept_after_update"] = st["cuda_graphs_held"] == held and held > 0
     out["graphs_same_after_update"] = _compare(graphed.generate(check), graphed_check)[
-        "logprobs_bitwise_equal"]
+        "logprobs_bitwise_equal"
+    ]
     out["ok"] = (
         all(out[f"rows_{r}"]["engine_tokens_per_s"] > 0 for r in rows_list)
         and all(out[f"rows_{r}"]["graphs"]["engine_tokens_per_s"] > 0 for r in rows_list)
@@ -245,8 +288,9 @@ def step_decode(run: Run) -> dict[str, Any]:
     return out
 
 
-def _static_decode(model: Any, rows: int, prompt: int, steps: int, n: int, kv_per_token: int,
-                   bw: float | None) -> dict[str, Any]:
+def _static_decode(
+    model: Any, rows: int, prompt: int, steps: int, n: int, kv_per_token: int, bw: float | None
+) -> dict[str, Any]:
     """One HF decode step (StaticCache) at ``rows``: eager ms, and CUDA-graph replay ms."""
     from transformers import StaticCache
 
@@ -257,14 +301,19 @@ def _static_decode(model: Any, rows: int, prompt: int, steps: int, n: int, kv_pe
     with torch.no_grad():
         cache = StaticCache(config=c, max_cache_len=prompt + 2 * steps + 8)
         ids = torch.randint(3, c.vocab_size, (rows, prompt), device=dev)
-        model(input_ids=ids, past_key_values=cache, use_cache=True,
-              cache_position=torch.arange(prompt, device=dev))
+        model(
+            input_ids=ids,
+            past_key_values=cache,
+            use_cache=True,
+            cache_position=torch.arange(prompt, device=dev),
+        )
         tok = torch.randint(3, c.vocab_size, (rows, 1), device=dev)
         pos = torch.tensor([prompt], device=dev)
 
         def step() -> torch.Tensor:
-            return model(input_ids=tok, past_key_values=cache, use_cache=True,
-                         cache_position=pos).logits
+            return model(
+                input_ids=tok, past_key_values=cache, use_cache=True, cache_position=pos
+            ).logits
 
         for _ in range(3):
             step()

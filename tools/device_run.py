@@ -113,8 +113,12 @@ def step_peaks(run: Run) -> dict[str, Any]:
     s = _timed(lambda: dst.copy_(src), dev, reps=10)
     bw = 2 * nbytes / s
     RESULTS["peaks"] = {"matmul_flops": flops, "copy_bytes_per_s": bw}
-    return {"matmul_n": n, "matmul_tflops": _r(flops / 1e12), "copy_gib": nbytes >> 30,
-            "copy_tb_per_s": _r(bw / 1e12)}
+    return {
+        "matmul_n": n,
+        "matmul_tflops": _r(flops / 1e12),
+        "copy_gib": nbytes >> 30,
+        "copy_tb_per_s": _r(bw / 1e12),
+    }
 
 
 def _count_syncs(fn: Callable[[], Any]) -> tuple[Any, int]:
@@ -147,12 +151,16 @@ def step_engine(run: Run) -> dict[str, Any]:
     master = {str(p.dtype) for p in actor.model.parameters()}
     where = {str(p.device.type) for p in actor.model.parameters()}
     gen = engine_model(cfg.model, actor, str(path))
-    engine = RolloutEngine(gen, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                           max_slots=64)
+    engine = RolloutEngine(
+        gen, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, max_slots=64
+    )
     g = torch.Generator().manual_seed(1)
     reqs = [
-        GenerationRequest(torch.randint(4, len(tok), (16,), generator=g).tolist(),
-                          SamplingParams(max_tokens=48, ignore_eos=True), group_id=i // 4)
+        GenerationRequest(
+            torch.randint(4, len(tok), (16,), generator=g).tolist(),
+            SamplingParams(max_tokens=48, ignore_eos=True),
+            group_id=i // 4,
+        )
         for i in range(32)
     ]
     # warm-up: the same requests, so every decode graph these steps need is captured here
@@ -215,25 +223,38 @@ def step_ipc(run: Run) -> dict[str, Any]:
     model = load_causal_lm(str(path), dtype).to(run.device).eval().requires_grad_(False)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     dev = f"cuda:{torch.cuda.current_device()}" if run.device.type == "cuda" else "cpu"
-    spec = EngineSpec(model_path=str(path), dtype=str(dtype).removeprefix("torch."),
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                      max_slots=16, threads=1, version=0, urgent_steps=4, device=dev)
+    spec = EngineSpec(
+        model_path=str(path),
+        dtype=str(dtype).removeprefix("torch."),
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        max_slots=16,
+        threads=1,
+        version=0,
+        urgent_steps=4,
+        device=dev,
+    )
     g = torch.Generator().manual_seed(2)
     reqs = [
-        GenerationRequest(torch.randint(4, len(tok), (12,), generator=g).tolist(),
-                          SamplingParams(max_tokens=24, greedy=True, ignore_eos=True))
+        GenerationRequest(
+            torch.randint(4, len(tok), (12,), generator=g).tolist(),
+            SamplingParams(max_tokens=24, greedy=True, ignore_eos=True),
+        )
         for _ in range(8)
     ]
-    local = RolloutEngine(model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                          max_slots=16)
+    local = RolloutEngine(
+        model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, max_slots=16
+    )
     with EngineProcess(spec, state) as proc:
         shared_dev = {str(t.device) for t in proc._shared.values()}
         a = [s.response_ids for s in proc.generate(reqs)]
         b = [s.response_ids for s in local.generate(reqs)]
         same0 = a == b
         with torch.no_grad():
-            new = {k: v + 0.02 * torch.randn_like(v) if v.is_floating_point() else v
-                   for k, v in state.items()}
+            new = {
+                k: v + 0.02 * torch.randn_like(v) if v.is_floating_point() else v
+                for k, v in state.items()
+            }
             model.load_state_dict(new)
         nbytes = sum(v.numel() * v.element_size() for v in new.values())
         t0 = time.perf_counter()
@@ -248,8 +269,7 @@ def step_ipc(run: Run) -> dict[str, Any]:
         versions = sorted({v for s in out1 for v in s.versions})
         worker = proc.pid
     return {
-        "ok": same0 and same1 and changed and (run.device.type != "cuda" or
-                                               shared_dev == {dev}),
+        "ok": same0 and same1 and changed and (run.device.type != "cuda" or shared_dev == {dev}),
         "shared_weights_device": sorted(shared_dev),
         "worker_pid": worker,
         "parent_pid": os.getpid(),
@@ -295,8 +315,9 @@ def step_fsdp(run: Run) -> dict[str, Any]:
     math_attention.__enter__()
     try:
         out["backend"] = str(dist.get_backend())
-        cfg = run_config(path, run.device, "model.dtype=bfloat16", "model.fsdp.enabled=true",
-                         "optim.lr=1e-3")
+        cfg = run_config(
+            path, run.device, "model.dtype=bfloat16", "model.fsdp.enabled=true", "optim.lr=1e-3"
+        )
         a = build_actor(cfg, str(path))
         out["actor_parallelism"] = type(a.parallelism).__name__
         out["sharded"] = bool(getattr(a, "sharded", False))
@@ -314,8 +335,9 @@ def step_fsdp(run: Run) -> dict[str, Any]:
         c.update(exp2)
         control = _params(c)
         out["resume_bit_exact"] = all(torch.equal(direct[k], resumed[k]) for k in direct)
-        out["resume_max_abs_diff"] = max(float((direct[k] - resumed[k]).abs().max())
-                                         for k in direct)
+        out["resume_max_abs_diff"] = max(
+            float((direct[k] - resumed[k]).abs().max()) for k in direct
+        )
         out["control_bit_exact"] = all(torch.equal(control[k], resumed[k]) for k in direct)
         del a, b, c
     finally:
@@ -325,8 +347,13 @@ def step_fsdp(run: Run) -> dict[str, Any]:
     # activation checkpointing: the same update, less activation memory
     figs = {}
     for ac in (False, True):
-        cfg = run_config(path, run.device, "model.dtype=bfloat16", "optim.lr=1e-3",
-                         f"model.gradient_checkpointing={str(ac).lower()}")
+        cfg = run_config(
+            path,
+            run.device,
+            "model.dtype=bfloat16",
+            "optim.lr=1e-3",
+            f"model.gradient_checkpointing={str(ac).lower()}",
+        )
         a = build_actor(cfg, str(path))
         if run.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -339,8 +366,7 @@ def step_fsdp(run: Run) -> dict[str, Any]:
     out["ac_peak_gib"] = _r(figs[True][1] / 2**30)
     out["no_ac_peak_gib"] = _r(figs[False][1] / 2**30)
     # LoRA: the reference is the actor with adapters off = the base model
-    cfg = run_config(path, run.device, "model.dtype=bfloat16", "optim.lr=5e-2",
-                     "model.lora.r=8")
+    cfg = run_config(path, run.device, "model.dtype=bfloat16", "optim.lr=5e-2", "model.lora.r=8")
     lora = build_actor(cfg, str(path))
     ref = build_reference(cfg, lora)
     base = build_reference(run_config(path, run.device, "model.dtype=bfloat16"), None)
@@ -385,8 +411,9 @@ def _nccl_rank_body(rank: int, port: int, backend: str, numel: int, out: str) ->
         torch.cuda.set_device(0)
     dev = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
     group = WeightGroup("127.0.0.1", port, rank, 2, backend, timeout_s=60)
-    state = {f"w{i}": torch.full((numel,), float(i), device=dev, dtype=torch.bfloat16)
-             for i in range(8)}
+    state = {
+        f"w{i}": torch.full((numel,), float(i), device=dev, dtype=torch.bfloat16) for i in range(8)
+    }
     buckets = plan_buckets(entries_of(state), 256 << 20)
     times = []
     for version in range(3):
@@ -427,36 +454,62 @@ def step_nccl_pair(run: Run) -> dict[str, Any]:
         if p.is_alive():
             p.kill()
     codes = [p.exitcode for p in procs]
-    res = [json.loads(Path(f"{out}.{r}").read_text()) if Path(f"{out}.{r}").is_file() else None
-           for r in (0, 1)]
+    res = [
+        json.loads(Path(f"{out}.{r}").read_text()) if Path(f"{out}.{r}").is_file() else None
+        for r in (0, 1)
+    ]
     nbytes = 8 * numel * 2
     errors = [r.get("error") for r in res if r and r.get("error")]
     if res[0] and res[1] and not errors:
-        best = min(max(a, b) for a, b in zip(res[0]["seconds"][1:], res[1]["seconds"][1:],
-                                              strict=True))
-        return {"ok": bool(res[1]["correct"]), "backend": backend, "gb": _r(nbytes / GB),
-                "s_per_gb": _r(best / (nbytes / GB)), "exitcodes": codes}
+        best = min(
+            max(a, b) for a, b in zip(res[0]["seconds"][1:], res[1]["seconds"][1:], strict=True)
+        )
+        return {
+            "ok": bool(res[1]["correct"]),
+            "backend": backend,
+            "gb": _r(nbytes / GB),
+            "s_per_gb": _r(best / (nbytes / GB)),
+            "exitcodes": codes,
+        }
     one_gpu = any("Duplicate GPU" in e for e in errors)
-    return {"ok": False, "backend": backend, "exitcodes": codes, "hung": alive, "errors": errors,
-            "cannot_run_on_one_gpu": one_gpu,
-            "note": "see the ranks' stderr above (NCCL refuses two ranks of one communicator "
-                    "on one device: 'Duplicate GPU detected')"}
+    return {
+        "ok": False,
+        "backend": backend,
+        "exitcodes": codes,
+        "hung": alive,
+        "errors": errors,
+        "cannot_run_on_one_gpu": one_gpu,
+        "note": "see the ranks' stderr above (NCCL refuses two ranks of one communicator "
+        "on one device: 'Duplicate GPU detected')",
+    }
 
 
 def start_grpo(run: Run) -> subprocess.Popen[bytes] | None:
     if run.args.only and "grpo" not in run.args.only.split(","):
         return None
     log = open(run.out / "grpo.log", "wb")  # noqa: SIM115 - closed with the process
-    cmd = [sys.executable, "-m", "relayrl.cli", "demo", "--run-dir", str(run.work / "demo"),
-           f"model.device={run.device.type}", "train.eval_every=50", *run.args.grpo_overrides]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"),
-                                                                   os.environ.get("PYTHONPATH")])))
+    cmd = [
+        sys.executable,
+        "-m",
+        "relayrl.cli",
+        "demo",
+        "--run-dir",
+        str(run.work / "demo"),
+        f"model.device={run.device.type}",
+        "train.eval_every=50",
+        *run.args.grpo_overrides,
+    ]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+    )
     RESULTS["grpo_cmd"] = " ".join(cmd[1:])
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def step_grpo(proc: subprocess.Popen[bytes] | None, t_start: float, budget_s: float
-              ) -> Callable[[Run], dict[str, Any]]:
+def step_grpo(
+    proc: subprocess.Popen[bytes] | None, t_start: float, budget_s: float
+) -> Callable[[Run], dict[str, Any]]:
     def fn(run: Run) -> dict[str, Any]:
         if proc is None:
             raise RuntimeError("not started")
@@ -504,8 +557,10 @@ def main() -> int:
     p.add_argument("--grpo-overrides", nargs="*", default=[])
     args = p.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
-        print(f"device_run: --device cuda but CUDA is not available (torch {torch.__version__})",
-              file=sys.stderr)
+        print(
+            f"device_run: --device cuda but CUDA is not available (torch {torch.__version__})",
+            file=sys.stderr,
+        )
         return 2
     run = Run(args)
     t_grpo = time.time()

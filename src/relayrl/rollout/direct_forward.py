@@ -136,9 +136,7 @@ def _c_norm_lanes(h: Tensor) -> int:
     return lanes if ok else 0
 
 
-def _add_norm(
-    h: Tensor, b: Tensor | None, norm: LlamaRMSNorm, lanes: int
-) -> tuple[Tensor, Tensor]:
+def _add_norm(h: Tensor, b: Tensor | None, norm: LlamaRMSNorm, lanes: int) -> tuple[Tensor, Tensor]:
     """``h + b`` (the residual stream; ``b`` None: ``h``) and its RMSNorm: with ``lanes``
     (``_c_norm_lanes``) in one C call of the same bits (``varlen_decode.add_rms_norm``),
     else torch's seven operations."""
