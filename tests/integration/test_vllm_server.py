@@ -88,18 +88,6 @@ def test_server_runs_in_its_own_process_and_greedy_equals_hf(server):
         assert s.versions == [engine.version] * len(s.response_ids)
 
 
-@needs_vllm
-def test_abort_mid_generation_returns_the_tokens_so_far(server):
-    engine, _, _ = server
-    rid = engine.submit(_long([5, 6, 7], seed=1, max_tokens=240))
-    time.sleep(0.3)
-    assert engine.abort(rid)
-    (sample,) = engine.drain()
-    assert sample.finish_reason == "abort"
-    assert 0 < len(sample.response_ids) < 240
-    assert len(sample.behaviour_logprobs) == len(sample.versions) == len(sample.response_ids)
-
-
 def _server_metric(engine, name: str) -> float:
     """The server's Prometheus sample ``name`` (``/metrics``), summed over its label sets."""
     with urllib.request.urlopen(engine.server.url + "/metrics", timeout=30) as r:
@@ -109,6 +97,34 @@ def _server_metric(engine, name: str) -> float:
         for line in text.splitlines()
         if not line.startswith("#") and line.split("{", 1)[0].split(" ", 1)[0] == name
     )
+
+
+def _wait_for_tokens(engine, total: float, timeout_s: float = 120.0) -> None:
+    """Poll the server's ``vllm:generation_tokens_total`` until it reaches ``total``."""
+    deadline = time.monotonic() + timeout_s
+    while _server_metric(engine, "vllm:generation_tokens_total") < total:
+        assert time.monotonic() < deadline, f"the server generated no tokens in {timeout_s} s"
+        time.sleep(0.01)
+
+
+@needs_vllm
+def test_abort_mid_generation_returns_the_tokens_so_far(server):
+    """The abort lands mid-generation: once the server's own counter shows the request's
+    first tokens, the server is frozen (``/pause?mode=keep``) so it cannot finish all 240
+    before the abort, however late the abort comes."""
+    engine, _, _ = server
+    tokens0 = _server_metric(engine, "vllm:generation_tokens_total")
+    rid = engine.submit(_long([5, 6, 7], seed=1, max_tokens=240))
+    _wait_for_tokens(engine, tokens0 + 1)
+    engine.server.call("/pause?mode=keep")
+    try:
+        assert engine.abort(rid)
+    finally:
+        engine.server.call("/resume")
+    (sample,) = engine.drain()
+    assert sample.finish_reason == "abort"
+    assert 0 < len(sample.response_ids) < 240
+    assert len(sample.behaviour_logprobs) == len(sample.versions) == len(sample.response_ids)
 
 
 @needs_vllm
@@ -124,10 +140,7 @@ def test_interrupting_update_keeps_versions_exact_and_weights_equal_vllms_own_lo
     tokens0 = _server_metric(engine, "vllm:generation_tokens_total")
     finished0 = _server_metric(engine, "vllm:request_success_total")
     rids = [engine.submit(_long(p, seed=i)) for i, p in enumerate(random_prompts([4, 7], 3))]
-    deadline = time.monotonic() + 120
-    while _server_metric(engine, "vllm:generation_tokens_total") < tokens0 + 2:
-        assert time.monotonic() < deadline, "the server generated no tokens in 120 s"
-        time.sleep(0.01)
+    _wait_for_tokens(engine, tokens0 + 2)
     engine.server.call("/pause?mode=keep")  # frozen: tokens so far stay the old version's
     assert _server_metric(engine, "vllm:request_success_total") == finished0  # none finished
     engine.update_weights(models[new % 2].state_dict(), new, interrupt=True)
@@ -160,8 +173,9 @@ def test_no_interrupt_update_finishes_in_flight_requests_on_the_old_weights(serv
     engine, _, models = server
     old = engine.version
     new = old + 1
+    tokens0 = _server_metric(engine, "vllm:generation_tokens_total")
     first = engine.submit(_long([9, 8, 7], seed=4, max_tokens=60))
-    time.sleep(0.2)
+    _wait_for_tokens(engine, tokens0 + 1)  # generating on the old weights
     engine.update_weights(models[new % 2].state_dict(), new, interrupt=False)
     later = engine.submit(_long([9, 8, 7], seed=4, max_tokens=5))
     samples = {s.request_id: s for s in engine.drain()}
