@@ -14,6 +14,10 @@ leaves what it measured. Steps:
   (KV cache, sampler on the device) with the synchronising device -> host transfers counted
   per forward (``torch.cuda.set_sync_debug_mode``); behaviour vs trainer logprobs; a GRPO
   update; the in-process weight load (s/GB).
+- ``hot_path`` (``device_hot_path.py``): host reads of floating device values during one
+  actor update of 2 mini-batches x 2 micro-batches (== 1: the metrics; the synchronising calls
+  ``set_sync_debug_mode`` reports, with their sites), the optimizer's settings; a colocated
+  engine's weight update with no copy off the device and weights equal to the actor's.
 - ``ipc``: an engine in a spawned process on the same device, its weights shared through CUDA
   IPC (``cluster.engine_process``): greedy tokens equal to an in-process engine's with the
   same weights, before and after a weight update; the update's s/GB.
@@ -64,6 +68,7 @@ from device_common import (
     small_llama,
 )
 from device_figures import GRAPH_STATS, step_decode, step_launch, step_update
+from device_hot_path import step_hot_path
 
 
 def step_env(run: Run) -> dict[str, Any]:
@@ -568,6 +573,7 @@ def main() -> int:
     run.step("env", step_env)
     run.step("peaks", step_peaks)
     run.step("engine", step_engine)
+    run.step("hot_path", step_hot_path)
     run.step("ipc", step_ipc)
     run.step("fsdp", step_fsdp)
     run.step("nccl_pair", step_nccl_pair)

@@ -48,6 +48,32 @@ def test_device_run_steps_pass_on_cpu(tmp_path):
     assert steps["decode"]["rows_1"]["engine_tokens_per_s"] > 0
 
 
+def test_device_run_hot_path_step_on_cpu(tmp_path):
+    """The ``hot_path`` step (tools/device_hot_path.py) as the GPU run will run it: one host
+    read of floating-point values in an update of 4 forwards and 2 optimizer steps (AdamW's
+    own reads of its host step counters set apart, and seen), a colocated engine's weights
+    loaded with no copy off the device and equal to the actor's, the counters' self-checks."""
+    cmd = [sys.executable, str(ROOT / "tools" / "device_run.py"), "--device", "cpu"]
+    cmd += ["--out", str(tmp_path), "--only", "hot_path"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+    res = json.loads((tmp_path / "device_run.json").read_text())
+    step = res["steps"]["hot_path"]
+    assert out.returncode == 0 and step["ok"], (step, out.stdout[-3000:], out.stderr[-3000:])
+    assert (step["update_forwards"], step["optimizer_steps"]) == (4, 2)
+    assert step["update_host_syncs"] == 1
+    sites = step["update_host_sync_sites"]  # the metrics' one transfer, in ActorWorker.update
+    assert sum(sites.values()) == 1 and all(k.startswith("workers/actor.py:") for k in sites)
+    assert step["update_host_reads_any_dtype"] >= 1
+    assert step["optimizer_step_host_reads"] > 0  # the CPU's step counters, not in the figure
+    assert step["optimizer"]["class"] == "AdamW" and step["optimizer"]["capturable"] is False
+    assert step["optimizer"]["step_counter_devices"] == ["cpu"]
+    assert step["weight_sync_d2h_copies"] == 0 and step["weight_sync_cross_device_copies"] == {}
+    assert step["weight_sync_host_syncs"] == 0
+    assert step["engine_weights_equal_actor"] and step["engine_dtype"] == "torch.bfloat16"
+    assert step["self_checks"] == {"host_reads_item": True, "copies_off_device": True}
+    assert step["update_cuda_sync_calls"] is None  # CUDA only
+
+
 @no_cuda
 @pytest.mark.parametrize("tool", ["device_run.py", "gpu_check.py"])
 def test_without_cuda_the_gpu_tools_refuse_in_one_line(tool):
