@@ -225,10 +225,13 @@ class ActorWorker(ReferenceWorker):
                     n_opt += 1
                     self._train_mini(mini, dev, sums, weights)
         keys = list(sums)
-        values = torch.stack(
-            [torch.as_tensor(sums[k], dtype=torch.float64, device=dev) for k in keys]
-            + [torch.as_tensor(weights[k], dtype=torch.float64, device=dev) for k in keys]
-        ).tolist()  # the one host transfer of the step
+        values = [sums[k] for k in keys] + [weights[k] for k in keys]
+        # device tensors reach the host in one transfer; host floats never go to the device
+        on_dev = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
+        if on_dev:
+            stacked = torch.stack([values[i].to(dev, torch.float64).reshape(()) for i in on_dev])
+            for i, v in zip(on_dev, stacked.tolist(), strict=True):  # the one host transfer
+                values[i] = v
         pairs = zip(keys, values[: len(keys)], values[len(keys) :], strict=True)
         out = {f"actor/{k}": v / max(w, 1e-12) for k, v, w in pairs}
         out["actor/lr"] = self.scheduler.get_last_lr()[0]
