@@ -1,0 +1,103 @@
+"""The multi-rank launch path a first GPU-cluster run goes through, on the CPU:
+
+* each Ray worker of a GPU pool computes on the GPU Ray assigned to it, not on ``cuda:<pool
+  rank>`` (a real local Ray cluster that declares 2 GPUs; the worker reads its assignment and
+  ``CUDA_VISIBLE_DEVICES`` as ``RoleHost`` does), with and without
+  ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``;
+* the statistics the worker group logs for an update of 2 ranks (``gather`` of each rank's
+  dict) are the whole batch's: token-weighted means over both shards, not the mean of the
+  ranks' means (float64, 2 gloo ranks on uneven shards vs one process, within 1e-12).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from launch_ranks import actor_stats, critic_stats, rank_main
+from relayrl.model import build_tiny_model
+
+TOL = 1e-12
+
+
+@pytest.fixture(scope="module")
+def two_rank_stats(tmp_path_factory):
+    root = tmp_path_factory.mktemp("launch_ranks")
+    model = build_tiny_model(root / "m", hidden_size=16)
+    rendezvous = str(root / "rendezvous")
+    mp.spawn(rank_main, args=(2, rendezvous, str(model), str(root)), nprocs=2, join=True)
+    return model, torch.load(root / "stats.pt", weights_only=False)
+
+
+@pytest.mark.parametrize("fsdp", [True, False], ids=["fsdp2", "replicated"])
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_two_rank_statistics_equal_one_process(two_rank_stats, role, fsdp):
+    from relayrl.cluster.ray_workers import gather
+
+    model, got = two_rank_stats
+    one = {"actor": actor_stats, "critic": critic_stats}[role](model, 0, 0, fsdp=False)
+    logged = gather(got[(role, fsdp)])
+    assert logged.keys() == one.keys()
+    diffs = {k: abs(logged[k] - one[k]) for k in one}
+    assert max(diffs.values()) < TOL, diffs
+    # every rank returns the global means (its own shard's differ: 5 + 3 rows)
+    means = "actor/entropy" if role == "actor" else "critic/vpred_mean"
+    r0, r1 = (s[means] for s in got[(role, fsdp)])
+    assert r0 == r1 == logged[means]
+
+
+@pytest.mark.parametrize("noset", [False, True], ids=["ray-sets-visible", "noset"])
+def test_each_ray_rank_of_a_gpu_pool_uses_its_assigned_gpu(noset):
+    ray = pytest.importorskip("ray")
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    def assigned_device(rank: int) -> tuple[str, int, str]:
+        """(the GPU Ray assigned to pool rank ``rank``, the index ``RoleHost`` computes, the
+        physical GPU that index names)."""
+        import os
+
+        import ray
+
+        from relayrl.model.device import local_cuda_index
+
+        ids = [str(i) for i in ray.get_gpu_ids()]
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        count = len(visible.split(",")) if visible is not None else 3  # the node's 3 GPUs
+        index = local_cuda_index(rank, count, ids, visible)
+        physical = visible.split(",")[index] if visible is not None else str(index)
+        return ids[0], index, physical
+
+    env = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}} if noset else {}
+    ray.init(num_cpus=2, num_gpus=3, include_dashboard=False, runtime_env=env)
+    try:
+        # another pool holds a GPU, so the trainer pool's ranks 0, 1 are not on GPUs 0, 1
+        other = placement_group([{"CPU": 0.5, "GPU": 1}], strategy="PACK")
+        ray.get(other.ready(), timeout=60)
+        hold = ray.remote(assigned_device).options(
+            num_cpus=0.5, num_gpus=1, scheduling_strategy=PlacementGroupSchedulingStrategy(other, 0)
+        )
+        held = ray.get(hold.remote(0), timeout=120)[0]
+        pg = placement_group([{"CPU": 0.5, "GPU": 1}] * 2, strategy="PACK")
+        ray.get(pg.ready(), timeout=60)
+        probe = ray.remote(assigned_device)
+        got = ray.get(
+            [
+                probe.options(
+                    num_cpus=0.5,
+                    num_gpus=1,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i),
+                ).remote(i)
+                for i in range(2)
+            ],
+            timeout=120,
+        )
+        remove_placement_group(pg)
+        remove_placement_group(other)
+    finally:
+        ray.shutdown()
+    assert len({a for a, _, _ in got} | {held}) == 3  # Ray gave each rank a GPU of its own
+    for assigned, index, physical in got:
+        assert physical == assigned  # each rank computes on its own GPU
+        assert index == (int(assigned) if noset else 0)
