@@ -8,6 +8,9 @@
 - ``weight_sync.backend: nccl`` to a rollout pool of its own without GPUs (or from a trainer
   pool without GPUs): NCCL needs a GPU at both ends (``auto`` picks gloo there,
   ``weight_backend``);
+- more ranks in a trainer pool than sequences in a step (``algo.prompts_per_step *
+  algo.group_size``): the worker group splits the step's batch into one non-empty block per
+  rank, so the first update would fail after the first rollout;
 - more ``ray.rollout_replicas`` than the rollout pool's bundles;
 - pools that do not fit the cluster: the CPUs / GPUs of all pools together more than the
   cluster has, or one bundle (a ``STRICT_PACK`` pool: all its bundles) more than any node.
@@ -63,6 +66,18 @@ def static_problems(cfg: RunConfig, by_pool: Mapping[str, Sequence[str]]) -> lis
                 f"pool {name!r} ({', '.join(sorted(TRAINER_ROLES & set(roles)))}) form an NCCL "
                 "group, and fractional GPUs can put two ranks on one GPU, which NCCL refuses: "
                 "use a whole number of GPUs per bundle"
+            )
+    rows = cfg.algo.prompts_per_step * cfg.algo.group_size
+    for name, roles in by_pool.items():
+        bundles = cfg.ray.pools[name].bundles
+        trainer = sorted(TRAINER_ROLES & set(roles))
+        if trainer and bundles > rows:
+            out.append(
+                f"ray.pools.{name}.bundles={bundles}: pool {name!r} ({', '.join(trainer)}) "
+                f"splits each step's {rows} sequences (algo.prompts_per_step * "
+                f"algo.group_size = {cfg.algo.prompts_per_step} x {cfg.algo.group_size}) over "
+                f"{bundles} ranks, at least one each: use at most {rows} bundles or more "
+                "sequences per step"
             )
     ro = rollout_pool(cfg)
     if "rollout" in by_pool.get(ro, ()) and cfg.ray.rollout_replicas > cfg.ray.pools[ro].bundles:
