@@ -101,3 +101,44 @@ def test_each_ray_rank_of_a_gpu_pool_uses_its_assigned_gpu(noset):
     for assigned, index, physical in got:
         assert physical == assigned  # each rank computes on its own GPU
         assert index == (int(assigned) if noset else 0)
+
+
+def test_two_replicas_sample_a_group_apart_and_a_request_alike(tmp_path):
+    """Rollout seeding over replicas: the engines of two Ray replicas are built alike (no
+    per-replica seed, as ``RoleHost`` builds them), and every request carries its own seed
+    from (run seed, step, prompt index, k) (``group_requests``): a group's G samples differ
+    from each other, and a request gives the same tokens on either replica, so where the
+    rollout client sends it does not change the run."""
+    from relayrl.config import RunConfig, load_config
+    from relayrl.controller.algorithms import group_requests
+    from relayrl.data.prompts.tokens import TokenizedPrompt
+    from relayrl.data.records import PromptRecord
+    from relayrl.model import load_causal_lm
+    from relayrl.rollout import RolloutEngine
+
+    path = build_tiny_model(tmp_path / "m", hidden_size=16)
+    cfg = load_config(
+        RunConfig,
+        None,
+        [f"model.path={path}", "algo.group_size=4", "rollout.max_tokens=6", "seed=3"],
+    )
+    prompt = TokenizedPrompt(PromptRecord("p"), [5, 6, 7])
+
+    def replica() -> RolloutEngine:
+        model = load_causal_lm(path).eval().requires_grad_(False)
+        return RolloutEngine(model, eos_token_id=1, pad_token_id=0, max_slots=4)
+
+    def run(engine: RolloutEngine, step: int, index: int) -> list[tuple[int, ...]]:
+        for req in group_requests(prompt, cfg, step, index, index, []):
+            engine.submit(req)
+        done = []
+        while engine.has_unfinished():
+            done.extend(engine.step())
+        by_k = sorted(done, key=lambda s: s.metadata["sample_index"])
+        return [tuple(s.response_ids) for s in by_k]
+
+    a, b = replica(), replica()
+    group = run(a, step=0, index=0)
+    assert len(set(group)) == len(group) == 4  # G different samples of one prompt
+    assert run(b, step=0, index=0) == group  # the same requests on the other replica
+    assert run(b, step=0, index=1) != group  # the next prompt slot: other seeds
