@@ -6,7 +6,10 @@
   ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``;
 * the statistics the worker group logs for an update of 2 ranks (``gather`` of each rank's
   dict) are the whole batch's: token-weighted means over both shards, not the mean of the
-  ranks' means (float64, 2 gloo ranks on uneven shards vs one process, within 1e-12).
+  ranks' means (float64, 2 gloo ranks on uneven shards vs one process, within 1e-12);
+* a sharded (FSDP2) checkpoint resumes at another world size (2 -> 1 and 1 -> 2 ranks): the
+  next step gives the weights the writing ranks reach (float64, within 1e-12);
+* two rollout replicas sample a group's requests apart and each request alike.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from launch_ranks import actor_stats, critic_stats, rank_main
+from launch_ranks import actor_stats, critic_stats, rank_main, reshard_main
 from relayrl.model import build_tiny_model
 
 TOL = 1e-12
@@ -142,3 +145,17 @@ def test_two_replicas_sample_a_group_apart_and_a_request_alike(tmp_path):
     assert len(set(group)) == len(group) == 4  # G different samples of one prompt
     assert run(b, step=0, index=0) == group  # the same requests on the other replica
     assert run(b, step=0, index=1) != group  # the next prompt slot: other seeds
+
+
+@pytest.mark.parametrize("saved, loaded", [(2, 1), (1, 2)], ids=["2-to-1", "1-to-2"])
+def test_a_sharded_checkpoint_resumes_at_another_world_size(tmp_path, saved, loaded):
+    model = build_tiny_model(tmp_path / "m", hidden_size=16)
+    ckpt, want, got = tmp_path / "ckpt", tmp_path / "want.pt", tmp_path / "got.pt"
+    for world, out, save in ((saved, want, True), (loaded, got, False)):
+        init = str(tmp_path / f"rendezvous_{save}")
+        args = (world, init, str(model), str(ckpt), str(out), save)
+        mp.spawn(reshard_main, args=args, nprocs=world, join=True)
+    assert sorted(p.name for p in ckpt.glob("rank_*.pt")) == [f"rank_{r}.pt" for r in range(saved)]
+    a, b = torch.load(want), torch.load(got)
+    assert a.keys() == b.keys()
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < TOL

@@ -49,3 +49,42 @@ def rank_main(rank: int, world: int, init_file: str, model_dir: str, out_dir: st
     if rank == 0:
         torch.save(out, Path(out_dir) / "stats.pt")
     leave_process_group()
+
+
+RESHARD = ("model.dtype=float64", "model.fsdp.enabled=true", "algo.micro_batch_size=2")
+
+
+def _reshard_actor(model_dir: Path, rank: int, world: int):
+    from relayrl.workers.build import build_actor
+
+    return build_actor(scale_config(model_dir, *RESHARD), str(model_dir), rank, world)
+
+
+def _reshard_step(actor, model_dir: Path, rank: int, world: int, seed: int) -> None:
+    exp = shard(random_experience(model_dir, seed=seed, dtype=torch.float64), rank, world)
+    exp.old_logprobs = actor.compute_logprobs(exp)
+    actor.update(exp)
+
+
+def reshard_main(
+    rank: int, world: int, init_file: str, model_dir: str, ckpt: str, out: str, save: bool
+) -> None:
+    """An FSDP2 actor on ``world`` ranks: with ``save``, step 1, the sharded checkpoint
+    ``ckpt``, then step 2; else ``ckpt`` loaded, then step 2. Rank 0 saves the full weights
+    after step 2 to ``out``."""
+    from relayrl.workers.fsdp import full_state_dict
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    d = Path(model_dir)
+    actor = _reshard_actor(d, rank, world)
+    if save:
+        _reshard_step(actor, d, rank, world, seed=0)
+        actor.save_sharded(ckpt)
+    else:
+        actor.load_sharded(ckpt)
+    _reshard_step(actor, d, rank, world, seed=1)
+    state = full_state_dict(actor.model, 1 << 20)
+    if rank == 0:
+        torch.save(state, out)
+    leave_process_group()
