@@ -12,6 +12,10 @@
   algo.group_size``): the worker group splits the step's batch into one non-empty block per
   rank, so the first update would fail after the first rollout;
 - more ``ray.rollout_replicas`` than the rollout pool's bundles;
+- a pool whose ranks form a trainer process group without GPUs (``gpus_per_bundle: 0``) on a
+  cluster that has GPUs while ``model.device`` is not ``cpu``: Ray reserves no GPU for those
+  ranks, each takes ``cuda:<rank % visible GPUs>`` of its node, and where a node holds more
+  of them than it has GPUs two ranks share one, which NCCL refuses;
 - pools that do not fit the cluster: the CPUs / GPUs of all pools together more than the
   cluster has, or one bundle (a ``STRICT_PACK`` pool: all its bundles) more than any node.
 
@@ -109,9 +113,22 @@ def fit_problems(
     cluster: Mapping[str, float],
     nodes: Sequence[Mapping[str, float]],
 ) -> list[str]:
-    """Pools that do not fit ``cluster`` (total resources) or any single node."""
+    """Pools that do not fit ``cluster`` (total resources) or any single node, and trainer
+    groups that would compute on GPUs Ray did not reserve for them."""
     out = []
     names = list(by_pool)
+    gpus = float(cluster.get("GPU", 0.0))
+    for n in names:
+        pool = cfg.ray.pools[n]
+        grouped = _ranks_grouped(cfg, by_pool[n], pool.bundles)
+        if gpus > 0 and pool.gpus_per_bundle == 0 and cfg.model.device != "cpu" and grouped:
+            out.append(
+                f"ray.pools.{n}.gpus_per_bundle=0: the cluster has {gpus:g} GPUs and "
+                f"model.device={cfg.model.device} computes on them, but Ray reserves none for "
+                f"the {pool.bundles} ranks of pool {n!r}: each would take cuda:<rank % GPUs> "
+                "of its node and two can share one, which NCCL refuses: set gpus_per_bundle: 1 "
+                "(or model.device=cpu)"
+            )
     for res, key in (("CPU", "cpus_per_bundle"), ("GPU", "gpus_per_bundle")):
         need = sum(_demand(cfg, n)[res] * cfg.ray.pools[n].bundles for n in names)
         have = float(cluster.get(res, 0.0))

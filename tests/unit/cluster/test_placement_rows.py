@@ -49,3 +49,24 @@ def test_as_many_ranks_as_sequences_and_a_separate_rollout_pool_pass():
         "algo.mini_batches=1",
     )
     check_placement(cfg, _by_pool(cfg))  # the rollout pool's 4 replicas split nothing
+
+
+def test_a_trainer_group_without_gpus_on_a_gpu_cluster_is_refused_unless_on_the_cpu():
+    """Ray reserves no GPU for a ``gpus_per_bundle: 0`` pool: its ranks would pick
+    ``cuda:<rank % count>`` themselves and can land two on one GPU."""
+    pools = "ray.pools={trainer: {bundles: 2, cpus_per_bundle: 1}}"
+    gpu_cluster = ({"CPU": 16.0, "GPU": 16.0}, [{"CPU": 8, "GPU": 8}] * 2)
+    cfg = _cfg(pools, "model.fsdp.enabled=true")
+    with pytest.raises(ConfigError) as err:
+        check_placement(cfg, _by_pool(cfg), *gpu_cluster)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith("ray.pools.trainer.gpus_per_bundle=0: the cluster has 16 GPUs")
+    check_placement(cfg, _by_pool(cfg), {"CPU": 16.0}, [{"CPU": 8}] * 2)  # a CPU cluster
+    cpu = _cfg(pools, "model.fsdp.enabled=true", "model.device=cpu")
+    check_placement(cpu, _by_pool(cpu), *gpu_cluster)
+    gpu = _cfg(
+        "ray.pools={trainer: {bundles: 2, cpus_per_bundle: 1, gpus_per_bundle: 1}}",
+        "model.fsdp.enabled=true",
+    )
+    check_placement(gpu, _by_pool(gpu), *gpu_cluster)
