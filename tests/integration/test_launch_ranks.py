@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -159,3 +161,63 @@ def test_a_sharded_checkpoint_resumes_at_another_world_size(tmp_path, saved, loa
     a, b = torch.load(want), torch.load(got)
     assert a.keys() == b.keys()
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < TOL
+
+
+def test_the_multi_node_command_runs_fsdp2_across_two_nodes_and_resumes_on_one_rank(tmp_path):
+    """docs/guide.md's multi-node command (``relayrl train run.yaml cluster=ray
+    ray.address=...``) on a 2-node Ray cluster simulated here: an FSDP2 pool of 2 ranks, one
+    per node (``STRICT_SPREAD``: the process group's rendezvous crosses nodes), 2 steps and a
+    checkpoint; then ``--resume`` on one rank (the sharded checkpoint resharded) for step 3."""
+    import json
+    import os
+
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    from relayrl.cli import main
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray.is_initialized():
+        ray.shutdown()
+    model = build_tiny_model(tmp_path / "m")
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False}
+    )
+    try:
+        cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
+        common = [
+            str(Path(__file__).parents[2] / "configs/grpo_arithmetic.yaml"),
+            "cluster=ray",
+            f"ray.address={cluster.address}",
+            f"model.path={model}",
+            f"run_dir={tmp_path / 'run'}",
+            "model.fsdp.enabled=true",
+            "threads=1",
+            "logging.progress=false",
+            "logging.tensorboard=false",
+            "algo.prompts_per_step=4",
+            "algo.group_size=2",
+            "algo.mini_batches=1",
+            "data.eval_size=4",
+            "train.eval_every=0",
+            "train.save_every=2",
+            "rollout.max_tokens=4",
+        ]
+        spread = "ray.pools={main: {bundles: 2, cpus_per_bundle: 1, strategy: STRICT_SPREAD}}"
+        assert main(["train", *common, "train.steps=2", spread]) == 0
+        ray.shutdown()
+        one = "ray.pools={main: {bundles: 1, cpus_per_bundle: 1}}"
+        assert main(["train", *common, "train.steps=3", one, "--resume"]) == 0
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in (ckpts / "step_000002/sharded_actor").glob("rank_*.pt")) == [
+        "rank_0.pt",
+        "rank_1.pt",
+    ]
+    assert (ckpts / "step_000003/sharded_actor/rank_0.pt").is_file()
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(x).get("step") for x in lines if "actor/loss" in json.loads(x)]
+    assert steps == [1, 2, 3]
