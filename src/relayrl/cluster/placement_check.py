@@ -8,7 +8,14 @@
 - ``weight_sync.backend: nccl`` to a rollout pool of its own without GPUs (or from a trainer
   pool without GPUs): NCCL needs a GPU at both ends (``auto`` picks gloo there,
   ``weight_backend``);
+- more ranks in a trainer pool than sequences in a step (``algo.prompts_per_step *
+  algo.group_size``): the worker group splits the step's batch into one non-empty block per
+  rank, so the first update would fail after the first rollout;
 - more ``ray.rollout_replicas`` than the rollout pool's bundles;
+- a pool whose ranks form a trainer process group without GPUs (``gpus_per_bundle: 0``) on a
+  cluster that has GPUs while ``model.device`` is not ``cpu``: Ray reserves no GPU for those
+  ranks, each takes ``cuda:<rank % visible GPUs>`` of its node, and where a node holds more
+  of them than it has GPUs two ranks share one, which NCCL refuses;
 - pools that do not fit the cluster: the CPUs / GPUs of all pools together more than the
   cluster has, or one bundle (a ``STRICT_PACK`` pool: all its bundles) more than any node.
 
@@ -64,6 +71,18 @@ def static_problems(cfg: RunConfig, by_pool: Mapping[str, Sequence[str]]) -> lis
                 "group, and fractional GPUs can put two ranks on one GPU, which NCCL refuses: "
                 "use a whole number of GPUs per bundle"
             )
+    rows = cfg.algo.prompts_per_step * cfg.algo.group_size
+    for name, roles in by_pool.items():
+        bundles = cfg.ray.pools[name].bundles
+        trainer = sorted(TRAINER_ROLES & set(roles))
+        if trainer and bundles > rows:
+            out.append(
+                f"ray.pools.{name}.bundles={bundles}: pool {name!r} ({', '.join(trainer)}) "
+                f"splits each step's {rows} sequences (algo.prompts_per_step * "
+                f"algo.group_size = {cfg.algo.prompts_per_step} x {cfg.algo.group_size}) over "
+                f"{bundles} ranks, at least one each: use at most {rows} bundles or more "
+                "sequences per step"
+            )
     ro = rollout_pool(cfg)
     if "rollout" in by_pool.get(ro, ()) and cfg.ray.rollout_replicas > cfg.ray.pools[ro].bundles:
         out.append(
@@ -94,9 +113,22 @@ def fit_problems(
     cluster: Mapping[str, float],
     nodes: Sequence[Mapping[str, float]],
 ) -> list[str]:
-    """Pools that do not fit ``cluster`` (total resources) or any single node."""
+    """Pools that do not fit ``cluster`` (total resources) or any single node, and trainer
+    groups that would compute on GPUs Ray did not reserve for them."""
     out = []
     names = list(by_pool)
+    gpus = float(cluster.get("GPU", 0.0))
+    for n in names:
+        pool = cfg.ray.pools[n]
+        grouped = _ranks_grouped(cfg, by_pool[n], pool.bundles)
+        if gpus > 0 and pool.gpus_per_bundle == 0 and cfg.model.device != "cpu" and grouped:
+            out.append(
+                f"ray.pools.{n}.gpus_per_bundle=0: the cluster has {gpus:g} GPUs and "
+                f"model.device={cfg.model.device} computes on them, but Ray reserves none for "
+                f"the {pool.bundles} ranks of pool {n!r}: each would take cuda:<rank % GPUs> "
+                "of its node and two can share one, which NCCL refuses: set gpus_per_bundle: 1 "
+                "(or model.device=cpu)"
+            )
     for res, key in (("CPU", "cpus_per_bundle"), ("GPU", "gpus_per_bundle")):
         need = sum(_demand(cfg, n)[res] * cfg.ray.pools[n].bundles for n in names)
         have = float(cluster.get(res, 0.0))

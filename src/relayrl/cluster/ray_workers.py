@@ -84,6 +84,21 @@ def _sync_bytes(cfg: RunConfig) -> int:
     return int(cfg.model.fsdp.sync_bucket_mb * (1 << 20))
 
 
+def _device_rank(rank: int) -> int:
+    """The index of this Ray worker's GPU among the CUDA devices it sees (``rank`` without
+    CUDA): Ray's assignment, not the pool rank, which counts bundles over every node."""
+    if not torch.cuda.is_available():
+        return rank
+    from relayrl.model.device import local_cuda_index
+
+    return local_cuda_index(
+        rank,
+        torch.cuda.device_count(),
+        ray.get_gpu_ids(),
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
+
+
 class RoleHost(CollectiveWeightSync):
     """One worker process of a resource pool, hosting the roles placed on the pool.
 
@@ -98,6 +113,8 @@ class RoleHost(CollectiveWeightSync):
         torch.set_num_threads(spec.threads)
         torch.manual_seed(spec.cfg.seed + spec.rank)  # LoRA's initial adapters, dropout
         self.spec = spec
+        self.device_rank = _device_rank(spec.rank)
+        """``rank`` for ``resolve_device``: this process's local GPU (``local_cuda_index``)."""
         self.roles: dict[str, Any] = {}
         self.engine: SteppingEngine | None = None  # RolloutEngine | VllmEngine
         self._init_weight_sync()
@@ -110,7 +127,7 @@ class RoleHost(CollectiveWeightSync):
         from relayrl.workers.build import build_actor, build_critic, build_reference
 
         spec, cfg = self.spec, self.spec.cfg
-        rank, world = spec.rank, spec.world
+        rank, world = self.device_rank, spec.world  # the builders place on rank's device
         if "actor" in spec.roles:
             self.roles["actor"] = build_actor(cfg, spec.actor_path, rank, world)
         if "reference" in spec.roles:
@@ -163,7 +180,7 @@ class RoleHost(CollectiveWeightSync):
             self.engine = make_vllm_engine(
                 path,
                 process=cfg.rollout.vllm_process,
-                device=str(engine_device(cfg.model, spec.rank)),
+                device=str(engine_device(cfg.model, self.device_rank)),
                 gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
                 eos_token_id=tok.eos_token_id,
                 pad_token_id=tok.pad_token_id,
@@ -184,7 +201,7 @@ class RoleHost(CollectiveWeightSync):
             with torch.no_grad():
                 model.load_state_dict(dict(state))
         # this rank's device (rank r -> local CUDA device r, as its process group's)
-        model = apply_precision(model, precision, engine_device(cfg.model, spec.rank))
+        model = apply_precision(model, precision, engine_device(cfg.model, self.device_rank))
         self.engine = RolloutEngine(
             model.eval().requires_grad_(False),
             eos_token_id=tok.eos_token_id,
@@ -259,7 +276,7 @@ class RoleHost(CollectiveWeightSync):
 
         from relayrl.model.device import resolve_device
 
-        device = resolve_device(self.spec.cfg.model.device, rank)
+        device = resolve_device(self.spec.cfg.model.device, self.device_rank)
         backend = "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)

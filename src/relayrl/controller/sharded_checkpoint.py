@@ -3,7 +3,8 @@
 Layout: ``<dir>/`` holds one DCP checkpoint (each rank writes its own shards of every role's
 parameters and optimizer state, plus ``.metadata``) and ``rank_<r>.pt`` per rank with what
 is not sharded: the LR scheduler and the shuffling generator of each role. Loading reshards to
-the ranks that load (same world size for an exact resume). All ranks must call both functions.
+the ranks that load, at any world size (a rank without its own ``rank_<r>.pt`` takes rank 0's:
+that state is the same on every rank). All ranks must call both functions.
 
 The HF-format ``actor/`` export next to it stays a plain ``save_pretrained`` directory: it is
 written from the full state dict gathered bucket by bucket (``export_full``).

@@ -19,7 +19,7 @@ through ``forward_logprobs`` / ``forward_values`` enters ``compute_context(model
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -50,6 +50,43 @@ def resolve_device(spec: str, rank: int = 0) -> torch.device:
             "use model.device=cpu or auto"
         )
     return torch.device("cuda", rank % torch.cuda.device_count())
+
+
+def local_cuda_index(
+    rank: int, count: int, assigned: Sequence[str | int] = (), visible: str | None = None
+) -> int:
+    """The CUDA device index (``cuda:<index>``) a process of data-parallel ``rank`` computes on,
+    among the ``count`` devices it sees.
+
+    ``assigned``: the GPU ids Ray gave this process (``ray.get_gpu_ids()``; empty outside Ray
+    or in a pool without GPUs); ``visible``: its ``CUDA_VISIBLE_DEVICES`` (None: unset).
+    With an assignment the index is the first assigned id's position in ``visible``: Ray sets
+    ``visible`` to the assigned ids, so that is 0; under
+    ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`` every GPU of the node stays visible and the
+    position is the id's own (unset: the id itself). Without one: ``rank % count``, the
+    convention of one process per local GPU in rank order. A ``DeviceError`` when the
+    assigned GPU is not among the visible ones."""
+    if count < 1:
+        raise DeviceError("no CUDA device visible to this process")
+    if not assigned:
+        return rank % count
+    first = str(assigned[0]).strip()
+    ids = [v.strip() for v in visible.split(",")] if visible is not None else None
+    if ids is not None and first in ids:
+        index = ids.index(first)
+    elif ids is None and first.isdigit():
+        index = int(first)
+    else:
+        raise DeviceError(
+            f"Ray assigned GPU {first} to this process but CUDA_VISIBLE_DEVICES={visible!r} "
+            "does not list it"
+        )
+    if index >= count:
+        raise DeviceError(
+            f"Ray assigned GPU {first} (local index {index}) but this process sees {count} "
+            "CUDA device(s)"
+        )
+    return index
 
 
 @dataclass(frozen=True)

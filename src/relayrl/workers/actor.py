@@ -112,6 +112,13 @@ class ReferenceWorker:
         return exp.scatter_tokens(parts).to(home) * exp.response_mask  # one transfer
 
 
+_PER_STEP = frozenset({"loss", "grad_norm"})
+"""Statistics averaged over the optimizer steps, not reduced over ranks: the loss is a rank's
+partial loss (normalised by the global counts: the ranks' partials add up, the worker group
+sums them) and the gradient norm is already the global one."""
+_WEIGHT = "weight:"
+
+
 class ActorWorker(ReferenceWorker):
     """The trained policy: PPO-family update with global loss normalisation per optimizer step.
 
@@ -233,8 +240,19 @@ class ActorWorker(ReferenceWorker):
             for i, v in zip(on_dev, stacked.tolist(), strict=True):  # the one host transfer
                 values[i] = v
         pairs = zip(keys, values[: len(keys)], values[len(keys) :], strict=True)
-        out = {f"actor/{k}": v / max(w, 1e-12) for k, v, w in pairs}
-        out["actor/lr"] = self.scheduler.get_last_lr()[0]
+        out: dict[str, float] = {}
+        weighted: dict[str, float] = {}
+        for k, v, w in pairs:
+            if k in _PER_STEP:
+                out[f"actor/{k}"] = v / max(w, 1e-12)
+            else:
+                weighted[k], weighted[_WEIGHT + k] = v, w
+        # data parallel: sum_r S_r / sum_r W_r, the whole batch's mean (one process: as is)
+        total = self.parallelism.reduce_sums(weighted)
+        for k, v in total.items():
+            if not k.startswith(_WEIGHT):
+                out[f"actor/{k}"] = v / max(total[_WEIGHT + k], 1e-12)
+        out["actor/lr"] = float(self.scheduler.get_last_lr()[0])
         out["actor/optimizer_steps"] = float(n_opt)
         return out
 
@@ -251,8 +269,8 @@ class ActorWorker(ReferenceWorker):
         norm = self._loss_norm(mini)  # counts every row, trained or skipped
         self.optimizer.zero_grad(set_to_none=True)
         mini_loss: Any = 0.0
-        sums["zero_adv_skipped_frac"] += 1.0 - len(trained) / max(len(mini), 1)
-        weights["zero_adv_skipped_frac"] += 1.0
+        sums["zero_adv_skipped_frac"] += float(len(mini) - len(trained))  # rows
+        weights["zero_adv_skipped_frac"] += float(len(mini))
         if not len(trained):  # a zero gradient still moves Adam's moments
             for p in self.model.parameters():
                 if p.requires_grad:

@@ -20,6 +20,8 @@ from relayrl.workers.experience import Experience
 from relayrl.workers.optim import load_train_state, make_optimizer, train_state
 from relayrl.workers.parallel import Parallelism, SingleProcess, count_micro_batches
 
+_TOKENS = "_tokens"
+
 
 class CriticWorker:
     def __init__(
@@ -123,7 +125,11 @@ class CriticWorker:
                 self.scheduler.step()
                 total_loss += loss_sum
                 n_mini += 1
-        out = {f"critic/{k}": v / max(count, 1e-12) for k, v in sums.items()}
+        # data parallel: the token-weighted sums and the token count over ranks (the global
+        # mean); vf_loss is this rank's partial loss, the worker group sums it
+        total = self.parallelism.reduce_sums({**sums, _TOKENS: count})
+        count = total.pop(_TOKENS)
+        out = {f"critic/{k}": v / max(count, 1e-12) for k, v in total.items()}
         out["critic/vf_loss"] = total_loss / max(n_mini, 1)
         return out
 

@@ -13,6 +13,10 @@ step (summed over ranks with ``all_reduce``), so rank losses add up to the loss 
 batch and the summed gradient equals the single-process gradient whatever the split.
 Gradients are all-reduced (SUM) with ``torch.distributed`` (gloo on CPU; NCCL on GPU) before
 clipping, so every rank clips the same global norm and takes the same optimizer step.
+The statistics an update returns are global too: the token-weighted sums behind a mean and
+their weights are summed over ranks (``all_reduce_sums``) before the division, so every rank
+returns sum_r S_r / sum_r W_r (what one process computes on the whole batch), not its own
+shard's mean.
 Every rank runs the same number of optimizer steps (one per non-empty global mini-batch),
 also when its part of a mini-batch is empty.
 
@@ -21,6 +25,9 @@ With ``model.fsdp.enabled`` ``relayrl.workers.build`` gives the workers ``Fsdp2S
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -44,6 +51,18 @@ def rank_mini_batches(exp: Experience, n: int, generator: torch.Generator) -> li
     """This rank's parts of the ``n`` global mini-batches (see the module docstring)."""
     offset, total = shard_position(len(exp))
     return exp.shuffled_splits(n, generator, offset, total)
+
+
+def all_reduce_sums(sums: Mapping[str, float]) -> dict[str, float]:
+    """Each key's value summed over ranks (float64), for the union of the ranks' keys (a rank
+    whose parts were all empty has not seen every statistic): one ``all_gather_object`` of the
+    key lists and one ``all_reduce``. Every rank must call."""
+    lists: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(lists, sorted(sums))
+    keys = sorted({k for ks in lists for k in ks})
+    values = torch.tensor([float(sums.get(k, 0.0)) for k in keys], dtype=torch.float64)
+    dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    return dict(zip(keys, values.tolist(), strict=True))
 
 
 def all_reduce_gradients(model: torch.nn.Module) -> None:
@@ -84,3 +103,6 @@ class ReplicatedDataParallel(Parallelism):
 
     def reduce_gradients(self, model: torch.nn.Module) -> None:
         all_reduce_gradients(model)
+
+    def reduce_sums(self, sums: Mapping[str, float]) -> dict[str, float]:
+        return all_reduce_sums(sums)

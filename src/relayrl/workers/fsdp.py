@@ -222,13 +222,20 @@ def save_sharded(out_dir: str | Path, roles: Mapping[str, Any]) -> Path:
 
 
 def load_sharded(in_dir: str | Path, roles: Mapping[str, Any]) -> None:
-    """Load a ``save_sharded`` checkpoint into freshly built ``roles`` (same names)."""
+    """Load a ``save_sharded`` checkpoint into freshly built ``roles`` (same names), at the
+    world size it was written with or another one: DCP reshards parameters and optimizer
+    state to the loading ranks, and the rest (LR scheduler, shuffling generator) is the same
+    on every rank (seeded alike, stepped alike), so a rank the checkpoint has no
+    ``rank_<r>.pt`` for (more ranks than wrote it) takes rank 0's."""
     src = Path(in_dir)
     if not (src / ".metadata").is_file():
         raise FileNotFoundError(f"{src}: not a sharded checkpoint (no .metadata)")
+    own = src / f"rank_{_rank()}.pt"
+    if not own.is_file() and not (src / "rank_0.pt").is_file():
+        raise FileNotFoundError(f"{src}: no rank_0.pt (the scheduler and generator states)")
     state = _sharded_state(roles)
     dcp.load(state, checkpoint_id=str(src))
-    extra = torch.load(src / f"rank_{_rank()}.pt", weights_only=False)
+    extra = torch.load(own if own.is_file() else src / "rank_0.pt", weights_only=False)
     for name, w in roles.items():
         set_model_state_dict(w.model, state[name]["model"])
         set_optimizer_state_dict(w.model, w.optimizer, state[name]["optim"])
