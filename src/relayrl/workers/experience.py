@@ -46,6 +46,15 @@ from relayrl.rollout.types import Sample
 _NOT_TENSORS = frozenset({"batch", "samples"})
 
 
+def _upload(t: Tensor, device: torch.device) -> Tensor:
+    """``t`` on ``device``. Host -> CUDA goes through pinned memory, asynchronously: a copy
+    from pageable memory waits for the device (a host sync per tensor); the pinned staging
+    buffer is held by torch's caching host allocator until its copy is done."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 @dataclass
 class Experience:
     batch: TokenBatch
@@ -140,14 +149,14 @@ class Experience:
             return self
         b = self.batch
         batch = TokenBatch(
-            b.input_ids.to(device),
-            b.attention_mask.to(device),
-            b.position_ids.to(device),
+            _upload(b.input_ids, device),
+            _upload(b.attention_mask, device),
+            _upload(b.position_ids, device),
             b.prompt_width,
-            b.response_ids.to(device),
-            b.response_mask.to(device),
+            _upload(b.response_ids, device),
+            _upload(b.response_mask, device),
         )
-        tensors: dict[str, Any] = {k: v.to(device) for k, v in self.tensors().items()}
+        tensors: dict[str, Any] = {k: _upload(v, device) for k, v in self.tensors().items()}
         return replace(self, batch=batch, **tensors)
 
     def micro_batches(
