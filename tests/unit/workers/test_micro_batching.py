@@ -66,6 +66,20 @@ def test_token_budget_packs_sorted_rows_under_the_budget():
         assert len(micro) * width <= 40 or len(micro) == 1
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_experience_uploads_to_cuda_equal_through_pinned_memory():
+    """``Experience.to(cuda)`` copies through pinned memory without blocking: the device's
+    tensors equal the host's once the stream is done, and the host batch is unchanged."""
+    exp = _exp([4, 2, 5])
+    dev = torch.device("cuda", torch.cuda.current_device())
+    on_dev = exp.to(dev)
+    torch.cuda.synchronize()
+    assert on_dev.batch.input_ids.device == dev and exp.batch.input_ids.device.type == "cpu"
+    assert torch.equal(on_dev.batch.input_ids.cpu(), exp.batch.input_ids)
+    assert torch.equal(on_dev.batch.response_mask.cpu(), exp.batch.response_mask)
+    assert torch.equal(on_dev.advantages.cpu(), exp.advantages)
+
+
 def test_scatter_tokens_round_trips():
     exp = _exp([2, 9, 4, 1, 6])
     parts = [(idx, micro.advantages) for idx, micro in exp.micro_batches(3, max_tokens=24)]
