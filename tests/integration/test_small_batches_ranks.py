@@ -3,7 +3,8 @@ filtering dropped groups mid-run), or whose mini-batches leave a rank without ro
 what there is: the rank without rows still joins every collective (FSDP2: zero-weighted dummy
 forwards / backwards; replicated: a zero gradient in the all-reduce), and 2 ranks (gloo,
 float64, tiny model) end with one process's weights to 1e-9, actor and critic: a batch of
-1 sequence over 2 ranks, and of 3 sequences in 2 mini-batches over 2 ranks, 2 epochs, 2 steps.
+1 sequence over 2 ranks, and of 3 sequences in 2 mini-batches over 2 ranks, 2 epochs, 2 steps;
+the same through the worker group of ``cluster=ray`` (``split_experience``, ``gather``).
 """
 
 from __future__ import annotations
