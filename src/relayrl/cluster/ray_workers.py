@@ -35,7 +35,7 @@ from relayrl.cluster.ray_weight_sync import CollectiveWeightSync
 from relayrl.config import RunConfig
 from relayrl.rollout import GenerationRequest, RolloutEngine, Sample, SteppingEngine
 from relayrl.rollout.engine import _error_sample
-from relayrl.workers.experience import Experience
+from relayrl.workers.data_parallel import split_experience
 
 TICKET = "_ray_ticket"
 
@@ -410,14 +410,6 @@ RoleHostActor = ray.remote(max_concurrency=16)(RoleHost)  # type: ignore[call-ov
 
 
 # --------------------------------------------------------------------------- worker groups
-def split_experience(exp: Experience, n: int) -> list[Experience]:
-    """Contiguous near-equal shards, one per data-parallel rank."""
-    if len(exp) < n:
-        raise ValueError(f"a batch of {len(exp)} sequences cannot be split over {n} ranks")
-    bounds = torch.arange(len(exp)).tensor_split(n)
-    return [exp.select(b) for b in bounds]
-
-
 SUMMED_STATS = frozenset({"actor/loss", "critic/vf_loss"})
 """Losses normalised by the global counts: the ranks' partial losses add up to the loss."""
 

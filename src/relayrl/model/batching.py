@@ -81,6 +81,16 @@ def upcast_logits(logits: Tensor) -> Tensor:
     return logits if logits.dtype == torch.float64 else logits.float()
 
 
+def output_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype ``forward_logprobs`` / ``forward_values`` return for ``model``: float64 for a
+    float64 model (its logits stay float64), fp32 otherwise (``upcast_logits``). Mixed
+    precision autocasts only to bf16, so the parameters' dtype decides."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            return torch.float64 if p.dtype == torch.float64 else torch.float32
+    return torch.float32
+
+
 def _model_inputs(model: torch.nn.Module, batch: TokenBatch) -> dict[str, Tensor]:
     dev = model_device(model)
     return {

@@ -20,6 +20,7 @@ from relayrl.algos import LossNorm, PolicyLossInputs, aggregate_loss, get_policy
 from relayrl.algos.masked import deferred_stats
 from relayrl.config import AlgoConfig, OptimConfig, RunConfig
 from relayrl.model import forward_logprobs
+from relayrl.model.batching import output_dtype
 from relayrl.model.device import model_device
 from relayrl.model.loading import has_train_dropout
 from relayrl.model.lora import adapters_disabled, is_lora
@@ -109,7 +110,8 @@ class ReferenceWorker:
             self.model.train(was_training)
         self.parallelism.pad_forwards(self.model, backward=False)  # the same collectives
         home = exp.response_mask.device
-        return exp.scatter_tokens(parts).to(home) * exp.response_mask  # one transfer
+        logprobs = exp.scatter_tokens(parts, output_dtype(self.model))  # 0 rows: no parts
+        return logprobs.to(home) * exp.response_mask  # one transfer
 
 
 _PER_STEP = frozenset({"loss", "grad_norm"})

@@ -16,6 +16,7 @@ from torch import Tensor
 from relayrl.algos import LossNorm, clipped_value_loss
 from relayrl.config import AlgoConfig, OptimConfig, RunConfig
 from relayrl.model import forward_values
+from relayrl.model.batching import output_dtype
 from relayrl.workers.experience import Experience
 from relayrl.workers.optim import load_train_state, make_optimizer, train_state
 from relayrl.workers.parallel import Parallelism, SingleProcess, count_micro_batches
@@ -83,7 +84,7 @@ class CriticWorker:
             (idx, forward_values(self.model, mb.batch))
             for idx, mb in exp.micro_batches(a.micro_batch_size, a.micro_batch_tokens)
         ]
-        out = exp.scatter_tokens(parts) * exp.response_mask
+        out = exp.scatter_tokens(parts, output_dtype(self.model)) * exp.response_mask
         self.parallelism.pad_forwards(self.model, backward=False)
         return out
 

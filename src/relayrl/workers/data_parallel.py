@@ -18,7 +18,10 @@ their weights are summed over ranks (``all_reduce_sums``) before the division, s
 returns sum_r S_r / sum_r W_r (what one process computes on the whole batch), not its own
 shard's mean.
 Every rank runs the same number of optimizer steps (one per non-empty global mini-batch),
-also when its part of a mini-batch is empty.
+also when its part of a mini-batch is empty, or its whole shard is (a step with fewer
+sequences than ranks, after dynamic sampling or filtering dropped groups): its gradient is
+zero and it joins every collective (FSDP2: zero-weighted dummy passes), so the step trains
+what one process trains on the whole batch.
 
 With ``model.fsdp.enabled`` ``relayrl.workers.build`` gives the workers ``Fsdp2Sharded`` of
 ``relayrl.workers.fsdp`` instead (sharded state, reduce-scatter instead of the all-reduce).
@@ -36,6 +39,16 @@ from relayrl.algos import LossNorm
 from relayrl.algos.aggregation import step_counts
 from relayrl.workers.experience import Experience
 from relayrl.workers.parallel import Parallelism
+
+
+def split_experience(exp: Experience, n: int) -> list[Experience]:
+    """Contiguous near-equal blocks of rows, one per data-parallel rank, in rank order (the
+    worker group's dispatch). Fewer rows than ranks (dynamic sampling or filtering dropped
+    groups mid-run) leaves the last ranks an empty block: they still join every collective of
+    the step (``rank_mini_batches`` gives them empty parts; FSDP2 pads their forwards), so the
+    step trains what one process trains on the whole batch."""
+    bounds = torch.arange(len(exp)).tensor_split(n)
+    return [exp.select(b) for b in bounds]
 
 
 def shard_position(rows: int) -> tuple[int, int]:

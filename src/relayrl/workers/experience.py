@@ -217,9 +217,18 @@ class Experience:
         }
         return replace(self, batch=batch, **tensors)
 
-    def scatter_tokens(self, parts: Sequence[tuple[Tensor, Tensor]]) -> Tensor:
+    def scatter_tokens(
+        self, parts: Sequence[tuple[Tensor, Tensor]], dtype: torch.dtype = torch.float32
+    ) -> Tensor:
         """Reassemble per-token outputs of ``micro_batches`` into one [B, R] tensor (zeros past
-        each part's width) on the parts' device."""
+        each part's width) on the parts' device, in their dtype. No parts (a data-parallel
+        rank whose shard has no rows): a [0, R] tensor of ``dtype`` on this batch's device."""
+        if not parts:
+            if len(self):
+                raise ValueError(f"no micro-batch outputs for a batch of {len(self)} rows")
+            return torch.zeros(
+                self.response_mask.shape, dtype=dtype, device=self.response_mask.device
+            )
         # on the parts' device (the model's): one transfer for the whole batch, not one per part
         first = parts[0][1]
         out = torch.zeros(self.response_mask.shape, dtype=first.dtype, device=first.device)
