@@ -211,6 +211,15 @@ def admit(
     return list(samples), scores, list(episodes)
 
 
+def seed_stride(cfg: RunConfig) -> int:
+    """Request seeds' step stride ``max(10_007, I * G)``: ``I`` = ``prompts_per_step`` times
+    the most prompt rounds of a step (regenerated groups use index ``round * B + g``, round
+    ``<= failures.regenerate_rounds``; dynamic sampling's rounds reuse round 0's indices), so
+    the seeds of consecutive steps never overlap; ``10_007`` for every batch it covers."""
+    indices = cfg.algo.prompts_per_step * (cfg.failures.regenerate_rounds + 1)
+    return max(10_007, indices * cfg.algo.group_size)
+
+
 def group_requests(
     prompt: TokenizedPrompt,
     cfg: RunConfig,
@@ -219,12 +228,16 @@ def group_requests(
     group_id: int,
     stop_ids: list[int],
 ) -> list[GenerationRequest]:
-    """The G requests of one prompt group, each seeded from (run seed, step, index, k)."""
+    """The G requests of one prompt group, request k seeded
+    ``(seed * 1_000_003 + step * S + index * G + k) mod 2^31`` with the step stride
+    ``S = max(10_007, I * G)`` (:func:`seed_stride`): distinct for every (step, index, k) of
+    a run while ``index < I``, the prompt indices a step can use."""
     r = cfg.rollout
     g_size = cfg.algo.group_size
+    stride = seed_stride(cfg)
     out = []
     for k in range(g_size):
-        seed = (cfg.seed * 1_000_003 + step * 10_007 + index * g_size + k) & 0x7FFFFFFF
+        seed = (cfg.seed * 1_000_003 + step * stride + index * g_size + k) & 0x7FFFFFFF
         params = SamplingParams(
             temperature=r.temperature,
             top_p=r.top_p,
