@@ -213,11 +213,13 @@ def admit(
 
 def seed_stride(cfg: RunConfig) -> int:
     """Request seeds' step stride ``max(10_007, I * G)``: ``I`` = ``prompts_per_step`` times
-    the most prompt rounds of a step (regenerated groups use index ``round * B + g``, round
-    ``<= failures.regenerate_rounds``; dynamic sampling's rounds reuse round 0's indices), so
-    the seeds of consecutive steps never overlap; ``10_007`` for every batch it covers."""
-    indices = cfg.algo.prompts_per_step * (cfg.failures.regenerate_rounds + 1)
-    return max(10_007, indices * cfg.algo.group_size)
+    the most prompt rounds of a step (a round r's groups use index ``r * B + g``: regenerated
+    groups, r <= ``failures.regenerate_rounds``; dynamic sampling's refills, r <
+    ``data.dynamic_sampling.max_rounds``), so the seeds of consecutive steps never overlap;
+    ``10_007`` for every batch it covers."""
+    ds = cfg.data.dynamic_sampling
+    rounds = max(cfg.failures.regenerate_rounds + 1, ds.max_rounds if ds.enabled else 1)
+    return max(10_007, cfg.algo.prompts_per_step * rounds * cfg.algo.group_size)
 
 
 def group_requests(
@@ -252,11 +254,18 @@ def group_requests(
 
 
 def make_requests(
-    prompts: Sequence[TokenizedPrompt], cfg: RunConfig, step: int, stop_ids: list[int]
+    prompts: Sequence[TokenizedPrompt],
+    cfg: RunConfig,
+    step: int,
+    stop_ids: list[int],
+    first_index: int = 0,
 ) -> list[GenerationRequest]:
-    """G requests per prompt, one group each (group id = index of the prompt in the step)."""
+    """G requests per prompt, one group each (group id = index of the prompt in the list),
+    seeded as prompt index ``first_index + g`` of ``step`` (a refill round r: ``r * B``)."""
     return [
-        req for g, p in enumerate(prompts) for req in group_requests(p, cfg, step, g, g, stop_ids)
+        req
+        for g, p in enumerate(prompts)
+        for req in group_requests(p, cfg, step, first_index + g, g, stop_ids)
     ]
 
 

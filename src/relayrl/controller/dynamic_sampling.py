@@ -120,7 +120,9 @@ def dynamic_rollout(
 
     The outcome of a sample is the reward service's raw ``outcome`` when recorded, else its
     score. Kept groups are renumbered 0..B-1. If no group is kept, round 0's groups are used
-    (all-zero advantages: the update only moves the KL and entropy terms).
+    (all-zero advantages: the update only moves the KL and entropy terms). Refill round r's
+    requests are seeded as prompt indices ``r * B + g`` of the step, apart from every other
+    round's (``seed_stride``).
     """
     timer["time/generate"] = timer["time/score"] = 0.0
     first: dict[str, Any] = {}
@@ -131,7 +133,11 @@ def dynamic_rollout(
             return []
         sub: dict[str, float] = {}
         samples, scores, stats = rollout_and_score(
-            roles, make_requests(batch, cfg, step, stop_ids), sub, cfg.failures.retries, mark
+            roles,
+            make_requests(batch, cfg, step, stop_ids, rnd * cfg.algo.prompts_per_step),
+            sub,
+            cfg.failures.retries,
+            mark,
         )
         timer["failures/retried"] = timer.get("failures/retried", 0.0)
         timer["failures/retried"] += sub.get("failures/retried", 0.0)
