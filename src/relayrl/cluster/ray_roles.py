@@ -137,7 +137,7 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
         ray.get([h.ready.remote() for h in hosts], timeout=300)
         for name, group in groups.items():  # trainer pools: the process group, then the roles
             if grouped(cfg, by_pool[name], group.size):
-                addr, port = ray.get(group.hosts[0].free_address.remote())
+                addr, port = ray.get(group.hosts[0].open_rendezvous.remote(group.size))
                 ray.get(
                     [
                         h.init_process_group.remote(addr, port, r, group.size)

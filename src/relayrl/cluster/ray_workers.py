@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import ray
@@ -36,6 +37,9 @@ from relayrl.config import RunConfig
 from relayrl.rollout import GenerationRequest, RolloutEngine, Sample, SteppingEngine
 from relayrl.rollout.engine import _error_sample
 from relayrl.workers.data_parallel import split_experience
+
+RENDEZVOUS_TIMEOUT = timedelta(minutes=30)
+"""How long a pool's ranks wait for each other to form the process group (torch's default)."""
 
 TICKET = "_ray_ticket"
 
@@ -268,10 +272,23 @@ class RoleHost(CollectiveWeightSync):
             s.bind(("", 0))
             return ip, int(s.getsockname()[1])
 
+    def open_rendezvous(self, world: int) -> tuple[str, int]:
+        """Rank 0: host the pool's process-group rendezvous (a ``TCPStore`` server on a port
+        the OS picks, bound here and held until the group forms, so no other process can take
+        it meanwhile); returns this node's IP and that port."""
+        import torch.distributed as dist
+
+        ip = ray.util.get_node_ip_address()
+        self._rendezvous = dist.TCPStore(
+            ip, 0, world, is_master=True, timeout=RENDEZVOUS_TIMEOUT, wait_for_workers=False
+        )
+        return ip, int(self._rendezvous.port)
+
     def init_process_group(self, addr: str, port: int, rank: int, world: int) -> None:
-        """Join the process group of this pool: gloo on the CPU; on CUDA NCCL for CUDA
-        tensors and gloo for the CPU ones (the loss counts), after
-        ``torch.cuda.set_device(local device)`` (the CUDA branch has not run on a GPU)."""
+        """Join the process group of this pool at rank 0's rendezvous (``open_rendezvous``):
+        gloo on the CPU; on CUDA NCCL for CUDA tensors and gloo for the CPU ones (the loss
+        counts), after ``torch.cuda.set_device(local device)`` (the CUDA branch has not run
+        on a GPU)."""
         import torch.distributed as dist
 
         from relayrl.model.device import resolve_device
@@ -281,8 +298,11 @@ class RoleHost(CollectiveWeightSync):
         if device.type == "cuda":
             torch.cuda.set_device(device)
             backend = "cpu:gloo,cuda:nccl"
+        store = getattr(self, "_rendezvous", None) if rank == 0 else None
+        if store is None:
+            store = dist.TCPStore(addr, port, world, is_master=False, timeout=RENDEZVOUS_TIMEOUT)
         dist.init_process_group(
-            backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world
+            backend, store=store, rank=rank, world_size=world, timeout=RENDEZVOUS_TIMEOUT
         )
 
     # ------------------------------------------------------------------ rollout engine
