@@ -61,6 +61,7 @@ _SHARED_GROUPS = {
     "test_ray_backend": "ray",
     "test_ray_multinode": "ray",
     "test_fsdp_train": "ray",
+    "test_launch_ranks": "ray",  # a simulated two-node cluster (ray.cluster_utils.Cluster)
     "test_vllm_backend": "ray",
     "test_vllm_server": "ray",
     "test_vllm_sync_failures": "ray",

@@ -75,7 +75,7 @@ def test_each_ray_rank_of_a_gpu_pool_uses_its_assigned_gpu(noset):
         return ids[0], index, physical
 
     env = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}} if noset else {}
-    ray.init(num_cpus=2, num_gpus=3, include_dashboard=False, runtime_env=env)
+    ray.init(address="local", num_cpus=2, num_gpus=3, include_dashboard=False, runtime_env=env)
     try:
         # another pool holds a GPU, so the trainer pool's ranks 0, 1 are not on GPUs 0, 1
         other = placement_group([{"CPU": 0.5, "GPU": 1}], strategy="PACK")

@@ -141,7 +141,7 @@ def test_ray_worker_group_trains_a_batch_smaller_than_its_pool(model_dir, tmp_pa
     cfg = run_config(model_dir, tmp_path / "run", *opts)
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         roles = build_ray_roles(cfg, str(model_dir), str(model_dir))
         try:

@@ -28,8 +28,8 @@ def ensure_ray(cfg: RayConfig) -> None:
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
     if cfg.address is not None:
         ray.init(address=cfg.address, **kwargs)
-    else:
-        ray.init(num_cpus=cfg.num_cpus, **kwargs)
+    else:  # a cluster of this run's own, even when another runs on this machine
+        ray.init(address="local", num_cpus=cfg.num_cpus, **kwargs)
 
 
 @dataclass
