@@ -37,6 +37,7 @@ from relayrl.cluster.weight_collective import (
     WeightSyncError,
     drain,
     entries_of,
+    open_rendezvous,
     plan_buckets,
 )
 from relayrl.rollout import RolloutEngine, SteppingEngine
@@ -63,6 +64,7 @@ class CollectiveWeightSync:
     roles: dict[str, Any]
     engine: SteppingEngine | None
     _weight_group: WeightGroup | None = None
+    _weights_server: Any = None  # rank 0: the next generation's rendezvous (a TCPStore)
     _torn = False  # a receive failed part-way: the engine is paused until a sync completes
     _weights_lock: threading.Lock
     _cv: threading.Condition  # the host's: engine steps and weight loads take turns under it
@@ -91,14 +93,29 @@ class CollectiveWeightSync:
         device = resolve_device(self.spec.cfg.model.device, self.spec.rank)
         return weight_backend(self.spec.cfg, device.type == "cuda")
 
+    def weights_open_rendezvous(self, world: int) -> tuple[str, int]:
+        """Trainer rank 0: open the next generation's rendezvous (``open_rendezvous``, held
+        until ``weights_join``); returns this node's IP and its port."""
+        ip = ray.util.get_node_ip_address()
+        self._weights_server = open_rendezvous(ip, world, self.spec.cfg.weight_sync.timeout_s)
+        return ip, int(self._weights_server.port)
+
     def weights_join(
         self, addr: str, port: int, rank: int, world: int, backend: str, generation: int = 0
     ) -> None:
         """Join generation ``generation`` of the weight group (every member at once: the
         rendezvous waits for all), leaving an older one first."""
         self.weights_leave()
+        server, self._weights_server = self._weights_server, None
         self._weight_group = WeightGroup(
-            addr, port, rank, world, backend, self.spec.cfg.weight_sync.timeout_s, generation
+            addr,
+            port,
+            rank,
+            world,
+            backend,
+            self.spec.cfg.weight_sync.timeout_s,
+            generation,
+            server if rank == 0 else None,
         )
 
     def weights_leave(self) -> None:
@@ -279,8 +296,8 @@ class WeightGroupMembers:
             except RayActorError:
                 pass  # a dead member: the caller sees it at the join
         self.generation += 1
-        addr, port = ray.get(head.free_address.remote())
         world = len(members)
+        addr, port = ray.get(head.weights_open_rendezvous.remote(world))
         refs = [
             h.weights_join.remote(addr, port, r, world, self._backend, self.generation)
             for r, h in enumerate(members)

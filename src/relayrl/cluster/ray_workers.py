@@ -20,7 +20,6 @@ The rollout client over the hosts' engines is :mod:`relayrl.cluster.ray_rollout`
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -33,6 +32,7 @@ import torch
 from torch import Tensor
 
 from relayrl.cluster.ray_weight_sync import CollectiveWeightSync
+from relayrl.cluster.weight_collective import open_rendezvous
 from relayrl.config import RunConfig
 from relayrl.rollout import GenerationRequest, RolloutEngine, Sample, SteppingEngine
 from relayrl.rollout.engine import _error_sample
@@ -265,23 +265,12 @@ class RoleHost(CollectiveWeightSync):
             n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None
         }
 
-    def free_address(self) -> tuple[str, int]:
-        """This node's IP and a free TCP port (rank 0 hosts the process-group rendezvous)."""
-        ip = ray.util.get_node_ip_address()
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return ip, int(s.getsockname()[1])
-
     def open_rendezvous(self, world: int) -> tuple[str, int]:
         """Rank 0: host the pool's process-group rendezvous (a ``TCPStore`` server on a port
         the OS picks, bound here and held until the group forms, so no other process can take
         it meanwhile); returns this node's IP and that port."""
-        import torch.distributed as dist
-
         ip = ray.util.get_node_ip_address()
-        self._rendezvous = dist.TCPStore(
-            ip, 0, world, is_master=True, timeout=RENDEZVOUS_TIMEOUT, wait_for_workers=False
-        )
+        self._rendezvous = open_rendezvous(ip, world, RENDEZVOUS_TIMEOUT.total_seconds())
         return ip, int(self._rendezvous.port)
 
     def init_process_group(self, addr: str, port: int, rank: int, world: int) -> None:

@@ -152,6 +152,14 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())[:400]
 
 
+def open_rendezvous(host: str, world: int, timeout_s: float) -> dist.TCPStore:
+    """A group's rendezvous server: a ``TCPStore`` on a port the OS picks (``.port``; it
+    listens on every interface), bound now, so no other process can take the port before the
+    group forms. The caller (the group's rank 0) holds it and hands it to the group."""
+    timeout = timedelta(seconds=timeout_s)
+    return dist.TCPStore(host, 0, world, is_master=True, timeout=timeout, wait_for_workers=False)
+
+
 class WeightGroup:
     """This process's membership of the weight-sync group (rank 0: the trainer's rank 0)."""
 
@@ -164,7 +172,10 @@ class WeightGroup:
         backend: str,
         timeout_s: float,
         generation: int = 0,
+        server: dist.TCPStore | None = None,
     ):
+        """``server``: rank 0's rendezvous (``open_rendezvous``) at ``port``; without it rank 0
+        opens one at ``port``."""
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"weight_sync.backend: {backend!r} (gloo or nccl)")
         timeout = timedelta(seconds=timeout_s)
@@ -174,7 +185,10 @@ class WeightGroup:
         self.pg: _Backend | None = None  # (torch's stubs: see _Backend)
         t0 = time.monotonic()
         try:
-            self._tcp = dist.TCPStore(addr, port, world, is_master=rank == 0, timeout=timeout)
+            if rank == 0 and server is not None:
+                self._tcp = server
+            else:
+                self._tcp = dist.TCPStore(addr, port, world, is_master=rank == 0, timeout=timeout)
             store = dist.PrefixStore(f"weights/{generation}/", self._tcp)
             if backend == "nccl":  # pragma: no cover - needs CUDA (not run here)
                 self.device = torch.device("cuda", torch.cuda.current_device())

@@ -249,3 +249,23 @@ def test_stream_failing_part_way_leaves_in_flight_sequences_intact_weights(
         assert interrupted == 0
         for k, v in engine._models[0].state_dict().items():  # the old weights, intact
             assert torch.equal(v, original[k]), k
+
+
+def test_open_rendezvous_holds_the_port_it_reports():
+    """The rendezvous server holds its OS-picked port from the start (another bind to it
+    fails), and a member reaches it there."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from relayrl.cluster.weight_collective import open_rendezvous
+
+    server = open_rendezvous("127.0.0.1", 2, timeout_s=30)
+    assert server.port > 0
+    with socket.socket() as s, pytest.raises(OSError):
+        s.bind(("127.0.0.1", server.port))
+    member = dist.TCPStore(
+        "127.0.0.1", server.port, 2, is_master=False, timeout=timedelta(seconds=30)
+    )
+    member.set("joined", "1")
+    assert server.get("joined") == b"1"
