@@ -9,8 +9,9 @@
   pool without GPUs): NCCL needs a GPU at both ends (``auto`` picks gloo there,
   ``weight_backend``);
 - more ranks in a trainer pool than sequences in a step (``algo.prompts_per_step *
-  algo.group_size``): the worker group splits the step's batch into one non-empty block per
-  rank, so the first update would fail after the first rollout;
+  algo.group_size``): every step would leave the extra ranks without a row (they would only
+  join the collectives with zero gradients, on resources reserved for nothing), a
+  configuration mistake rather than what a mid-run drop of groups leaves, which trains;
 - more ``ray.rollout_replicas`` than the rollout pool's bundles;
 - a pool whose ranks form a trainer process group without GPUs (``gpus_per_bundle: 0``) on a
   cluster that has GPUs while ``model.device`` is not ``cpu``: Ray reserves no GPU for those
@@ -80,8 +81,8 @@ def static_problems(cfg: RunConfig, by_pool: Mapping[str, Sequence[str]]) -> lis
                 f"ray.pools.{name}.bundles={bundles}: pool {name!r} ({', '.join(trainer)}) "
                 f"splits each step's {rows} sequences (algo.prompts_per_step * "
                 f"algo.group_size = {cfg.algo.prompts_per_step} x {cfg.algo.group_size}) over "
-                f"{bundles} ranks, at least one each: use at most {rows} bundles or more "
-                "sequences per step"
+                f"{bundles} ranks, so {bundles - rows} would never get a row: use at most "
+                f"{rows} bundles or more sequences per step"
             )
     ro = rollout_pool(cfg)
     if "rollout" in by_pool.get(ro, ()) and cfg.ray.rollout_replicas > cfg.ray.pools[ro].bundles:

@@ -117,6 +117,7 @@ class RoleHost(CollectiveWeightSync):
         torch.set_num_threads(spec.threads)
         torch.manual_seed(spec.cfg.seed + spec.rank)  # LoRA's initial adapters, dropout
         self.spec = spec
+        self._rendezvous: Any = None  # rank 0 of a trainer pool: its TCPStore server
         self.device_rank = _device_rank(spec.rank)
         """``rank`` for ``resolve_device``: this process's local GPU (``local_cuda_index``)."""
         self.roles: dict[str, Any] = {}
@@ -287,7 +288,7 @@ class RoleHost(CollectiveWeightSync):
         if device.type == "cuda":
             torch.cuda.set_device(device)
             backend = "cpu:gloo,cuda:nccl"
-        store = getattr(self, "_rendezvous", None) if rank == 0 else None
+        store = self._rendezvous if rank == 0 else None
         if store is None:
             store = dist.TCPStore(addr, port, world, is_master=False, timeout=RENDEZVOUS_TIMEOUT)
         dist.init_process_group(

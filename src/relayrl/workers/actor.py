@@ -121,6 +121,17 @@ sums them) and the gradient norm is already the global one."""
 _WEIGHT = "weight:"
 
 
+def _host_floats(values: dict[str, Any]) -> dict[str, float]:
+    """``values`` (floats, or 0-d tensors on the model's device) as floats: the tensors reach
+    the host stacked, in one transfer; the floats never go to the device."""
+    out = {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)}
+    tensors = {k: v for k, v in values.items() if isinstance(v, torch.Tensor)}
+    if tensors:
+        read = torch.stack([v.to(torch.float64).reshape(()) for v in tensors.values()]).tolist()
+        out.update(zip(tensors, read, strict=True))
+    return out
+
+
 class ActorWorker(ReferenceWorker):
     """The trained policy: PPO-family update with global loss normalisation per optimizer step.
 
@@ -233,24 +244,13 @@ class ActorWorker(ReferenceWorker):
                 for mini in self._mini_batches(exp):
                     n_opt += 1
                     self._train_mini(mini, dev, sums, weights)
-        keys = list(sums)
-        values = [sums[k] for k in keys] + [weights[k] for k in keys]
-        # device tensors reach the host in one transfer; host floats never go to the device
-        on_dev = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
-        if on_dev:
-            stacked = torch.stack([values[i].to(dev, torch.float64).reshape(()) for i in on_dev])
-            for i, v in zip(on_dev, stacked.tolist(), strict=True):  # the one host transfer
-                values[i] = v
-        pairs = zip(keys, values[: len(keys)], values[len(keys) :], strict=True)
-        out: dict[str, float] = {}
-        weighted: dict[str, float] = {}
-        for k, v, w in pairs:
-            if k in _PER_STEP:
-                out[f"actor/{k}"] = v / max(w, 1e-12)
-            else:
-                weighted[k], weighted[_WEIGHT + k] = v, w
+        host = _host_floats({**sums, **{_WEIGHT + k: w for k, w in weights.items()}})
+        out = {
+            f"actor/{k}": host.pop(k) / max(host.pop(_WEIGHT + k), 1e-12)
+            for k in sorted(_PER_STEP & sums.keys())
+        }
         # data parallel: sum_r S_r / sum_r W_r, the whole batch's mean (one process: as is)
-        total = self.parallelism.reduce_sums(weighted)
+        total = self.parallelism.reduce_sums(host)
         for k, v in total.items():
             if not k.startswith(_WEIGHT):
                 out[f"actor/{k}"] = v / max(total[_WEIGHT + k], 1e-12)

@@ -1,7 +1,7 @@
 """A trainer pool with more ranks than a step has sequences is refused before Ray starts, with
-one line naming the keys (``relayrl.cluster.placement_check``): the worker group gives every
-rank a non-empty block of the step's batch, so it would otherwise fail after the first
-rollout."""
+one line naming the keys (``relayrl.cluster.placement_check``): its extra ranks would never
+get a row (a step that drops below the pool's size mid-run still trains: see
+tests/integration/test_small_batches_ranks.py)."""
 
 from __future__ import annotations
 
