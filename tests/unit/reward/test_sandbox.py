@@ -164,12 +164,13 @@ def test_infinite_loop_hits_cpu_limit(box, mode: str) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_sleep_past_timeout_is_killed(box, mode: str) -> None:
-    sb, unharmed = box(mode, wall_s=1.5)
+    # the wall clock counts the sandbox's start-up too: 5 s leaves a loaded machine time to print
+    sb, unharmed = box(mode, wall_s=5)
     t0 = time.monotonic()
     r = sb.run("import time\nprint('started', flush=True)\ntime.sleep(60)")
     assert r.status == "timeout" and "timeout" in r.reason, r
     assert r.stdout == "started\n"
-    assert time.monotonic() - t0 < 4
+    assert time.monotonic() - t0 < 30  # killed at the wall clock, long before the 60 s sleep ends
     unharmed.check(r)
 
 
@@ -393,13 +394,16 @@ TESTS = {"tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]}
 )
 def test_code_reward_scores_hostile_programs_zero(mode: str, program: str, status_word: str):
     t0 = time.monotonic()
-    wall = 1.5 if "sleep" in program else 3.0  # the sleeper times out whatever the wall
+    # programs that run until a limit stops them get a short wall clock; the others end on their
+    # own, so theirs is long enough that start-up on a loaded machine never reaches it
+    runs_on = any(w in status_word for w in ("timeout", "cpu limit"))
+    wall = 3.0 if runs_on else 20.0
     out = code_tests(
         "", f"```python\n{program}\n```", TESTS, cpu_s=1, wall_s=wall, memory_mb=256, isolation=mode
     )
     assert out["score"] == 0.0 and out["tests_passed"] == 0.0, out
     assert any(w in out["reason"] for w in status_word.split("|")), out
-    assert time.monotonic() - t0 < 8
+    assert time.monotonic() - t0 < 40  # the sleeper is killed long before its 60 s sleep ends
 
 
 @pytest.mark.parametrize("mode", CODE_MODES)
