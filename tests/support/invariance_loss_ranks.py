@@ -1,0 +1,148 @@
+"""Rank code of tests/integration/test_world_size_invariance_losses.py (importable by spawned
+children): the actor trained by every registered policy loss and the other per-token terms a
+user can configure (GRPO's KL loss against pi_ref, the entropy bonus, rollout-correction
+weights, behaviour logprobs unlike pi_old, pi_old unlike pi_theta so the clips are active,
+zero-advantage rows, an empty row), on FSDP2 and replicated data-parallel ranks (world 0: one
+process), with its update statistics.
+
+The batch's off-policy inputs are built on the WHOLE batch before it is sharded, as the
+controller builds them: pi_old = pi_theta + d_old, pi_behav = pi_old + d_behav, pi_ref =
+pi_old + d_ref with fixed random d_* per token, and the rollout weights of
+``rollout_correction`` (log rho = trainer - engine = -d_behav) on the whole batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from fsdp_ranks import shard
+from helpers import leave_process_group
+from invariance_ranks import MICRO, MINI
+from scale_helpers import random_experience, scale_config
+
+# name -> config overrides (the batch's extras are chosen by the names under ``_extras``)
+CASES: dict[str, tuple[str, ...]] = {
+    "ppo_dual_clip": ("algo.policy_loss=ppo", "algo.dual_clip=2.0", "algo.clip_eps_high=0.1"),
+    "decoupled_ppo": ("algo.policy_loss=decoupled_ppo", "algo.behav_weight_cap=1.1"),
+    "decoupled_ppo_seq_clamp": (
+        "algo.policy_loss=decoupled_ppo",
+        "algo.behav_weight_mode=sequence-clamp",
+        "algo.behav_weight_cap=1.05",
+    ),
+    "decoupled_ppo_tis": (
+        "algo.policy_loss=decoupled_ppo",
+        "algo.rollout_correction.mode=tis",
+        "algo.rollout_correction.cap=1.1",
+    ),
+    "gspo": (
+        "algo.policy_loss=gspo",
+        "algo.loss_agg=seq-mean-token-mean",
+        "algo.clip_eps_low=0.01",
+        "algo.clip_eps_high=0.01",
+    ),
+    "gspo_token": ("algo.policy_loss=gspo_token", "algo.clip_eps_low=0.01"),
+    "cispo": ("algo.policy_loss=cispo", "algo.clip_eps_high=0.05"),
+    "sapo": ("algo.policy_loss=sapo", "algo.loss_agg=seq-mean-token-sum"),
+    "gmpo_mis": (
+        "algo.policy_loss=gmpo",
+        "algo.loss_agg=seq-mean-token-mean",
+        "algo.rollout_correction.mode=mis",
+        "algo.rollout_correction.upper=1.2",
+    ),
+    "grpo_kl_entropy": (
+        "algo.kl_coef=0.3",
+        "algo.kl_estimator=k2",
+        "algo.entropy_coef=0.05",
+        "algo.loss_agg=seq-mean-token-sum-norm",
+    ),
+    "entropy_only": ("algo.entropy_coef=-0.02",),
+    "skip_empty_row": (
+        "algo.loss_agg=seq-mean-token-mean",
+        "algo.seq_mean_empty_rows=skip",
+        "algo.policy_loss=cispo",
+    ),
+    "no_skip_zero_adv": ("algo.skip_zero_advantage=false", "algo.loss_agg=token-sum"),
+    "tis_batch_norm_seq": (
+        "algo.rollout_correction.mode=tis",
+        "algo.rollout_correction.level=sequence",
+        "algo.rollout_correction.batch_normalize=true",
+        "algo.rollout_correction.cap=3.0",
+    ),
+}
+EMPTY_ROW = 6
+"""The row whose response mask is all 0 in the ``skip_empty_row`` case (a multi-turn episode
+whose every token is an observation): rank 1's, and counted by ``seq_mean_empty_rows``."""
+
+
+def full_batch(model_dir: Path, case: str, seed: int):
+    """The step's whole batch: ``random_experience`` (rows 0 and 4 with advantage 0) with
+    d_old, d_behav, d_ref in ``old_logprobs`` / ``behaviour_logprobs`` / ``ref_logprobs``
+    (added to pi_theta on the rank) and the whole batch's rollout weights."""
+    from relayrl.algos import rollout_correction
+    from relayrl.config.algo import RolloutCorrectionConfig
+
+    exp = random_experience(model_dir, seed=seed, dtype=torch.float64)
+    if case == "skip_empty_row":
+        exp.batch.response_mask[EMPTY_ROW] = 0.0
+        assert exp.advantages is not None
+        exp.advantages = exp.advantages * exp.response_mask.to(torch.float64)
+    mask = exp.response_mask.to(torch.float64)
+    g = torch.Generator().manual_seed(100 + seed)
+    exp.old_logprobs = 0.3 * torch.randn(mask.shape, generator=g, dtype=torch.float64) * mask
+    exp.behaviour_logprobs = 0.2 * torch.randn(mask.shape, generator=g, dtype=torch.float64) * mask
+    exp.ref_logprobs = 0.5 * torch.randn(mask.shape, generator=g, dtype=torch.float64) * mask
+    overrides = dict(o.split("=", 1) for o in CASES[case])
+    prefix = "algo.rollout_correction."
+    rc_opts = {k[len(prefix) :]: v for k, v in overrides.items() if k.startswith(prefix)}
+    if rc_opts:
+        rc = RolloutCorrectionConfig.model_validate(rc_opts)
+        weights, _ = rollout_correction(
+            torch.zeros_like(mask),  # log rho = trainer - engine = -d_behav
+            exp.behaviour_logprobs,
+            exp.response_mask,
+            mode=rc.mode,
+            level=rc.level,
+            cap=rc.cap,
+            lower=rc.lower,
+            upper=rc.upper,
+            batch_normalize=rc.batch_normalize,
+        )
+        assert bool((weights[mask.bool()] != 1).any())  # the weights do something
+        exp.rollout_weights = weights
+    return exp
+
+
+def actor_run(model_dir: Path, rank: int, world: int, case: str, fsdp: bool) -> tuple[dict, list]:
+    """(weights, statistics of each update) after 2 steps of this rank's shard; world 0: one
+    process, all rows."""
+    from relayrl.workers.build import build_actor
+
+    opts = (*MINI, *MICRO, *CASES[case], *(["model.fsdp.enabled=true"] * fsdp))
+    actor = build_actor(scale_config(model_dir, *opts), str(model_dir), rank, max(world, 1))
+    stats = []
+    for step in range(2):
+        exp = shard(full_batch(model_dir, case, step), rank, world or 1)
+        theta = actor.compute_logprobs(exp)
+        assert exp.old_logprobs is not None and exp.behaviour_logprobs is not None
+        assert exp.ref_logprobs is not None
+        exp.old_logprobs = theta + exp.old_logprobs
+        exp.behaviour_logprobs = exp.old_logprobs + exp.behaviour_logprobs
+        exp.ref_logprobs = exp.old_logprobs + exp.ref_logprobs
+        stats.append(actor.update(exp))
+    return actor.state_dict(), stats
+
+
+def rank_main(rank: int, world: int, init_file: str, model_dir: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    d = Path(model_dir)
+    out: dict = {}
+    for fsdp in (True, False):
+        for case in CASES:
+            out[(case, fsdp)] = actor_run(d, rank, world, case, fsdp)
+    out["rank"] = rank
+    torch.save(out, Path(out_dir) / f"losses_rank{rank}.pt")
+    leave_process_group()
