@@ -1,7 +1,9 @@
 """World-size invariance with several mini-batches per step: the global batch is cut into
 mini-batches before it is sharded to ranks, so 2 ranks (FSDP2, and replicated data
 parallel) train exactly what one process trains, for every loss aggregation (float64,
-3 mini-batches, 2 epochs, uneven shards, micro-batches of 2; weights within 1e-9)."""
+3 mini-batches, 2 epochs, uneven shards, micro-batches of 2; weights within 1e-9); and, on the
+same ranks, the quick cases of other policy losses and loss terms with their update
+statistics (tests/support/invariance_loss_ranks.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from invariance_loss_ranks import QUICK, actor_run, assert_ranks_equal_one_process
 from invariance_ranks import AGGREGATIONS, actor_weights, critic_weights, rank_main
 from relayrl.model import build_tiny_model
 
@@ -22,6 +25,13 @@ def two_ranks(tmp_path_factory):
     rendezvous = str(root / "rendezvous")
     mp.spawn(rank_main, args=(2, rendezvous, str(model), str(root)), nprocs=2, join=True)
     return model, torch.load(root / "invariance.pt", weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def loss_ranks(two_ranks) -> list[dict]:
+    """Every rank's results of the quick cases of ``invariance_loss_ranks`` (the same ranks)."""
+    model, _ = two_ranks
+    return [torch.load(model.parent / f"losses_rank{r}.pt", weights_only=False) for r in (0, 1)]
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -42,6 +52,15 @@ def test_critic_two_ranks_equal_one_process_with_mini_batches(two_ranks, fsdp):
     model, got = two_ranks
     one = critic_weights(model, 0, 0, fsdp=False)
     assert _max_diff(got[("critic", fsdp)], one) < TOL
+
+
+@pytest.mark.parametrize("fsdp", [True, False], ids=["fsdp2", "replicated"])
+@pytest.mark.parametrize("case", QUICK)
+def test_other_losses_two_ranks_equal_one_process(two_ranks, loss_ranks, case, fsdp):
+    """Other policy losses and loss terms (``invariance_loss_ranks.CASES``; the rest in
+    test_world_size_invariance_losses.py, slow): weights and every update statistic."""
+    model, _ = two_ranks
+    assert_ranks_equal_one_process(loss_ranks, actor_run(model, 0, 0, case, False), case, fsdp)
 
 
 def test_rank_parts_of_mini_batches_union_to_one_process():

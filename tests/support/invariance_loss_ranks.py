@@ -25,7 +25,7 @@ from scale_helpers import random_experience, scale_config
 
 # name -> config overrides (the batch's extras are chosen by the names under ``_extras``)
 CASES: dict[str, tuple[str, ...]] = {
-    "ppo_dual_clip": ("algo.policy_loss=ppo", "algo.dual_clip=2.0", "algo.clip_eps_high=0.1"),
+    "ppo_dual_clip": ("algo.policy_loss=ppo", "algo.dual_clip=1.2", "algo.clip_eps_high=0.1"),
     "decoupled_ppo": ("algo.policy_loss=decoupled_ppo", "algo.behav_weight_cap=1.1"),
     "decoupled_ppo_seq_clamp": (
         "algo.policy_loss=decoupled_ppo",
@@ -72,6 +72,9 @@ CASES: dict[str, tuple[str, ...]] = {
         "algo.rollout_correction.cap=3.0",
     ),
 }
+QUICK = ("decoupled_ppo", "gspo", "grpo_kl_entropy", "skip_empty_row")
+"""The cases of the default test run, on the ranks of test_world_size_invariance.py (the others
+are marked ``slow``, on their own ranks)."""
 EMPTY_ROW = 6
 """The row whose response mask is all 0 in the ``skip_empty_row`` case (a multi-turn episode
 whose every token is an observation): rank 1's, and counted by ``seq_mean_empty_rows``."""
@@ -135,14 +138,58 @@ def actor_run(model_dir: Path, rank: int, world: int, case: str, fsdp: bool) -> 
     return actor.state_dict(), stats
 
 
-def rank_main(rank: int, world: int, init_file: str, model_dir: str, out_dir: str) -> None:
+_NOT_GLOBAL = {"actor/loss"}
+"""A rank's partial loss (normalised by the global counts): the ranks' add up to the loss."""
+
+
+def max_diff(a: dict, b: dict) -> float:
+    """The largest |a - b| over the tensors of two state dicts with the same keys."""
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+def stat_diffs(ranks: list[list[dict]], one: list[dict]) -> dict[str, float]:
+    """|rank statistic - one process's| per key and step, the worst rank (the loss: |the
+    ranks' sum - one process's|); every rank must return one process's keys."""
+    diffs = {}
+    for step, want in enumerate(one):
+        for r, got in enumerate(ranks):
+            assert got[step].keys() == want.keys(), (r, step)
+        for k, v in want.items():
+            if k in _NOT_GLOBAL:
+                diffs[f"{k}@{step}"] = abs(sum(got[step][k] for got in ranks) - v)
+            else:
+                diffs[f"{k}@{step}"] = max(abs(got[step][k] - v) for got in ranks)
+    return diffs
+
+
+def assert_ranks_equal_one_process(
+    ranks: list[dict], one: tuple[dict, list], case: str, fsdp: bool, tol: float = 1e-9
+) -> None:
+    """Rank 0's weights and every rank's statistics (``ranks``: the ranks' ``run_cases``)
+    equal one process's ``actor_run`` of ``case`` within ``tol``."""
+    weights, stats = one
+    assert max_diff(ranks[0][(case, fsdp)][0], weights) < tol
+    diffs = stat_diffs([r[(case, fsdp)][1] for r in ranks], stats)
+    assert {k: d for k, d in diffs.items() if not d < tol} == {}
+
+
+def run_cases(model_dir: Path, rank: int, world: int, cases: tuple[str, ...]) -> dict:
+    """(case, fsdp) -> ``actor_run`` for every case of ``cases``, on FSDP2 and replicated
+    ranks (weights on rank 0 only under FSDP2)."""
+    return {
+        (case, fsdp): actor_run(model_dir, rank, world, case, fsdp)
+        for fsdp in (True, False)
+        for case in cases
+    }
+
+
+def rank_main(
+    rank: int, world: int, init_file: str, model_dir: str, out_dir: str, cases: tuple[str, ...]
+) -> None:
+    """``run_cases``; rank r's results to ``out_dir/losses_rank{r}.pt``."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    d = Path(model_dir)
-    out: dict = {}
-    for fsdp in (True, False):
-        for case in CASES:
-            out[(case, fsdp)] = actor_run(d, rank, world, case, fsdp)
-    out["rank"] = rank
+    out = run_cases(Path(model_dir), rank, world, cases)
     torch.save(out, Path(out_dir) / f"losses_rank{rank}.pt")
     leave_process_group()

@@ -1,6 +1,7 @@
 """Rank code of tests/integration/test_world_size_invariance.py (importable by spawned
 children): the actor and the critic trained with several mini-batches per step, for every loss
-aggregation, on FSDP2 and on replicated data-parallel ranks (world 0: one process)."""
+aggregation, on FSDP2 and on replicated data-parallel ranks (world 0: one process); and the
+quick cases of ``invariance_loss_ranks`` (other policy losses and loss terms)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ def critic_weights(model_dir: Path, rank: int, world: int, fsdp: bool) -> dict:
 
 
 def rank_main(rank: int, world: int, init_file: str, model_dir: str, out_dir: str) -> None:
+    from invariance_loss_ranks import QUICK, run_cases  # (it imports MINI and MICRO)
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     d = Path(model_dir)
@@ -63,4 +66,6 @@ def rank_main(rank: int, world: int, init_file: str, model_dir: str, out_dir: st
         out[("critic", fsdp)] = critic_weights(d, rank, world, fsdp)
     if rank == 0:
         torch.save(out, Path(out_dir) / "invariance.pt")
+    # the quick cases of the other losses and terms (every rank's statistics)
+    torch.save(run_cases(d, rank, world, QUICK), Path(out_dir) / f"losses_rank{rank}.pt")
     leave_process_group()
