@@ -4,7 +4,10 @@ A policy loss is ``fn(x: PolicyLossInputs, algo: AlgoConfig) -> (loss, stats)``:
 one micro-batch's tensors (log pi_theta with gradient, pi_old, pi_behav, A, the mask, the
 step's ``LossNorm``, constant per-token weights), ``algo`` the run's algorithm section, from
 which the loss reads its own settings (clip range, its own knobs). It returns the scalar loss
-(aggregated with ``x.norm``, never a local mean) and a dict of stats. A loss registers itself
+(aggregated with ``x.norm``, never a local mean) and a dict of stats: masked means over the
+micro-batch's tokens, which the actor weights by its token count (a step's mean over all its
+tokens, whatever the micro-batches and ranks), except a stat named ``*_max``, a maximum, which
+the actor reports as the maximum over the step. A loss registers itself
 where it is defined::
 
     @register_policy_loss("my_loss")

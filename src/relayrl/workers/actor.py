@@ -119,6 +119,11 @@ _PER_STEP = frozenset({"loss", "grad_norm"})
 partial loss (normalised by the global counts: the ranks' partials add up, the worker group
 sums them) and the gradient norm is already the global one."""
 _WEIGHT = "weight:"
+_MAX = "max:"
+_MAX_SUFFIX = "_max"
+"""A statistic named ``*_max`` (e.g. ``behav_weight_max``) is a maximum: the update reports its
+maximum over the step's micro-batches, optimizer steps and ranks (not a token-weighted mean of
+the micro-batches' maxima, which would depend on how the rows were split)."""
 
 
 def _host_floats(values: dict[str, Any]) -> dict[str, float]:
@@ -130,6 +135,17 @@ def _host_floats(values: dict[str, Any]) -> dict[str, float]:
         read = torch.stack([v.to(torch.float64).reshape(()) for v in tensors.values()]).tolist()
         out.update(zip(tensors, read, strict=True))
     return out
+
+
+def _larger(old: Any, new: Any, dev: torch.device) -> Any:
+    """max(old, new) of two statistics (floats or 0-d tensors; ``old`` None: ``new``),
+    without a device sync."""
+    if old is None:
+        return new
+    if isinstance(old, Tensor) or isinstance(new, Tensor):
+        as64 = partial(torch.as_tensor, dtype=torch.float64, device=dev)
+        return torch.maximum(as64(old), as64(new))
+    return max(old, new)
 
 
 class ActorWorker(ReferenceWorker):
@@ -238,31 +254,47 @@ class ActorWorker(ReferenceWorker):
         dev = model_device(self.model)
         sums: dict[str, Any] = defaultdict(float)
         weights: dict[str, Any] = defaultdict(float)
+        maxes: dict[str, Any] = {}
         n_opt = 0
         with deferred_stats():
             for _ in range(a.epochs):
                 for mini in self._mini_batches(exp):
                     n_opt += 1
-                    self._train_mini(mini, dev, sums, weights)
-        host = _host_floats({**sums, **{_WEIGHT + k: w for k, w in weights.items()}})
+                    self._train_mini(mini, dev, sums, weights, maxes)
+        host = _host_floats(
+            {
+                **sums,
+                **{_WEIGHT + k: w for k, w in weights.items()},
+                **{_MAX + k: m for k, m in maxes.items()},
+            }
+        )
         out = {
             f"actor/{k}": host.pop(k) / max(host.pop(_WEIGHT + k), 1e-12)
             for k in sorted(_PER_STEP & sums.keys())
         }
-        # data parallel: sum_r S_r / sum_r W_r, the whole batch's mean (one process: as is)
-        total = self.parallelism.reduce_sums(host)
+        top = {k: host.pop(k) for k in list(host) if k.startswith(_MAX)}
+        # data parallel: sum_r S_r / sum_r W_r, the whole batch's mean, and max_r M_r (one
+        # process: as is)
+        total = self.parallelism.reduce_sums(host, top)
         for k, v in total.items():
-            if not k.startswith(_WEIGHT):
+            if k.startswith(_MAX):
+                out[f"actor/{k[len(_MAX) :]}"] = v
+            elif not k.startswith(_WEIGHT):
                 out[f"actor/{k}"] = v / max(total[_WEIGHT + k], 1e-12)
         out["actor/lr"] = float(self.scheduler.get_last_lr()[0])
         out["actor/optimizer_steps"] = float(n_opt)
         return out
 
     def _train_mini(
-        self, mini: Experience, dev: torch.device, sums: dict[str, Any], weights: dict[str, Any]
+        self,
+        mini: Experience,
+        dev: torch.device,
+        sums: dict[str, Any],
+        weights: dict[str, Any],
+        maxes: dict[str, Any],
     ) -> None:
-        """One optimizer step on ``mini``; its statistics added to ``sums`` / ``weights``
-        (device tensors or floats)."""
+        """One optimizer step on ``mini``; its statistics added to ``sums`` / ``weights``, its
+        ``*_max`` statistics taken into ``maxes`` (device tensors or floats)."""
         a = self.algo
         trained = self._rows_with_gradient(mini)
         size, tokens = a.micro_batch_size, a.micro_batch_tokens
@@ -283,6 +315,9 @@ class ActorWorker(ReferenceWorker):
                 mini_loss = mini_loss + stats.pop("_loss")  # partial losses add up
                 n_tokens = stats.pop("_tokens")  # not ``tokens``: the micro-batch token budget
                 for k, v in stats.items():
+                    if k.endswith(_MAX_SUFFIX):
+                        maxes[k] = _larger(maxes.get(k), v, dev)
+                        continue
                     sums[k] = sums[k] + v * n_tokens
                     weights[k] = weights[k] + n_tokens
         sums["loss"] = sums["loss"] + mini_loss

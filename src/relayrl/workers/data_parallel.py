@@ -16,7 +16,7 @@ clipping, so every rank clips the same global norm and takes the same optimizer 
 The statistics an update returns are global too: the token-weighted sums behind a mean and
 their weights are summed over ranks (``all_reduce_sums``) before the division, so every rank
 returns sum_r S_r / sum_r W_r (what one process computes on the whole batch), not its own
-shard's mean.
+shard's mean; a ``*_max`` statistic is the maximum over ranks.
 Every rank runs the same number of optimizer steps (one per non-empty global mini-batch),
 also when its part of a mini-batch is empty, or its whole shard is (a step with fewer
 sequences than ranks, after dynamic sampling or filtering dropped groups): its gradient is
@@ -66,16 +66,23 @@ def rank_mini_batches(exp: Experience, n: int, generator: torch.Generator) -> li
     return exp.shuffled_splits(n, generator, offset, total)
 
 
-def all_reduce_sums(sums: Mapping[str, float]) -> dict[str, float]:
-    """Each key's value summed over ranks (float64), for the union of the ranks' keys (a rank
-    whose parts were all empty has not seen every statistic): one ``all_gather_object`` of the
-    key lists and one ``all_reduce``. Every rank must call."""
+def all_reduce_sums(
+    sums: Mapping[str, float], maxes: Mapping[str, float] | None = None
+) -> dict[str, float]:
+    """Each key's value of ``sums`` summed over ranks (float64), for the union of the ranks'
+    keys (a rank whose parts were all empty has not seen every statistic), and each key of
+    ``maxes`` its maximum over the ranks that have it, in one dict: one ``all_gather_object``
+    of the key lists (and the few maxima) and one ``all_reduce``. Every rank must call."""
     lists: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(lists, sorted(sums))
-    keys = sorted({k for ks in lists for k in ks})
+    dist.all_gather_object(lists, (sorted(sums), dict(maxes or {})))
+    keys = sorted({k for ks, _ in lists for k in ks})
     values = torch.tensor([float(sums.get(k, 0.0)) for k in keys], dtype=torch.float64)
     dist.all_reduce(values, op=dist.ReduceOp.SUM)
-    return dict(zip(keys, values.tolist(), strict=True))
+    out = dict(zip(keys, values.tolist(), strict=True))
+    for _, top in lists:
+        for k, v in top.items():
+            out[k] = max(out.get(k, v), float(v))
+    return out
 
 
 def all_reduce_gradients(model: torch.nn.Module) -> None:
@@ -117,5 +124,7 @@ class ReplicatedDataParallel(Parallelism):
     def reduce_gradients(self, model: torch.nn.Module) -> None:
         all_reduce_gradients(model)
 
-    def reduce_sums(self, sums: Mapping[str, float]) -> dict[str, float]:
-        return all_reduce_sums(sums)
+    def reduce_sums(
+        self, sums: Mapping[str, float], maxes: Mapping[str, float] | None = None
+    ) -> dict[str, float]:
+        return all_reduce_sums(sums, maxes)

@@ -11,7 +11,8 @@ the strategy object it holds:
 * ``plan_forwards`` / ``pad_forwards``: collective padding (FSDP2: every forward is a
   collective, so every rank runs the busiest rank's number of forwards);
 * ``reduce_sums``: the sums behind an update's statistics (and their weights) over the ranks,
-  so a weighted mean is the global one, not an average of the ranks' means;
+  so a weighted mean is the global one, not an average of the ranks' means (and the maxima
+  of its ``*_max`` statistics, their maximum);
 * ``reduce_gradients``: before clipping (replicas: one all-reduce SUM; FSDP2: reduce-scattered
   in each backward, the dummy backwards of padding here);
 * ``full_state_dict``: the full weights (FSDP2: gathered bucket by bucket, rank 0 keeps them);
@@ -78,10 +79,13 @@ class Parallelism:
     def reduce_gradients(self, model: torch.nn.Module) -> None:
         """Before clipping: every rank's gradient becomes the global one."""
 
-    def reduce_sums(self, sums: Mapping[str, float]) -> dict[str, float]:
-        """``sums`` summed over the ranks, for every key any rank has (missing: 0); every
-        rank gets the same dict. One process: ``sums`` as it is."""
-        return dict(sums)
+    def reduce_sums(
+        self, sums: Mapping[str, float], maxes: Mapping[str, float] | None = None
+    ) -> dict[str, float]:
+        """``sums`` summed over the ranks, for every key any rank has (missing: 0), and
+        ``maxes`` (keys other than the sums') their maximum over the ranks that have them, in
+        one dict; every rank gets the same dict. One process: both as they are."""
+        return {**sums, **(maxes or {})}
 
     def full_state_dict(
         self, model: torch.nn.Module, merged: bool = True, keep: bool | None = None
