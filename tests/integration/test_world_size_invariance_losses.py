@@ -57,3 +57,6 @@ def test_cases_exercise_what_they_name(model):
         > s["gspo"]["actor/zero_adv_skipped_frac"]
     )
     assert s["no_skip_zero_adv"]["actor/zero_adv_skipped_frac"] == 0
+    assert s["distill_loss"]["actor/zero_adv_skipped_frac"] == 0  # the distill term trains them
+    assert s["single_update_decoupled"]["actor/optimizer_steps"] == 1
+    assert s["single_update_decoupled"]["actor/pg_capped_frac"] > 0

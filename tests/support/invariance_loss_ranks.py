@@ -1,14 +1,16 @@
-"""Rank code of tests/integration/test_world_size_invariance_losses.py (importable by spawned
+"""Rank code of the loss cases of the world-size invariance tests (importable by spawned
 children): the actor trained by every registered policy loss and the other per-token terms a
-user can configure (GRPO's KL loss against pi_ref, the entropy bonus, rollout-correction
-weights, behaviour logprobs unlike pi_old, pi_old unlike pi_theta so the clips are active,
-zero-advantage rows, an empty row), on FSDP2 and replicated data-parallel ranks (world 0: one
-process), with its update statistics.
+user can configure (GRPO's KL loss against pi_ref, the entropy bonus, the distillation loss,
+rollout-correction weights, behaviour logprobs unlike pi_old, pi_old unlike pi_theta so the
+clips are active, zero-advantage rows, an empty row, dynamic micro-batches, one update per step
+with pi_old from the update's own forward), on FSDP2 and replicated data-parallel ranks (world
+0: one process), with its update statistics.
 
 The batch's off-policy inputs are built on the WHOLE batch before it is sharded, as the
 controller builds them: pi_old = pi_theta + d_old, pi_behav = pi_old + d_behav, pi_ref =
-pi_old + d_ref with fixed random d_* per token, and the rollout weights of
-``rollout_correction`` (log rho = trainer - engine = -d_behav) on the whole batch.
+pi_old + d_ref, pi_teacher = pi_old + d_teacher with fixed random d_* per token, and the
+rollout weights of ``rollout_correction`` (log rho = trainer - engine = -d_behav) on the whole
+batch.
 """
 
 from __future__ import annotations
@@ -71,7 +73,23 @@ CASES: dict[str, tuple[str, ...]] = {
         "algo.rollout_correction.batch_normalize=true",
         "algo.rollout_correction.cap=3.0",
     ),
+    "distill_loss": (
+        "algo.distill.teacher_path=teacher",  # only its logprobs are read here
+        "algo.distill.mode=loss",
+        "algo.distill.coef=0.5",
+        "algo.loss_agg=seq-mean-token-mean",
+    ),
+    "dynamic_micro": ("algo.micro_batch_tokens=12", "algo.policy_loss=gspo_token"),
+    "single_update_decoupled": (
+        "algo.mini_batches=1",
+        "algo.epochs=1",
+        "algo.policy_loss=decoupled_ppo",
+        "algo.behav_weight_cap=1.1",
+    ),
 }
+SINGLE = "single_update_decoupled"
+"""The case whose batch has no old_logprobs: pi_old (decoupled PPO's pi_prox) is the update's
+own forward (one update per step), pi_behav and pi_ref are taken around pi_theta."""
 QUICK = ("decoupled_ppo", "gspo", "grpo_kl_entropy", "skip_empty_row")
 """The cases of the default test run, on the ranks of test_world_size_invariance.py (the others
 are marked ``slow``, on their own ranks)."""
@@ -97,6 +115,7 @@ def full_batch(model_dir: Path, case: str, seed: int):
     exp.old_logprobs = 0.3 * torch.randn(mask.shape, generator=g, dtype=torch.float64) * mask
     exp.behaviour_logprobs = 0.2 * torch.randn(mask.shape, generator=g, dtype=torch.float64) * mask
     exp.ref_logprobs = 0.5 * torch.randn(mask.shape, generator=g, dtype=torch.float64) * mask
+    exp.teacher_logprobs = 0.4 * torch.randn(mask.shape, generator=g, dtype=torch.float64) * mask
     overrides = dict(o.split("=", 1) for o in CASES[case])
     prefix = "algo.rollout_correction."
     rc_opts = {k[len(prefix) :]: v for k, v in overrides.items() if k.startswith(prefix)}
@@ -130,10 +149,12 @@ def actor_run(model_dir: Path, rank: int, world: int, case: str, fsdp: bool) -> 
         exp = shard(full_batch(model_dir, case, step), rank, world or 1)
         theta = actor.compute_logprobs(exp)
         assert exp.old_logprobs is not None and exp.behaviour_logprobs is not None
-        assert exp.ref_logprobs is not None
-        exp.old_logprobs = theta + exp.old_logprobs
-        exp.behaviour_logprobs = exp.old_logprobs + exp.behaviour_logprobs
-        exp.ref_logprobs = exp.old_logprobs + exp.ref_logprobs
+        assert exp.ref_logprobs is not None and exp.teacher_logprobs is not None
+        old = theta if case == SINGLE else theta + exp.old_logprobs
+        exp.old_logprobs = None if case == SINGLE else old
+        exp.behaviour_logprobs = old + exp.behaviour_logprobs
+        exp.ref_logprobs = old + exp.ref_logprobs
+        exp.teacher_logprobs = old + exp.teacher_logprobs
         stats.append(actor.update(exp))
     return actor.state_dict(), stats
 
