@@ -38,6 +38,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path
     url = server.start()
     client = tinker.ServiceClient(base_url=url, api_key=KEY)
     yield client, base, server
+    client.close("success").result(timeout=60)  # ends the session: its heartbeats stop
     server.stop()
 
 
@@ -208,13 +209,41 @@ def test_zstd_bodies_and_chunked_requests(tmp_path: Path) -> None:
     base = build_tiny_model(tmp_path / "base", hidden_size=32)
     flags = {"proto_compress_fwdbwd": True, "fwdbwd_max_chunk_len": 2}
     with TinkerServer(TinkerService([base], tmp_path / "state"), client_config=flags) as server:
-        client = tinker.ServiceClient(base_url=server.base_url(), api_key=KEY)
-        tc = client.create_lora_training_client(base_model=str(base), rank=4).result()
-        data = [_datum([5 + i, 6, 7, 8 + i]) for i in range(5)]
-        out = tc.forward(data, "cross_entropy").result()
-        assert len(out.loss_fn_outputs) == 5
-        whole = sum(float(o["logprobs"].to_numpy().sum()) for o in out.loss_fn_outputs)
-        assert out.metrics["loss:sum"] == pytest.approx(-whole, rel=1e-5)
+        with tinker.ServiceClient(base_url=server.base_url(), api_key=KEY) as client:
+            tc = client.create_lora_training_client(base_model=str(base), rank=4).result()
+            data = [_datum([5 + i, 6, 7, 8 + i]) for i in range(5)]
+            out = tc.forward(data, "cross_entropy").result()
+            assert len(out.loss_fn_outputs) == 5
+            whole = sum(float(o["logprobs"].to_numpy().sum()) for o in out.loss_fn_outputs)
+            assert out.metrics["loss:sum"] == pytest.approx(-whole, rel=1e-5)
+
+
+def test_a_closed_client_ends_its_session_and_its_heartbeats(tmp_path: Path) -> None:
+    """``ServiceClient.close`` (here: leaving its ``with``) finishes the session on the server;
+    a heartbeat for a finished session answers 410, on which the SDK stops its heartbeat loop
+    (it warns about failed heartbeats every 10 s otherwise, for as long as the process lives)."""
+    import httpx
+
+    base = build_tiny_model(tmp_path / "base", hidden_size=32)
+    with TinkerServer(TinkerService([base], tmp_path / "state")) as server:
+        url, headers = server.base_url(), {"X-API-Key": KEY}
+        with tinker.ServiceClient(base_url=url, api_key=KEY) as client:
+            client.create_lora_training_client(base_model=str(base), rank=4).result()
+        assert len(server._finished) == 1  # the SDK's session, finished by close
+
+        def beat(sid: str) -> int:
+            body = {"session_id": sid, "type": "session_heartbeat"}
+            r = httpx.post(f"{url}/api/v1/session_heartbeat", json=body, headers=headers)
+            return r.status_code
+
+        (ended,) = server._finished
+        assert beat(ended) == 410
+        made = httpx.post(f"{url}/api/v1/create_session", json={}, headers=headers)
+        sid = made.json()["session_id"]
+        assert beat(sid) == 200
+        body = {"reason": {"type": "success"}, "detail": None}
+        httpx.post(f"{url}/api/v1/sessions/{sid}/finish", json=body, headers=headers)
+        assert beat(sid) == 410
 
 
 def _seed(step: int, a: int, b: int) -> int:
@@ -235,84 +264,90 @@ def test_sl_then_rl_through_the_sdk(tmp_path: Path, outcome: Any) -> None:
     seed = TEST_SEED
     base = build_tiny_model(tmp_path / "base", hidden_size=64, seed=seed)
     with TinkerServer(TinkerService([base], tmp_path / "state", seed=seed)) as server:
-        client = tinker.ServiceClient(base_url=server.base_url(), api_key=KEY)
-        tc = client.create_lora_training_client(base_model=str(base), rank=0).result()
-        tok = tc.get_tokenizer()
-        eos = tok.eos_token_id
-        problems = [(a, b) for a in range(5) for b in range(5)]
-        rng = random.Random(seed)
-        sl_losses = []
-        for _ in range(150):
-            data, tokens = [], 0
-            for a, b in rng.sample(problems, 8):
-                prompt = tok.encode(f"{a}+{b}=")
-                full = prompt + tok.encode(str(a + b)) + [eos]
-                w = [0.0] * (len(prompt) - 1) + [1.0] * (len(full) - len(prompt))
-                data.append(_datum(full, weights=w))
-                tokens += len(full) - len(prompt)
-            fb = tc.forward_backward(data, "cross_entropy")
-            tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-            sl_losses.append(fb.result().metrics["loss:sum"] / tokens)
-        assert np.mean(sl_losses[-10:]) < 0.5 * np.mean(sl_losses[:3])
+        with tinker.ServiceClient(base_url=server.base_url(), api_key=KEY) as client:
+            tc = client.create_lora_training_client(base_model=str(base), rank=0).result()
+            tok = tc.get_tokenizer()
+            eos = tok.eos_token_id
+            problems = [(a, b) for a in range(5) for b in range(5)]
+            rng = random.Random(seed)
+            sl_losses = []
+            for _ in range(150):
+                data, tokens = [], 0
+                for a, b in rng.sample(problems, 8):
+                    prompt = tok.encode(f"{a}+{b}=")
+                    full = prompt + tok.encode(str(a + b)) + [eos]
+                    w = [0.0] * (len(prompt) - 1) + [1.0] * (len(full) - len(prompt))
+                    data.append(_datum(full, weights=w))
+                    tokens += len(full) - len(prompt)
+                fb = tc.forward_backward(data, "cross_entropy")
+                tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+                sl_losses.append(fb.result().metrics["loss:sum"] / tokens)
+            assert np.mean(sl_losses[-10:]) < 0.5 * np.mean(sl_losses[:3])
 
-        def reward(a: int, b: int, seq: Any) -> float:
-            return float(tok.decode([t for t in seq.tokens if t != eos]) == str(a + b))
+            def reward(a: int, b: int, seq: Any) -> float:
+                return float(tok.decode([t for t in seq.tokens if t != eos]) == str(a + b))
 
-        def evaluate() -> float:
-            sampler = tc.save_weights_and_get_sampling_client().result()
-            futs = [
-                (
-                    a,
-                    b,
-                    sampler.sample(
-                        types.ModelInput.from_ints(tok.encode(f"{a}+{b}=")),
-                        32,
-                        # the same seeds before and after (common random numbers)
-                        types.SamplingParams(max_tokens=3, temperature=1.0, seed=_seed(-1, a, b)),
-                    ),
-                )
-                for a, b in problems
-            ]
-            return float(
-                np.mean([reward(a, b, s) for a, b, f in futs for s in f.result().sequences])
-            )
-
-        before = evaluate()
-        max_gap = 0.0
-        for step in range(40):
-            sampler = tc.save_weights_and_get_sampling_client().result()
-            futs = [
-                (
-                    a,
-                    b,
-                    sampler.sample(
-                        types.ModelInput.from_ints(tok.encode(f"{a}+{b}=")),
-                        8,
-                        types.SamplingParams(max_tokens=3, temperature=1.0, seed=_seed(step, a, b)),
-                    ),
-                )
-                for a, b in problems
-            ]
-            data = []
-            for a, b, fut in futs:
-                prompt = tok.encode(f"{a}+{b}=")
-                seqs = fut.result().sequences
-                rewards = [reward(a, b, s) for s in seqs]
-                for s, r in zip(seqs, rewards, strict=True):
-                    pad = [0.0] * (len(prompt) - 1)
-                    adv = pad + [r - float(np.mean(rewards))] * len(s.tokens)
-                    data.append(
-                        _datum(prompt + s.tokens, logprobs=pad + list(s.logprobs), advantages=adv)
+            def evaluate() -> float:
+                sampler = tc.save_weights_and_get_sampling_client().result()
+                futs = [
+                    (
+                        a,
+                        b,
+                        sampler.sample(
+                            types.ModelInput.from_ints(tok.encode(f"{a}+{b}=")),
+                            32,
+                            # the same seeds before and after (common random numbers)
+                            types.SamplingParams(
+                                max_tokens=3, temperature=1.0, seed=_seed(-1, a, b)
+                            ),
+                        ),
                     )
-            fb = tc.forward_backward(data, "importance_sampling")
-            tc.optim_step(types.AdamParams(learning_rate=3e-3)).result()
-            if step == 0:  # on-policy: the trainer's logprobs are the sampler's
-                for d, out in zip(data, fb.result().loss_fn_outputs, strict=True):
-                    q = np.array(d.loss_fn_inputs["logprobs"].data)
-                    k = int(np.count_nonzero(q))
-                    lp = out["logprobs"].to_numpy()
-                    max_gap = max(max_gap, float(np.abs(lp[-k:] - q[-k:]).max()) if k else 0.0)
-        after = evaluate()
+                    for a, b in problems
+                ]
+                return float(
+                    np.mean([reward(a, b, s) for a, b, f in futs for s in f.result().sequences])
+                )
+
+            before = evaluate()
+            max_gap = 0.0
+            for step in range(40):
+                sampler = tc.save_weights_and_get_sampling_client().result()
+                futs = [
+                    (
+                        a,
+                        b,
+                        sampler.sample(
+                            types.ModelInput.from_ints(tok.encode(f"{a}+{b}=")),
+                            8,
+                            types.SamplingParams(
+                                max_tokens=3, temperature=1.0, seed=_seed(step, a, b)
+                            ),
+                        ),
+                    )
+                    for a, b in problems
+                ]
+                data = []
+                for a, b, fut in futs:
+                    prompt = tok.encode(f"{a}+{b}=")
+                    seqs = fut.result().sequences
+                    rewards = [reward(a, b, s) for s in seqs]
+                    for s, r in zip(seqs, rewards, strict=True):
+                        pad = [0.0] * (len(prompt) - 1)
+                        adv = pad + [r - float(np.mean(rewards))] * len(s.tokens)
+                        data.append(
+                            _datum(
+                                prompt + s.tokens, logprobs=pad + list(s.logprobs), advantages=adv
+                            )
+                        )
+                fb = tc.forward_backward(data, "importance_sampling")
+                tc.optim_step(types.AdamParams(learning_rate=3e-3)).result()
+                if step == 0:  # on-policy: the trainer's logprobs are the sampler's
+                    for d, out in zip(data, fb.result().loss_fn_outputs, strict=True):
+                        q = np.array(d.loss_fn_inputs["logprobs"].data)
+                        k = int(np.count_nonzero(q))
+                        lp = out["logprobs"].to_numpy()
+                        max_gap = max(max_gap, float(np.abs(lp[-k:] - q[-k:]).max()) if k else 0.0)
+            after = evaluate()
     outcome(reward_before=before, reward_after=after, logprob_gap=max_gap)
     assert max_gap < 1e-4
     assert after > before + 0.05, (before, after)
@@ -346,35 +381,35 @@ def test_save_state_survives_a_killed_service(tmp_path: Path) -> None:
     base = build_tiny_model(tmp_path / "base", hidden_size=32)
     proc, url = _start_cli(base, tmp_path / "state")
     try:
-        client = tinker.ServiceClient(base_url=url, api_key=KEY)
-        tc = client.create_lora_training_client(
-            base_model=str(base), rank=4, seed=3, user_metadata={"purpose": "restart test"}
-        ).result()
-        tok = tc.get_tokenizer()
-        d = _datum(tok.encode("12+30=42"))
-        adam = types.AdamParams(learning_rate=0.02)
-        for _ in range(3):
+        with tinker.ServiceClient(base_url=url, api_key=KEY) as client:
+            tc = client.create_lora_training_client(
+                base_model=str(base), rank=4, seed=3, user_metadata={"purpose": "restart test"}
+            ).result()
+            tok = tc.get_tokenizer()
+            d = _datum(tok.encode("12+30=42"))
+            adam = types.AdamParams(learning_rate=0.02)
+            for _ in range(3):
+                tc.forward_backward([d], "cross_entropy")
+                tc.optim_step(adam).result()
+            path = tc.save_state("three").result().path
+            saved = _forward_logprobs(tc, [d])[0]
             tc.forward_backward([d], "cross_entropy")
             tc.optim_step(adam).result()
-        path = tc.save_state("three").result().path
-        saved = _forward_logprobs(tc, [d])[0]
-        tc.forward_backward([d], "cross_entropy")
-        tc.optim_step(adam).result()
-        stepped = _forward_logprobs(tc, [d])[0]
-        rest = tinker.RestClient(base_url=url, api_key=KEY)
-        listed = rest.list_checkpoints(tc.model_id).result()
-        assert [c.tinker_path for c in listed.checkpoints] == [path]
-        run = rest.get_training_run(tc.model_id).result()
-        assert run.lora_rank == 4 and run.user_metadata == {"purpose": "restart test"}
+            stepped = _forward_logprobs(tc, [d])[0]
+            rest = tinker.RestClient(base_url=url, api_key=KEY)
+            listed = rest.list_checkpoints(tc.model_id).result()
+            assert [c.tinker_path for c in listed.checkpoints] == [path]
+            run = rest.get_training_run(tc.model_id).result()
+            assert run.lora_rank == 4 and run.user_metadata == {"purpose": "restart test"}
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     with TinkerServer(TinkerService([base], tmp_path / "state")) as server:
-        client = tinker.ServiceClient(base_url=server.base_url(), api_key=KEY)
-        tc2 = client.create_training_client_from_state_with_optimizer(path).result()
-        rest = tinker.RestClient(base_url=server.base_url(), api_key=KEY)
-        assert rest.get_training_run(tc.model_id).result().base_model == str(base.resolve())
-        np.testing.assert_array_equal(_forward_logprobs(tc2, [d])[0], saved)
-        tc2.forward_backward([d], "cross_entropy")
-        tc2.optim_step(adam).result()
-        np.testing.assert_allclose(_forward_logprobs(tc2, [d])[0], stepped, atol=1e-6)
+        with tinker.ServiceClient(base_url=server.base_url(), api_key=KEY) as client:
+            tc2 = client.create_training_client_from_state_with_optimizer(path).result()
+            rest = tinker.RestClient(base_url=server.base_url(), api_key=KEY)
+            assert rest.get_training_run(tc.model_id).result().base_model == str(base.resolve())
+            np.testing.assert_array_equal(_forward_logprobs(tc2, [d])[0], saved)
+            tc2.forward_backward([d], "cross_entropy")
+            tc2.optim_step(adam).result()
+            np.testing.assert_allclose(_forward_logprobs(tc2, [d])[0], stepped, atol=1e-6)

@@ -8,7 +8,9 @@ Protocol, as the SDK (``tinker`` 0.38) speaks it:
 - ``POST /api/v1/client/config`` (feature flags: no JWT exchange, plain httpx transport,
   per-request ``retrieve_future`` polling, custom losses client-side), ``client/dynamic_config``,
   ``create_session``, ``session_heartbeat``, ``telemetry`` (accepted, dropped), ``healthz``,
-  ``GET get_server_capabilities``.
+  ``GET get_server_capabilities``; ``sessions/{id}/finish`` ends a session (``ServiceClient.
+  close``), and a heartbeat for an ended session answers 410, on which the SDK stops its
+  heartbeat loop.
 - Work requests answer an ``UntypedAPIFuture`` (``request_id``): ``create_model``,
   ``forward_backward`` (a protobuf body, optionally zstd), ``optim_step``, ``save_weights``,
   ``load_weights``, ``save_weights_for_sampler``, ``asample``, ``unload_model``.
@@ -74,6 +76,7 @@ class TinkerServer:
         self.client_config = {**CLIENT_CONFIG, **(client_config or {})}
         self.worker = Worker(service.sample)
         self._sessions: dict[str, int] = {}
+        self._finished: set[str] = set()
         self.app = self._build_app()
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -177,7 +180,10 @@ class TinkerServer:
             return {"type": "create_session", "session_id": sid}
 
         @app.post("/api/v1/session_heartbeat")
-        async def heartbeat() -> dict[str, Any]:
+        async def heartbeat(body: dict[str, Any]) -> Any:
+            sid = str(body.get("session_id"))
+            if sid in self._finished:
+                return error(410, f"session {sid} has finished")
             return {"type": "session_heartbeat"}
 
         @app.post("/api/v1/telemetry")
@@ -318,6 +324,7 @@ class TinkerServer:
         @app.post("/api/v1/sessions/{session_id}/finish")
         async def finish_session(session_id: str) -> dict[str, Any]:
             self._sessions.pop(session_id, None)
+            self._finished.add(session_id)
             return {}
 
         @app.post("/api/v1/cancel_future")
