@@ -2,8 +2,9 @@
 mini-batches before it is sharded to ranks, so 2 ranks (FSDP2, and replicated data
 parallel) train exactly what one process trains, for every loss aggregation (float64,
 3 mini-batches, 2 epochs, uneven shards, micro-batches of 2; weights within 1e-9); and, on the
-same ranks, the quick cases of other policy losses and loss terms with their update
-statistics (tests/support/invariance_loss_ranks.py)."""
+same ranks, the quick cases of other policy losses and loss terms, and of the critic's
+options, with their update statistics (tests/support/invariance_loss_ranks.py,
+tests/support/invariance_critic_ranks.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from invariance_critic_ranks import QUICK_CRITIC, assert_critic_equal_one_process, critic_run
 from invariance_loss_ranks import QUICK, actor_run, assert_ranks_equal_one_process
-from invariance_ranks import AGGREGATIONS, actor_weights, critic_weights, rank_main
+from invariance_ranks import AGGREGATIONS, actor_weights, rank_main
 from relayrl.model import build_tiny_model
 
 TOL = 1e-9
@@ -34,6 +36,13 @@ def loss_ranks(two_ranks) -> list[dict]:
     return [torch.load(model.parent / f"losses_rank{r}.pt", weights_only=False) for r in (0, 1)]
 
 
+@pytest.fixture(scope="module")
+def critic_ranks(two_ranks) -> list[dict]:
+    """Every rank's results of the quick cases of ``invariance_critic_ranks`` (the same ranks)."""
+    model, _ = two_ranks
+    return [torch.load(model.parent / f"critic_rank{r}.pt", weights_only=False) for r in (0, 1)]
+
+
 def _max_diff(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
@@ -48,10 +57,16 @@ def test_actor_two_ranks_equal_one_process_with_mini_batches(two_ranks, agg, fsd
 
 
 @pytest.mark.parametrize("fsdp", [True, False], ids=["fsdp2", "replicated"])
-def test_critic_two_ranks_equal_one_process_with_mini_batches(two_ranks, fsdp):
-    model, got = two_ranks
-    one = critic_weights(model, 0, 0, fsdp=False)
-    assert _max_diff(got[("critic", fsdp)], one) < TOL
+@pytest.mark.parametrize("case", QUICK_CRITIC)
+def test_critic_two_ranks_equal_one_process_with_mini_batches(two_ranks, critic_ranks, case, fsdp):
+    """The critic with value clipping active (``critic_clipped``), and with an empty row under
+    ``seq_mean_empty_rows: skip``, seq-mean-token-mean and dynamic micro-batches: weights,
+    values and every update statistic (the ranks' partial vf_loss add up to one process's);
+    the other aggregations in test_world_size_invariance_critic.py (slow)."""
+    model, _ = two_ranks
+    one = critic_run(model, 0, 0, case, fsdp=False)
+    assert all(s["critic/vf_clipfrac"] > 0 for s in one[1])  # the clip acts
+    assert_critic_equal_one_process(critic_ranks, one, case, fsdp)
 
 
 @pytest.mark.parametrize("fsdp", [True, False], ids=["fsdp2", "replicated"])

@@ -159,8 +159,9 @@ def actor_run(model_dir: Path, rank: int, world: int, case: str, fsdp: bool) -> 
     return actor.state_dict(), stats
 
 
-_NOT_GLOBAL = {"actor/loss"}
-"""A rank's partial loss (normalised by the global counts): the ranks' add up to the loss."""
+_NOT_GLOBAL = {"actor/loss", "critic/vf_loss"}
+"""A rank's partial loss (normalised by the global counts): the ranks' add up to the loss (the
+worker group's ``SUMMED_STATS``)."""
 
 
 def max_diff(a: dict, b: dict) -> float:

@@ -1,7 +1,8 @@
 """Rank code of tests/integration/test_world_size_invariance.py (importable by spawned
-children): the actor and the critic trained with several mini-batches per step, for every loss
-aggregation, on FSDP2 and on replicated data-parallel ranks (world 0: one process); and the
-quick cases of ``invariance_loss_ranks`` (other policy losses and loss terms)."""
+children): the actor trained with several mini-batches per step, for every loss aggregation,
+on FSDP2 and on replicated data-parallel ranks (world 0: one process); and the quick cases of
+``invariance_loss_ranks`` (other policy losses and loss terms) and of
+``invariance_critic_ranks`` (the critic)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from fsdp_ranks import critic_experience, shard
+from fsdp_ranks import shard
 from helpers import leave_process_group
 from scale_helpers import random_experience, scale_config
 
@@ -40,21 +41,9 @@ def actor_weights(model_dir: Path, rank: int, world: int, agg: str, fsdp: bool) 
     return actor.state_dict()
 
 
-def critic_weights(model_dir: Path, rank: int, world: int, fsdp: bool) -> dict:
-    from relayrl.workers.build import build_critic
-
-    opts = (*MINI, *MICRO, "algo.name=ppo", *(["model.fsdp.enabled=true"] * fsdp))
-    critic = build_critic(scale_config(model_dir, *opts), str(model_dir), rank, max(world, 1))
-    critic.update(shard(critic_experience(model_dir), rank, world or 1))
-    if fsdp:
-        from relayrl.workers.fsdp import full_state_dict
-
-        return full_state_dict(critic.model, 1 << 20)
-    return critic.model.state_dict()
-
-
 def rank_main(rank: int, world: int, init_file: str, model_dir: str, out_dir: str) -> None:
-    from invariance_loss_ranks import QUICK, run_cases  # (it imports MINI and MICRO)
+    import invariance_critic_ranks as critic  # (they import MINI and MICRO)
+    from invariance_loss_ranks import QUICK, run_cases
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -63,9 +52,10 @@ def rank_main(rank: int, world: int, init_file: str, model_dir: str, out_dir: st
     for fsdp in (True, False):
         for agg in AGGREGATIONS:
             out[("actor", agg, fsdp)] = actor_weights(d, rank, world, agg, fsdp)
-        out[("critic", fsdp)] = critic_weights(d, rank, world, fsdp)
     if rank == 0:
         torch.save(out, Path(out_dir) / "invariance.pt")
     # the quick cases of the other losses and terms (every rank's statistics)
     torch.save(run_cases(d, rank, world, QUICK), Path(out_dir) / f"losses_rank{rank}.pt")
+    quick = critic.run_cases(d, rank, world, critic.QUICK_CRITIC)
+    torch.save(quick, Path(out_dir) / f"critic_rank{rank}.pt")
     leave_process_group()

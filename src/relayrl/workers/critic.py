@@ -139,6 +139,9 @@ class CriticWorker:
         return self.parallelism.mini_batches(exp, self.algo.mini_batches, self.generator)
 
     def _loss_norm(self, mini: Experience) -> LossNorm:
-        """The step-global normaliser (data parallel: the counts summed over ranks)."""
+        """The step-global normaliser (data parallel: the counts summed over ranks). Dr.GRPO's
+        constant is 1 here (the actor's is ``max_response_tokens``): under
+        ``seq-mean-token-sum-norm`` the value loss is sum(l*m) / global_seqs, as
+        ``seq-mean-token-sum``."""
         empty = self.algo.seq_mean_empty_rows == "count"
         return self.parallelism.loss_norm(mini.response_mask, self.algo.loss_agg, 1.0, empty)
