@@ -1,5 +1,5 @@
 """The prepared GPU run's ``hot_path`` step (tools/device_run.py): no host round trips on the
-actor's hot path, and a colocated engine's weights loaded device to device.
+actor's and the critic's hot paths, and a colocated engine's weights loaded device to device.
 
 The counters are ``relayrl.telemetry.host_syncs``'s, the same as tests/unit/workers/
 test_host_syncs.py's CPU mirror:
@@ -20,6 +20,9 @@ test_host_syncs.py's CPU mirror:
   all ones, once per forward, the engine step's "at most one per forward") is one. Asserted
   only >= ``update_host_syncs`` (each of those reads is a sync: the debug mode is live); the
   sites say what the rest are.
+- ``critic_update_host_syncs`` / ``critic_update_cuda_sync_calls``: the same two counts during
+  one ``critic.update`` of the same batch (PPO's value model on the same layout; values from
+  its own forward, returns = values + advantages). Asserted == 1 (its metrics, read once).
 - ``update_host_reads_any_dtype``: ``HostReads(floating_only=False)`` on the device: the same
   reads with integer and boolean values (reported).
 - ``optimizer``: AdamW's ``capturable`` / ``fused`` / ``foreach`` as relayrl builds it
@@ -72,6 +75,26 @@ def _optimizer(opt: torch.optim.Optimizer) -> dict[str, Any]:
     }
 
 
+def _critic_update(path: Any, dev: torch.device, overrides: tuple[str, ...], exp: Any) -> Any:
+    """(HostReads, CudaSyncs) of one ``critic.update`` of ``exp`` (the optimizer's ``step`` set
+    apart), and the update's statistics."""
+    from relayrl.workers.build import build_critic
+
+    extra = ("algo.name=ppo", "algo.mini_batches=2", "algo.micro_batch_size=2")
+    critic = build_critic(run_config(path, dev, *overrides, *extra), str(path))
+    exp.values = critic.compute_values(exp).float()
+    exp.returns = exp.values + exp.advantages
+    reads, syncs = HostReads(device_type=dev.type), CudaSyncs()
+    undo = [c.pause_method(critic.optimizer, "step") for c in (syncs, reads)]
+    try:
+        with syncs, reads:
+            stats = critic.update(exp)
+    finally:
+        for u in reversed(undo):
+            u()
+    return reads, syncs, stats
+
+
 def step_hot_path(run: Run) -> dict[str, Any]:
     from relayrl.algos import compute_grpo
     from relayrl.model import load_tokenizer, model_vocab_size
@@ -110,7 +133,8 @@ def step_hot_path(run: Run) -> dict[str, Any]:
         hook.remove()
         for u in reversed(undo):
             u()
-    finite = all(v == v and abs(v) != float("inf") for v in stats.values())
+    c_reads, c_syncs, c_stats = _critic_update(path, dev, overrides, exp)
+    finite = all(v == v and abs(v) != float("inf") for v in [*stats.values(), *c_stats.values()])
 
     tok = load_tokenizer(path)
     engine = RolloutEngine(
@@ -133,6 +157,7 @@ def step_hot_path(run: Run) -> dict[str, Any]:
     d2h = copies.leaving(dev.type)
     ok = (
         reads.count == 1
+        and c_reads.count == 1
         and (not cuda or syncs.count >= reads.count)
         and d2h == 0
         and w_reads.count == 0
@@ -148,6 +173,10 @@ def step_hot_path(run: Run) -> dict[str, Any]:
         "optimizer_steps": int(stats["actor/optimizer_steps"]),
         "update_host_syncs": reads.count,
         "update_host_sync_sites": dict(reads.sites),
+        "critic_update_host_syncs": c_reads.count,
+        "critic_update_host_sync_sites": dict(c_reads.sites),
+        "critic_update_cuda_sync_calls": c_syncs.count if cuda else None,
+        "critic_update_cuda_sync_sites": dict(c_syncs.sites.most_common(12)) if cuda else None,
         "update_host_reads_any_dtype": reads_any.count,
         "update_host_reads_any_dtype_sites": dict(reads_any.sites.most_common(12)),
         "update_cuda_sync_calls": syncs.count if cuda else None,

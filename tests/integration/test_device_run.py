@@ -61,8 +61,11 @@ def test_device_run_hot_path_step_on_cpu(tmp_path):
     assert out.returncode == 0 and step["ok"], (step, out.stdout[-3000:], out.stderr[-3000:])
     assert (step["update_forwards"], step["optimizer_steps"]) == (4, 2)
     assert step["update_host_syncs"] == 1
-    sites = step["update_host_sync_sites"]  # the metrics' one transfer, in ActorWorker.update
-    assert sum(sites.values()) == 1 and all(k.startswith("workers/actor.py:") for k in sites)
+    # the metrics' one transfer: ActorWorker.update's host_floats (algos/masked.py)
+    sites = step["update_host_sync_sites"]
+    assert sum(sites.values()) == 1 and all(k.startswith("algos/masked.py:") for k in sites)
+    assert step["critic_update_host_syncs"] == 1
+    assert list(step["critic_update_host_sync_sites"]) == list(sites)  # the same host_floats
     assert step["update_host_reads_any_dtype"] >= 1
     assert step["optimizer_step_host_reads"] > 0  # the CPU's step counters, not in the figure
     assert step["optimizer"]["class"] == "AdamW" and step["optimizer"]["capturable"] is False

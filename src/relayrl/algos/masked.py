@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -100,3 +101,15 @@ def stats_to_floats(stats: dict[str, Tensor]) -> dict[str, float]:
         return {k: v.detach().to(torch.float64) for k, v in stats.items()}  # type: ignore[misc]
     values = torch.stack([v.detach().to(torch.float64) for v in stats.values()]).tolist()
     return dict(zip(stats.keys(), values, strict=True))
+
+
+def host_floats(values: dict[str, Any]) -> dict[str, float]:
+    """``values`` (floats, or 0-d tensors on one device, e.g. what ``stats_to_floats`` returns
+    under ``deferred_stats``, summed over a step) as floats: the tensors reach the host stacked,
+    in one transfer; the floats never go to the device."""
+    out = {k: v for k, v in values.items() if not isinstance(v, Tensor)}
+    tensors = {k: v for k, v in values.items() if isinstance(v, Tensor)}
+    if tensors:
+        read = torch.stack([v.to(torch.float64).reshape(()) for v in tensors.values()]).tolist()
+        out.update(zip(tensors, read, strict=True))
+    return out

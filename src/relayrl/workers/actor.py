@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from relayrl.algos import LossNorm, PolicyLossInputs, aggregate_loss, get_policy_loss, kl_penalty
-from relayrl.algos.masked import deferred_stats
+from relayrl.algos.masked import deferred_stats, host_floats
 from relayrl.config import AlgoConfig, OptimConfig, RunConfig
 from relayrl.model import forward_logprobs
 from relayrl.model.batching import output_dtype
@@ -30,8 +30,8 @@ from relayrl.workers.optim import load_train_state, make_optimizer, train_state
 from relayrl.workers.parallel import (
     Parallelism,
     SingleProcess,
+    clip_and_step,
     count_micro_batches,
-    full_tensor,
 )
 
 
@@ -124,17 +124,6 @@ _MAX_SUFFIX = "_max"
 """A statistic named ``*_max`` (e.g. ``behav_weight_max``) is a maximum: the update reports its
 maximum over the step's micro-batches, optimizer steps and ranks (not a token-weighted mean of
 the micro-batches' maxima, which would depend on how the rows were split)."""
-
-
-def _host_floats(values: dict[str, Any]) -> dict[str, float]:
-    """``values`` (floats, or 0-d tensors on the model's device) as floats: the tensors reach
-    the host stacked, in one transfer; the floats never go to the device."""
-    out = {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)}
-    tensors = {k: v for k, v in values.items() if isinstance(v, torch.Tensor)}
-    if tensors:
-        read = torch.stack([v.to(torch.float64).reshape(()) for v in tensors.values()]).tolist()
-        out.update(zip(tensors, read, strict=True))
-    return out
 
 
 def _larger(old: Any, new: Any, dev: torch.device) -> Any:
@@ -261,7 +250,7 @@ class ActorWorker(ReferenceWorker):
                 for mini in self._mini_batches(exp):
                     n_opt += 1
                     self._train_mini(mini, dev, sums, weights, maxes)
-        host = _host_floats(
+        host = host_floats(
             {
                 **sums,
                 **{_WEIGHT + k: w for k, w in weights.items()},
@@ -405,13 +394,9 @@ class ActorWorker(ReferenceWorker):
 
     def _clip_and_step(self) -> Tensor:
         """Reduce, clip, step; the gradient norm before clipping (a device tensor)."""
-        self.parallelism.reduce_gradients(self.model)
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
-        grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm)).detach()
-        self.optimizer.step()
-        self.scheduler.step()
-        return grad_norm
+        return clip_and_step(
+            self.parallelism, self.model, self.optimizer, self.scheduler, self.grad_clip
+        )
 
     def state_dict(self) -> dict[str, Tensor]:
         """The rollout engine's full weights (LoRA: merged, under the base model's keys);

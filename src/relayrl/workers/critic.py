@@ -14,14 +14,23 @@ import torch
 from torch import Tensor
 
 from relayrl.algos import LossNorm, clipped_value_loss
+from relayrl.algos.masked import deferred_stats, host_floats
 from relayrl.config import AlgoConfig, OptimConfig, RunConfig
 from relayrl.model import forward_values
 from relayrl.model.batching import output_dtype
+from relayrl.model.device import model_device
 from relayrl.workers.experience import Experience
 from relayrl.workers.optim import load_train_state, make_optimizer, train_state
-from relayrl.workers.parallel import Parallelism, SingleProcess, count_micro_batches
+from relayrl.workers.parallel import (
+    Parallelism,
+    SingleProcess,
+    clip_and_step,
+    count_micro_batches,
+)
 
 _TOKENS = "_tokens"
+_LOSS = "_loss"
+_GRAD_NORM = "_grad_norm"
 
 
 class CriticWorker:
@@ -89,50 +98,67 @@ class CriticWorker:
         return out
 
     def update(self, exp: Experience) -> dict[str, float]:
-        """Clipped value loss 0.5 max((V-R)^2, (V_clip-R)^2) against ``returns``, old ``values``."""
+        """Clipped value loss 0.5 max((V-R)^2, (V_clip-R)^2) against ``returns``, old ``values``.
+
+        Each micro-batch moves to the model's device and its loss and statistics stay there:
+        the step's statistics reach the host in one transfer at the end (``host_floats``), as
+        the actor's do. Returns critic/vf_loss (the mean over optimizer steps of each step's
+        loss; data parallel: this rank's partial, the worker group sums them), critic/grad_norm
+        (the mean over optimizer steps of the global norm before clipping) and the
+        token-weighted means of the loss's statistics over the whole batch."""
         a = self.algo
         self.model.train()
-        sums: dict[str, float] = defaultdict(float)
-        count = 0.0
+        dev = model_device(self.model)
+        sums: dict[str, Any] = defaultdict(float)
+        count: Any = 0.0
         n_mini = 0
-        total_loss = 0.0
-        for _ in range(a.epochs):
-            for mini in self._mini_batches(exp):
-                self.parallelism.plan_forwards(self.model, partial(self._count, mini))
-                norm = self._loss_norm(mini)
-                self.optimizer.zero_grad(set_to_none=True)
-                loss_sum = 0.0
-                for _, micro in mini.micro_batches(a.micro_batch_size, a.micro_batch_tokens):
-                    values = forward_values(self.model, micro.batch)
-                    assert micro.values is not None and micro.returns is not None
-                    loss, stats = clipped_value_loss(
-                        values,
-                        micro.values,
-                        micro.returns,
-                        micro.response_mask,
-                        norm,
-                        clip_range=a.vf_clip,
+        loss_total: Any = 0.0
+        grad_total: Any = 0.0
+        with deferred_stats():
+            for _ in range(a.epochs):
+                for mini in self._mini_batches(exp):
+                    self.parallelism.plan_forwards(self.model, partial(self._count, mini))
+                    norm = self._loss_norm(mini)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    for _, micro in mini.micro_batches(a.micro_batch_size, a.micro_batch_tokens):
+                        micro = micro.to(dev)
+                        tokens = micro.response_mask.sum()  # on the device: no read
+                        loss, stats = self._micro_step(micro, norm)
+                        loss_total = loss_total + loss  # partial losses add up
+                        for k, v in stats.items():
+                            sums[k] = sums[k] + v * tokens
+                        count = count + tokens
+                    grad_total = grad_total + clip_and_step(
+                        self.parallelism, self.model, self.optimizer, self.scheduler, self.grad_clip
                     )
-                    (a.vf_coef * loss).backward()
-                    tokens = float(micro.response_mask.sum())
-                    loss_sum += float(loss.detach())  # partial losses add up
-                    for k, v in stats.items():
-                        sums[k] += v * tokens
-                    count += tokens
-                self.parallelism.reduce_gradients(self.model)
-                max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-                self.optimizer.step()
-                self.scheduler.step()
-                total_loss += loss_sum
-                n_mini += 1
+                    n_mini += 1
+        host = host_floats({**sums, _TOKENS: count, _LOSS: loss_total, _GRAD_NORM: grad_total})
+        loss_mean = host.pop(_LOSS) / max(n_mini, 1)
+        grad_norm = host.pop(_GRAD_NORM) / max(n_mini, 1)
         # data parallel: the token-weighted sums and the token count over ranks (the global
         # mean); vf_loss is this rank's partial loss, the worker group sums it
-        total = self.parallelism.reduce_sums({**sums, _TOKENS: count})
+        total = self.parallelism.reduce_sums(host)
         count = total.pop(_TOKENS)
         out = {f"critic/{k}": v / max(count, 1e-12) for k, v in total.items()}
-        out["critic/vf_loss"] = total_loss / max(n_mini, 1)
+        out["critic/vf_loss"] = loss_mean
+        out["critic/grad_norm"] = grad_norm
         return out
+
+    def _micro_step(self, micro: Experience, norm: LossNorm) -> tuple[Tensor, dict[str, Any]]:
+        """Forward, clipped value loss, backward on one micro-batch (on the model's device);
+        the loss (detached) and the statistics as device tensors."""
+        values = forward_values(self.model, micro.batch)
+        assert micro.values is not None and micro.returns is not None
+        loss, stats = clipped_value_loss(
+            values,
+            micro.values,
+            micro.returns,
+            micro.response_mask,
+            norm,
+            clip_range=self.algo.vf_clip,
+        )
+        (self.algo.vf_coef * loss).backward()
+        return loss.detach(), stats
 
     def _mini_batches(self, exp: Experience) -> list[Experience]:
         """This epoch's mini-batches (a data-parallel rank: its part of the global ones)."""

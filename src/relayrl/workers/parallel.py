@@ -48,6 +48,26 @@ def full_tensor(t: Tensor) -> Tensor:
     return full() if full is not None else t
 
 
+def clip_and_step(
+    parallelism: Parallelism,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    grad_clip: float | None,
+) -> Tensor:
+    """One optimizer step: the gradients reduced over ranks, clipped to a global L2 norm of
+    ``grad_clip`` (None: not clipped), the optimizer and LR scheduler stepped. Returns the
+    global gradient norm before clipping, ||g||_2 over every parameter with a gradient (a
+    0-d device tensor: no host read)."""
+    parallelism.reduce_gradients(model)
+    params = [p for p in model.parameters() if p.grad is not None]
+    max_norm = grad_clip if grad_clip is not None else float("inf")
+    grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm)).detach()
+    optimizer.step()
+    scheduler.step()
+    return grad_norm
+
+
 class Parallelism:
     """The strategy interface, with the one-process behaviour: no collectives anywhere."""
 

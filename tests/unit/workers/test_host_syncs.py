@@ -1,5 +1,6 @@
-"""No host round trips on the actor's hot path: a training step reads the device's values on
-the host once (its metrics), whatever the number of mini- and micro-batches.
+"""No host round trips on the trainers' hot path (actor and critic): a training step reads
+the device's values on the host once (its metrics), whatever the number of mini- and
+micro-batches.
 
 On a GPU every read of a device tensor's value (``float(t)``, ``t.item()``, ``t.tolist()``)
 synchronises (``torch.cuda.set_sync_debug_mode`` warns on each). Mirrored on the CPU: the
@@ -46,3 +47,30 @@ def test_one_host_read_per_training_step(model_dir, opts):
     assert counter.count == 1, (counter.count, counter.sites)  # 4 micro-batches: 16+ before
     assert counter.paused_count >= 1  # AdamW's step reads its host step counter: seen, set apart
     assert vars(actor.optimizer).get("step") is step  # undone
+
+
+@pytest.mark.parametrize("opts", [("algo.mini_batches=2",), ("algo.mini_batches=1",)])
+def test_one_host_read_per_critic_update(model_dir, opts):
+    """The critic's update as the actor's: micro-batches move to the model's device, losses,
+    statistics and gradient norms stay there, one read at the end (vf_loss, grad_norm and the
+    statistics together)."""
+    import torch
+
+    from fsdp_ranks import critic_experience
+    from relayrl.workers.build import build_critic
+
+    cfg = scale_config(model_dir, *opts, "algo.name=ppo", "algo.micro_batch_size=2")
+    critic = build_critic(cfg, str(model_dir))
+    exp = critic_experience(model_dir)
+    exp.values = exp.values.float()
+    exp.returns = exp.returns.float()
+    counter = HostReads()
+    undo = counter.pause_method(critic.optimizer, "step")
+    try:
+        with counter:
+            stats = critic.update(exp)
+    finally:
+        undo()
+    assert counter.count == 1, (counter.count, counter.sites)  # 3 per micro-batch before
+    assert stats["critic/grad_norm"] > 0 and torch.isfinite(torch.tensor(stats["critic/vf_loss"]))
+    assert {"critic/vf_clipfrac", "critic/vpred_mean"} <= stats.keys()
