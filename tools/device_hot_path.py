@@ -23,6 +23,9 @@ test_host_syncs.py's CPU mirror:
 - ``critic_update_host_syncs`` / ``critic_update_cuda_sync_calls``: the same two counts during
   one ``critic.update`` of the same batch (PPO's value model on the same layout; values from
   its own forward, returns = values + advantages). Asserted == 1 (its metrics, read once).
+- ``batch_d2h_copies``: copies off the device (``CrossDeviceCopies.leaving``) while
+  ``actor.compute_logprobs`` and ``critic.compute_values`` compute the batch's logprobs and
+  values (micro-batched): asserted 1 each on CUDA (the assembled batch, once), 0 on the CPU.
 - ``update_host_reads_any_dtype``: ``HostReads(floating_only=False)`` on the device: the same
   reads with integer and boolean values (reported).
 - ``optimizer``: AdamW's ``capturable`` / ``fused`` / ``foreach`` as relayrl builds it
@@ -77,12 +80,13 @@ def _optimizer(opt: torch.optim.Optimizer) -> dict[str, Any]:
 
 def _critic_update(path: Any, dev: torch.device, overrides: tuple[str, ...], exp: Any) -> Any:
     """(HostReads, CudaSyncs) of one ``critic.update`` of ``exp`` (the optimizer's ``step`` set
-    apart), and the update's statistics."""
+    apart), the update's statistics, and the copies off the device of ``compute_values``."""
     from relayrl.workers.build import build_critic
 
     extra = ("algo.name=ppo", "algo.mini_batches=2", "algo.micro_batch_size=2")
     critic = build_critic(run_config(path, dev, *overrides, *extra), str(path))
-    exp.values = critic.compute_values(exp).float()
+    with CrossDeviceCopies() as copies:
+        exp.values = critic.compute_values(exp).float()
     exp.returns = exp.values + exp.advantages
     reads, syncs = HostReads(device_type=dev.type), CudaSyncs()
     undo = [c.pause_method(critic.optimizer, "step") for c in (syncs, reads)]
@@ -92,7 +96,7 @@ def _critic_update(path: Any, dev: torch.device, overrides: tuple[str, ...], exp
     finally:
         for u in reversed(undo):
             u()
-    return reads, syncs, stats
+    return reads, syncs, stats, copies.leaving(dev.type)
 
 
 def step_hot_path(run: Run) -> dict[str, Any]:
@@ -109,7 +113,8 @@ def step_hot_path(run: Run) -> dict[str, Any]:
     exp = random_batch(model_vocab_size(path) or 64, 8, 16, 32)
     # as the trainer: pi_old from the actor's forwards on the device (one transfer to the
     # Experience's home), GRPO advantages of a last-token reward per 4-answer group
-    exp.old_logprobs = actor.compute_logprobs(exp)
+    with CrossDeviceCopies() as lp_copies:
+        exp.old_logprobs = actor.compute_logprobs(exp)
     mask = exp.response_mask
     g = torch.Generator().manual_seed(3)
     rewards = torch.zeros_like(mask)
@@ -133,7 +138,9 @@ def step_hot_path(run: Run) -> dict[str, Any]:
         hook.remove()
         for u in reversed(undo):
             u()
-    c_reads, c_syncs, c_stats = _critic_update(path, dev, overrides, exp)
+    c_reads, c_syncs, c_stats, values_d2h = _critic_update(path, dev, overrides, exp)
+    # the batch's logprobs / values leave the device once each (none leave the CPU)
+    transfers = {"compute_logprobs": lp_copies.leaving(dev.type), "compute_values": values_d2h}
     finite = all(v == v and abs(v) != float("inf") for v in [*stats.values(), *c_stats.values()])
 
     tok = load_tokenizer(path)
@@ -158,6 +165,7 @@ def step_hot_path(run: Run) -> dict[str, Any]:
     ok = (
         reads.count == 1
         and c_reads.count == 1
+        and all(n == int(cuda) for n in transfers.values())
         and (not cuda or syncs.count >= reads.count)
         and d2h == 0
         and w_reads.count == 0
@@ -173,6 +181,7 @@ def step_hot_path(run: Run) -> dict[str, Any]:
         "optimizer_steps": int(stats["actor/optimizer_steps"]),
         "update_host_syncs": reads.count,
         "update_host_sync_sites": dict(reads.sites),
+        "batch_d2h_copies": transfers,
         "critic_update_host_syncs": c_reads.count,
         "critic_update_host_sync_sites": dict(c_reads.sites),
         "critic_update_cuda_sync_calls": c_syncs.count if cuda else None,

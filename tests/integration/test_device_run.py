@@ -65,6 +65,7 @@ def test_device_run_hot_path_step_on_cpu(tmp_path):
     sites = step["update_host_sync_sites"]
     assert sum(sites.values()) == 1 and all(k.startswith("algos/masked.py:") for k in sites)
     assert step["critic_update_host_syncs"] == 1
+    assert step["batch_d2h_copies"] == {"compute_logprobs": 0, "compute_values": 0}  # CPU
     assert list(step["critic_update_host_sync_sites"]) == list(sites)  # the same host_floats
     assert step["update_host_reads_any_dtype"] >= 1
     assert step["optimizer_step_host_reads"] > 0  # the CPU's step counters, not in the figure

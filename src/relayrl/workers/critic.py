@@ -86,16 +86,20 @@ class CriticWorker:
 
     @torch.no_grad()
     def compute_values(self, exp: Experience) -> Tensor:
+        """V(s_t) of every response token, 0 elsewhere (eval mode, micro-batched); each
+        micro-batch's values stay on the model's device until the whole batch is done, then
+        reach ``exp``'s device in one transfer."""
         self.parallelism.plan_forwards(self.model, lambda: self._count(exp))
         self.model.eval()
         a = self.algo
+        dev = model_device(self.model)
         parts = [
-            (idx, forward_values(self.model, mb.batch))
+            (idx, forward_values(self.model, mb.to(dev).batch))
             for idx, mb in exp.micro_batches(a.micro_batch_size, a.micro_batch_tokens)
         ]
-        out = exp.scatter_tokens(parts, output_dtype(self.model)) * exp.response_mask
+        values = exp.scatter_tokens(parts, output_dtype(self.model))  # 0 rows: no parts
         self.parallelism.pad_forwards(self.model, backward=False)
-        return out
+        return values.to(exp.response_mask.device) * exp.response_mask  # one transfer
 
     def update(self, exp: Experience) -> dict[str, float]:
         """Clipped value loss 0.5 max((V-R)^2, (V_clip-R)^2) against ``returns``, old ``values``.
