@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
-from helpers import leave_process_group
+from helpers import join_gloo, leave_process_group
 from relayrl.workers import Experience
 from scale_helpers import random_experience, scale_config
 
@@ -76,10 +75,7 @@ def rank_main(rank: int, world: int, init_file: str, model_dir: str, out_dir: st
     from relayrl.controller.sharded_checkpoint import load_sharded, save_sharded
     from relayrl.workers.fsdp import full_state_dict, iter_full_state_buckets
 
-    torch.set_num_threads(1)
-    # A file rendezvous, not a TCP port: a port picked free here can be taken by another
-    # test process (the other xdist worker) before rank 0 listens on it.
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    join_gloo(rank, world, init_file)
     d, out = Path(model_dir), Path(out_dir)
     actor, stats = train_actor(d, rank, world)
     weights = actor.state_dict()  # a collective: full tensors on rank 0

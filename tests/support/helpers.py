@@ -110,6 +110,18 @@ def load_bench(name: str) -> ModuleType:
     return mod
 
 
+def join_gloo(rank: int, world: int, init_file: str) -> None:
+    """Start a spawned rank: one torch thread (the ranks share the machine's cores) and the
+    gloo process group of ``world`` ranks that meet at the file ``init_file`` (a file
+    rendezvous, not a TCP port: a port picked free here can be taken by another test process,
+    the other xdist worker, before rank 0 listens on it)."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+
+
 def leave_process_group() -> None:
     """End a spawned rank: wait for every rank (``barrier``), destroy the process group,
     then leave without interpreter finalisation (``os._exit(0)``, streams flushed).

@@ -15,10 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from fsdp_ranks import critic_experience, shard
-from helpers import leave_process_group
+from helpers import join_gloo, leave_process_group
 from invariance_loss_ranks import assert_ranks_equal_one_process
 from invariance_ranks import MICRO, MINI
 from scale_helpers import random_experience, scale_config
@@ -135,8 +134,7 @@ def rank_main(
     rank: int, world: int, init_file: str, model_dir: str, out_dir: str, cases: tuple[str, ...]
 ) -> None:
     """``run_cases``; rank r's results to ``out_dir/critic_rank{r}.pt``."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    join_gloo(rank, world, init_file)
     out = run_cases(Path(model_dir), rank, world, cases)
     torch.save(out, Path(out_dir) / f"critic_rank{rank}.pt")
     leave_process_group()

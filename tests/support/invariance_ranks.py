@@ -9,10 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from fsdp_ranks import shard
-from helpers import leave_process_group
+from helpers import join_gloo, leave_process_group
 from scale_helpers import random_experience, scale_config
 
 AGGREGATIONS = (
@@ -45,8 +44,7 @@ def rank_main(rank: int, world: int, init_file: str, model_dir: str, out_dir: st
     import invariance_critic_ranks as critic  # (they import MINI and MICRO)
     from invariance_loss_ranks import QUICK, run_cases
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    join_gloo(rank, world, init_file)
     d = Path(model_dir)
     out: dict = {}
     for fsdp in (True, False):

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_ranks import critic_experience, shard
-from helpers import leave_process_group
+from helpers import join_gloo, leave_process_group
 from scale_helpers import random_experience, scale_config
 
 OPTS = ("model.dtype=float64", "algo.mini_batches=3", "algo.epochs=2", "algo.micro_batch_size=2")
@@ -37,8 +37,7 @@ def critic_stats(model_dir: Path, rank: int, world: int, fsdp: bool) -> dict[str
 
 def rank_main(rank: int, world: int, init_file: str, model_dir: str, out_dir: str) -> None:
     """Every rank's statistics, gathered on rank 0 and saved as ``stats.pt``."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    join_gloo(rank, world, init_file)
     d = Path(model_dir)
     out: dict = {}
     for fsdp in (True, False):
@@ -74,8 +73,7 @@ def reshard_main(
     after step 2 to ``out``."""
     from relayrl.workers.fsdp import full_state_dict
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    join_gloo(rank, world, init_file)
     d = Path(model_dir)
     actor = _reshard_actor(d, rank, world)
     if save:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from helpers import leave_process_group
+from helpers import join_gloo, leave_process_group
 from relayrl.workers import Experience
 from relayrl.workers.data_parallel import split_experience
 from scale_helpers import random_experience, scale_config
@@ -93,8 +93,7 @@ def run_case(model_dir: Path, rank: int, world: int, fsdp: bool, case: tuple) ->
 def rank_main(rank: int, world: int, init_file: str, model_dir: str, out_dir: str) -> None:
     """Every case on FSDP2 and replicated ranks; rank 0 saves every rank's results
     (weights: rank 0's, the full ones) as ``small.pt``."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    join_gloo(rank, world, init_file)
     d = Path(model_dir)
     saved: dict = {}
     for fsdp in (True, False):
