@@ -4,6 +4,7 @@ SDK against a ``TinkerServer`` (relayrl.tinker.rest). Tiny local models; one ser
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 
 from relayrl.model import build_tiny_model  # noqa: E402
+from relayrl.tinker import rest as tinker_rest  # noqa: E402
 from relayrl.tinker.checkpoints import CheckpointError, CheckpointPath, CheckpointStore  # noqa: E402
 from relayrl.tinker.server import TinkerServer  # noqa: E402
 from relayrl.tinker.service import TinkerService  # noqa: E402
@@ -124,6 +126,36 @@ def test_delete_checkpoint_by_id_and_by_tinker_path(served: Any) -> None:
     assert len(base_sampler.sample(prompt, 1, params).result().sequences) == 1
     with pytest.raises(tinker.RequestFailedError, match="no checkpoint"):
         named.sample(prompt, 1, params).result()
+
+
+def test_a_delete_behind_running_work_answers_and_happens_in_turn(
+    served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker is held by a save; the delete answers without waiting for it (the SDK would
+    time out and send it again), and deletes once the save is done."""
+    client, rest, base, server = served
+    tc = client.create_lora_training_client(base_model=str(base), rank=4).result()
+    path = tc.save_state("doomed").result().path
+    started, release = threading.Event(), threading.Event()
+    save_state = server.service.save_state
+
+    def held_save(model_id: str, name: str | None) -> dict[str, Any]:
+        started.set()
+        assert release.wait(60)
+        return save_state(model_id, name)
+
+    monkeypatch.setattr(server.service, "save_state", held_save)
+    monkeypatch.setattr(tinker_rest, "WAIT_S", 0.1)
+    try:
+        held = tc.save_state("later")
+        assert started.wait(60)  # the worker is in the save
+        rest.delete_checkpoint_from_tinker_path(path).result(timeout=30)
+    finally:
+        release.set()
+    later = held.result()
+    tc.save_state("after").result()  # queued after the delete: it has run
+    listed = [c.tinker_path for c in rest.list_checkpoints(tc.model_id).result().checkpoints]
+    assert path not in listed and later.path in listed
 
 
 def test_delete_refuses_directories_outside_the_state_dir(tmp_path: Path) -> None:

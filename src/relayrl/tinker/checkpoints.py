@@ -118,15 +118,20 @@ class CheckpointStore:
             if d.is_dir() and not d.name.startswith(".") and self.list(d.name)
         )
 
-    def delete(self, path: CheckpointPath) -> None:
-        """Remove a checkpoint: renamed aside (readers see it whole or not at all), then
-        removed. A directory that resolves outside ``root/<model_id>/<kind>/`` (``..``, a
-        symlink) is refused; a checkpoint that is not there is a CheckpointError."""
+    def deletable(self, path: CheckpointPath) -> Path:
+        """The checkpoint's directory; a CheckpointError if it is not there or resolves outside
+        ``root/<model_id>/<kind>/`` (``..``, a symlink)."""
         d = self.dir_of(path)
         root = self.root.resolve()
         inside = d.exists() and not d.is_symlink() and d.resolve().parent.parent.parent == root
         if not inside or not (d / "meta.json").is_file():
             raise CheckpointError(f"unknown checkpoint {path.uri}")
+        return d
+
+    def delete(self, path: CheckpointPath) -> None:
+        """Remove a :meth:`deletable` checkpoint: renamed aside (readers see it whole or not at
+        all), then removed."""
+        d = self.deletable(path)
         aside = d.parent / f".deleted_{path.name}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
         os.replace(d, aside)
         fd = os.open(d.parent, os.O_RDONLY)

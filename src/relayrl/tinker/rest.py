@@ -9,9 +9,11 @@ Registered by :class:`~relayrl.tinker.server.TinkerServer` ahead of its catch-al
 - ``POST weights_info`` (``get_weights_info_by_tinker_path``): base model, LoRA rank and the
   ``train_attn`` / ``train_mlp`` / ``train_unembed`` selection from the checkpoint's meta.json.
 - ``DELETE training_runs/{id}/checkpoints/{weights|sampler_weights}/{name}``
-  (``delete_checkpoint[_from_tinker_path]``): queued on the service's worker (after the work
-  queued before it, so a save or load in flight finishes first), then renamed aside and removed
-  (:meth:`~relayrl.tinker.checkpoints.CheckpointStore.delete`); an unknown checkpoint is 404.
+  (``delete_checkpoint[_from_tinker_path]``): an unknown checkpoint is 404 at once; otherwise the
+  deletion is queued on the service's worker (after the work queued before it, so a save or
+  load in flight finishes first), then renamed aside and removed
+  (:meth:`~relayrl.tinker.checkpoints.CheckpointStore.delete`). The answer waits for it up to
+  :data:`WAIT_S`; past that it is success, and the deletion happens when its turn comes.
 - ``GET checkpoints?limit&offset`` (``list_user_checkpoints``): every checkpoint of every run,
   newest first.
 - ``GET sessions?limit&offset`` (``list_sessions``): the sessions of this server, oldest first;
@@ -36,8 +38,9 @@ from relayrl.tinker.service import LORA_GROUPS, TinkerService, UserError
 if TYPE_CHECKING:
     from relayrl.tinker.server import TinkerServer
 
-WAIT_S = 20.0
-"""One wait for the worker's answer to a delete (repeated until it comes)."""
+WAIT_S = 30.0
+"""How long a delete waits for its turn on the worker (under the SDK's 60 s read timeout, past
+which the SDK would send it again)."""
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -123,12 +126,17 @@ def register_rest_routes(app: FastAPI, server: TinkerServer) -> None:
     async def delete(model_id: str, checkpoint_id: str) -> Any:
         uri = f"tinker://{model_id}/{checkpoint_id}"
         try:
-            CheckpointPath.parse(uri)
+            path = CheckpointPath.parse(uri)
         except CheckpointError as e:
             return error(400, str(e))
+        try:
+            svc.store.deletable(path)
+        except CheckpointError as e:
+            return error(404, str(e))
         rid = worker.submit(lambda: delete_checkpoint(svc, uri))
-        while (result := await worker.wait(rid, WAIT_S)) is None:
-            pass
+        result = await worker.wait(rid, WAIT_S)
+        if result is None:  # queued behind running work: deleted when its turn comes
+            return None
         if isinstance(result, Exception):
             if isinstance(result, UserError):
                 return error(404 if "unknown checkpoint" in str(result) else 400, str(result))
