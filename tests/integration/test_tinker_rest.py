@@ -1,9 +1,14 @@
 """The SDK's ``RestClient`` calls for runs, checkpoints and sessions, through the real ``tinker``
-SDK against a ``TinkerServer`` (relayrl.tinker.rest). Tiny local models; one server per module.
+SDK (and its ``tinker`` CLI) against a ``TinkerServer`` (relayrl.tinker.rest). Tiny local models;
+one server per module.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -207,3 +212,27 @@ def test_sessions_list_their_runs_and_samplers(served: Any) -> None:
         assert session.user_metadata == {"team": "rl"}
     with pytest.raises(tinker.NotFoundError, match="unknown session"):
         rest.get_session("session-nope").result()
+
+
+def test_the_tinker_cli_lists_runs_and_checkpoints_and_deletes(served: Any) -> None:
+    """``tinker run list``, ``tinker checkpoint list``, ``tinker checkpoint delete -y``: the SDK's
+    own CLI (RestClient from TINKER_BASE_URL / TINKER_API_KEY) against the service."""
+    client, rest, base, server = served
+    tc = client.create_lora_training_client(base_model=str(base), rank=4).result()
+    path = tc.save_state("cli").result().path
+    env = {**os.environ, "TINKER_API_KEY": KEY, "TINKER_BASE_URL": server.base_url()}
+    cli = str(Path(sys.executable).parent / "tinker")
+    if not Path(cli).exists():
+        pytest.skip("the tinker CLI is not installed next to this python")
+
+    def run(*args: str) -> Any:
+        out = subprocess.run(
+            [cli, "--format", "json", *args], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    assert tc.model_id in [r["training_run_id"] for r in run("run", "list", "--limit", "0")["runs"]]
+    assert path in [c["tinker_path"] for c in run("checkpoint", "list")["checkpoints"]]
+    assert run("checkpoint", "delete", "-y", path) == {"deleted_count": 1, "failed": []}
+    assert rest.list_checkpoints(tc.model_id).result().checkpoints == []
