@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -109,6 +110,37 @@ class CheckpointStore:
             raise CheckpointError(f"no checkpoint at {path.uri}")
         return d, json.loads((d / "meta.json").read_text())
 
+    def model_ids(self) -> list[str]:
+        """The model ids with at least one checkpoint on disk, sorted."""
+        return sorted(
+            d.name
+            for d in self.root.iterdir()
+            if d.is_dir() and not d.name.startswith(".") and self.list(d.name)
+        )
+
+    def deletable(self, path: CheckpointPath) -> Path:
+        """The checkpoint's directory; a CheckpointError if it is not there or resolves outside
+        ``root/<model_id>/<kind>/`` (``..``, a symlink)."""
+        d = self.dir_of(path)
+        root = self.root.resolve()
+        inside = d.exists() and not d.is_symlink() and d.resolve().parent.parent.parent == root
+        if not inside or not (d / "meta.json").is_file():
+            raise CheckpointError(f"unknown checkpoint {path.uri}")
+        return d
+
+    def delete(self, path: CheckpointPath) -> None:
+        """Remove a :meth:`deletable` checkpoint: renamed aside (readers see it whole or not at
+        all), then removed."""
+        d = self.deletable(path)
+        aside = d.parent / f".deleted_{path.name}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+        os.replace(d, aside)
+        fd = os.open(d.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        shutil.rmtree(aside, ignore_errors=True)
+
     def list(self, model_id: str) -> list[dict[str, Any]]:
         """The model's checkpoints as the SDK's ``Checkpoint`` JSON, oldest first."""
         out = []
@@ -117,10 +149,13 @@ class CheckpointStore:
             if not base.is_dir():
                 continue
             for d in base.iterdir():
-                if d.name.startswith(".") or not (d / "meta.json").is_file():
+                if d.name.startswith("."):
                     continue
-                meta = json.loads((d / "meta.json").read_text())
-                size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+                try:
+                    meta = json.loads((d / "meta.json").read_text())
+                    size = sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+                except FileNotFoundError:  # being written, or deleted since iterdir
+                    continue
                 out.append(
                     {
                         "checkpoint_id": f"{kind}/{d.name}",

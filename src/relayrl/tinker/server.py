@@ -20,7 +20,9 @@ Protocol, as the SDK (``tinker`` 0.38) speaks it:
   failed request (the SDK raises ``tinker.RequestFailedError``; category ``user`` for the
   caller's mistakes).
 - Direct answers: ``get_info``, ``create_sampling_session``, ``join_sampling_session``,
-  ``GET samplers/{id}``, ``GET training_runs/{model_id}/checkpoints``.
+  ``GET samplers/{id}``, ``GET training_runs/{model_id}``, ``GET training_runs/{model_id}/
+  checkpoints``, and the ``RestClient`` routes of :mod:`relayrl.tinker.rest` (runs,
+  checkpoints, sessions).
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
+from relayrl.tinker.rest import error, register_rest_routes
 from relayrl.tinker.sampling import SampleJob
 from relayrl.tinker.service import TinkerService, UserError
 from relayrl.tinker.wire import PROTO_CONTENT_TYPE, WireError, decode_forward_backward
@@ -77,6 +80,8 @@ class TinkerServer:
         self.worker = Worker(service.sample)
         self._sessions: dict[str, int] = {}
         self._finished: set[str] = set()
+        self.session_order: dict[str, dict[str, Any]] = {}  # every session: its metadata
+        self.session_samplers: dict[str, list[str]] = {}
         self.app = self._build_app()
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -135,9 +140,6 @@ class TinkerServer:
         app = FastAPI()
         svc, worker = self.service, self.worker
 
-        def error(status: int, message: str) -> JSONResponse:
-            return JSONResponse({"detail": message, "error": message}, status_code=status)
-
         @app.middleware("http")
         async def auth(request: Request, call_next: Any) -> Any:
             key = request.headers.get("x-api-key") or ""
@@ -174,9 +176,10 @@ class TinkerServer:
             return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
 
         @app.post("/api/v1/create_session")
-        async def create_session() -> dict[str, Any]:
+        async def create_session(body: dict[str, Any]) -> dict[str, Any]:
             sid = f"session-{uuid.uuid4().hex[:16]}"
             self._sessions[sid] = 0
+            self.session_order[sid] = {k: body.get(k) for k in ("user_metadata", "display_name")}
             return {"type": "create_session", "session_id": sid}
 
         @app.post("/api/v1/session_heartbeat")
@@ -255,11 +258,23 @@ class TinkerServer:
         @app.post("/api/v1/save_weights_for_sampler")
         async def save_for_sampler(body: dict[str, Any]) -> dict[str, Any]:
             mid, name = str(body["model_id"]), body.get("path")
-            return future(lambda: svc.save_for_sampler(mid, name), model_id=mid)
+
+            def save() -> dict[str, Any]:
+                out = svc.save_for_sampler(mid, name)
+                if "sampling_session_id" in out:  # an unnamed sampler of the model's session
+                    session = mid.split(":train:")[0]
+                    self.session_samplers.setdefault(session, []).append(
+                        str(out["sampling_session_id"])
+                    )
+                return out
+
+            return future(save, model_id=mid)
 
         @app.post("/api/v1/create_sampling_session")
         async def create_sampling_session(body: dict[str, Any]) -> dict[str, Any]:
             sid = svc.create_sampling_session(body.get("base_model"), body.get("model_path"))
+            if body.get("session_id") is not None:
+                self.session_samplers.setdefault(str(body["session_id"]), []).append(sid)
             return {"type": "create_sampling_session", "sampling_session_id": sid}
 
         @app.post("/api/v1/join_sampling_session")
@@ -338,6 +353,8 @@ class TinkerServer:
         @app.get("/api/v1/training_runs/{model_id}/checkpoints")
         async def checkpoints(model_id: str) -> dict[str, Any]:
             return {"checkpoints": svc.store.list(model_id), "cursor": None}
+
+        register_rest_routes(app, self)
 
         @app.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
         async def unknown(rest: str) -> Any:

@@ -493,6 +493,10 @@ class TinkerService:
         while len(self._sampler_states) > self.keep_samplers:
             del self._sampler_states[next(iter(self._sampler_states))]
 
+    def forget_sampler_weights(self, uri: str) -> None:
+        """Drop the in-memory weights of a (deleted) sampler checkpoint."""
+        self._sampler_states.pop(uri, None)
+
     def create_sampling_session(self, base_model: str | None, model_path: str | None) -> str:
         if model_path:
             try:
@@ -544,7 +548,10 @@ class TinkerService:
             elif s.key in self._sampler_states:
                 state = self._sampler_states[s.key]
             else:
-                d = self.store.dir_of(CheckpointPath.parse(s.key))
+                try:
+                    d, _ = self.store.read(CheckpointPath.parse(s.key))
+                except CheckpointError as e:
+                    raise UserError(f"sampling session {s.sampler_id}: {e}") from e
                 state = dict(load_causal_lm(d).state_dict())
                 self._cache_state(s.key, state)
             base.engine.update_weights(state, base.engine.version + 1, interrupt=True)
