@@ -27,16 +27,25 @@ else 400.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from relayrl.tinker.checkpoints import CheckpointError, CheckpointPath
 from relayrl.tinker.service import LORA_GROUPS, TinkerService, UserError
+from relayrl.tinker.worker import Worker
 
-if TYPE_CHECKING:
-    from relayrl.tinker.server import TinkerServer
+
+class RestHost(Protocol):
+    """What the routes read of their server (``relayrl.tinker.server.TinkerServer``): the
+    service, its worker, and the sessions it has seen (metadata; sampler ids)."""
+
+    service: TinkerService
+    worker: Worker
+    session_order: dict[str, dict[str, Any]]
+    session_samplers: dict[str, list[str]]
+
 
 WAIT_S = 30.0
 """How long a delete waits for its turn on the worker (under the SDK's 60 s read timeout, past
@@ -101,7 +110,7 @@ def delete_checkpoint(svc: TinkerService, uri: str) -> dict[str, Any]:
     return {}
 
 
-def register_rest_routes(app: FastAPI, server: TinkerServer) -> None:
+def register_rest_routes(app: FastAPI, server: RestHost) -> None:
     """Add the routes above to ``app`` (before the server's catch-all)."""
     svc, worker = server.service, server.worker
 
