@@ -65,6 +65,15 @@ def check_name(name: str) -> str:
     return name
 
 
+def _fsync_dir(d: Path) -> None:
+    """Make the renames inside directory ``d`` durable (fsync of the directory itself)."""
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class CheckpointStore:
     """The checkpoints of every model of a service, under one directory."""
 
@@ -96,11 +105,7 @@ class CheckpointStore:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)
-        fd = os.open(out.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync_dir(out.parent)
         return out
 
     def read(self, path: CheckpointPath) -> tuple[Path, dict[str, Any]]:
@@ -134,11 +139,7 @@ class CheckpointStore:
         d = self.deletable(path)
         aside = d.parent / f".deleted_{path.name}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
         os.replace(d, aside)
-        fd = os.open(d.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync_dir(d.parent)
         shutil.rmtree(aside, ignore_errors=True)
 
     def list(self, model_id: str) -> list[dict[str, Any]]:
