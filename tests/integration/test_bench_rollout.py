@@ -75,5 +75,9 @@ def test_rollout_fit_decomposes_a_small_lockstep_run(capsys) -> None:
         parts = sum(p[t] for t in fit.TERMS) + p["residual"]
         assert abs(parts - p["total"]) <= 0.3  # each figure rounded to 0.1 ms
         assert p["total"] > 0
-    assert 0 < out["forward_part_ratio"] <= 1 and 0 < out["forward_share_engine"] <= 1
+    # forwards per run, ceiling over engine: counts, whatever the timings
+    assert 0 < out["forward_part_ratio"] <= 1
+    # a fitted share, not a measured one: on a busy machine the unconstrained fit's forward
+    # part can exceed the measured time (a negative residual; seen: 1.244 in a loaded run)
+    assert out["forward_share_engine"] > 0
     assert out["token_part_ratio"] > 0 and out["time_ratio"] > 0
