@@ -43,7 +43,7 @@ class RestHost(Protocol):
 
     service: TinkerService
     worker: Worker
-    session_order: dict[str, dict[str, Any]]
+    sessions: dict[str, dict[str, Any]]
     session_samplers: dict[str, list[str]]
 
 
@@ -161,14 +161,14 @@ def register_rest_routes(app: FastAPI, server: RestHost) -> None:
 
     @app.get("/api/v1/sessions")
     async def list_sessions(request: Request) -> Any:
-        sessions, _ = page(request, list(server.session_order), 20)
+        sessions, _ = page(request, list(server.sessions), 20)
         return {"sessions": sessions}
 
     @app.get("/api/v1/sessions/{session_id}")
     async def get_session(session_id: str) -> Any:
-        if session_id not in server.session_order:
+        if session_id not in server.sessions:
             return error(404, f"unknown session {session_id!r}")
-        prefix, meta = f"{session_id}:train:", server.session_order[session_id]
+        prefix, meta = f"{session_id}:train:", server.sessions[session_id]
         user_metadata = meta.get("user_metadata")
         return {
             "training_run_ids": [m for m in run_ids(svc) if m.startswith(prefix)],

@@ -78,9 +78,8 @@ class TinkerServer:
         self.api_key = api_key
         self.client_config = {**CLIENT_CONFIG, **(client_config or {})}
         self.worker = Worker(service.sample)
-        self._sessions: dict[str, int] = {}
         self._finished: set[str] = set()
-        self.session_order: dict[str, dict[str, Any]] = {}  # every session: its metadata
+        self.sessions: dict[str, dict[str, Any]] = {}  # every session, oldest first: its metadata
         self.session_samplers: dict[str, list[str]] = {}
         self.app = self._build_app()
         self._server: Any = None
@@ -178,8 +177,7 @@ class TinkerServer:
         @app.post("/api/v1/create_session")
         async def create_session(body: dict[str, Any]) -> dict[str, Any]:
             sid = f"session-{uuid.uuid4().hex[:16]}"
-            self._sessions[sid] = 0
-            self.session_order[sid] = {k: body.get(k) for k in ("user_metadata", "display_name")}
+            self.sessions[sid] = {k: body.get(k) for k in ("user_metadata", "display_name")}
             return {"type": "create_session", "session_id": sid}
 
         @app.post("/api/v1/session_heartbeat")
@@ -338,7 +336,6 @@ class TinkerServer:
 
         @app.post("/api/v1/sessions/{session_id}/finish")
         async def finish_session(session_id: str) -> dict[str, Any]:
-            self._sessions.pop(session_id, None)
             self._finished.add(session_id)
             return {}
 
