@@ -185,13 +185,19 @@ def run_config(path: Path, device: torch.device, *extra: str) -> Any:
     )
 
 
-def random_batch(vocab: int, rows: int, prompt: int, response: int, seed: int = 0) -> Any:
+def random_batch(
+    vocab: int, rows: int, prompt: int, response: int, seed: int = 0, ragged: bool = False
+) -> Any:
+    """``rows`` random prompt+response rows of ``prompt`` and ``response`` tokens; ``ragged``:
+    row i is ``i % 4`` prompt tokens and ``3 * (i % 3)`` response tokens shorter (padded)."""
     from relayrl.model import pack_batch
     from relayrl.workers import Experience
 
     g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(3, vocab, (prompt,), generator=g).tolist() for _ in range(rows)]
-    resps = [torch.randint(3, vocab, (response,), generator=g).tolist() for _ in range(rows)]
+    cut_p = [i % 4 if ragged else 0 for i in range(rows)]
+    cut_r = [3 * (i % 3) if ragged else 0 for i in range(rows)]
+    prompts = [torch.randint(3, vocab, (prompt - c,), generator=g).tolist() for c in cut_p]
+    resps = [torch.randint(3, vocab, (response - c,), generator=g).tolist() for c in cut_r]
     exp = Experience(pack_batch(prompts, resps, 0))
     exp.advantages = torch.randn(rows, 1, generator=g).expand(-1, response).clone()
     return exp

@@ -27,7 +27,10 @@ test_host_syncs.py's CPU mirror:
   ``actor.compute_logprobs`` and ``critic.compute_values`` compute the batch's logprobs and
   values (micro-batched): asserted 1 each on CUDA (the assembled batch, once), 0 on the CPU.
 - ``update_host_reads_any_dtype``: ``HostReads(floating_only=False)`` on the device: the same
-  reads with integer and boolean values (reported).
+  reads with integer and boolean values (reported). ``update_mask_reads``: those of them in
+  transformers' mask building (``masking_utils``): asserted 0 on both devices, the batch's
+  rows being ragged so that every micro-batch is padded (``model.attention_masks``: the 4D
+  mask is built without transformers' check that the padding mask is all ones).
 - ``optimizer``: AdamW's ``capturable`` / ``fused`` / ``foreach`` as relayrl builds it
   (``workers.optim.make_optimizer``: defaults) and the device of its step counters; the reads
   and sync calls inside its ``step`` (``optimizer_step_*``). A step counter on the host is
@@ -51,6 +54,8 @@ import torch
 from device_common import Run, random_batch, run_config, small_llama
 
 from relayrl.telemetry.host_syncs import CrossDeviceCopies, CudaSyncs, HostReads
+
+MASKING = "transformers/masking_utils.py"
 
 
 def _self_checks(dev: torch.device) -> dict[str, bool]:
@@ -110,7 +115,7 @@ def step_hot_path(run: Run) -> dict[str, Any]:
     overrides = ("model.dtype=bfloat16", "optim.lr=1e-3")
     cfg = run_config(path, dev, *overrides, "algo.mini_batches=2", "algo.micro_batch_size=2")
     actor = build_actor(cfg, str(path))
-    exp = random_batch(model_vocab_size(path) or 64, 8, 16, 32)
+    exp = random_batch(model_vocab_size(path) or 64, 8, 16, 32, ragged=True)
     # as the trainer: pi_old from the actor's forwards on the device (one transfer to the
     # Experience's home), GRPO advantages of a last-token reward per 4-answer group
     with CrossDeviceCopies() as lp_copies:
@@ -162,8 +167,10 @@ def step_hot_path(run: Run) -> dict[str, Any]:
     )
     checks = _self_checks(dev)
     d2h = copies.leaving(dev.type)
+    mask_reads = sum(n for s, n in reads_any.sites.items() if s.startswith(MASKING))
     ok = (
         reads.count == 1
+        and mask_reads == 0
         and c_reads.count == 1
         and all(n == int(cuda) for n in transfers.values())
         and (not cuda or syncs.count >= reads.count)
@@ -188,6 +195,7 @@ def step_hot_path(run: Run) -> dict[str, Any]:
         "critic_update_cuda_sync_sites": dict(c_syncs.sites.most_common(12)) if cuda else None,
         "update_host_reads_any_dtype": reads_any.count,
         "update_host_reads_any_dtype_sites": dict(reads_any.sites.most_common(12)),
+        "update_mask_reads": mask_reads,
         "update_cuda_sync_calls": syncs.count if cuda else None,
         "update_cuda_sync_sites": dict(syncs.sites.most_common(12)) if cuda else None,
         "optimizer": _optimizer(actor.optimizer),

@@ -68,6 +68,7 @@ def test_device_run_hot_path_step_on_cpu(tmp_path):
     assert step["batch_d2h_copies"] == {"compute_logprobs": 0, "compute_values": 0}  # CPU
     assert list(step["critic_update_host_sync_sites"]) == list(sites)  # the same host_floats
     assert step["update_host_reads_any_dtype"] >= 1
+    assert step["update_mask_reads"] == 0  # padded micro-batches: the 4D mask, no check read
     assert step["optimizer_step_host_reads"] > 0  # the CPU's step counters, not in the figure
     assert step["optimizer"]["class"] == "AdamW" and step["optimizer"]["capturable"] is False
     assert step["optimizer"]["step_counter_devices"] == ["cpu"]

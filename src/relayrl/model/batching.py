@@ -17,6 +17,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from relayrl.algos import entropy_from_logits, logprobs_from_logits
+from relayrl.model.attention_masks import full_mask, host_padding
 from relayrl.model.device import compute_context, model_device
 
 
@@ -30,9 +31,15 @@ class TokenBatch:
     prompt_width: int  # P
     response_ids: Tensor  # [B, R] int64 (pad where masked)
     response_mask: Tensor  # [B, R] float32, 1 on real response tokens
+    padded: bool | None = None  # any padding position, known on the host; None: not recorded
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
+
+    def has_padding(self) -> bool | None:
+        """Whether any position is padding, without reading the device: ``padded`` if
+        recorded, else computed from a host mask, else None."""
+        return host_padding(self.attention_mask, self.padded)
 
     def select(self, index: Tensor | Sequence[int]) -> TokenBatch:
         idx = torch.as_tensor(index, dtype=torch.long)
@@ -92,10 +99,13 @@ def output_dtype(model: torch.nn.Module) -> torch.dtype:
 
 
 def _model_inputs(model: torch.nn.Module, batch: TokenBatch) -> dict[str, Tensor]:
+    """The forward's inputs on the model's device; a padded batch's attention mask is the 4D
+    one where that saves transformers a read of the device (``attention_masks``)."""
     dev = model_device(model)
+    mask = batch.attention_mask.to(dev)
     return {
         "input_ids": batch.input_ids.to(dev),
-        "attention_mask": batch.attention_mask.to(dev),
+        "attention_mask": full_mask(model, mask) if batch.has_padding() else mask,
         "position_ids": batch.position_ids.to(dev),
     }
 

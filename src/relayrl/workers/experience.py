@@ -155,6 +155,7 @@ class Experience:
             b.prompt_width,
             _upload(b.response_ids, device),
             _upload(b.response_mask, device),
+            b.has_padding(),  # known here on the host, so the forward need not read the device
         )
         tensors: dict[str, Any] = {k: _upload(v, device) for k, v in self.tensors().items()}
         return replace(self, batch=batch, **tensors)
