@@ -41,9 +41,11 @@ class CriticWorker:
         optim: OptimConfig,
         seed: int = 0,
         parallelism: Parallelism | None = None,
+        max_response_tokens: int = 1,
     ):
         self.model = model
         self.algo = algo
+        self.max_response_tokens = max_response_tokens  # Dr.GRPO's constant, as the actor's
         self.grad_clip = optim.grad_clip
         self.parallelism = parallelism if parallelism is not None else SingleProcess()
         self.optimizer, self.scheduler = make_optimizer(
@@ -59,8 +61,8 @@ class CriticWorker:
     def from_config(
         cls, model: torch.nn.Module, cfg: RunConfig, parallelism: Parallelism | None = None
     ) -> CriticWorker:
-        """The critic of a run: algorithm, optimizer and seed from ``cfg``."""
-        return cls(model, cfg.algo, cfg.optim, cfg.seed, parallelism)
+        """The critic of a run: algorithm, optimizer, seed and response limit from ``cfg``."""
+        return cls(model, cfg.algo, cfg.optim, cfg.seed, parallelism, cfg.rollout.max_tokens)
 
     @property
     def sharded(self) -> bool:
@@ -169,9 +171,11 @@ class CriticWorker:
         return self.parallelism.mini_batches(exp, self.algo.mini_batches, self.generator)
 
     def _loss_norm(self, mini: Experience) -> LossNorm:
-        """The step-global normaliser (data parallel: the counts summed over ranks). Dr.GRPO's
-        constant is 1 here (the actor's is ``max_response_tokens``): under
-        ``seq-mean-token-sum-norm`` the value loss is sum(l*m) / global_seqs, as
-        ``seq-mean-token-sum``."""
+        """The step-global normaliser (data parallel: the counts summed over ranks), the
+        actor's: under ``seq-mean-token-sum-norm`` the value loss is
+        sum(l*m) / (global_seqs * max_response_tokens), Dr.GRPO's constant (veRL's critic
+        takes the actor's ``loss_agg_mode``, and divides by the response length there)."""
         empty = self.algo.seq_mean_empty_rows == "count"
-        return self.parallelism.loss_norm(mini.response_mask, self.algo.loss_agg, 1.0, empty)
+        return self.parallelism.loss_norm(
+            mini.response_mask, self.algo.loss_agg, self.max_response_tokens, empty
+        )

@@ -135,10 +135,8 @@ def test_empty_row_key_reaches_actor_and_critic(agg: str, counted: float, skippe
         assert aggregate_loss(LOSS, MASK, norm).item() == pytest.approx(want), (agg, key)
         critic = _worker_norm(CriticWorker, cfg, MASK)
         assert critic.global_seqs == (3 if key == "count" else 2)
-        assert critic.norm_constant == 1.0  # the critic's Dr.GRPO constant (actor's: 2)
-        if agg == "seq-mean-token-sum-norm":  # critic: 6 / 3 counted, 6 / 2 skipping
-            want_critic = 6 / (3 if key == "count" else 2)
-            assert aggregate_loss(LOSS, MASK, critic).item() == pytest.approx(want_critic)
+        assert critic.norm_constant == norm.norm_constant == 2.0  # Dr.GRPO's: max response
+        assert aggregate_loss(LOSS, MASK, critic).item() == pytest.approx(want), (agg, key)
 
 
 def _dp_rank(rank: int, store: str, out: str) -> None:
