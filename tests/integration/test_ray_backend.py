@@ -173,9 +173,7 @@ def test_data_parallel_actor_of_two_gives_the_gradients_of_one(sft_model, tmp_pa
         for n, p in roles.actor.model.state_dict().items():
             torch.testing.assert_close(p, local.model.state_dict()[n], atol=1e-9, rtol=0)
         # the critic: the same on its value loss
-        local_critic = CriticWorker(
-            load_critic(sft_model, torch.float64), cfg.algo, cfg.optim, cfg.seed
-        )
+        local_critic = CriticWorker.from_config(load_critic(sft_model, torch.float64), cfg)
         exp.values = roles.critic.compute_values(exp)
         torch.testing.assert_close(exp.values, local_critic.compute_values(exp), atol=1e-10, rtol=0)
         exp.returns = torch.randn(
