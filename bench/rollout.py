@@ -14,23 +14,23 @@ temperature 1 and run in the same process, one after the other, on the same prom
   and contexts shorter than in the heavy-tailed run. Measured just before and just after each
   engine run and averaged; ``engine_vs_ceiling`` is the median over ``--repeats k`` of each
   engine run over the ceiling runs around it (``engine_vs_ceiling_pairs``). Earlier versions
-  ran a 96-request ceiling (~0.2 s) against the 1.6-s engine run and took the best of each:
-  a short phase lands in a quiet spell more often, so that ratio leaned low (on one quiet
-  machine, the ceiling's own runs spread 12.7k-18.9k tokens/s); ``engine_vs_ceiling_best``
-  keeps that best-over-best figure.
+  ran a 96-request ceiling, far shorter than the engine run, and took the best of each: a
+  short phase lands in a quiet spell more often, so that ratio leaned low (the spread of the
+  ceiling's own runs is in docs/measurements.md); ``engine_vs_ceiling_best`` keeps that
+  best-over-best figure.
 - ``lockstep`` (``--lockstep-runs k``): the engine's heavy-tailed run (k times) and the
   ceiling's stepped in turn, one step each, every step timed alone (:func:`run_lockstep`):
   each engine step has a ceiling step beside it, milliseconds apart, so the machine's slow
   and fast spells cancel in the ratio instead of landing on one side of a pair of runs.
   ``forward_ratio``: the ceiling's forwards per run over the engine's, the share of the
-  ceiling an engine reaches where every forward costs the same whatever its rows. On the
-  default model about half of a lockstep run is per-forward cost (``bench/rollout_fit.py``
-  fits its steps: 0.34-0.43 ms a forward, ~7.6 us a generated token, ~8.5 us a prompt
-  token, ~0.04 us a cached column a token attends over); the rest is per-token work, of
-  which the heavy-tailed run does more (its tokens attend over 64 cached columns on
-  average, the ceiling's over 39). Both parts' ratios are 0.82-0.87, so the figure sits
-  near this one: per-forward or per-token speed-ups barely move it, cheaper attention per
-  column lifts it a little, and only fewer forwards (the lengths: LPT) lift it much.
+  ceiling an engine reaches where every forward costs the same whatever its rows. A lockstep
+  run's time is per-forward cost plus per-token work (``bench/rollout_fit.py`` fits its steps
+  as ``a forwards + b generated tokens + c prompt tokens + d cached columns``), of which the
+  heavy-tailed run does more (its tokens attend over more cached columns on average). On the
+  default model both parts' ratios sit near each other (the fitted costs, the per-forward
+  share and the ratios are in docs/measurements.md), so the figure sits near this one:
+  per-forward or per-token speed-ups barely move it, cheaper attention per column lifts it a
+  little, and only fewer forwards (the lengths: LPT) lift it much.
   ``per_run``: each engine run's rate over the ceiling's in the steps stepped beside it
   (the spread within one invocation), ``per_run_median`` their median.
 - ``matched ceiling``: as ``ceiling``, but every request of the heavy-tailed run's mean length
@@ -104,8 +104,7 @@ from rollout_peers import EOS, PAD, run_hf_cb, run_static, run_vllm, update_late
 clock = time.perf_counter
 """What every rate is measured with: wall time, or with ``--clock cpu`` this process's CPU
 time (``time.process_time``, all its threads): on a machine shared with other jobs a run's
-wall time moves with their load (the same phase 0.7x-1.4x between runs here), its CPU time
-far less."""
+wall time moves with their load (how far: docs/measurements.md), its CPU time far less."""
 
 
 def peak_rss_mb() -> float:
@@ -219,11 +218,11 @@ def run_engine(model, prompts, targets, slots: int, max_len: int) -> tuple[float
 
 def run_lockstep(model, workloads, runs: int, slots: int, max_len: int) -> list[dict]:
     """Engines stepped in turn, one step each (the order alternating every round), each step
-    timed alone: the machine's slow and fast spells (steal time moved single runs here by
-    20-40%) fall on every workload alike, where back-to-back runs second apart catch
-    different spells. ``workloads[0]`` runs ``runs`` times back to back; the others start
-    again whenever they finish, so every one of the lead's steps has partners; a workload's
-    rate counts its completed runs only (useful tokens over the seconds of their steps).
+    timed alone: the machine's slow and fast spells (steal time, docs/measurements.md) fall
+    on every workload alike, where back-to-back runs second apart catch different spells.
+    ``workloads[0]`` runs ``runs`` times back to back; the others start again whenever they
+    finish, so every one of the lead's steps has partners; a workload's rate counts its
+    completed runs only (useful tokens over the seconds of their steps).
     Returns per workload ``{"tok_s", "runs", "steps", "forwards_per_run"}`` (the runner's
     forwards in a completed run: a step with more prompt tokens than a prefill chunk takes
     more than one); the lead's also ``"per_run"``: each of its runs' rate over the second
