@@ -14,15 +14,15 @@ The prediction: the model is profiled on this machine through relayrl's own engi
 (``relayrl.rollout.timing.engine_profile``: engine decode steps, and a prefill with its fixed
 cost per engine step, which every episode pays again each time it comes back from its
 environment; ``--profile forward`` times bare forwards instead, which on this tiny model
-undercounts a decode step ~2-4x and a resume ~5x), once before and once after the two runs
-(averaged: the load of a shared machine drifts). The planner's simulator then runs both
-schedules with the same batch, engine slots, turns, per-turn length (the measured mean),
-observation tokens and latency distribution (sync on ``--sync-threads`` threads with
-independent agent loops, ``turn_barrier=False``; async's trainer and engine on one thread
-each; KV evicted while waiting). Measured and predicted side by side, twice: over the run's
-``--steps`` from a cold start (``samples_per_s``: async's pipeline fill included), and in
-steady state by the simulator's warm-up rule (the last ``steps - steps // 2`` steps; the
-prediction over ``--sim-steps`` steps, as the heavy tail needs many to average).
+undercounts a decode step and a resume: by how much, docs/environments.md), once before and
+once after the two runs (averaged: the load of a shared machine drifts). The planner's
+simulator then runs both schedules with the same batch, engine slots, turns, per-turn length
+(the measured mean), observation tokens and latency distribution (sync on ``--sync-threads``
+threads with independent agent loops, ``turn_barrier=False``; async's trainer and engine on
+one thread each; KV evicted while waiting). Measured and predicted side by side, twice: over
+the run's ``--steps`` from a cold start (``samples_per_s``: async's pipeline fill included),
+and in steady state by the simulator's warm-up rule (the last ``steps - steps // 2`` steps;
+the prediction over ``--sim-steps`` steps, as the heavy tail needs many to average).
 Prints one JSON line.
 
     python bench/agent_latency.py                   # ~3-5 min on 2 cores

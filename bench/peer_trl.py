@@ -13,13 +13,14 @@ unshuffled), with the same batch (``--prompts`` x ``--group``), lr (constant, no
 Adam (0.9, 0.999, eps 1e-8), grad clip 1, token-mean loss (TRL ``loss_type=dapo``), std-scaled
 group advantages, no KL (``beta=0``), temperature 1, fp32, one update per step, the same
 completion cap and ``--threads`` torch threads per process (default 1: on this tiny model a
-second intra-op thread makes no op faster and, on a loaded machine, TRL's and sync relayrl's
-steps 2-5x slower: measured). TRL and sync relayrl are one process each (generation and
-training take turns); async relayrl is two (trainer and engine process), so it is the one arm
-that uses the machine's second core: that is what it is measured for. Checkpoints every
-``--eval-every`` steps are scored afterwards by ONE shared greedy evaluation (relayrl's engine,
-greedy, 8 tokens, the arithmetic verifier) on held-out prompts that no arm trains on (relayrl
-gets them as ``data.eval_path``, which its prompt draws exclude).
+second intra-op thread makes no op faster, and on a loaded machine it makes TRL's and sync
+relayrl's steps slower: by how much, docs/measurements.md). TRL and sync relayrl are one
+process each (generation and training take turns); async relayrl is two (trainer and engine
+process), so it is the one arm that uses the machine's second core: that is what it is measured
+for. Checkpoints every ``--eval-every`` steps are scored afterwards by ONE shared greedy
+evaluation (relayrl's engine, greedy, 8 tokens, the arithmetic verifier) on held-out prompts
+that no arm trains on (relayrl gets them as ``data.eval_path``, which its prompt draws
+exclude).
 
 Modes: ``short``: the plain SFT model (answers of 1-4 tokens), cap 8. ``long``: the same model
 after a second SFT stage on answer + k filler dots, k ~ lognormal(``--median``,
@@ -48,7 +49,8 @@ reached above the warm start), ``gen_s_per_step`` (TRL's ``_generate``, relayrl'
 async: the trainer's wait for groups) and ``train_s_per_step`` (relayrl's update); then one
 summary line per mode with the means, the per-seed ratios against TRL, and ``mean_curve`` (the
 time to a common pass rate on the seed-mean curves). Arms run one after another: on a shared
-machine compare replicates, the load moves absolute figures up to 2x within minutes.
+machine compare replicates, the load moves absolute figures within minutes (by how
+much: docs/measurements.md).
 """
 
 from __future__ import annotations

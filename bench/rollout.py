@@ -14,23 +14,23 @@ temperature 1 and run in the same process, one after the other, on the same prom
   and contexts shorter than in the heavy-tailed run. Measured just before and just after each
   engine run and averaged; ``engine_vs_ceiling`` is the median over ``--repeats k`` of each
   engine run over the ceiling runs around it (``engine_vs_ceiling_pairs``). Earlier versions
-  ran a 96-request ceiling (~0.2 s) against the 1.6-s engine run and took the best of each:
-  a short phase lands in a quiet spell more often, so that ratio leaned low (on one quiet
-  machine, the ceiling's own runs spread 12.7k-18.9k tokens/s); ``engine_vs_ceiling_best``
-  keeps that best-over-best figure.
+  ran a 96-request ceiling, far shorter than the engine run, and took the best of each: a
+  short phase lands in a quiet spell more often, so that ratio leaned low (the spread of the
+  ceiling's own runs is in docs/measurements.md); ``engine_vs_ceiling_best`` keeps that
+  best-over-best figure.
 - ``lockstep`` (``--lockstep-runs k``): the engine's heavy-tailed run (k times) and the
   ceiling's stepped in turn, one step each, every step timed alone (:func:`run_lockstep`):
   each engine step has a ceiling step beside it, milliseconds apart, so the machine's slow
   and fast spells cancel in the ratio instead of landing on one side of a pair of runs.
   ``forward_ratio``: the ceiling's forwards per run over the engine's, the share of the
-  ceiling an engine reaches where every forward costs the same whatever its rows. On the
-  default model about half of a lockstep run is per-forward cost (``bench/rollout_fit.py``
-  fits its steps: 0.34-0.43 ms a forward, ~7.6 us a generated token, ~8.5 us a prompt
-  token, ~0.04 us a cached column a token attends over); the rest is per-token work, of
-  which the heavy-tailed run does more (its tokens attend over 64 cached columns on
-  average, the ceiling's over 39). Both parts' ratios are 0.82-0.87, so the figure sits
-  near this one: per-forward or per-token speed-ups barely move it, cheaper attention per
-  column lifts it a little, and only fewer forwards (the lengths: LPT) lift it much.
+  ceiling an engine reaches where every forward costs the same whatever its rows. A lockstep
+  run's time is per-forward cost plus per-token work (``bench/rollout_fit.py`` fits its steps
+  as ``a forwards + b generated tokens + c prompt tokens + d cached columns``), of which the
+  heavy-tailed run does more (its tokens attend over more cached columns on average). On the
+  default model both parts' ratios sit near each other (the fitted costs, the per-forward
+  share and the ratios are in docs/measurements.md), so the figure sits near this one:
+  per-forward or per-token speed-ups barely move it, cheaper attention per column lifts it a
+  little, and only fewer forwards (the lengths: LPT) lift it much.
   ``per_run``: each engine run's rate over the ceiling's in the steps stepped beside it
   (the spread within one invocation), ``per_run_median`` their median.
 - ``matched ceiling``: as ``ceiling``, but every request of the heavy-tailed run's mean length
@@ -66,6 +66,8 @@ temperature 1 and run in the same process, one after the other, on the same prom
   per-request ``max_new_tokens`` and its paged cache sized like the engine's, on the same
   requests (``--cb-requests N``: the first N only; ``--skip-hf-cb`` to skip).
 
+The peer runners (``static``, ``vllm``, ``hf_cb``) live in ``bench/rollout_peers.py``.
+
 Peak memory is the process's peak RSS (``resource.getrusage``) after each phase (phases run
 in the order engine, ceiling, static, hf_cb, so a later phase only shows if it raised it).
 
@@ -78,7 +80,6 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
-import logging
 import math
 import os
 import random
@@ -97,12 +98,13 @@ from relayrl.model.loading import load_causal_lm  # noqa: E402
 from relayrl.model.tiny import build_tiny_model  # noqa: E402
 from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams  # noqa: E402
 
-PAD, EOS = 0, 2
+sys.path.insert(0, str(Path(__file__).parent))  # bench/ is not a package
+from rollout_peers import EOS, PAD, run_hf_cb, run_static, run_vllm, update_latency  # noqa: E402
+
 clock = time.perf_counter
 """What every rate is measured with: wall time, or with ``--clock cpu`` this process's CPU
 time (``time.process_time``, all its threads): on a machine shared with other jobs a run's
-wall time moves with their load (the same phase 0.7x-1.4x between runs here), its CPU time
-far less."""
+wall time moves with their load (how far: docs/measurements.md), its CPU time far less."""
 
 
 def peak_rss_mb() -> float:
@@ -216,11 +218,11 @@ def run_engine(model, prompts, targets, slots: int, max_len: int) -> tuple[float
 
 def run_lockstep(model, workloads, runs: int, slots: int, max_len: int) -> list[dict]:
     """Engines stepped in turn, one step each (the order alternating every round), each step
-    timed alone: the machine's slow and fast spells (steal time moved single runs here by
-    20-40%) fall on every workload alike, where back-to-back runs second apart catch
-    different spells. ``workloads[0]`` runs ``runs`` times back to back; the others start
-    again whenever they finish, so every one of the lead's steps has partners; a workload's
-    rate counts its completed runs only (useful tokens over the seconds of their steps).
+    timed alone: the machine's slow and fast spells (steal time, docs/measurements.md) fall
+    on every workload alike, where back-to-back runs second apart catch different spells.
+    ``workloads[0]`` runs ``runs`` times back to back; the others start again whenever they
+    finish, so every one of the lead's steps has partners; a workload's rate counts its
+    completed runs only (useful tokens over the seconds of their steps).
     Returns per workload ``{"tok_s", "runs", "steps", "forwards_per_run"}`` (the runner's
     forwards in a completed run: a step with more prompt tokens than a prefill chunk takes
     more than one); the lead's also ``"per_run"``: each of its runs' rate over the second
@@ -288,132 +290,6 @@ def run_lockstep(model, workloads, runs: int, slots: int, max_len: int) -> list[
     return out
 
 
-@torch.no_grad()
-def run_static(model, prompts, targets, slots: int) -> tuple[float, float]:
-    """HF generate on static batches; returns (useful tokens/s, fraction of decoded rows useful)."""
-    useful = decoded = 0
-    t0 = clock()
-    for b in range(0, len(prompts), slots):
-        ps, ts = prompts[b : b + slots], targets[b : b + slots]
-        width = max(map(len, ps))
-        ids = torch.full((len(ps), width), PAD, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(ps):
-            ids[i, width - len(p) :] = torch.tensor(p)
-            mask[i, width - len(p) :] = 1
-        n = max(ts)
-        out = model.generate(
-            ids,
-            attention_mask=mask,
-            do_sample=True,
-            max_new_tokens=n,
-            min_new_tokens=n,
-            eos_token_id=EOS,
-            pad_token_id=PAD,
-            top_k=0,
-            top_p=1.0,
-            temperature=1.0,
-        )
-        assert out.shape[1] == width + n
-        useful += sum(ts)
-        decoded += n * len(ps)
-    dt = clock() - t0
-    return useful / dt, useful / decoded
-
-
-def update_latency(update, state: dict, start_version: int, n: int = 5) -> float:
-    """Median seconds of ``n`` in-memory weight updates (nothing in flight)."""
-    times = []
-    for k in range(n):
-        t0 = time.perf_counter()
-        update(state, start_version + 1 + k)
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[n // 2]
-
-
-def run_vllm(path: Path, model, prompts, targets, slots: int, max_len: int) -> dict:
-    """The vLLM row: useful tokens/s on the same requests and its weight-update latency."""
-    try:
-        from relayrl.rollout.vllm_backend import VllmEngine, vllm_available
-    except ImportError as e:
-        return {"vllm": f"skipped: {e}"}
-    if not vllm_available():
-        return {"vllm": "skipped: import vllm failed (make vllm-venv)"}
-    try:
-        engine = VllmEngine(
-            path, eos_token_id=EOS, pad_token_id=PAD, max_slots=slots, max_model_len=max_len
-        )
-    except NotImplementedError as e:
-        return {"vllm": f"skipped: {e}"}
-    try:
-        for i, p in enumerate(prompts[:8]):  # warm-up outside the timing
-            engine.submit(GenerationRequest(p, SamplingParams(max_tokens=4, seed=i)))
-        engine.drain()
-        t0 = clock()
-        for i, (p, t) in enumerate(zip(prompts, targets, strict=True)):
-            params = SamplingParams(max_tokens=t, ignore_eos=True, seed=i)
-            engine.submit(GenerationRequest(p, params))
-        got = sum(len(s.response_ids) for s in engine.drain())
-        dt = clock() - t0
-        assert got == sum(targets), (got, sum(targets))
-        st = engine.stats()
-        state = model.state_dict()
-        latency = update_latency(
-            lambda sd, v: engine.update_weights(sd, v, interrupt=True), state, engine.version
-        )
-    finally:
-        engine.close()
-    return {
-        "vllm_tok_s": got / dt,
-        "vllm_slot_utilisation": st["mean_slot_utilisation"],
-        "vllm_weight_update_s": latency,
-    }
-
-
-def run_hf_cb(model, prompts, targets, slots: int) -> float | str:
-    """transformers' continuous batching manager with per-request max_new_tokens."""
-    try:
-        from transformers import GenerationConfig
-        from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
-        logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)
-        gc = GenerationConfig(
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=max(targets),
-            eos_token_id=None,
-            pad_token_id=PAD,
-        )
-        # Size its paged cache like the engine's (otherwise it sizes it from free RAM).
-        pages = -(-(max(map(len, prompts)) + max(targets)) // 256)
-        cbc = ContinuousBatchingConfig(
-            max_requests_per_batch=slots, page_size=256, num_blocks=slots * pages + 8
-        )
-        with model.continuous_batching_context_manager(
-            generation_config=gc, continuous_batching_config=cbc, block=True, timeout=5
-        ) as manager:
-            t0 = clock()
-            ids = [
-                manager.add_request(p, max_new_tokens=t)
-                for p, t in zip(prompts, targets, strict=True)
-            ]
-            done: dict[str, int] = {}
-            while len(done) < len(ids):
-                r = manager.get_result(timeout=5)
-                if r is None:
-                    if not manager.is_running():
-                        return "error: manager stopped"
-                    continue
-                if r.is_finished():
-                    done[r.request_id] = len(r.generated_tokens)
-            dt = clock() - t0
-        return sum(done.values()) / dt
-    except Exception as e:  # the peer is optional: report why it did not run
-        return f"error: {type(e).__name__}: {e}"[:200]
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--arch", default="llama", choices=["llama", "qwen2", "gpt2"])
@@ -464,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     prompts, targets = workload(args.requests, args.median, args.sigma, args.cap, args.seed)
     # Warm-up (allocators, lazy init) outside the timings.
     run_engine(model, prompts[:8], [4] * 8, args.slots, max_len)
-    run_static(model, prompts[:8], [4] * 8, args.slots)
+    run_static(model, prompts[:8], [4] * 8, args.slots, clock)
 
     mean_len = max(1, round(sum(targets) / len(targets)))
     n_ceiling = args.ceiling_requests or len(prompts)
@@ -541,13 +417,13 @@ def main(argv: list[str] | None = None) -> None:
             "per_run_median": round(median(eng_ls["per_run"]), 3),
         }
     rss_ceiling = peak_rss_mb()
-    static_tps, static_util = run_static(model, prompts, targets, args.slots)
+    static_tps, static_util = run_static(model, prompts, targets, args.slots, clock)
     rss_static = peak_rss_mb()
     hf_cb: float | str = "skipped"
     n_cb = min(args.cb_requests or len(prompts), len(prompts))
     engine_sub_tps = engine_tps
     if not args.skip_hf_cb:
-        hf_cb = run_hf_cb(model, prompts[:n_cb], targets[:n_cb], args.slots)
+        hf_cb = run_hf_cb(model, prompts[:n_cb], targets[:n_cb], args.slots, clock)
         if n_cb < len(prompts):
             sub = run_engine(model, prompts[:n_cb], targets[:n_cb], args.slots, max_len)
             engine_sub_tps = sub[0]
@@ -560,7 +436,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     vllm = {"vllm": "skipped (--skip-vllm)"}
     if not args.skip_vllm:
-        vllm = run_vllm(path, model, prompts, targets, args.slots, max_len)
+        vllm = run_vllm(path, model, prompts, targets, args.slots, max_len, clock)
     tmp.cleanup()
     r = lambda x: round(x, 3)  # noqa: E731
     out = {

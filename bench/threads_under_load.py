@@ -1,5 +1,6 @@
 """SFT steps of the demo model with fixed 2 threads vs ``threads: auto``, idle and with one
-CPU-bound process beside them (the issue-15 measurement of why the demo slowed 4x under load).
+CPU-bound process beside them (the issue-15 measurement of why the demo slowed under load; the
+figures: docs/measurements.md, ``model/threads.py`` row).
 
 With more torch threads than idle cores every parallel region waits at a barrier for the
 thread the kernel has descheduled; ``auto`` takes the CPUs idle at start. Each case runs in

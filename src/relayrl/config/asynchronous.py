@@ -34,4 +34,4 @@ class AsyncConfig(_Strict):
     urgent_steps: int = Field(4, ge=0)
     """While the in-order trainer waits for some groups, the engine follows each full step
     with this many steps that decode only those groups' rows (0: off): a few stragglers alone
-    step faster than a full batch (bench/schedules.py, eta 2: wait 0.171 -> 0.128 s/step)."""
+    step faster than a full batch (bench/schedules.py; figures: docs/measurements.md)."""

@@ -44,9 +44,9 @@ fp32, 2 under bf16 mixed precision)::
                                     (prefetch) and one unsharded layer gradient; replaces B16
     D   = 16 V h                    [the embedding trains] four fp32 ``V h`` buffers at the
                                     embedding's backward (its dense gradient, the tied
-                                    lm_head's, their sum: measured 3.6-4.1 x 4 V h at four
-                                    sizes); FSDP adds the gathered root ``V h b_c``; 0 under
-                                    LoRA
+                                    lm_head's, their sum; the measured multiple of ``4 V h``:
+                                    docs/measurements.md); FSDP adds the gathered root
+                                    ``V h b_c``; 0 under LoRA
     U   = 8 P_max / dp              single-tensor AdamW (torch's CPU default): ``sqrt(v)`` and
                                     the denominator of the largest trained tensor ``P_max``;
         = 4 N_t / dp                foreach AdamW (torch's CUDA default): ``sqrt(v)`` of all;
@@ -371,9 +371,9 @@ of 256 and 1024 tokens x fp32, bf16, fp32 + checkpointing, LoRA r=16 on all proj
 
 (defaults: ``--sizes 256x2x4096,256x6x16384,512x4x8192,512x8x32000 --fit-sizes 0,1,2
 --tokens 128,256,512,1024 --fit-tokens 256,1024``; bf16 + checkpointing and foreach AdamW are
-measured, never fitted). In the fit within 2.3%; out of sample (the 41.6M-parameter
-512x8x32000, the 128- and 512-token micro-batches, bf16 + checkpointing, foreach) within
-11.3% (docs/scale.md has the table). Reading: 77 bytes of fp32 activations per token, layer
-and hidden unit (49 under bf16 autocast), 5.7 per layer under checkpointing (its fp32 input,
-4, and a little), 10 outside the layers, 22.5 bytes (5.6 fp32 buffers) per response token and
+measured, never fitted). Its errors in the fit and out of sample (the 41.6M-parameter
+512x8x32000, the 128- and 512-token micro-batches, bf16 + checkpointing, foreach) are in
+docs/scale.md, with the table. Reading: 77 bytes of fp32 activations per token, layer and
+hidden unit (49 under bf16 autocast), 5.7 per layer under checkpointing (its fp32 input, 4,
+and a little), 10 outside the layers, 22.5 bytes (5.6 fp32 buffers) per response token and
 vocabulary entry for the logprob / entropy computation, 30 KB fixed."""

@@ -297,8 +297,9 @@ class MeasuredProfile:
     """The same measurements at other thread counts (``relayrl profile --also-threads``):
     ``{threads: {decode_step_s, decode_s_per_ctx_token, prefill_tokens_per_s,
     train_tokens_per_s}}``. CPU speed-ups are far from linear in threads (a small decode step
-    is mostly per-forward overhead, measured 1.0x on 2 threads; training 1.6x), so a time
-    model uses these where it can instead of scaling ``threads / devices``."""
+    is mostly per-forward overhead and gains little from a second thread, training more:
+    docs/measurements.md), so a time model uses these where it can instead of scaling
+    ``threads / devices``."""
     prefill_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
