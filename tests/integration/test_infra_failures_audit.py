@@ -4,15 +4,27 @@ the real components rather than mocks of them.
 - a single-turn request the engine aborts (mid-generation, as a server that drops a request
   does) or refuses (a bad request) comes back as an ``'abort'`` sample, scored 0 by the reward
   function: an infrastructure failure (``engine``), left out of the batch and retried, as an
-  aborted turn of an episode is.
+  aborted turn of an episode is;
+- ``reward.service.normalize: domain_zscore``: a sample whose reward call failed does not move
+  its domain's mean and standard deviation (the survivors' scores are those of a batch without
+  it);
+- a reward worker killed from outside (SIGKILL by the OS) while it scores is ``reward_worker``;
+- an environment whose ``step`` raises in turn 2, after a turn of model tokens, trains none of
+  them.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+
 import pytest
+import torch
 
 from relayrl.controller.failures import FailureLog, infra_cause, retry_failed
 from relayrl.model import build_tiny_model, load_causal_lm, load_tokenizer
+from relayrl.reward import RewardService
 from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
 from relayrl.rollout.types import Sample
 from relayrl.workers.reward import RewardWorker
@@ -94,3 +106,134 @@ def test_a_request_the_engine_refuses_is_retried_then_left_out(tiny):
     assert infra_cause(samples[2]) == "engine"
     kept, _ = FailureLog().admit(samples, scores)
     assert kept == samples[:2]
+
+
+# ---------------------------------------------------------------- reward normalisation
+
+
+class _Chars:
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(96 + i) for i in ids)
+
+
+def _scored(value: float, domain: str, outage: bool = False) -> Sample:
+    meta = {"prompt": "p", "value": value, "domain": domain, "outage": outage}
+    return Sample(0, [1, 2], [3, 4], [-0.1, -0.2], [0, 0], "stop", 0, meta)
+
+
+def test_domain_zscore_is_over_the_samples_that_scored():
+    """Domain a: values [1, 0, 1] and a sample whose reward call failed (scored 0); domain b:
+    [2, 4]. z = (x - mean_d) / std_d (population std) over the samples that scored: a has
+    mean 2/3, std sqrt(2/9) = 0.471405, so z = 0.707107, -1.414214, 0.707107; counting the
+    failure's 0 (mean 1/2, std 1/2) would have given 1, -1, 1. b: mean 3, std 1: -1, 1."""
+    from failure_helpers import value_or_outage
+
+    svc = RewardService(value_or_outage, num_workers=0, tokenizer=_Chars(), timeout_s=20)
+    samples = [
+        _scored(1.0, "a"),
+        _scored(0.0, "a"),
+        _scored(5.0, "a", outage=True),
+        _scored(1.0, "a"),
+        _scored(2.0, "b"),
+        _scored(4.0, "b"),
+    ]
+    try:
+        scores, _ = RewardWorker(None, _Chars(), svc, normalize="domain_zscore").score(samples)
+    finally:
+        svc.close()
+    assert infra_cause(samples[2]) == "reward_fn"
+    kept, kept_scores = FailureLog().admit(samples, scores, grouped=False)
+    assert samples[2] not in kept
+    r = (2 / 9) ** 0.5
+    expected = [(1 / 3) / r, (-2 / 3) / r, (1 / 3) / r, -1.0, 1.0]
+    torch.testing.assert_close(kept_scores, torch.tensor(expected), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        kept_scores[:3], torch.tensor([0.707107, -1.414214, 0.707107]), atol=1e-5, rtol=0
+    )
+
+
+# ---------------------------------------------------------------- reward worker killed by the OS
+
+
+def test_a_reward_worker_killed_from_outside_is_an_infra_failure(tmp_path):
+    """The OS kills a reward worker (SIGKILL, as the OOM killer does) while it scores: the
+    sample is ``reward_worker``, left out, not a 0 that trains; the service replaces the worker."""
+    fifo = tmp_path / "pid"
+    os.mkfifo(fifo)
+    svc = RewardService(
+        {"fn": "failure_helpers:reports_pid_then_blocks", "kwargs": {"fifo": str(fifo)}},
+        num_workers=1,
+        tokenizer=_Chars(),
+        timeout_s=60,
+    )
+    sample = _scored(1.0, "a")
+    out: list[torch.Tensor] = []
+    try:
+        scorer = threading.Thread(
+            target=lambda: out.append(RewardWorker(None, _Chars(), svc).score([sample])[0])
+        )
+        scorer.start()
+        with open(fifo) as f:  # blocks until the worker is in the reward call
+            pid = int(f.read())
+        os.kill(pid, signal.SIGKILL)
+        scorer.join(timeout=60)
+        restarts = svc.stats()["reward_service/worker_restarts"]
+    finally:
+        svc.close()
+    assert out and out[0].tolist() == [0.0]
+    assert infra_cause(sample) == "reward_worker", sample.metadata["reward"]
+    assert "exit code -9" in sample.metadata["reward"]["error"]
+    assert restarts >= 1
+    kept, _ = FailureLog().admit([sample, _scored(1.0, "a")], torch.tensor([0.0, 1.0]), False)
+    assert sample not in kept
+
+
+# ---------------------------------------------------------------- environment fails mid-episode
+
+
+def test_an_environment_that_raises_in_turn_2_trains_none_of_the_episode(tiny):
+    """Two episodes of a group: in one, ``step`` answers turn 1 and raises after turn 2 (a
+    backend lost mid-episode); the other finishes. The failed episode's model tokens of both
+    turns are never trained (loss mask 0, and the sample is left out as ``env``); it scores 0
+    but the survivor's score is untouched."""
+    from relayrl.env import FunctionEnvironment, PlainRenderer, StepResult
+    from relayrl.env.runner import EpisodeRunner, RunnerLimits
+    from relayrl.env.scoring import EpisodeScorer
+
+    model, tok = tiny
+    made = {"n": 0}
+
+    def factory():
+        made["n"] += 1
+        broken = made["n"] == 1
+
+        def reset(row, state):
+            state["turn"] = 0
+            return [{"role": "user", "content": row["prompt"]}]
+
+        def step(message, state):
+            state["turn"] += 1
+            if state["turn"] == 2 and broken:
+                raise ConnectionError("tool backend: connection reset")
+            return StepResult([{"role": "tool", "content": "ok"}], done=state["turn"] == 2)
+
+        return FunctionEnvironment(reset, step)
+
+    limits = RunnerLimits(max_turns=3, max_turn_tokens=4, max_model_len=256, step_timeout_s=10)
+    runner = EpisodeRunner(
+        _engine(model, tok, max_slots=2), factory, PlainRenderer(tok), limits, concurrency=1
+    )
+    try:
+        samples = runner.generate([_request(tok, 0, max_tokens=4), _request(tok, 1, max_tokens=4)])
+    finally:
+        runner.close()
+    failed, healthy = samples
+    assert failed.metadata["env"]["stop_reason"] == "env_error"
+    assert failed.metadata["env"]["turns"] == 2 and len(failed.response_ids) >= 8
+    assert failed.loss_mask is not None and sum(failed.loss_mask) == 0
+    assert healthy.metadata["env"]["stop_reason"] == "env_done"
+    scores, _ = EpisodeScorer(RewardWorker(_always_one, tok)).score(samples)
+    assert scores.tolist() == [0.0, 1.0]
+    assert infra_cause(failed) == "env"
+    kept, _ = FailureLog().admit(samples, scores, grouped=False)
+    assert kept == [healthy]

@@ -100,3 +100,21 @@ def blocks(prompt: str, completion: str, sample: dict) -> float:
     if "sample_index" in sample and RELEASE is not None:
         RELEASE.wait(60)
     return 0.0
+
+
+def value_or_outage(prompt: str, completion: str, sample: dict) -> float:
+    """``sample["value"]``; raises (a verifier outage) on a sample with ``"outage"`` set."""
+    if sample.get("outage"):
+        raise ConnectionError("verifier backend unreachable")
+    return float(sample["value"])
+
+
+def reports_pid_then_blocks(prompt: str, completion: str, sample: dict, fifo: str = "") -> float:
+    """Writes its worker's pid to the named pipe ``fifo``, then blocks (at most 60 s): a test
+    kills the worker from outside meanwhile."""
+    import threading
+
+    with open(fifo, "w") as f:
+        f.write(str(os.getpid()))
+    threading.Event().wait(60)
+    return 1.0

@@ -77,7 +77,12 @@ class RewardWorker:
         domains = [s.metadata.get(self.domain_key) for s in samples]
         values = [r.score for r in results]
         if self.normalize == "domain_zscore":
-            values = zscore_by_domain(values, domains)
+            # over the samples that scored: a failed call's failure score is no outcome, and
+            # must not move its domain's mean and std (the sample itself is left out)
+            ok = [i for i, r in enumerate(results) if not r.failed]
+            z = zscore_by_domain([values[i] for i in ok], [domains[i] for i in ok])
+            for i, v in zip(ok, z, strict=True):
+                values[i] = v
         stats = batch_reward_stats(
             results, domains if any(d is not None for d in domains) else None
         )
