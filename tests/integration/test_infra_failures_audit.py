@@ -10,7 +10,9 @@ the real components rather than mocks of them.
   it);
 - a reward worker killed from outside (SIGKILL by the OS) while it scores is ``reward_worker``;
 - an environment whose ``step`` raises in turn 2, after a turn of model tokens, trains none of
-  them.
+  them;
+- a reward function that calls ``sys.exit`` on one sample of a group fails that sample only,
+  inline as in the reward service (inline, the ``SystemExit`` used to end the run).
 """
 
 from __future__ import annotations
@@ -237,3 +239,30 @@ def test_an_environment_that_raises_in_turn_2_trains_none_of_the_episode(tiny):
     assert infra_cause(failed) == "env"
     kept, _ = FailureLog().admit(samples, scores, grouped=False)
     assert kept == [healthy]
+
+
+# ---------------------------------------------------------------- a reward function that exits
+
+
+@pytest.mark.parametrize("path", ["inline", "inline_timeout", "service"])
+def test_a_reward_fn_that_calls_sys_exit_on_one_sample_fails_that_sample_only(path):
+    """``sys.exit`` in the reward function on sample 1 of a group of 3: that sample is a
+    ``reward_fn`` failure, left out; the others score 1 and train; the run is not ended. The
+    inline path (with and without ``reward.fn_timeout_s``) records it as the service does."""
+    from failure_helpers import exits_on_flagged
+
+    samples = [_scored(1.0, "a"), _scored(1.0, "a", outage=True), _scored(1.0, "a")]
+    if path == "service":
+        svc = RewardService(exits_on_flagged, num_workers=0, tokenizer=_Chars(), timeout_s=20)
+        try:
+            scores, _ = RewardWorker(None, _Chars(), svc).score(samples)
+        finally:
+            svc.close()
+    else:
+        timeout = 20.0 if path == "inline_timeout" else None
+        scores, _ = RewardWorker(exits_on_flagged, _Chars(), timeout_s=timeout).score(samples)
+    assert scores.tolist() == [1.0, 0.0, 1.0]
+    assert infra_cause(samples[1]) == "reward_fn"
+    assert "SystemExit" in samples[1].metadata["reward"]["error"]
+    kept, kept_scores = FailureLog().admit(samples, scores)
+    assert kept == [samples[0], samples[2]] and kept_scores.tolist() == [1.0, 1.0]

@@ -118,3 +118,13 @@ def reports_pid_then_blocks(prompt: str, completion: str, sample: dict, fifo: st
         f.write(str(os.getpid()))
     threading.Event().wait(60)
     return 1.0
+
+
+def exits_on_flagged(prompt: str, completion: str, sample: dict) -> float:
+    """1.0; calls ``sys.exit`` (as a verifier library giving up may) on a sample with
+    ``"outage"`` set."""
+    import sys
+
+    if sample.get("outage"):
+        sys.exit("verifier gave up")
+    return 1.0

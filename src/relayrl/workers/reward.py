@@ -12,9 +12,10 @@ score is the weighted mixture (z-scored per domain within the batch when ``norma
 ``domain_zscore``), every component is logged, failures are recorded, and the raw outcome is
 on each sample as ``sample.metadata["reward"]["outcome"]``.
 
-A reward function that raises (inline) scores 0 with the error in
-``sample.metadata["reward"]["error"]``, as a failed call of the service is recorded: the
-controller then leaves the sample out of training (``relayrl.controller.failures``).
+A reward function that raises (inline; ``SystemExit`` too, as in the service) scores 0 with
+the error in ``sample.metadata["reward"]["error"]``, as a failed call of the service is
+recorded: the controller then leaves the sample out of training
+(``relayrl.controller.failures``).
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ class RewardWorker:
             try:
                 batch = self.fn.score_batch(prompts, completions, fields)
                 outs = [_as_components(r) for r in batch]
-            except Exception as e:  # an infrastructure failure of every sample (see below)
+            except (Exception, SystemExit) as e:  # an infrastructure failure of every sample
                 outs = [self._failed(s, e) for s in samples]
             self.scored += len(samples)
         else:
@@ -146,10 +147,10 @@ class RewardWorker:
     ) -> dict[str, float]:
         try:
             return self._score(prompt, completion, fields)
-        except Exception as e:  # raised, broke the return contract, or timed out
+        except (Exception, SystemExit) as e:  # raised, exited, broke the contract, timed out
             return self._failed(sample, e)
 
-    def _failed(self, sample: Sample, exc: Exception) -> dict[str, float]:
+    def _failed(self, sample: Sample, exc: BaseException) -> dict[str, float]:
         """A reward function that raised: score 0, and the error recorded on the sample as the
         reward service records it (``metadata["reward"]["error"]``), so that the controller
         leaves the sample out of training (``relayrl.controller.failures``), whichever path
