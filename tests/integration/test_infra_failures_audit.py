@@ -266,3 +266,93 @@ def test_a_reward_fn_that_calls_sys_exit_on_one_sample_fails_that_sample_only(pa
     assert "SystemExit" in samples[1].metadata["reward"]["error"]
     kept, kept_scores = FailureLog().admit(samples, scores)
     assert kept == [samples[0], samples[2]] and kept_scores.tolist() == [1.0, 1.0]
+
+
+# ---------------------------------------------------------------- retries under domain_zscore
+
+
+def test_domain_zscore_after_a_retry_is_that_of_a_clean_batch(tiny, tmp_path):
+    """``rollout_and_score`` with ``domain_zscore``: requests with values [1, 0, 1] in domain a,
+    the third's first reward call fails (retried: the same completion, scored 1), and a fourth
+    request the engine refuses every time (an ``engine`` failure, its reward call fine, value
+    5). The batch's scores are z-scored over the 3 that train, as if scored at once: mean 2/3,
+    std sqrt(2/9): 0.707107, -1.414214, 0.707107. Before, the retried sample was z-scored alone
+    (0) and the refused one's 5 moved the others."""
+    from types import SimpleNamespace
+
+    from failure_helpers import value_outage_once
+    from relayrl.controller.algorithms import rollout_and_score
+
+    model, tok = tiny
+    engine = _engine(model, tok, max_slots=4, max_model_len=16)
+    requests = [_request(tok, i, max_tokens=4) for i in range(3)]
+    for req, value in zip(requests, (1.0, 0.0, 1.0), strict=True):
+        req.metadata.update(value=value, domain="a")
+    requests[2].metadata["outage_once"] = str(tmp_path)  # a key no other test uses
+    refused = GenerationRequest(
+        list(range(3, 23)),  # 20 prompt tokens > max_model_len 16
+        SamplingParams(max_tokens=4, seed=7),
+        group_id=0,
+        metadata={"prompt": "x", "sample_index": 3, "value": 5.0, "domain": "a"},
+    )
+    requests.append(refused)
+    svc = RewardService(value_outage_once, num_workers=0, tokenizer=tok, timeout_s=20)
+    reward = RewardWorker(None, tok, svc, normalize="domain_zscore")
+    timer: dict[str, float] = {}
+    try:
+        roles = SimpleNamespace(rollout=engine, reward=reward)
+        samples, scores, _ = rollout_and_score(roles, requests, timer, retries=2)  # type: ignore[arg-type]
+    finally:
+        svc.close()
+    assert timer["failures/retried"] == 3  # the outage once; the refused request twice
+    assert infra_cause(samples[2]) is None and infra_cause(samples[3]) == "engine"
+    r = (2 / 9) ** 0.5
+    torch.testing.assert_close(
+        scores[:3], torch.tensor([(1 / 3) / r, (-2 / 3) / r, (1 / 3) / r]), atol=1e-5, rtol=0
+    )
+    torch.testing.assert_close(
+        scores[:3], torch.tensor([0.707107, -1.414214, 0.707107]), atol=1e-5, rtol=0
+    )
+
+
+def test_domain_zscore_after_regenerated_groups_is_over_the_batch_that_trains(tmp_path):
+    """The sync schedule regenerates the groups failures left with 1 sample (the draws of
+    ``test_failures_regen``: 5 regenerations at step 1, no group dropped) and the reward
+    service z-scores (one domain: the arithmetic rows have none). The 16 scores that train
+    are the z-scores of their raw scores as one batch: mean 0, population std 1. Before, the
+    regenerated groups kept the z-scores of their own sub-batch beside the step's."""
+    from helpers import SMALL_STEP, run_config
+    from relayrl.cluster.local import build_local_roles
+    from relayrl.controller.algorithms import admit
+    from relayrl.controller.schedules import SyncSchedule
+    from relayrl.data.prompts import PromptSource
+    from relayrl.telemetry.timeline import Timeline
+
+    model_dir = build_tiny_model(tmp_path / "m", hidden_size=32, seed=1)
+    cfg = run_config(
+        model_dir,
+        tmp_path / "run",
+        *SMALL_STEP,
+        "reward.fn=failure_helpers:uneven_fails_on_prompts",
+        "reward.service.normalize=domain_zscore",
+        "failures.retries=1",
+        "failures.regenerate_rounds=2",
+    )
+    roles = build_local_roles(cfg, str(model_dir), None)
+    try:
+        tok = roles.tokenizer
+        source = PromptSource(cfg.data, tok, cfg.seed)
+        schedule = SyncSchedule(roles, cfg, source, [tok.eos_token_id], Timeline())
+        samples, scores, _ = schedule.rollout(1)
+        kept, kept_scores, _ = admit(roles, cfg, schedule.failures, samples, scores)
+        m = schedule.failures.metrics()
+    finally:
+        roles.close()
+    assert m["failures/groups_regenerated"] == 5 and m["failures/infra"] == 0
+    assert len(kept) == 16
+    raw = torch.tensor([s.metadata["reward"]["score"] for s in kept], dtype=torch.float64)
+    assert float(raw.std()) > 0.1  # scores that differ: the normalisation shows
+    z = kept_scores.double()
+    torch.testing.assert_close(z, (raw - raw.mean()) / raw.std(unbiased=False), atol=1e-4, rtol=0)
+    assert abs(float(z.mean())) < 1e-5
+    assert abs(float(z.std(unbiased=False)) - 1.0) < 1e-4

@@ -128,3 +128,24 @@ def exits_on_flagged(prompt: str, completion: str, sample: dict) -> float:
     if sample.get("outage"):
         sys.exit("verifier gave up")
     return 1.0
+
+
+OUTAGES_SEEN: set[Any] = set()
+
+
+def value_outage_once(prompt: str, completion: str, sample: dict) -> float:
+    """``sample["value"]``; the first call on a sample with an ``"outage_once"`` key not seen
+    before in this process raises (a verifier outage its retry does not meet)."""
+    key = sample.get("outage_once")
+    if key is not None and key not in OUTAGES_SEEN:
+        OUTAGES_SEEN.add(key)
+        raise ConnectionError("verifier backend unreachable")
+    return float(sample["value"])
+
+
+def uneven_fails_on_prompts(prompt: str, completion: str, sample: dict) -> float:
+    """:func:`fails_on_prompts`' failures, and a score in [0, 1) fixed by the sample (varied
+    within a batch, so that a normalisation of the batch shows)."""
+    if sample.get("sample_index", 0) > 0 and prompt_fails(prompt):
+        raise ConnectionError("verifier backend unreachable for this problem")
+    return _unit(prompt, completion, sample.get("sample_index"))

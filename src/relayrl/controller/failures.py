@@ -66,6 +66,7 @@ __all__ = [
     "fresh_request",
     "infra_cause",
     "note_retry",
+    "renormalized",
     "retry_failed",
     "small_groups",
     "tag",
@@ -165,6 +166,19 @@ def retry_failed(
             scores[i] = new_scores[j]
         retried += len(bad)
     return samples, scores, retried
+
+
+def renormalized(reward: Any, samples: Sequence[Sample], scores: Tensor) -> Tensor:
+    """``scores`` normalised again as one batch when the reward role normalises per batch
+    (``domain_zscore``: ``RewardWorker.renormalize``), over the samples that are no
+    infrastructure failure: a failure's score moves no other sample's, and samples scored in
+    separate calls (a retry, a regenerated group) score as in a clean batch scored at once.
+    ``scores`` unchanged otherwise."""
+    redo = getattr(reward, "renormalize", None)
+    if redo is None:
+        return scores
+    again = redo(samples, [infra_cause(s) is not None for s in samples])
+    return scores if again is None else again
 
 
 def small_groups(samples: Sequence[Sample], min_group: int = 2) -> list[Any]:

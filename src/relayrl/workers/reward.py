@@ -78,16 +78,30 @@ class RewardWorker:
         domains = [s.metadata.get(self.domain_key) for s in samples]
         values = [r.score for r in results]
         if self.normalize == "domain_zscore":
-            # over the samples that scored: a failed call's failure score is no outcome, and
-            # must not move its domain's mean and std (the sample itself is left out)
-            ok = [i for i, r in enumerate(results) if not r.failed]
-            z = zscore_by_domain([values[i] for i in ok], [domains[i] for i in ok])
-            for i, v in zip(ok, z, strict=True):
-                values[i] = v
+            values = _zscore_scored(values, [r.failed for r in results], domains)
         stats = batch_reward_stats(
             results, domains if any(d is not None for d in domains) else None
         )
         return torch.tensor(values, dtype=torch.float32), stats
+
+    def renormalize(self, samples: Sequence[Sample], left_out: Sequence[bool]) -> Tensor | None:
+        """With ``domain_zscore``: the scores of ``samples`` z-scored again as one batch from
+        the raw scores the service recorded on them (``metadata["reward"]``), over the samples
+        neither ``left_out`` (the controller's infrastructure failures: an aborted request,
+        a failed episode) nor failed in the reward call; so that samples scored in separate
+        calls (a retry, a regenerated group) share their batch's domain statistics, as a clean
+        batch scored at once would. None when there is nothing to redo (no service, no
+        normalisation)."""
+        if self.service is None or self.normalize != "domain_zscore":
+            return None
+        recorded = [s.metadata.get("reward") or {} for s in samples]
+        values = [float(r.get("score", 0.0)) for r in recorded]
+        failed = [
+            out or bool(r.get("error")) or "score" not in r
+            for r, out in zip(recorded, left_out, strict=True)
+        ]
+        domains = [s.metadata.get(self.domain_key) for s in samples]
+        return torch.tensor(_zscore_scored(values, failed, domains), dtype=torch.float32)
 
     def outcomes(self, samples: Sequence[Sample], scores: Tensor) -> Tensor:
         """The raw verifiable outcome per sample (for pass rates and filters): the service's
@@ -201,6 +215,18 @@ class _DaemonCaller:
         future: Future[Any] = Future()
         self._jobs.put((fn, args, future))
         return future.result(timeout=timeout_s)
+
+
+def _zscore_scored(values: list[float], failed: list[bool], domains: list[Any]) -> list[float]:
+    """``values`` z-scored within each domain over the samples that scored (``zscore_by_domain``);
+    a failed call keeps its failure score and is out of its domain's mean and std (its score
+    is no outcome, and the sample itself is left out of training)."""
+    out = list(values)
+    ok = [i for i, f in enumerate(failed) if not f]
+    z = zscore_by_domain([values[i] for i in ok], [domains[i] for i in ok])
+    for i, v in zip(ok, z, strict=True):
+        out[i] = v
+    return out
 
 
 def _as_components(result: Any) -> dict[str, float]:
