@@ -356,3 +356,89 @@ def test_domain_zscore_after_regenerated_groups_is_over_the_batch_that_trains(tm
     torch.testing.assert_close(z, (raw - raw.mean()) / raw.std(unbiased=False), atol=1e-4, rtol=0)
     assert abs(float(z.mean())) < 1e-5
     assert abs(float(z.std(unbiased=False)) - 1.0) < 1e-4
+
+
+# ---------------------------------------------------------------- the sandbox killed from outside
+
+
+def _code_sample() -> Sample:
+    meta = {"prompt": "write add", "tests": ["assert add(1, 2) == 3"]}
+    return Sample(0, [1, 2], [3, 4], [-0.1, -0.2], [0, 0], "stop", 0, meta)
+
+
+class _Text:
+    def __init__(self, code: str):
+        self.code = code
+
+    def decode(self, ids, skip_special_tokens=True):
+        return f"```python\n{self.code}\n```"
+
+
+def _supervised_mode() -> str:
+    from relayrl.reward.sandbox import Sandbox
+
+    mode = Sandbox().mode
+    if mode not in ("bwrap", "namespace"):
+        pytest.skip(f"sandbox isolation {mode}: the program is its own supervisor")
+    return mode
+
+
+def test_a_sandbox_killed_from_outside_is_an_infra_failure(monkeypatch):
+    """The code reward runs a (correct) program; the OS kills the sandbox's supervisor
+    process (bubblewrap / unshare: SIGKILL from outside, as the host's OOM killer does) while
+    it runs. The sample is a ``sandbox`` infrastructure failure, left out: not a 0 that
+    trains as the program's own failure would."""
+    import subprocess
+
+    from relayrl.reward import get_reward_fn
+    from relayrl.reward.sandbox import run as sandbox_run
+
+    _supervised_mode()
+    started = threading.Event()
+    procs: list[subprocess.Popen] = []
+
+    class Recorded(subprocess.Popen):  # the real Popen; its pid is told to the test
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            procs.append(self)
+            started.set()
+
+    monkeypatch.setattr(sandbox_run.subprocess, "Popen", Recorded)
+    code = "import time\ndef add(a, b):\n    return a + b\ntime.sleep(30)"
+    sample = _code_sample()
+    out: list[torch.Tensor] = []
+    scorer = threading.Thread(
+        target=lambda: out.append(
+            RewardWorker(get_reward_fn("code"), _Text(code)).score([sample])[0]
+        )
+    )
+    scorer.start()
+    assert started.wait(30)
+    os.kill(procs[0].pid, signal.SIGKILL)
+    scorer.join(timeout=60)
+    assert out and out[0].tolist() == [0.0]
+    assert infra_cause(sample) == "sandbox", sample.metadata["reward"]
+    assert "killed from outside the sandbox" in sample.metadata["reward"]["error"]
+    kept, _ = FailureLog().admit([sample, _code_sample()], torch.tensor([0.0, 1.0]), False)
+    assert sample not in kept
+
+
+def test_a_program_that_kills_itself_is_a_model_failure():
+    """The program SIGKILLs itself (or the OOM killer / a CPU hard limit kills it inside the
+    sandbox): its own doing, indistinguishable by exit status from a kill of the program from
+    outside. It keeps its 0 and trains (were it left out, a policy could dodge a failing
+    score by killing itself)."""
+    from relayrl.reward import get_reward_fn
+
+    _supervised_mode()
+    code = (
+        "import os, signal\ndef add(a, b):\n    return a + b\nos.kill(os.getpid(), signal.SIGKILL)"
+    )
+    sample = _code_sample()
+    scores, _ = RewardWorker(get_reward_fn("code"), _Text(code)).score([sample])
+    assert scores.tolist() == [0.0]
+    assert infra_cause(sample) is None
+    kept, _ = FailureLog().admit([sample], scores, grouped=False)
+    assert kept == [sample]
+    result = get_reward_fn("code")("write add", _Text(code).decode([]), dict(sample.metadata))
+    assert result["score"] == 0.0 and "SIGKILL" in result["reason"]
