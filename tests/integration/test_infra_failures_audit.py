@@ -442,3 +442,70 @@ def test_a_program_that_kills_itself_is_a_model_failure():
     assert kept == [sample]
     result = get_reward_fn("code")("write add", _Text(code).decode([]), dict(sample.metadata))
     assert result["score"] == 0.0 and "SIGKILL" in result["reason"]
+
+
+# ---------------------------------------------------------------- a tool call that times out
+
+SLOW_SERVER = '''
+import asyncio
+
+from mcp.server.mcpserver import MCPServer
+
+mcp = MCPServer("slow")
+
+
+@mcp.tool()
+async def lookup(key: str) -> str:
+    """Look a key up (its backend never answers)."""
+    await asyncio.sleep(60)
+    return key
+
+
+if __name__ == "__main__":
+    mcp.run()
+'''
+
+
+def test_an_mcp_tool_call_that_times_out_is_an_environment_failure(tmp_path):
+    """A live MCP server whose tool does not answer within its call bound (1 s once started;
+    the step's own bound is 60 s): the episode ends ``env_error`` (not a tool error shown to
+    the model and trained), its tokens are never trained, the sample is left out (``env``)."""
+    pytest.importorskip("mcp")
+    import sys
+
+    from qwen_template import ScriptedEngine, qwen_tokenizer
+    from relayrl.env import ChatTemplateRenderer
+    from relayrl.env.mcp_tools import MCPToolEnvironment
+    from relayrl.env.runner import EpisodeRunner, RunnerLimits
+
+    class QuickCalls(MCPToolEnvironment):
+        """Starts with the default bound (a busy machine's start-up), then bounds calls at 1 s."""
+
+        async def reset(self, row):
+            out = await super().reset(row)
+            self.server.timeout_s = 1.0
+            return out
+
+    path = tmp_path / "slow.py"
+    path.write_text(SLOW_SERVER)
+    tok = qwen_tokenizer()
+    call = '<tool_call>\n{"name": "lookup", "arguments": {"key": "x"}}\n</tool_call>'
+    runner = EpisodeRunner(
+        ScriptedEngine(tok, [call, "x"]),
+        lambda: QuickCalls([sys.executable, str(path)], call_timeout_s=30),
+        ChatTemplateRenderer(tok),
+        RunnerLimits(max_turns=3, max_model_len=8192, step_timeout_s=60),
+    )
+    req = GenerationRequest(
+        [1], SamplingParams(max_tokens=100, seed=0), group_id=0, metadata={"prompt": "x"}
+    )
+    try:
+        (s,) = runner.generate([req])
+    finally:
+        runner.close()
+    assert s.metadata["env"]["stop_reason"] == "env_error"
+    assert "did not answer in 1 s" in s.metadata["env"]["error"]
+    assert s.loss_mask is not None and sum(s.loss_mask) == 0
+    assert infra_cause(s) == "env"
+    with pytest.raises(Exception, match="no sample of the step is left to train"):
+        FailureLog().admit([s], torch.zeros(1), grouped=False)
