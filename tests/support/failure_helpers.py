@@ -100,3 +100,52 @@ def blocks(prompt: str, completion: str, sample: dict) -> float:
     if "sample_index" in sample and RELEASE is not None:
         RELEASE.wait(60)
     return 0.0
+
+
+def value_or_outage(prompt: str, completion: str, sample: dict) -> float:
+    """``sample["value"]``; raises (a verifier outage) on a sample with ``"outage"`` set."""
+    if sample.get("outage"):
+        raise ConnectionError("verifier backend unreachable")
+    return float(sample["value"])
+
+
+def reports_pid_then_blocks(prompt: str, completion: str, sample: dict, fifo: str = "") -> float:
+    """Writes its worker's pid to the named pipe ``fifo``, then blocks (at most 60 s): a test
+    kills the worker from outside meanwhile."""
+    import threading
+
+    with open(fifo, "w") as f:
+        f.write(str(os.getpid()))
+    threading.Event().wait(60)
+    return 1.0
+
+
+def exits_on_flagged(prompt: str, completion: str, sample: dict) -> float:
+    """1.0; calls ``sys.exit`` (as a verifier library giving up may) on a sample with
+    ``"outage"`` set."""
+    import sys
+
+    if sample.get("outage"):
+        sys.exit("verifier gave up")
+    return 1.0
+
+
+OUTAGES_SEEN: set[Any] = set()
+
+
+def value_outage_once(prompt: str, completion: str, sample: dict) -> float:
+    """``sample["value"]``; the first call on a sample with an ``"outage_once"`` key not seen
+    before in this process raises (a verifier outage its retry does not meet)."""
+    key = sample.get("outage_once")
+    if key is not None and key not in OUTAGES_SEEN:
+        OUTAGES_SEEN.add(key)
+        raise ConnectionError("verifier backend unreachable")
+    return float(sample["value"])
+
+
+def uneven_fails_on_prompts(prompt: str, completion: str, sample: dict) -> float:
+    """:func:`fails_on_prompts`' failures, and a score in [0, 1) fixed by the sample (varied
+    within a batch, so that a normalisation of the batch shows)."""
+    if sample.get("sample_index", 0) > 0 and prompt_fails(prompt):
+        raise ConnectionError("verifier backend unreachable for this problem")
+    return _unit(prompt, completion, sample.get("sample_index"))

@@ -27,7 +27,7 @@ from relayrl.algos import (
 )
 from relayrl.config import RunConfig
 from relayrl.controller import offpolicy
-from relayrl.controller.failures import FailureLog, retry_failed
+from relayrl.controller.failures import FailureLog, renormalized, retry_failed
 from relayrl.controller.watchdog import no_mark
 from relayrl.data.prompts import TokenizedPrompt
 from relayrl.env.export import save_trajectories
@@ -298,6 +298,7 @@ def rollout_and_score(
             roles.rollout, roles.reward, requests, samples, scores, retries, mark
         )
         timer["failures/retried"] = timer.get("failures/retried", 0.0) + retried
+    scores = renormalized(roles.reward, samples, scores)  # domain_zscore: over what trains
     timer["time/generate"] = t1 - t0
     timer["time/score"] = time.perf_counter() - t1
     return samples, scores, reward_stats

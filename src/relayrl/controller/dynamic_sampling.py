@@ -20,7 +20,7 @@ from torch import Tensor
 
 from relayrl.config import RunConfig
 from relayrl.controller.algorithms import group_requests, make_requests, rollout_and_score
-from relayrl.controller.failures import infra_cause, small_groups
+from relayrl.controller.failures import infra_cause, renormalized, small_groups
 from relayrl.controller.watchdog import no_mark
 from relayrl.data import dynamic_sample
 from relayrl.data.prompts import TokenizedPrompt
@@ -70,9 +70,11 @@ def regenerate_small_groups(
     r * B + g of ``step`` (B = ``prompts_per_step``), generated, scored and retried
     (``failures.retries``) like the step's own. Its samples take the old group's places, so
     the batch keeps its size and order. A group still too small after the last round is left
-    to :meth:`FailureLog.admit` to drop. A step whose every group is too small (the reward
-    function or environment fails for everything) is not regenerated: fresh prompts would
-    fail the same way, each costing its timeouts; the step ends as a failure of the step."""
+    to :meth:`FailureLog.admit` to drop. The batch's scores are then normalised again as one
+    (``failures.renormalized``: ``domain_zscore``). A step whose every group is too small
+    (the reward function or environment fails for everything) is not regenerated: fresh
+    prompts would fail the same way, each costing its timeouts; the step ends as a failure of
+    the step."""
     rounds = cfg.failures.regenerate_rounds
     samples, scores, regenerated = list(samples), scores.clone(), 0
     refill = refill_prompts(source, step, rounds + 1)
@@ -102,6 +104,8 @@ def regenerate_small_groups(
             for i, j in zip(places, fresh, strict=True):
                 samples[i], scores[i] = new[j], new_scores[j]
         regenerated += len(small)
+    if regenerated:
+        scores = renormalized(roles.reward, samples, scores)
     return samples, scores, regenerated
 
 

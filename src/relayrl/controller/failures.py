@@ -7,10 +7,11 @@ Two kinds of failure:
   overruns the context): it trains as scored;
 - an *infrastructure failure* is not: an environment that raises or hangs in reset / step
   (``env`` / ``env_timeout``), an agent function that crashes or hangs (``agent`` /
-  ``agent_timeout``), an engine that aborts or rejects a turn of an episode (``engine``), a
-  reward function that raises (``reward_fn``), a reward worker that dies (``reward_worker``)
-  or times out (``reward_timeout``), a code sandbox that cannot start a program (``sandbox``).
-  Its score (0) would be a lie.
+  ``agent_timeout``), an engine that aborts or rejects a request or a turn of an episode
+  (``engine``: a single-turn sample whose ``finish_reason`` is ``'abort'``, or an episode
+  that stopped ``abort``), a reward function that raises (``reward_fn``), a reward worker
+  that dies (``reward_worker``) or times out (``reward_timeout``), a code sandbox that cannot
+  start a program (``sandbox``). Its score (0) would be a lie.
 
 :func:`classify` reads which from what the lower layers already record on the sample
 (``metadata["env"]`` of an episode, ``metadata["reward"]["error"]`` of the inline reward
@@ -65,6 +66,7 @@ __all__ = [
     "fresh_request",
     "infra_cause",
     "note_retry",
+    "renormalized",
     "retry_failed",
     "small_groups",
     "tag",
@@ -89,6 +91,10 @@ def classify(sample: Sample) -> tuple[str, str, str] | None:
             return INFRA, "engine", error or "the engine aborted the episode"
         if reason in MODEL_STOPS:
             return MODEL, reason, error or reason
+    elif sample.finish_reason == "abort" or sample.error is not None:
+        # a single-turn request the engine aborted (a server that dropped it, an abort) or
+        # refused: its tokens, if any, are an interrupted generation, whatever it scored
+        return INFRA, "engine", sample.error or "the engine aborted the request"
     reward = sample.metadata.get("reward")
     if isinstance(reward, dict) and reward.get("error"):
         error = str(reward["error"])
@@ -160,6 +166,19 @@ def retry_failed(
             scores[i] = new_scores[j]
         retried += len(bad)
     return samples, scores, retried
+
+
+def renormalized(reward: Any, samples: Sequence[Sample], scores: Tensor) -> Tensor:
+    """``scores`` normalised again as one batch when the reward role normalises per batch
+    (``domain_zscore``: ``RewardWorker.renormalize``), over the samples that are no
+    infrastructure failure: a failure's score moves no other sample's, and samples scored in
+    separate calls (a retry, a regenerated group) score as in a clean batch scored at once.
+    ``scores`` unchanged otherwise."""
+    redo = getattr(reward, "renormalize", None)
+    if redo is None:
+        return scores
+    again = redo(samples, [infra_cause(s) is not None for s in samples])
+    return scores if again is None else again
 
 
 def small_groups(samples: Sequence[Sample], min_group: int = 2) -> list[Any]:

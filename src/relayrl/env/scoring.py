@@ -121,6 +121,13 @@ class EpisodeScorer:
         """The episodes' scores from the reward function's scores of their views."""
         return episode_scores(samples, scores, self.outcome, self.turn_reward_coef)
 
+    def renormalize(self, samples: Sequence[Sample], left_out: Sequence[bool]) -> Tensor | None:
+        """The episodes' scores from the inner role's scores normalised again over
+        ``samples`` as one batch (``RewardWorker.renormalize``); None when nothing to redo."""
+        redo = getattr(self.inner, "renormalize", None)
+        scores = redo(samples, left_out) if redo is not None else None
+        return None if scores is None else self.finish(samples, scores)
+
     def outcomes(self, samples: Sequence[Sample], scores: Tensor) -> Tensor:
         """Raw verifiable outcomes: the reward function's (the service's recorded outcome of
         the final turn), the environment's with ``outcome: env``, 0 for a failed episode."""

@@ -35,13 +35,14 @@ from relayrl.reward.verifiers import strip_special_tokens
 
 
 class SandboxUnavailable(RuntimeError):
-    """The sandbox itself could not start a program (not the program's fault): an
-    infrastructure failure, never a score of 0 (``relayrl.controller.failures``)."""
+    """The sandbox itself could not start a program, or was killed from outside while it ran
+    (not the program's fault): an infrastructure failure, never a score of 0
+    (``relayrl.controller.failures``)."""
 
 
 def _started(result: SandboxResult) -> SandboxResult:
     if result.status == "sandbox_error":
-        raise SandboxUnavailable(f"the sandbox could not start the program: {result.reason}")
+        raise SandboxUnavailable(f"the sandbox could not run the program: {result.reason}")
     return result
 
 

@@ -12,9 +12,10 @@ score is the weighted mixture (z-scored per domain within the batch when ``norma
 ``domain_zscore``), every component is logged, failures are recorded, and the raw outcome is
 on each sample as ``sample.metadata["reward"]["outcome"]``.
 
-A reward function that raises (inline) scores 0 with the error in
-``sample.metadata["reward"]["error"]``, as a failed call of the service is recorded: the
-controller then leaves the sample out of training (``relayrl.controller.failures``).
+A reward function that raises (inline; ``SystemExit`` too, as in the service) scores 0 with
+the error in ``sample.metadata["reward"]["error"]``, as a failed call of the service is
+recorded: the controller then leaves the sample out of training
+(``relayrl.controller.failures``).
 """
 
 from __future__ import annotations
@@ -77,11 +78,30 @@ class RewardWorker:
         domains = [s.metadata.get(self.domain_key) for s in samples]
         values = [r.score for r in results]
         if self.normalize == "domain_zscore":
-            values = zscore_by_domain(values, domains)
+            values = _zscore_scored(values, [r.failed for r in results], domains)
         stats = batch_reward_stats(
             results, domains if any(d is not None for d in domains) else None
         )
         return torch.tensor(values, dtype=torch.float32), stats
+
+    def renormalize(self, samples: Sequence[Sample], left_out: Sequence[bool]) -> Tensor | None:
+        """With ``domain_zscore``: the scores of ``samples`` z-scored again as one batch from
+        the raw scores the service recorded on them (``metadata["reward"]``), over the samples
+        neither ``left_out`` (the controller's infrastructure failures: an aborted request,
+        a failed episode) nor failed in the reward call; so that samples scored in separate
+        calls (a retry, a regenerated group) share their batch's domain statistics, as a clean
+        batch scored at once would. None when there is nothing to redo (no service, no
+        normalisation)."""
+        if self.service is None or self.normalize != "domain_zscore":
+            return None
+        recorded = [s.metadata.get("reward") or {} for s in samples]
+        values = [float(r.get("score", 0.0)) for r in recorded]
+        failed = [
+            out or bool(r.get("error")) or "score" not in r
+            for r, out in zip(recorded, left_out, strict=True)
+        ]
+        domains = [s.metadata.get(self.domain_key) for s in samples]
+        return torch.tensor(_zscore_scored(values, failed, domains), dtype=torch.float32)
 
     def outcomes(self, samples: Sequence[Sample], scores: Tensor) -> Tensor:
         """The raw verifiable outcome per sample (for pass rates and filters): the service's
@@ -121,7 +141,7 @@ class RewardWorker:
             try:
                 batch = self.fn.score_batch(prompts, completions, fields)
                 outs = [_as_components(r) for r in batch]
-            except Exception as e:  # an infrastructure failure of every sample (see below)
+            except (Exception, SystemExit) as e:  # an infrastructure failure of every sample
                 outs = [self._failed(s, e) for s in samples]
             self.scored += len(samples)
         else:
@@ -141,10 +161,10 @@ class RewardWorker:
     ) -> dict[str, float]:
         try:
             return self._score(prompt, completion, fields)
-        except Exception as e:  # raised, broke the return contract, or timed out
+        except (Exception, SystemExit) as e:  # raised, exited, broke the contract, timed out
             return self._failed(sample, e)
 
-    def _failed(self, sample: Sample, exc: Exception) -> dict[str, float]:
+    def _failed(self, sample: Sample, exc: BaseException) -> dict[str, float]:
         """A reward function that raised: score 0, and the error recorded on the sample as the
         reward service records it (``metadata["reward"]["error"]``), so that the controller
         leaves the sample out of training (``relayrl.controller.failures``), whichever path
@@ -195,6 +215,18 @@ class _DaemonCaller:
         future: Future[Any] = Future()
         self._jobs.put((fn, args, future))
         return future.result(timeout=timeout_s)
+
+
+def _zscore_scored(values: list[float], failed: list[bool], domains: list[Any]) -> list[float]:
+    """``values`` z-scored within each domain over the samples that scored (``zscore_by_domain``);
+    a failed call keeps its failure score and is out of its domain's mean and std (its score
+    is no outcome, and the sample itself is left out of training)."""
+    out = list(values)
+    ok = [i for i, f in enumerate(failed) if not f]
+    z = zscore_by_domain([values[i] for i in ok], [domains[i] for i in ok])
+    for i, v in zip(ok, z, strict=True):
+        out[i] = v
+    return out
 
 
 def _as_components(result: Any) -> dict[str, float]:

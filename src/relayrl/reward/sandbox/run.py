@@ -85,8 +85,9 @@ class SandboxResult:
     ``status``: ``ok`` (exit code 0), ``error`` (non-zero exit), ``timeout`` (wall clock),
     ``cpu_limit``, ``memory_limit``, ``output_limit``, ``process_limit`` (could not fork),
     ``killed`` (by a signal), ``sandbox_error`` (the sandbox itself could not start the
-    program). ``reason`` says it in words (None when ok). ``channel``: what the program wrote
-    on descriptor 3 (``channel=True``); ``stdout_bytes``: all stdout bytes it wrote.
+    program, or was killed from outside: not the program's doing). ``reason`` says it in
+    words (None when ok). ``channel``: what the program wrote on descriptor 3
+    (``channel=True``); ``stdout_bytes``: all stdout bytes it wrote.
     """
 
     status: SandboxStatus
@@ -345,6 +346,7 @@ class _Run:
             out.exceeded or err.exceeded,
             _read_tail(err.tail),
             limits,
+            mode,
         )
         return SandboxResult(
             status,
@@ -417,7 +419,15 @@ def _classify(
     output_over: bool,
     err_tail: str,
     limits: SandboxLimits,
+    mode: IsolationMode = "fallback",
 ) -> tuple[SandboxStatus, str | None]:
+    """The run's status and reason from its supervisor's exit status ``rc`` and what the run
+    loop saw. In ``bwrap`` and ``namespace`` modes the process started here (bubblewrap,
+    ``unshare``) is outside the program's pid namespace, and reports a program killed by a
+    signal as exit code 128 + n; so ``rc == -SIGKILL`` there (the supervisor itself killed,
+    not by this loop) is a kill from outside the sandbox (the host's OOM killer, an operator):
+    ``sandbox_error``, not the program's doing. Elsewhere the supervisor is the program, and a
+    SIGKILL is ``killed`` (the program may have sent it itself)."""
     sig = -rc if rc is not None and rc < 0 else (rc - 128 if rc is not None and rc > 128 else 0)
     if killed_by_us:
         return "timeout", f"timeout: still running after {limits.wall_s:g} s wall clock"
@@ -432,6 +442,8 @@ def _classify(
         return "memory_limit", f"memory limit: more than {limits.memory_mb} MiB requested"
     if sig == signal.SIGXCPU:
         return "cpu_limit", f"cpu limit: more than {limits.cpu_s:g} s of CPU time"
+    if rc == -signal.SIGKILL and mode in ("bwrap", "namespace"):
+        return "sandbox_error", "killed from outside the sandbox (SIGKILL of its supervisor)"
     if sig == signal.SIGKILL:
         return "killed", "killed by SIGKILL (CPU hard limit or out of memory)"
     if "BlockingIOError" in err_tail and "Resource temporarily unavailable" in err_tail:
