@@ -128,6 +128,40 @@ def test_abort_mid_generation_returns_the_tokens_so_far(server):
 
 
 @needs_vllm
+def test_a_request_the_server_aborts_unasked_ends_as_a_failed_sample(server):
+    """The server drops a request nobody asked to abort (here: its ``/abort_requests`` called
+    behind the engine's back): the request ends as an ``'abort'`` sample with ``error`` set,
+    an infrastructure failure (``controller.failures.classify``), instead of staying live
+    forever with no call in flight."""
+    from relayrl.controller.failures import classify
+    from relayrl.rollout.vllm_server_process import external_id
+
+    engine, _, _ = server
+    tokens0 = _server_metric(engine, "vllm:generation_tokens_total")
+    dropped0 = engine.stats()["requests_dropped_by_server"]
+    rid = engine.submit(_long([5, 6, 7], seed=2, max_tokens=240))
+    _wait_for_tokens(engine, tokens0 + 1)
+    engine.server.call("/pause?mode=keep")
+    try:
+        vllm_id = external_id(engine._live[rid].vllm_id)
+        engine.server.call("/abort_requests", {"request_ids": [vllm_id]})
+    finally:
+        engine.server.call("/resume")
+    deadline = time.monotonic() + 120
+    samples: list = []
+    while not samples:
+        assert time.monotonic() < deadline, "the dropped request never came out"
+        samples = engine.step(timeout=0.5)
+    (sample,) = samples
+    assert sample.request_id == rid and sample.finish_reason == "abort"
+    assert sample.error is not None and "aborted the request" in sample.error
+    assert rid not in engine._live
+    assert engine.stats()["requests_dropped_by_server"] == dropped0 + 1
+    kind = classify(sample)
+    assert kind is not None and kind[:2] == ("infra", "engine")
+
+
+@needs_vllm
 def test_interrupting_update_keeps_versions_exact_and_weights_equal_vllms_own_load(server):
     """The update lands on requests known to be mid-generation: it is triggered once the
     server's own counter shows generated tokens (2 of the 2 x 200 the requests ask for), and

@@ -71,6 +71,15 @@ class RunConfig(_Strict):
                 f"algo.group_size >= 2 (got {self.algo.group_size}: every group would be dropped)",
                 related=("algo.group_size",),
             )
+        if self.schedule != "sync" and self.reward.service.normalize == "domain_zscore":
+            raise KeyProblem(
+                "reward.service.normalize",
+                "domain_zscore",
+                f"domain_zscore z-scores a step's batch at once, but schedule {self.schedule} "
+                "scores each sample as it finishes (inline, a z-score of one sample is 0); "
+                "use schedule: sync, or normalize: none",
+                related=("schedule",),
+            )
         return self
 
     @property

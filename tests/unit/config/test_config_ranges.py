@@ -241,6 +241,12 @@ def test_betas_out_of_range_name_the_key(capsys, configs):
             "would be dropped)",
         ),
         (
+            ["schedule=async", "reward.service.normalize=domain_zscore"],
+            "bad value for 'reward.service.normalize' ('domain_zscore'): domain_zscore z-scores "
+            "a step's batch at once, but schedule async scores each sample as it finishes "
+            "(inline, a z-score of one sample is 0); use schedule: sync, or normalize: none",
+        ),
+        (
             ["data.arithmetic.min_operand=10", "data.arithmetic.max_operand=5"],
             "bad value for 'data.arithmetic.max_operand' (5): must be >= min_operand (10)",
         ),
