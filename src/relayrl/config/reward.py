@@ -34,7 +34,8 @@ class RewardServiceConfig(_Strict):
     max_pending: int | None = Field(None, ge=1)
     failure_score: float = 0.0
     normalize: Literal["none", "domain_zscore"] = "none"
-    """``domain_zscore``: z-score the mixed score within each batch, per domain."""
+    """``domain_zscore``: z-score the mixed score within each batch, per domain (``schedule:
+    sync`` only: overlap and async score each sample as it finishes)."""
     domain_key: str = "domain"
     worker_max_calls: int | None = Field(5000, ge=1)
     """Replace a reward worker after this many calls (null: never)."""
