@@ -216,7 +216,7 @@ def cmd_filter(args: argparse.Namespace) -> int:
     from relayrl.model import check_model_dir
 
     check_model_dir(cfg.model.path)
-    check_run(cfg, training=False)
+    check_run(cfg, training=False, prompts=args.input is None)  # --input: checked in the filter
     report = run_difficulty_filter(
         cfg, args.input, args.output, n=args.n, low=args.low, high=args.high
     )
