@@ -216,7 +216,7 @@ def cmd_filter(args: argparse.Namespace) -> int:
     from relayrl.model import check_model_dir
 
     check_model_dir(cfg.model.path)
-    check_run(cfg, training=False)
+    check_run(cfg, training=False, prompts=args.input is None)  # --input: checked in the filter
     report = run_difficulty_filter(
         cfg, args.input, args.output, n=args.n, low=args.low, high=args.high
     )
@@ -459,9 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("overrides", nargs="*")
     f.add_argument("--input", help="prompt dataset (default data.train_path)")
     f.add_argument("--output", required=True, help="filtered JSONL to write")
-    f.add_argument("--n", type=int, default=8, help="samples per prompt")
-    f.add_argument("--low", type=float, default=0.1)
-    f.add_argument("--high", type=float, default=0.9)
+    f.add_argument("--n", type=int, default=8, help="samples per prompt (default 8)")
+    f.add_argument("--low", type=float, default=0.1, help="lowest pass rate kept (default 0.1)")
+    f.add_argument("--high", type=float, default=0.9, help="highest pass rate kept (default 0.9)")
     f.set_defaults(fn=cmd_filter)
 
     d = sub.add_parser("demo", help="tiny model: build, SFT, GRPO on arithmetic; pass rates")

@@ -112,3 +112,26 @@ def test_filter_command_bad_input(tmp_path: Path, capsys) -> None:
     cfg = _write_cfg(tmp_path, tmp_path / "no_model")
     rc = cli_main(["filter", cfg, "--output", str(tmp_path / "o.jsonl")])
     assert rc == 2 and "relayrl filter: error:" in capsys.readouterr().err
+
+
+def test_filter_input_needs_no_config_data_file(tmp_path: Path, capsys) -> None:
+    """With ``--input`` the config's ``data.train_path`` is never opened: a run config whose
+    training file is elsewhere (or gone) still filters the given prompts. Before the fix the
+    start-up context check read ``data.train_path`` and stopped with `file not found`."""
+    from relayrl.model import build_tiny_model
+
+    model = build_tiny_model(
+        tmp_path / "m", hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1
+    )
+    src = tmp_path / "in.jsonl"
+    write_jsonl(src, [PromptRecord(f"{i}+1=", str(i + 1), {}) for i in range(3)])
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(
+        f"model:\n  path: {model}\nthreads: 1\n"
+        f"data:\n  task: jsonl\n  train_path: {tmp_path / 'gone.jsonl'}\n  max_prompt_tokens: 512\n"
+    )
+    out = tmp_path / "o.jsonl"
+    args = ["filter", str(cfg), "--input", str(src), "--output", str(out), "--n", "1"]
+    rc = cli_main([*args, "--low", "0", "--high", "1"])
+    assert rc == 0, capsys.readouterr().err
+    assert len(out.read_text().splitlines()) == 3

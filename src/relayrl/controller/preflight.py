@@ -105,9 +105,11 @@ def _run_models(cfg: RunConfig, training: bool) -> list[tuple[str, str]]:
     return models
 
 
-def check_run(cfg: RunConfig, training: bool = True) -> None:
+def check_run(cfg: RunConfig, training: bool = True, prompts: bool = True) -> None:
     """All start-up checks of an RL run (see the module docstring); ``training=False`` for
-    ``relayrl eval`` / ``filter``, which load no critic. Raises one-line errors."""
+    ``relayrl eval`` / ``filter``, which load no critic; ``prompts=False`` reads none of the
+    config's data files (``relayrl filter --input``, which checks its own prompts). Raises
+    one-line errors."""
     check_policy_loss(cfg)
     models = _run_models(cfg, training)
     for _, path in models:
@@ -138,7 +140,7 @@ def check_run(cfg: RunConfig, training: bool = True) -> None:
         if served is not None:
             check_vllm_kv_cache(cfg, served)
     if contexts:
-        check_context(cfg, tokenizer, min(contexts, key=lambda c: c.tokens), training)
+        check_context(cfg, tokenizer, min(contexts, key=lambda c: c.tokens), training, prompts)
 
 
 def kv_cache_bytes(config: dict[str, Any], dtype: str, tokens: int) -> int | None:
@@ -215,9 +217,11 @@ def check_env(cfg: RunConfig) -> None:
             raise ConfigError(str(exc)) from None
 
 
-def check_context(cfg: RunConfig, tokenizer: Any, ctx: Context, training: bool = True) -> None:
+def check_context(
+    cfg: RunConfig, tokenizer: Any, ctx: Context, training: bool = True, prompts: bool = True
+) -> None:
     """``rollout.max_tokens`` and the run's prompts against the smallest context ``ctx``
-    (the training prompts only with ``training``; the eval set always)."""
+    (the training prompts only with ``training``; the eval set unless ``prompts`` is false)."""
     max_tokens = cfg.rollout.max_tokens
     max_prompt = cfg.data.max_prompt_tokens
     if max_tokens >= ctx.tokens:
@@ -227,7 +231,7 @@ def check_context(cfg: RunConfig, tokenizer: Any, ctx: Context, training: bool =
             f"{ctx.tokens} - rollout.max_tokens"
         )
     room = ctx.tokens - max_tokens
-    if max_prompt <= room:
+    if max_prompt <= room or not prompts:
         return
     from relayrl.data.prompts import PromptSource
 

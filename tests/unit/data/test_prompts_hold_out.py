@@ -44,5 +44,13 @@ def test_too_small_a_file_for_the_hold_out_names_both_keys(tmp_path, tok):
         PromptSource(cfg, tok, seed=0)
     assert str(info.value) == (
         f"{path}: 60 distinct usable prompts; holding out data.eval_size=50 for the evaluation "
-        "would leave 10 to train on: set data.eval_path or a smaller data.eval_size"
+        "would leave 10 to train on (at most half, 30, are held out): set data.eval_path or a "
+        "smaller data.eval_size"
     )
+
+
+def test_a_hold_out_larger_than_the_file_leaves_none_not_a_negative_count(tmp_path, tok):
+    """Was `would leave -30 to train on` for 20 prompts and data.eval_size=50."""
+    path, cfg = _data(tmp_path, 20, **{"data.eval_size": 50})
+    with pytest.raises(ValueError, match=r"would leave 0 to train on \(at most half, 10,"):
+        PromptSource(cfg, tok, seed=0)

@@ -41,8 +41,9 @@ def hold_out_rows(
     def too_few(count: int) -> ValueError:
         return ValueError(
             f"{where}: {count} distinct usable prompts; holding out "
-            f"data.eval_size={n} for the evaluation would leave {count - n} to train "
-            "on: set data.eval_path or a smaller data.eval_size"
+            f"data.eval_size={n} for the evaluation would leave {max(count - n, 0)} to train "
+            f"on (at most half, {count // 2}, are held out): set data.eval_path or a smaller "
+            "data.eval_size"
         )
 
     if len(distinct) < 2 * n:
