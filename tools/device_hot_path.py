@@ -17,7 +17,8 @@ test_host_syncs.py's CPU mirror:
   host reads: a blocking host -> device copy synchronises too (the micro-batches cut on the
   host move to the device with ``.to(dev)``; ``torch.as_tensor(<python float>, device=dev)``),
   and a read of a boolean or integer device value (transformers' check that a padding mask is
-  all ones, once per forward, the engine step's "at most one per forward") is one. Asserted
+  all ones, on a micro-batch without padding; the engine step's "at most one per forward") is
+  one. Asserted
   only >= ``update_host_syncs`` (each of those reads is a sync: the debug mode is live); the
   sites say what the rest are.
 - ``critic_update_host_syncs`` / ``critic_update_cuda_sync_calls``: the same two counts during

@@ -74,8 +74,8 @@ def test_eager_and_sliding_window_models_keep_the_2d_mask(model_dir):
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_padded_forward_reads_no_mask_and_gives_the_same_logits(model_dir, attn):
     """The logits are bitwise those of the 2D mask (which transformers turns into the same 4D
-    mask); a padded batch costs no read in transformers' masking (one before: its
-    ``sum() == numel()`` check), an unpadded one keeps that read (SDPA's is_causal)."""
+    mask); a padded batch costs no read in transformers' masking (two before: its
+    ``sum() == numel()`` checks), an unpadded one keeps its one read (SDPA's is_causal)."""
     model = _model(model_dir, attn)
     for prompts_responses, mask_reads in ((PADDED, 0), (FULL, int(attn == "sdpa"))):
         batch = pack_batch(*prompts_responses, pad_id=0)
