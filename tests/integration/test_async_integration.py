@@ -314,3 +314,90 @@ def test_engine_worker_hurries_the_groups_it_is_told(sft_model):
         assert sorted(order) == [0] * 6 + [1] * 2
         assert order[:2] == [1, 1]  # 40 tokens in ~40 steps; the others needed ~4x as many
         assert engine.report().counters["urgent_steps"] > 0
+
+
+def test_trained_tokens_carry_the_weights_that_generated_them(tmp_path, monkeypatch):
+    """async eta 2 with interrupts, 64-token answers and weights that move every step: in each
+    trained batch every token's version is the one the engine reported, at most eta behind the
+    trainer, and its behaviour logprob is the logprob under that version's weights (so an
+    interrupted sequence changed weights exactly where its versions change);
+    ``interrupted_frac`` is the fraction of the batch's samples an update interrupted (it was
+    the run's cumulative ratio over every sample received, trained or not)."""
+    import copy
+
+    from relayrl.controller.buffer import GroupBuffer
+    from relayrl.controller.schedules import AsyncSchedule
+    from relayrl.model import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "m", hidden_size=16)
+    cfg = run_config(
+        model,
+        tmp_path / "run",
+        "schedule=async",
+        "async.eta=2",
+        "async.interrupt=true",
+        "train.steps=5",
+        "algo.prompts_per_step=4",
+        "algo.group_size=2",
+        "rollout.max_tokens=64",
+        "data.eval_size=4",
+        "reward.fn=helpers:completion_parity",
+        "optim.lr=1e-2",
+    )
+    weights: dict[int, dict] = {}  # version -> the actor's weights
+    start, sync = AsyncSchedule.start, AsyncSchedule.sync_weights
+
+    def recording_start(self, step, state=None):
+        weights[step] = copy.deepcopy(self.roles.actor.model.state_dict())
+        start(self, step, state)
+
+    def recording_sync(self, step, trained):
+        weights[step + 1] = copy.deepcopy(self.roles.actor.model.state_dict())
+        return sync(self, step, trained)
+
+    taken: list[list] = []
+    take = GroupBuffer.take
+
+    def recording_take(self, n, *args, **kwargs):
+        out = take(self, n, *args, **kwargs)
+        taken.append([s for g in out for s in g.samples])
+        return out
+
+    checked: list[tuple[int, float]] = []  # (staleness, max |behav - current logprob|)
+    update = ActorWorker.update
+
+    def checking_update(self, exp):
+        step, samples = len(taken) - 1, taken[-1]
+        mask = exp.response_mask > 0
+        for i, s in enumerate(samples):  # no failures: the batch holds the taken samples
+            n = len(s.response_ids)
+            assert exp.versions[i, :n].tolist() == s.versions
+        assert int((step - exp.versions)[mask].max()) <= 2
+        now = copy.deepcopy(self.model.state_dict())
+        current = self.compute_logprobs(exp)
+        for v in set(exp.versions[mask].tolist()):
+            self.model.load_state_dict(weights[v])
+            at_v = self.compute_logprobs(exp)
+            sel = mask & (exp.versions == v)
+            gap = (at_v - exp.behaviour_logprobs)[sel].abs().max()
+            assert float(gap) < 1e-4, (step, v, float(gap))
+            moved = (current - exp.behaviour_logprobs)[sel].abs().max()
+            checked.append((step - v, float(moved)))
+        self.model.load_state_dict(now)
+        return update(self, exp)
+
+    monkeypatch.setattr(AsyncSchedule, "start", recording_start)
+    monkeypatch.setattr(AsyncSchedule, "sync_weights", recording_sync)
+    monkeypatch.setattr(GroupBuffer, "take", recording_take)
+    monkeypatch.setattr(ActorWorker, "update", checking_update)
+    _train(cfg)
+    assert len(taken) == 5
+    # the check had teeth: stale tokens whose logprob under the current weights differs
+    assert any(stale > 0 and moved > 1e-3 for stale, moved in checked), checked
+    switches = [sum(a != b for a, b in itertools.pairwise(s.versions)) for t in taken for s in t]
+    interrupts = [s.num_interrupts for t in taken for s in t]
+    assert all(s <= i for s, i in zip(switches, interrupts, strict=True))  # never unasked
+    assert max(switches) > 0  # and interrupted sequences went on under the new weights
+    rows = [r for r in _metrics(tmp_path / "run") if "reward_mean" in r]
+    fracs = [sum(s.num_interrupts > 0 for s in t) / len(t) for t in taken]
+    assert [r["interrupted_frac"] for r in rows] == pytest.approx(fracs)

@@ -158,3 +158,11 @@ def byte_bpe_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(
         tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
     )
+
+
+def completion_parity(prompt: str, completion: str, sample: dict) -> float:
+    """0 or 1, fixed by the completion's text (the low bit of its SHA-256): a reward that
+    varies within a group even for an untrained model, so every GRPO step moves the weights."""
+    import hashlib
+
+    return float(hashlib.sha256(completion.encode()).digest()[0] % 2)

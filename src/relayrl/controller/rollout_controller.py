@@ -64,8 +64,6 @@ class RolloutController(threading.Thread):
         self._pending: dict[int, list[tuple[Sample, float]]] = {}
         self._views: dict[int, Sample] = {}  # id(scoring view in the service) -> its sample
         self._prompt_cache: dict[int, list[TokenizedPrompt]] = {}
-        self.samples_received = 0
-        self.samples_interrupted = 0
         self.groups_completed = 0  # kept or dropped
         self.groups_dropped = 0
         self.groups_regenerated = 0  # too small after failures: replaced by a fresh group
@@ -222,7 +220,6 @@ class RolloutController(threading.Thread):
     def _score(self, sample: Sample) -> None:
         """Score as the sample finishes: in the reward service's process pool when there is
         one (results come back through ``poll``), else inline in this thread."""
-        self.samples_received += 1
         self._last_progress = time.monotonic()
         if self.reward.service is not None:  # an episode's reward sees its final turn only
             view = scoring_view(sample)
@@ -264,7 +261,6 @@ class RolloutController(threading.Thread):
         self._last_progress = time.monotonic()
         if self._retry(sample):
             return
-        self.samples_interrupted += int(sample.num_interrupts > 0)
         g = int(sample.group_id) if sample.group_id is not None else -1
         group = self._pending.setdefault(g, [])
         group.append((sample, score))

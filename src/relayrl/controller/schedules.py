@@ -39,7 +39,7 @@ from relayrl.controller.dynamic_sampling import (
     refill_prompts,
     regenerate_small_groups,
 )
-from relayrl.controller.failures import FailureLog
+from relayrl.controller.failures import FailureLog, infra_cause
 from relayrl.controller.rollout_controller import RolloutController
 from relayrl.controller.staleness import StalenessGate
 from relayrl.controller.watchdog import run_watched
@@ -237,6 +237,7 @@ class AsyncSchedule:
         self._wall0 = 0.0
         self._idle = 0.0
         self._engine_busy = 0.0
+        self._interrupted_frac = 0.0
 
     def start(self, step: int, state: dict[str, Any] | None = None) -> None:
         """Re-base the gate on the (resumed) trainer version and start generating.
@@ -273,7 +274,7 @@ class AsyncSchedule:
         stats.update(env_metrics(self.roles))
         stats["trainer_idle_frac"] = self._idle / max(time.perf_counter() - self._wall0, 1e-9)
         c = self.controller
-        stats["interrupted_frac"] = c.samples_interrupted / max(c.samples_received, 1)
+        stats["interrupted_frac"] = self._interrupted_frac
         stats["failures/retried"] = float(c.samples_retried - self._retried)  # since last step
         self._retried = c.samples_retried
         if cfg.algo.name != "ppo" and not cfg.data.dynamic_sampling.enabled:
@@ -295,6 +296,10 @@ class AsyncSchedule:
         self._idle += waited
         self._waited = waited
         samples = [s for g in groups for s in g.samples]
+        # interrupted_frac: of this step's samples that train (infrastructure failures are left
+        # out), the fraction whose generation a weight update interrupted (num_interrupts > 0)
+        kept = [s for s in samples if infra_cause(s) is None]
+        self._interrupted_frac = sum(s.num_interrupts > 0 for s in kept) / max(len(kept), 1)
         return samples, torch.cat([g.scores for g in groups]), {}
 
     def sync_weights(self, step: int, trained: tuple[float, float]) -> dict[str, float]:
