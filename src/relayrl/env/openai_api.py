@@ -6,7 +6,9 @@
   naming it, never silently ignored: ``tool_choice`` ``"required"`` or a named function,
   ``parallel_tool_calls: false``, a ``response_format`` other than text, non-zero
   ``presence_penalty`` / ``frequency_penalty``, a ``logit_bias``, ``echo``, ``best_of`` > 1,
-  ``suffix``, ``top_logprobs`` > 0.
+  ``suffix``, ``top_logprobs`` > 0; of vLLM's extra fields, non-zero ``min_p`` /
+  ``min_tokens``, ``include_stop_str_in_output`` and ``use_beam_search`` (``top_k``,
+  ``stop_token_ids`` and ``ignore_eos`` are honoured).
 - Streaming (``stream: true`` on chat and completions): :mod:`relayrl.env.openai_stream`.
 - The Responses API (``POST /v1/responses``, the OpenAI Agents SDK's default): ``input`` (a
   string, or items: messages with string or ``input_text`` content, ``function_call`` and
@@ -97,12 +99,19 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
         raise _unsupported("logit_bias", "logit_bias")
     if body.get("echo"):
         raise _unsupported("echo", "echo=true")
-    if (body.get("best_of") or 1) > 1:
+    if (integer(body, "best_of") or 1) > 1:
         raise _unsupported("best_of", "best_of > 1")
     if body.get("suffix"):
         raise _unsupported("suffix", "suffix")
     if body.get("top_logprobs"):
         raise _unsupported("top_logprobs", "top_logprobs > 0 (the engine keeps no alternatives)")
+    # vLLM's extra sampling fields the engine has no counterpart of (``top_k`` it has)
+    for name in ("min_p", "min_tokens"):
+        if body.get(name) not in (None, 0, 0.0):
+            raise _unsupported(name, f"{name}={body.get(name)}")
+    for name in ("include_stop_str_in_output", "use_beam_search"):
+        if body.get(name):
+            raise _unsupported(name, f"{name}=true")
 
 
 # ---------------------------------------------------------------------- reply choices

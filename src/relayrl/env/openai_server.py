@@ -22,9 +22,10 @@ Routes (each also under ``/s/<session>/v1/...``):
   (``openai_api.refuse_unsupported``: ``tool_choice`` required / named, penalties, ...).
 - ``POST /v1/completions``: ``prompt`` as text or as token ids (``list[int]``), same sampling;
   ``logprobs`` (any int) gives ``tokens`` / ``token_logprobs`` / ``text_offset``.
-- vLLM's extra sampling fields ``stop_token_ids`` and ``ignore_eos`` are honoured by both
+- vLLM's extra sampling fields ``top_k``, ``stop_token_ids`` and ``ignore_eos`` are honoured by both
   (the ``openai`` client sends them with ``extra_body``).
-- ``GET /v1/models``: the one served model.
+- ``GET /v1/models``: the one served model (``GET /v1/models/<name>``: it alone, 404 for
+  another name). ``GET /health``: 200 while the engine runs, 503 once it is gone.
 
 Every choice also carries relayrl's fields ``token_ids`` (the completion's ids), ``versions``
 (the policy version the engine stamped on each token) and the response ``prompt_token_ids``;
@@ -82,7 +83,7 @@ from relayrl.env.openai_stream import (
     response_events,
     sse,
 )
-from relayrl.env.request_io import DEFAULT_MAX_BODY, OffLoop
+from relayrl.env.request_io import DEFAULT_MAX_BODY, OffLoop, unless_disconnected
 from relayrl.env.sessions import CallRecord, Session, SessionStore
 from relayrl.rollout.types import GenerationRequest, Sample, SamplingParams
 
@@ -223,21 +224,34 @@ class OpenAIServer:
             )
             return JSONResponse(err.body(), status_code=exc.status_code)
 
+        app.add_api_route("/health", self._health, methods=["GET"])
         for prefix in ("/v1", "/s/{session_key}/v1"):
             app.add_api_route(prefix + "/models", self._models, methods=["GET"])
+            app.add_api_route(prefix + "/models/{model_id:path}", self._model, methods=["GET"])
             app.add_api_route(prefix + "/chat/completions", self._chat, methods=["POST"])
             app.add_api_route(prefix + "/completions", self._completions, methods=["POST"])
             app.add_api_route(prefix + "/responses", self._responses, methods=["POST"])
         return app
 
+    async def _health(self) -> dict[str, Any]:
+        if self.owner.closed:
+            raise APIError(503, "the engine is gone", "engine_unavailable", kind="server_error")
+        return {}
+
     async def _models(self, request: Request, session_key: str | None = None) -> dict[str, Any]:
         self._session(request, session_key)
-        return {
-            "object": "list",
-            "data": [
-                {"id": self.model_name, "object": "model", "created": 0, "owned_by": "relayrl"}
-            ],
-        }
+        return {"object": "list", "data": [self._card()]}
+
+    async def _model(
+        self, request: Request, model_id: str, session_key: str | None = None
+    ) -> dict[str, Any]:
+        self._session(request, session_key)
+        if model_id != self.model_name:
+            raise APIError(404, f"the model {model_id!r} does not exist", "model_not_found")
+        return self._card()
+
+    def _card(self) -> dict[str, Any]:
+        return {"id": self.model_name, "object": "model", "created": 0, "owned_by": "relayrl"}
 
     def _session(self, request: Request, path_key: str | None) -> Session | None:
         """The request's session (see module), or None for an unrecorded call."""
@@ -275,7 +289,9 @@ class OpenAIServer:
         top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
         if top_p <= 0:
             raise APIError(400, "top_p must be > 0", "invalid_value", "top_p")
-        max_tokens = _int(body, "max_completion_tokens") or _int(body, "max_tokens")
+        max_tokens = _int(body, "max_completion_tokens")
+        if max_tokens is None:
+            max_tokens = _int(body, "max_tokens")
         if max_tokens is not None and max_tokens <= 0:
             raise APIError(
                 400, f"max_tokens must be > 0, got {max_tokens}", "invalid_value", "max_tokens"
@@ -283,6 +299,9 @@ class OpenAIServer:
         max_tokens = max_tokens or self.default_max_tokens
         if "max_tokens" in forced:
             max_tokens = min(max_tokens, int(forced["max_tokens"]))
+        top_k = _int(body, "top_k") or 0  # vLLM's field (extra_body); 0 or -1: off
+        if top_k < -1:
+            raise APIError(400, f"top_k must be >= -1, got {top_k}", "invalid_value", "top_k")
         seed = _int(body, "seed")
         if session is not None and session.sampling.get("seed") is not None:
             seed = session.next_seed()
@@ -290,7 +309,7 @@ class OpenAIServer:
         params = SamplingParams(
             temperature=float(forced.get("temperature", temperature)),
             top_p=float(forced.get("top_p", top_p)),
-            top_k=int(forced.get("top_k", 0)),
+            top_k=int(forced.get("top_k", max(top_k, 0))),
             max_tokens=max_tokens,
             stop_token_ids=sorted(set(self.rendering.stop_ids) | set(stop_ids)),
             seed=seed,
@@ -339,6 +358,9 @@ class OpenAIServer:
             sample = await asyncio.wrap_future(fut)
         except (EngineClosed, ValueError) as e:  # gone (503), or rejected the request (400)
             raise engine_error(e) from None
+        except asyncio.CancelledError:  # the client went away: free the engine's slot
+            self.owner.abort(fut)
+            raise
         if sample.error is not None or sample.finish_reason == "abort":
             raise APIError(
                 500,
@@ -436,9 +458,8 @@ class OpenAIServer:
         body = await self._counted(session, self._body(request))
         if body.get("stream"):
             return await self._counted(session, self._stream(kind, body, session))
-        if kind == "chat":
-            return await self._counted(session, self._chat_reply(body, session))
-        return await self._counted(session, self._completion_reply(body, session))
+        reply = self._chat_reply if kind == "chat" else self._completion_reply
+        return await self._counted(session, unless_disconnected(request, reply(body, session)))
 
     async def _responses(self, request: Request, session_key: str | None = None) -> Any:
         session = self._session(request, session_key)
@@ -450,7 +471,8 @@ class OpenAIServer:
             if raw.get("stream"):  # response events over the chat stream
                 stream, final = await self._token_stream("chat", chat, session)
                 return EventStream(sse(response_events(stream.events(), final, raw), named=True))
-            return chat_to_response(await self._chat_reply(chat, session), raw)
+            reply = await unless_disconnected(request, self._chat_reply(chat, session))
+            return chat_to_response(reply, raw)
 
         return await self._counted(session, reply())
 
