@@ -78,6 +78,20 @@ def integer(body: dict[str, Any], name: str) -> int | None:
     return value
 
 
+def logprobs_on(body: dict[str, Any], chat: bool) -> bool:
+    """Whether a request asks for per-token logprobs: chat's ``logprobs`` is a boolean, the
+    completions' an integer >= 0 (0 asks for them too, with no alternatives)."""
+    value = body.get("logprobs")
+    if value is None:
+        return False
+    if chat and isinstance(value, bool):
+        return value
+    if not chat and isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return True
+    want = "a boolean" if chat else "an integer >= 0"
+    raise APIError(400, f"logprobs must be {want}, got {value!r}", "invalid_type", "logprobs")
+
+
 def _unsupported(param: str, what: str) -> APIError:
     return APIError(400, f"{what} is not supported by this endpoint", "unsupported", param)
 

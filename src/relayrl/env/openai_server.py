@@ -71,6 +71,7 @@ from relayrl.env.openai_api import (
     completion_choice,
     completion_prompt,
     cut_at_stop,
+    logprobs_on,
     refuse_unsupported,
     responses_to_chat,
 )
@@ -270,10 +271,13 @@ class OpenAIServer:
             raise APIError(401, "invalid API key", "invalid_api_key", kind="authentication_error")
         return session
 
-    async def _body(self, request: Request) -> dict[str, Any]:
+    async def _body(self, request: Request, chat: bool = True) -> dict[str, Any]:
         model = self.model_name if self.strict_model else None
         body = await self.off_loop.json_body(request, self.max_body_bytes, model)
         refuse_unsupported(body)
+        logprobs_on(body, chat)  # a bad type: 400 before generating
+        if body.get("stream") not in (None, True, False):
+            raise APIError(400, "stream must be a boolean", "invalid_type", "stream")
         n = _int(body, "n")
         if n is not None and not 1 <= n <= MAX_N:
             raise APIError(400, f"n must be in [1, {MAX_N}], got {n}", "invalid_value", "n")
@@ -435,15 +439,15 @@ class OpenAIServer:
         return [self.tokenizer.decode([t]) for t in ids]
 
     def _chat_choice(
-        self, index: int, call: CallRecord, hit: str | None, parse: bool, logprobs_on: bool
+        self, index: int, call: CallRecord, hit: str | None, parse: bool, lps: bool
     ) -> dict[str, Any]:
-        texts = self._token_text(call.completion_ids) if logprobs_on else None
+        texts = self._token_text(call.completion_ids) if lps else None
         return chat_choice(self.rendering, index, call, hit, parse, texts)
 
     def _completion_choice(
-        self, index: int, call: CallRecord, hit: str | None, logprobs_on: bool
+        self, index: int, call: CallRecord, hit: str | None, lps: bool
     ) -> dict[str, Any]:
-        texts = self._token_text(call.completion_ids) if logprobs_on else None
+        texts = self._token_text(call.completion_ids) if lps else None
         return completion_choice(self.tokenizer, index, call, hit, texts)
 
     # ------------------------------------------------------------------ routes
@@ -455,7 +459,7 @@ class OpenAIServer:
 
     async def _route(self, kind: str, request: Request, session_key: str | None) -> Any:
         session = self._session(request, session_key)
-        body = await self._counted(session, self._body(request))
+        body = await self._counted(session, self._body(request, kind == "chat"))
         if body.get("stream"):
             return await self._counted(session, self._stream(kind, body, session))
         reply = self._chat_reply if kind == "chat" else self._completion_reply
@@ -519,7 +523,7 @@ class OpenAIServer:
                 return str(self.rendering.message(ids, parse_tools=False)["content"])
             return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
-        logprobs = body.get("logprobs") not in (None, False)
+        logprobs = logprobs_on(body, chat)
         stream = TokenStream(
             self.owner,
             [GenerationRequest(prompt, p, metadata=dict(meta)) for p, _ in runs],
@@ -577,7 +581,7 @@ class OpenAIServer:
         calls = await self._run("chat", prompt, body, session)
         reply = self._reply("chat", body, calls, f"chatcmpl-{uuid.uuid4().hex[:24]}")
         reply["choices"] = [
-            self._chat_choice(i, call, hit, parse, bool(body.get("logprobs")))
+            self._chat_choice(i, call, hit, parse, logprobs_on(body, True))
             for i, (call, hit) in enumerate(calls)
         ]
         return reply
@@ -594,10 +598,9 @@ class OpenAIServer:
     ) -> dict[str, Any]:
         prompt, _ = await self._completion_prompt(body)
         calls = await self._run("completion", prompt, body, session)
-        logprobs_on = body.get("logprobs") is not None and body.get("logprobs") is not False
+        on = logprobs_on(body, False)
         reply = self._reply("completion", body, calls, f"cmpl-{uuid.uuid4().hex[:24]}")
         reply["choices"] = [
-            self._completion_choice(i, call, hit, logprobs_on)
-            for i, (call, hit) in enumerate(calls)
+            self._completion_choice(i, call, hit, on) for i, (call, hit) in enumerate(calls)
         ]
         return reply

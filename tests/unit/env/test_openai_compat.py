@@ -103,6 +103,10 @@ def test_a_malformed_parameter_is_a_400_never_a_500(server):
         ("chat/completions", {"model": "tiny", "messages": M, "best_of": "x"}),
         ("completions", {"model": "tiny", "prompt": "ab", "best_of": [2]}),
         ("chat/completions", {"model": "tiny", "messages": M, "max_completion_tokens": 0}),
+        ("chat/completions", {"model": "tiny", "messages": M, "logprobs": "yes"}),
+        ("completions", {"model": "tiny", "prompt": "ab", "logprobs": -1}),
+        ("completions", {"model": "tiny", "prompt": "ab", "logprobs": "x"}),
+        ("chat/completions", {"model": "tiny", "messages": M, "stream": "no"}),
     ):
         r = httpx.post(f"{url}/{route}", json=body, timeout=30)
         assert r.status_code == 400, (body, r.text)
@@ -155,3 +159,17 @@ def test_an_unstreamed_request_whose_client_goes_away_is_aborted(server):
         time.sleep(0.1)
     assert finished == ["abort"]
     assert server.owner.call(lambda e: e.stats()["num_running"]) == 0
+
+
+def test_completions_logprobs_0_streams_the_logprobs_it_answers_unstreamed(server):
+    """Completions' logprobs = 0 asks for the sampled tokens' logprobs (no alternatives),
+    streamed or not."""
+    c = _client(server)
+    ask = dict(model="tiny", prompt="ab", max_tokens=6, temperature=0, logprobs=0)
+    plain = c.completions.create(**ask, extra_body={"ignore_eos": True}).choices[0].logprobs
+    assert plain is not None and len(plain.token_logprobs) == 6
+    lps: list[float] = []
+    for chunk in c.completions.create(**ask, stream=True, extra_body={"ignore_eos": True}):
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            lps += chunk.choices[0].logprobs.token_logprobs
+    assert lps == plain.token_logprobs
