@@ -342,7 +342,7 @@ class OpenAIServer:
                 ids.append(enc[0])
         return stops, ids
 
-    def _check_context(self, prompt: Sequence[int]) -> None:
+    def _check_context(self, prompt: Sequence[int], kind: str) -> None:
         limit = self.owner.max_model_len
         if limit is not None and len(prompt) >= limit:
             raise APIError(
@@ -350,7 +350,7 @@ class OpenAIServer:
                 f"this request has {len(prompt)} prompt tokens but the model's context is "
                 f"{limit} tokens: no room to generate (shorten the conversation)",
                 "context_length_exceeded",
-                "messages",
+                "messages" if kind == "chat" else "prompt",
             )
 
     async def _generate(
@@ -379,7 +379,7 @@ class OpenAIServer:
     ) -> list[tuple[CallRecord, str | None]]:
         """Generate the ``n`` choices (concurrently), cut each at a stop string, record them
         on the session in choice order: each choice's call and its stop."""
-        self._check_context(prompt)
+        self._check_context(prompt, kind)
         runs = self._choice_params(body, session)
         samples = await asyncio.gather(*(self._generate(prompt, p, session) for p, _ in runs))
         out = [
@@ -492,7 +492,7 @@ class OpenAIServer:
         then recorded, as the unstreamed reply's)."""
         chat = kind == "chat"
         prompt, parse = await (self._chat_prompt(body) if chat else self._completion_prompt(body))
-        self._check_context(prompt)
+        self._check_context(prompt, kind)
         runs = self._choice_params(body, session)
         meta = {"session": session.key} if session is not None else {}
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"

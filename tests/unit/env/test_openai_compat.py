@@ -173,3 +173,17 @@ def test_completions_logprobs_0_streams_the_logprobs_it_answers_unstreamed(serve
         if chunk.choices and chunk.choices[0].logprobs is not None:
             lps += chunk.choices[0].logprobs.token_logprobs
     assert lps == plain.token_logprobs
+
+
+def test_a_prompt_with_no_room_names_the_parameter_it_came_in(server):
+    c = _client(server)
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="tiny", prompt="x" * 100, max_tokens=2, stream=stream)
+        body = e.value.body
+        assert (body["code"], body["param"]) == ("context_length_exceeded", "prompt")
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "x" * 100}], stream=stream
+            )
+        assert e.value.body["param"] == "messages"
