@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 
@@ -90,6 +91,32 @@ def logprobs_on(body: dict[str, Any], chat: bool) -> bool:
         return True
     want = "a boolean" if chat else "an integer >= 0"
     raise APIError(400, f"logprobs must be {want}, got {value!r}", "invalid_type", "logprobs")
+
+
+def stop_params(
+    body: dict[str, Any], encode: Callable[[str], list[int]]
+) -> tuple[list[str], list[int]]:
+    """A request's stop strings and engine stop ids: ``stop_token_ids`` and the one token of
+    each stop string that ``encode`` makes one token."""
+    stop = body.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop or []
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise APIError(
+            400, "stop must be a string or a list of non-empty strings", "invalid_type", "stop"
+        )
+    ids = body.get("stop_token_ids") or []
+    if not isinstance(ids, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in ids
+    ):
+        raise APIError(
+            400, "stop_token_ids must be a list of integers", "invalid_type", "stop_token_ids"
+        )
+    ids = list(ids)  # the body's own list is left as it came
+    for s in stops:
+        enc = encode(s)
+        if len(enc) == 1:
+            ids.append(enc[0])
+    return stops, ids
 
 
 def _unsupported(param: str, what: str) -> APIError:

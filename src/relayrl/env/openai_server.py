@@ -21,11 +21,13 @@ Routes (each also under ``/s/<session>/v1/...``):
 - Parameters the endpoint does not honour are refused with 400 naming them
   (``openai_api.refuse_unsupported``: ``tool_choice`` required / named, penalties, ...).
 - ``POST /v1/completions``: ``prompt`` as text or as token ids (``list[int]``), same sampling;
-  ``logprobs`` (any int) gives ``tokens`` / ``token_logprobs`` / ``text_offset``.
-- vLLM's extra sampling fields ``top_k``, ``stop_token_ids`` and ``ignore_eos`` are honoured by both
-  (the ``openai`` client sends them with ``extra_body``).
-- ``GET /v1/models``: the one served model (``GET /v1/models/<name>``: it alone, 404 for
-  another name). ``GET /health``: 200 while the engine runs, 503 once it is gone.
+  ``logprobs`` (an int >= 0) gives ``tokens`` / ``token_logprobs`` / ``text_offset``
+  (``top_logprobs`` stays null: the engine keeps no alternatives).
+- vLLM's extra sampling fields ``top_k``, ``stop_token_ids`` and ``ignore_eos`` are honoured
+  by both (the ``openai`` client sends them with ``extra_body``).
+- ``GET /v1/models``: the one served model, with its ``max_model_len`` as vLLM lists it
+  (``GET /v1/models/<name>``: it alone, 404 for another name). ``GET /health``: 200 while
+  the engine runs, 503 once it is gone.
 
 Every choice also carries relayrl's fields ``token_ids`` (the completion's ids), ``versions``
 (the policy version the engine stamped on each token) and the response ``prompt_token_ids``;
@@ -74,6 +76,7 @@ from relayrl.env.openai_api import (
     logprobs_on,
     refuse_unsupported,
     responses_to_chat,
+    stop_params,
 )
 from relayrl.env.openai_api import integer as _int
 from relayrl.env.openai_api import number as _number
@@ -252,7 +255,9 @@ class OpenAIServer:
         return self._card()
 
     def _card(self) -> dict[str, Any]:
-        return {"id": self.model_name, "object": "model", "created": 0, "owned_by": "relayrl"}
+        """The model card (vLLM's fields ``root`` and ``max_model_len`` too: the context)."""
+        card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "relayrl"}
+        return {**card, "root": self.model_name, "max_model_len": self.owner.max_model_len}
 
     def _session(self, request: Request, path_key: str | None) -> Session | None:
         """The request's session (see module), or None for an unrecorded call."""
@@ -309,7 +314,7 @@ class OpenAIServer:
         seed = _int(body, "seed")
         if session is not None and session.sampling.get("seed") is not None:
             seed = session.next_seed()
-        stops, stop_ids = self._stops(body)
+        stops, stop_ids = stop_params(body, self.rendering.encode)
         params = SamplingParams(
             temperature=float(forced.get("temperature", temperature)),
             top_p=float(forced.get("top_p", top_p)),
@@ -320,27 +325,6 @@ class OpenAIServer:
             ignore_eos=bool(body.get("ignore_eos", False)),
         )
         return params, stops
-
-    def _stops(self, body: dict[str, Any]) -> tuple[list[str], list[int]]:
-        """Stop strings (one-token ones also become engine stop ids) and ``stop_token_ids``."""
-        stop = body.get("stop")
-        stops = [stop] if isinstance(stop, str) else stop or []
-        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-            raise APIError(
-                400, "stop must be a string or a list of non-empty strings", "invalid_type", "stop"
-            )
-        ids = body.get("stop_token_ids") or []
-        if not isinstance(ids, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in ids
-        ):
-            raise APIError(
-                400, "stop_token_ids must be a list of integers", "invalid_type", "stop_token_ids"
-            )
-        for s in stops:
-            enc = self.rendering.encode(s)
-            if len(enc) == 1:
-                ids.append(enc[0])
-        return stops, ids
 
     def _check_context(self, prompt: Sequence[int], kind: str) -> None:
         limit = self.owner.max_model_len

@@ -117,6 +117,8 @@ def test_health_and_model_retrieval(server):
     assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
     c = _client(server)
     assert c.models.retrieve("tiny").id == "tiny"
+    (card,) = c.models.list().data
+    assert (card.id, card.model_extra["max_model_len"]) == ("tiny", 96)  # as vLLM lists it
     with pytest.raises(openai.NotFoundError) as e:
         c.models.retrieve("other")
     assert e.value.body["code"] == "model_not_found"
