@@ -44,6 +44,8 @@ def test_serve_answers_the_openai_client_and_stops_on_sigint(tmp_path):
         assert client.models.retrieve("tiny").model_extra["max_model_len"] == 64
         health = httpx.get(base_url.removesuffix("/v1") + "/health", timeout=30)
         assert health.status_code == 200  # what vLLM users poll before sending requests
+        full = client.completions.create(model="tiny", prompt="ab", extra_body={"ignore_eos": True})
+        assert full.usage.completion_tokens == 64 - 2  # no max_tokens: the rest of the context
         r = client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, seed=1
         )

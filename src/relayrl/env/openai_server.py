@@ -107,7 +107,8 @@ class OpenAIServer:
         model_name: the name ``/v1/models`` lists (requests may name any model).
         host, port: where to listen (port 0: an ephemeral port, read back after start).
         api_key: when set, a bearer that is neither this key nor an open session is refused.
-        default_max_tokens: completion budget of a request that names none.
+        default_max_tokens: completion budget of a request that names none (None: the rest of
+            the context, as vLLM and OpenAI; ``DEFAULT_MAX_TOKENS`` when the engine has none).
         max_body_bytes: a larger request body is answered 413.
         strict_model: a request that names another model is answered 404 (``relayrl serve``).
     """
@@ -120,7 +121,7 @@ class OpenAIServer:
         host: str = "127.0.0.1",
         port: int = 0,
         api_key: str | None = None,
-        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        default_max_tokens: int | None = DEFAULT_MAX_TOKENS,
         max_body_bytes: int = DEFAULT_MAX_BODY,
         strict_model: bool = False,
     ) -> None:
@@ -305,7 +306,8 @@ class OpenAIServer:
             raise APIError(
                 400, f"max_tokens must be > 0, got {max_tokens}", "invalid_value", "max_tokens"
             )
-        max_tokens = max_tokens or self.default_max_tokens
+        if max_tokens is None:  # the engine caps it at the rest of the context
+            max_tokens = self.default_max_tokens or self.owner.max_model_len or DEFAULT_MAX_TOKENS
         if "max_tokens" in forced:
             max_tokens = min(max_tokens, int(forced["max_tokens"]))
         top_k = _int(body, "top_k") or 0  # vLLM's field (extra_body); 0 or -1: off

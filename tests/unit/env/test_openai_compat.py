@@ -17,6 +17,7 @@ from relayrl.model import build_tiny_model, load_causal_lm, load_tokenizer
 from relayrl.rollout import RolloutEngine
 
 M = [{"role": "user", "content": "hi"}]
+CONTEXT = 320  # more than DEFAULT_MAX_TOKENS
 
 
 class GatedEngine(RolloutEngine):
@@ -37,7 +38,8 @@ class GatedEngine(RolloutEngine):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    path = build_tiny_model(tmp_path_factory.mktemp("compat") / "m", max_position_embeddings=96)
+    root = tmp_path_factory.mktemp("compat")
+    path = build_tiny_model(root / "m", max_position_embeddings=CONTEXT)
     tok = load_tokenizer(path)
     engine = GatedEngine(
         load_causal_lm(path),
@@ -118,7 +120,7 @@ def test_health_and_model_retrieval(server):
     c = _client(server)
     assert c.models.retrieve("tiny").id == "tiny"
     (card,) = c.models.list().data
-    assert (card.id, card.model_extra["max_model_len"]) == ("tiny", 96)  # as vLLM lists it
+    assert (card.id, card.model_extra["max_model_len"]) == ("tiny", CONTEXT)  # as vLLM lists it
     with pytest.raises(openai.NotFoundError) as e:
         c.models.retrieve("other")
     assert e.value.body["code"] == "model_not_found"
@@ -181,11 +183,28 @@ def test_a_prompt_with_no_room_names_the_parameter_it_came_in(server):
     c = _client(server)
     for stream in (False, True):
         with pytest.raises(openai.BadRequestError) as e:
-            c.completions.create(model="tiny", prompt="x" * 100, max_tokens=2, stream=stream)
+            c.completions.create(model="tiny", prompt="x" * CONTEXT, max_tokens=2, stream=stream)
         body = e.value.body
         assert (body["code"], body["param"]) == ("context_length_exceeded", "prompt")
         with pytest.raises(openai.BadRequestError) as e:
             c.chat.completions.create(
-                model="tiny", messages=[{"role": "user", "content": "x" * 100}], stream=stream
+                model="tiny", messages=[{"role": "user", "content": "x" * CONTEXT}], stream=stream
             )
         assert e.value.body["param"] == "messages"
+
+
+def test_a_request_without_max_tokens_gets_the_servers_default_or_the_rest_of_the_context(
+    server,
+):
+    """DEFAULT_MAX_TOKENS (256) by default; with default_max_tokens=None (``relayrl serve``'s
+    default, as vLLM): the rest of the context, 320 - 2 prompt tokens."""
+    ask = dict(model="tiny", prompt="ab", extra_body={"ignore_eos": True})
+    r = _client(server).completions.create(**ask)
+    assert (r.usage.completion_tokens, r.choices[0].finish_reason) == (256, "length")
+    server.default_max_tokens = None
+    try:
+        r = _client(server).completions.create(**ask)
+    finally:
+        server.default_max_tokens = 256
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (2, CONTEXT - 2)
+    assert r.choices[0].finish_reason == "length"
