@@ -276,6 +276,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.host,
         args.port,
         api_key=args.api_key,
+        default_max_tokens=args.max_tokens or None,
         max_body_bytes=int(args.max_body_mb * 2**20),
         strict_model=True,
     )
@@ -329,6 +330,13 @@ def _add_serve(sub: Any) -> None:
     v.add_argument("--api-key", help="refuse requests whose bearer token is not this key")
     v.add_argument("--chat-template", help="a Jinja chat template file to use instead")
     v.add_argument("--max-slots", type=int, default=16, help="sequences decoded at once")
+    v.add_argument(
+        "--max-tokens",
+        type=int,
+        default=0,
+        help="completion tokens of a request that names no max_tokens (0: the rest of the "
+        "context, as vLLM)",
+    )
     v.add_argument(
         "--max-body-mb", type=float, default=16, help="larger request bodies are answered 413"
     )

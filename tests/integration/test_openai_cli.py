@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import httpx
 import openai
 import pytest
 
@@ -40,6 +41,11 @@ def test_serve_answers_the_openai_client_and_stops_on_sigint(tmp_path):
         assert base_url.startswith("http://127.0.0.1:") and base_url.endswith("/v1")
         client = openai.OpenAI(base_url=base_url, api_key="EMPTY", max_retries=0, timeout=60)
         assert [m.id for m in client.models.list().data] == ["tiny"]
+        assert client.models.retrieve("tiny").model_extra["max_model_len"] == 64
+        health = httpx.get(base_url.removesuffix("/v1") + "/health", timeout=30)
+        assert health.status_code == 200  # what vLLM users poll before sending requests
+        full = client.completions.create(model="tiny", prompt="ab", extra_body={"ignore_eos": True})
+        assert full.usage.completion_tokens == 64 - 2  # no max_tokens: the rest of the context
         r = client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, seed=1
         )

@@ -91,6 +91,11 @@ class EngineOwner:
 
     # ------------------------------------------------------------------ callers
     @property
+    def closed(self) -> bool:
+        """Closed, or its thread died: no request will be served any more."""
+        return self._closed.is_set()
+
+    @property
     def max_model_len(self) -> int | None:
         """The engine's context length, when it says (prompt + completion tokens)."""
         value = self.engine.max_model_len

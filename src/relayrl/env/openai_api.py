@@ -6,7 +6,9 @@
   naming it, never silently ignored: ``tool_choice`` ``"required"`` or a named function,
   ``parallel_tool_calls: false``, a ``response_format`` other than text, non-zero
   ``presence_penalty`` / ``frequency_penalty``, a ``logit_bias``, ``echo``, ``best_of`` > 1,
-  ``suffix``, ``top_logprobs`` > 0.
+  ``suffix``, ``top_logprobs`` > 0; of vLLM's extra fields, non-zero ``min_p`` /
+  ``min_tokens``, ``include_stop_str_in_output`` and ``use_beam_search`` (``top_k``,
+  ``stop_token_ids`` and ``ignore_eos`` are honoured).
 - Streaming (``stream: true`` on chat and completions): :mod:`relayrl.env.openai_stream`.
 - The Responses API (``POST /v1/responses``, the OpenAI Agents SDK's default): ``input`` (a
   string, or items: messages with string or ``input_text`` content, ``function_call`` and
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 
@@ -76,6 +79,46 @@ def integer(body: dict[str, Any], name: str) -> int | None:
     return value
 
 
+def logprobs_on(body: dict[str, Any], chat: bool) -> bool:
+    """Whether a request asks for per-token logprobs: chat's ``logprobs`` is a boolean, the
+    completions' an integer >= 0 (0 asks for them too, with no alternatives)."""
+    value = body.get("logprobs")
+    if value is None:
+        return False
+    if chat and isinstance(value, bool):
+        return value
+    if not chat and isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return True
+    want = "a boolean" if chat else "an integer >= 0"
+    raise APIError(400, f"logprobs must be {want}, got {value!r}", "invalid_type", "logprobs")
+
+
+def stop_params(
+    body: dict[str, Any], encode: Callable[[str], list[int]]
+) -> tuple[list[str], list[int]]:
+    """A request's stop strings and engine stop ids: ``stop_token_ids`` and the one token of
+    each stop string that ``encode`` makes one token."""
+    stop = body.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop or []
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise APIError(
+            400, "stop must be a string or a list of non-empty strings", "invalid_type", "stop"
+        )
+    ids = body.get("stop_token_ids") or []
+    if not isinstance(ids, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in ids
+    ):
+        raise APIError(
+            400, "stop_token_ids must be a list of integers", "invalid_type", "stop_token_ids"
+        )
+    ids = list(ids)  # the body's own list is left as it came
+    for s in stops:
+        enc = encode(s)
+        if len(enc) == 1:
+            ids.append(enc[0])
+    return stops, ids
+
+
 def _unsupported(param: str, what: str) -> APIError:
     return APIError(400, f"{what} is not supported by this endpoint", "unsupported", param)
 
@@ -97,12 +140,19 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
         raise _unsupported("logit_bias", "logit_bias")
     if body.get("echo"):
         raise _unsupported("echo", "echo=true")
-    if (body.get("best_of") or 1) > 1:
+    if (integer(body, "best_of") or 1) > 1:
         raise _unsupported("best_of", "best_of > 1")
     if body.get("suffix"):
         raise _unsupported("suffix", "suffix")
     if body.get("top_logprobs"):
         raise _unsupported("top_logprobs", "top_logprobs > 0 (the engine keeps no alternatives)")
+    # vLLM's extra sampling fields the engine has no counterpart of (``top_k`` it has)
+    for name in ("min_p", "min_tokens"):
+        if body.get(name) not in (None, 0, 0.0):
+            raise _unsupported(name, f"{name}={body.get(name)}")
+    for name in ("include_stop_str_in_output", "use_beam_search"):
+        if body.get(name):
+            raise _unsupported(name, f"{name}=true")
 
 
 # ---------------------------------------------------------------------- reply choices

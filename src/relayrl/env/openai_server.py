@@ -21,10 +21,13 @@ Routes (each also under ``/s/<session>/v1/...``):
 - Parameters the endpoint does not honour are refused with 400 naming them
   (``openai_api.refuse_unsupported``: ``tool_choice`` required / named, penalties, ...).
 - ``POST /v1/completions``: ``prompt`` as text or as token ids (``list[int]``), same sampling;
-  ``logprobs`` (any int) gives ``tokens`` / ``token_logprobs`` / ``text_offset``.
-- vLLM's extra sampling fields ``stop_token_ids`` and ``ignore_eos`` are honoured by both
-  (the ``openai`` client sends them with ``extra_body``).
-- ``GET /v1/models``: the one served model.
+  ``logprobs`` (an int >= 0) gives ``tokens`` / ``token_logprobs`` / ``text_offset``
+  (``top_logprobs`` stays null: the engine keeps no alternatives).
+- vLLM's extra sampling fields ``top_k``, ``stop_token_ids`` and ``ignore_eos`` are honoured
+  by both (the ``openai`` client sends them with ``extra_body``).
+- ``GET /v1/models``: the one served model, with its ``max_model_len`` as vLLM lists it
+  (``GET /v1/models/<name>``: it alone, 404 for another name). ``GET /health``: 200 while
+  the engine runs, 503 once it is gone.
 
 Every choice also carries relayrl's fields ``token_ids`` (the completion's ids), ``versions``
 (the policy version the engine stamped on each token) and the response ``prompt_token_ids``;
@@ -70,8 +73,10 @@ from relayrl.env.openai_api import (
     completion_choice,
     completion_prompt,
     cut_at_stop,
+    logprobs_on,
     refuse_unsupported,
     responses_to_chat,
+    stop_params,
 )
 from relayrl.env.openai_api import integer as _int
 from relayrl.env.openai_api import number as _number
@@ -82,7 +87,7 @@ from relayrl.env.openai_stream import (
     response_events,
     sse,
 )
-from relayrl.env.request_io import DEFAULT_MAX_BODY, OffLoop
+from relayrl.env.request_io import DEFAULT_MAX_BODY, OffLoop, unless_disconnected
 from relayrl.env.sessions import CallRecord, Session, SessionStore
 from relayrl.rollout.types import GenerationRequest, Sample, SamplingParams
 
@@ -102,7 +107,8 @@ class OpenAIServer:
         model_name: the name ``/v1/models`` lists (requests may name any model).
         host, port: where to listen (port 0: an ephemeral port, read back after start).
         api_key: when set, a bearer that is neither this key nor an open session is refused.
-        default_max_tokens: completion budget of a request that names none.
+        default_max_tokens: completion budget of a request that names none (None: the rest of
+            the context, as vLLM and OpenAI; ``DEFAULT_MAX_TOKENS`` when the engine has none).
         max_body_bytes: a larger request body is answered 413.
         strict_model: a request that names another model is answered 404 (``relayrl serve``).
     """
@@ -115,7 +121,7 @@ class OpenAIServer:
         host: str = "127.0.0.1",
         port: int = 0,
         api_key: str | None = None,
-        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        default_max_tokens: int | None = DEFAULT_MAX_TOKENS,
         max_body_bytes: int = DEFAULT_MAX_BODY,
         strict_model: bool = False,
     ) -> None:
@@ -223,21 +229,36 @@ class OpenAIServer:
             )
             return JSONResponse(err.body(), status_code=exc.status_code)
 
+        app.add_api_route("/health", self._health, methods=["GET"])
         for prefix in ("/v1", "/s/{session_key}/v1"):
             app.add_api_route(prefix + "/models", self._models, methods=["GET"])
+            app.add_api_route(prefix + "/models/{model_id:path}", self._model, methods=["GET"])
             app.add_api_route(prefix + "/chat/completions", self._chat, methods=["POST"])
             app.add_api_route(prefix + "/completions", self._completions, methods=["POST"])
             app.add_api_route(prefix + "/responses", self._responses, methods=["POST"])
         return app
 
+    async def _health(self) -> dict[str, Any]:
+        if self.owner.closed:
+            raise APIError(503, "the engine is gone", "engine_unavailable", kind="server_error")
+        return {}
+
     async def _models(self, request: Request, session_key: str | None = None) -> dict[str, Any]:
         self._session(request, session_key)
-        return {
-            "object": "list",
-            "data": [
-                {"id": self.model_name, "object": "model", "created": 0, "owned_by": "relayrl"}
-            ],
-        }
+        return {"object": "list", "data": [self._card()]}
+
+    async def _model(
+        self, request: Request, model_id: str, session_key: str | None = None
+    ) -> dict[str, Any]:
+        self._session(request, session_key)
+        if model_id != self.model_name:
+            raise APIError(404, f"the model {model_id!r} does not exist", "model_not_found")
+        return self._card()
+
+    def _card(self) -> dict[str, Any]:
+        """The model card (vLLM's fields ``root`` and ``max_model_len`` too: the context)."""
+        card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "relayrl"}
+        return {**card, "root": self.model_name, "max_model_len": self.owner.max_model_len}
 
     def _session(self, request: Request, path_key: str | None) -> Session | None:
         """The request's session (see module), or None for an unrecorded call."""
@@ -256,10 +277,13 @@ class OpenAIServer:
             raise APIError(401, "invalid API key", "invalid_api_key", kind="authentication_error")
         return session
 
-    async def _body(self, request: Request) -> dict[str, Any]:
+    async def _body(self, request: Request, chat: bool = True) -> dict[str, Any]:
         model = self.model_name if self.strict_model else None
         body = await self.off_loop.json_body(request, self.max_body_bytes, model)
         refuse_unsupported(body)
+        logprobs_on(body, chat)  # a bad type: 400 before generating
+        if body.get("stream") not in (None, True, False):
+            raise APIError(400, "stream must be a boolean", "invalid_type", "stream")
         n = _int(body, "n")
         if n is not None and not 1 <= n <= MAX_N:
             raise APIError(400, f"n must be in [1, {MAX_N}], got {n}", "invalid_value", "n")
@@ -275,22 +299,28 @@ class OpenAIServer:
         top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
         if top_p <= 0:
             raise APIError(400, "top_p must be > 0", "invalid_value", "top_p")
-        max_tokens = _int(body, "max_completion_tokens") or _int(body, "max_tokens")
+        max_tokens = _int(body, "max_completion_tokens")
+        if max_tokens is None:
+            max_tokens = _int(body, "max_tokens")
         if max_tokens is not None and max_tokens <= 0:
             raise APIError(
                 400, f"max_tokens must be > 0, got {max_tokens}", "invalid_value", "max_tokens"
             )
-        max_tokens = max_tokens or self.default_max_tokens
+        if max_tokens is None:  # the engine caps it at the rest of the context
+            max_tokens = self.default_max_tokens or self.owner.max_model_len or DEFAULT_MAX_TOKENS
         if "max_tokens" in forced:
             max_tokens = min(max_tokens, int(forced["max_tokens"]))
+        top_k = _int(body, "top_k") or 0  # vLLM's field (extra_body); 0 or -1: off
+        if top_k < -1:
+            raise APIError(400, f"top_k must be >= -1, got {top_k}", "invalid_value", "top_k")
         seed = _int(body, "seed")
         if session is not None and session.sampling.get("seed") is not None:
             seed = session.next_seed()
-        stops, stop_ids = self._stops(body)
+        stops, stop_ids = stop_params(body, self.rendering.encode)
         params = SamplingParams(
             temperature=float(forced.get("temperature", temperature)),
             top_p=float(forced.get("top_p", top_p)),
-            top_k=int(forced.get("top_k", 0)),
+            top_k=int(forced.get("top_k", max(top_k, 0))),
             max_tokens=max_tokens,
             stop_token_ids=sorted(set(self.rendering.stop_ids) | set(stop_ids)),
             seed=seed,
@@ -298,28 +328,7 @@ class OpenAIServer:
         )
         return params, stops
 
-    def _stops(self, body: dict[str, Any]) -> tuple[list[str], list[int]]:
-        """Stop strings (one-token ones also become engine stop ids) and ``stop_token_ids``."""
-        stop = body.get("stop")
-        stops = [stop] if isinstance(stop, str) else stop or []
-        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-            raise APIError(
-                400, "stop must be a string or a list of non-empty strings", "invalid_type", "stop"
-            )
-        ids = body.get("stop_token_ids") or []
-        if not isinstance(ids, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in ids
-        ):
-            raise APIError(
-                400, "stop_token_ids must be a list of integers", "invalid_type", "stop_token_ids"
-            )
-        for s in stops:
-            enc = self.rendering.encode(s)
-            if len(enc) == 1:
-                ids.append(enc[0])
-        return stops, ids
-
-    def _check_context(self, prompt: Sequence[int]) -> None:
+    def _check_context(self, prompt: Sequence[int], kind: str) -> None:
         limit = self.owner.max_model_len
         if limit is not None and len(prompt) >= limit:
             raise APIError(
@@ -327,7 +336,7 @@ class OpenAIServer:
                 f"this request has {len(prompt)} prompt tokens but the model's context is "
                 f"{limit} tokens: no room to generate (shorten the conversation)",
                 "context_length_exceeded",
-                "messages",
+                "messages" if kind == "chat" else "prompt",
             )
 
     async def _generate(
@@ -339,6 +348,9 @@ class OpenAIServer:
             sample = await asyncio.wrap_future(fut)
         except (EngineClosed, ValueError) as e:  # gone (503), or rejected the request (400)
             raise engine_error(e) from None
+        except asyncio.CancelledError:  # the client went away: free the engine's slot
+            self.owner.abort(fut)
+            raise
         if sample.error is not None or sample.finish_reason == "abort":
             raise APIError(
                 500,
@@ -353,7 +365,7 @@ class OpenAIServer:
     ) -> list[tuple[CallRecord, str | None]]:
         """Generate the ``n`` choices (concurrently), cut each at a stop string, record them
         on the session in choice order: each choice's call and its stop."""
-        self._check_context(prompt)
+        self._check_context(prompt, kind)
         runs = self._choice_params(body, session)
         samples = await asyncio.gather(*(self._generate(prompt, p, session) for p, _ in runs))
         out = [
@@ -413,15 +425,15 @@ class OpenAIServer:
         return [self.tokenizer.decode([t]) for t in ids]
 
     def _chat_choice(
-        self, index: int, call: CallRecord, hit: str | None, parse: bool, logprobs_on: bool
+        self, index: int, call: CallRecord, hit: str | None, parse: bool, lps: bool
     ) -> dict[str, Any]:
-        texts = self._token_text(call.completion_ids) if logprobs_on else None
+        texts = self._token_text(call.completion_ids) if lps else None
         return chat_choice(self.rendering, index, call, hit, parse, texts)
 
     def _completion_choice(
-        self, index: int, call: CallRecord, hit: str | None, logprobs_on: bool
+        self, index: int, call: CallRecord, hit: str | None, lps: bool
     ) -> dict[str, Any]:
-        texts = self._token_text(call.completion_ids) if logprobs_on else None
+        texts = self._token_text(call.completion_ids) if lps else None
         return completion_choice(self.tokenizer, index, call, hit, texts)
 
     # ------------------------------------------------------------------ routes
@@ -433,12 +445,11 @@ class OpenAIServer:
 
     async def _route(self, kind: str, request: Request, session_key: str | None) -> Any:
         session = self._session(request, session_key)
-        body = await self._counted(session, self._body(request))
+        body = await self._counted(session, self._body(request, kind == "chat"))
         if body.get("stream"):
             return await self._counted(session, self._stream(kind, body, session))
-        if kind == "chat":
-            return await self._counted(session, self._chat_reply(body, session))
-        return await self._counted(session, self._completion_reply(body, session))
+        reply = self._chat_reply if kind == "chat" else self._completion_reply
+        return await self._counted(session, unless_disconnected(request, reply(body, session)))
 
     async def _responses(self, request: Request, session_key: str | None = None) -> Any:
         session = self._session(request, session_key)
@@ -450,7 +461,8 @@ class OpenAIServer:
             if raw.get("stream"):  # response events over the chat stream
                 stream, final = await self._token_stream("chat", chat, session)
                 return EventStream(sse(response_events(stream.events(), final, raw), named=True))
-            return chat_to_response(await self._chat_reply(chat, session), raw)
+            reply = await unless_disconnected(request, self._chat_reply(chat, session))
+            return chat_to_response(reply, raw)
 
         return await self._counted(session, reply())
 
@@ -466,7 +478,7 @@ class OpenAIServer:
         then recorded, as the unstreamed reply's)."""
         chat = kind == "chat"
         prompt, parse = await (self._chat_prompt(body) if chat else self._completion_prompt(body))
-        self._check_context(prompt)
+        self._check_context(prompt, kind)
         runs = self._choice_params(body, session)
         meta = {"session": session.key} if session is not None else {}
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
@@ -497,7 +509,7 @@ class OpenAIServer:
                 return str(self.rendering.message(ids, parse_tools=False)["content"])
             return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
-        logprobs = body.get("logprobs") not in (None, False)
+        logprobs = logprobs_on(body, chat)
         stream = TokenStream(
             self.owner,
             [GenerationRequest(prompt, p, metadata=dict(meta)) for p, _ in runs],
@@ -555,7 +567,7 @@ class OpenAIServer:
         calls = await self._run("chat", prompt, body, session)
         reply = self._reply("chat", body, calls, f"chatcmpl-{uuid.uuid4().hex[:24]}")
         reply["choices"] = [
-            self._chat_choice(i, call, hit, parse, bool(body.get("logprobs")))
+            self._chat_choice(i, call, hit, parse, logprobs_on(body, True))
             for i, (call, hit) in enumerate(calls)
         ]
         return reply
@@ -572,10 +584,9 @@ class OpenAIServer:
     ) -> dict[str, Any]:
         prompt, _ = await self._completion_prompt(body)
         calls = await self._run("completion", prompt, body, session)
-        logprobs_on = body.get("logprobs") is not None and body.get("logprobs") is not False
+        on = logprobs_on(body, False)
         reply = self._reply("completion", body, calls, f"cmpl-{uuid.uuid4().hex[:24]}")
         reply["choices"] = [
-            self._completion_choice(i, call, hit, logprobs_on)
-            for i, (call, hit) in enumerate(calls)
+            self._completion_choice(i, call, hit, on) for i, (call, hit) in enumerate(calls)
         ]
         return reply

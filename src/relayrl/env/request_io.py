@@ -10,6 +10,10 @@ its own copy of the chat rendering (a Hugging Face fast tokenizer mutates its ow
 truncation state on each call, so one instance is not shared between threads). One large
 request then occupies one thread for a while; the loop keeps answering, and the other threads
 keep tokenising the other requests.
+
+A client that goes away before an unstreamed reply is ready (its timeout, a cancelled task) has
+the reply cancelled (:func:`unless_disconnected`): the handler's generations are then aborted on
+the engine, as a closed stream's are, instead of running to ``max_tokens`` for nobody.
 """
 
 from __future__ import annotations
@@ -18,13 +22,13 @@ import asyncio
 import copy
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from relayrl.env.openai_api import APIError
 
-__all__ = ["DEFAULT_MAX_BODY", "OffLoop", "read_body"]
+__all__ = ["DEFAULT_MAX_BODY", "ClientGone", "OffLoop", "read_body", "unless_disconnected"]
 
 T = TypeVar("T")
 
@@ -39,6 +43,38 @@ def _too_large(limit: int) -> APIError:
         "(relayrl serve --max-body-mb)",
         "request_too_large",
     )
+
+
+class ClientGone(APIError):
+    """The client disconnected before its reply was ready (answered to nobody)."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "the client closed the connection", "client_closed")
+
+
+async def unless_disconnected(request: Any, reply: Awaitable[T]) -> T:
+    """Await ``reply`` (after the body was read); a client disconnect first cancels it and
+    raises :class:`ClientGone`."""
+    task = asyncio.ensure_future(reply)
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+        watch.cancel()
+    if not task.done() or task.cancelled():
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        raise ClientGone()
+    return task.result()
 
 
 async def read_body(request: Any, limit: int) -> bytes:
