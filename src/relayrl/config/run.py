@@ -76,7 +76,7 @@ class RunConfig(_Strict):
                 "reward.service.normalize",
                 "domain_zscore",
                 f"domain_zscore z-scores a step's batch at once, but schedule {self.schedule} "
-                "scores each sample as it finishes (inline, a z-score of one sample is 0); "
+                "scores each sample as it finishes, so the z-score would never be applied; "
                 "use schedule: sync, or normalize: none",
                 related=("schedule",),
             )

@@ -243,8 +243,8 @@ def test_betas_out_of_range_name_the_key(capsys, configs):
         (
             ["schedule=async", "reward.service.normalize=domain_zscore"],
             "bad value for 'reward.service.normalize' ('domain_zscore'): domain_zscore z-scores "
-            "a step's batch at once, but schedule async scores each sample as it finishes "
-            "(inline, a z-score of one sample is 0); use schedule: sync, or normalize: none",
+            "a step's batch at once, but schedule async scores each sample as it finishes, so "
+            "the z-score would never be applied; use schedule: sync, or normalize: none",
         ),
         (
             ["data.arithmetic.min_operand=10", "data.arithmetic.max_operand=5"],
