@@ -55,6 +55,7 @@ from relayrl.cluster.live_requests import (
 )
 from relayrl.rollout import EngineReport, GenerationRequest, Sample
 from relayrl.rollout.backend import SteppingEngine
+from relayrl.rollout.types import error_sample
 
 _CTX = mp.get_context("spawn")
 EVAL_TAG = "_eval_ticket"
@@ -250,8 +251,8 @@ def _engine_loop(
                     for req in msg[1]:
                         try:
                             rid = engine.submit(req)
-                        except ValueError as exc:
-                            errors.append((req.metadata, str(exc)))
+                        except ValueError as exc:  # this request only: the client is told
+                            errors.append((req, str(exc)))
                             continue
                         update = live.submitted(req, rid)
                         if update is not None:
@@ -347,7 +348,7 @@ class EngineProcess:
         self._acked = threading.Event()
         self._acked.set()
         self._stats_q: queue.Queue[EngineReport] = queue.Queue()
-        self._rejected: list[tuple[dict[str, Any], str]] = []
+        self._rejected: queue.Queue[tuple[GenerationRequest, str]] = queue.Queue()
         self._live = ClientStreams()  # submit_live requests' streamed tokens
         self._send_lock = threading.Lock()
         self._tickets = itertools.count()
@@ -420,13 +421,23 @@ class EngineProcess:
             elif kind == "stats":
                 self._stats_q.put(EngineReport(msg[1], msg[2]))
             elif kind == "rejected":
-                for meta, _ in msg[1]:
-                    key = untag(meta)
-                    if key is not None:
-                        self._live.forget(key)
-                self._rejected.extend(msg[1])
+                self._on_rejected(msg[1])
             elif kind == "stopped":
                 return
+
+    def _on_rejected(self, refused: list[tuple[GenerationRequest, str]]) -> None:
+        """Refused requests: one of ``generate`` comes back as its ``'abort'`` sample with
+        ``error`` set (as from the engine's own ``generate``), any other from ``rejected()``."""
+        for req, error in refused:
+            key, ticket = untag(req.metadata), req.metadata.get(EVAL_TAG)
+            if key is not None:
+                self._live.forget(key)
+            if ticket is None:
+                self._rejected.put((req, error))
+                continue
+            with self._eval_cv:
+                self._eval[ticket] = error_sample(-1, req, error)
+                self._eval_cv.notify_all()
 
     def _check_alive(self) -> None:
         if self._dead is not None:
@@ -572,9 +583,9 @@ class EngineProcess:
                 if time.monotonic() > deadline:
                     raise TimeoutError("rollout worker did not answer stats") from None
 
-    def rejected(self) -> list[tuple[dict[str, Any], str]]:
-        out, self._rejected = self._rejected, []
-        return out
+    def rejected(self) -> list[tuple[GenerationRequest, str]]:
+        """(request, error) of those the worker's engine refused since the last call."""
+        return drain_queue(self._rejected, 0)
 
     def close(self) -> None:
         self._stopping = True
