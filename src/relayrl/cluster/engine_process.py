@@ -53,9 +53,8 @@ from relayrl.cluster.live_requests import (
     tag,
     untag,
 )
-from relayrl.rollout import EngineReport, GenerationRequest, Sample
+from relayrl.rollout import EngineReport, GenerationRequest, Sample, error_sample
 from relayrl.rollout.backend import SteppingEngine
-from relayrl.rollout.types import error_sample
 
 _CTX = mp.get_context("spawn")
 EVAL_TAG = "_eval_ticket"
@@ -406,38 +405,33 @@ class EngineProcess:
                 self._live.add(msg[1])
             elif kind == "samples":
                 for s in msg[1]:
-                    key = untag(s.metadata)
-                    if key is not None:
-                        self._live.forget(key)
-                    ticket = s.metadata.get(EVAL_TAG)
-                    if ticket is None:
-                        self._samples.put(s)
-                    else:
-                        with self._eval_cv:
-                            self._eval[ticket] = s
-                            self._eval_cv.notify_all()
+                    self._arrived(s)
             elif kind == "updated":
                 self._acked.set()
             elif kind == "stats":
                 self._stats_q.put(EngineReport(msg[1], msg[2]))
             elif kind == "rejected":
-                self._on_rejected(msg[1])
+                for req, error in msg[1]:
+                    self._arrived(error_sample(-1, req, error), (req, error))
             elif kind == "stopped":
                 return
 
-    def _on_rejected(self, refused: list[tuple[GenerationRequest, str]]) -> None:
-        """Refused requests: one of ``generate`` comes back as its ``'abort'`` sample with
-        ``error`` set (as from the engine's own ``generate``), any other from ``rejected()``."""
-        for req, error in refused:
-            key, ticket = untag(req.metadata), req.metadata.get(EVAL_TAG)
-            if key is not None:
-                self._live.forget(key)
-            if ticket is None:
-                self._rejected.put((req, error))
-                continue
+    def _arrived(self, s: Sample, refused: tuple[GenerationRequest, str] | None = None) -> None:
+        """A request's end (``refused``: the worker's engine refused it, ``s`` its ``'abort'``
+        sample, as the engine's own ``generate`` hands back): a ``generate`` request's sample
+        goes to its caller, any other to ``poll``, or when refused to ``rejected()``."""
+        key = untag(s.metadata)
+        if key is not None:
+            self._live.forget(key)
+        ticket = s.metadata.get(EVAL_TAG)
+        if ticket is not None:
             with self._eval_cv:
-                self._eval[ticket] = error_sample(-1, req, error)
+                self._eval[ticket] = s
                 self._eval_cv.notify_all()
+        elif refused is None:
+            self._samples.put(s)
+        else:
+            self._rejected.put(refused)
 
     def _check_alive(self) -> None:
         if self._dead is not None:
@@ -521,14 +515,11 @@ class EngineProcess:
 
     def generate(self, requests: list[GenerationRequest]) -> list[Sample]:
         """Blocking: complete ``requests`` (alongside anything else in flight), in order."""
-        tickets = []
-        tagged = []
-        for r in requests:
-            t = next(self._tickets)
-            tickets.append(t)
-            tagged.append(
-                GenerationRequest(r.prompt_ids, r.params, r.group_id, {**r.metadata, EVAL_TAG: t})
-            )
+        tickets = [next(self._tickets) for _ in requests]
+        tagged = [
+            GenerationRequest(r.prompt_ids, r.params, r.group_id, {**r.metadata, EVAL_TAG: t})
+            for r, t in zip(requests, tickets, strict=True)
+        ]
         self._send(("submit", tagged))
         with self._eval_cv:
             while not all(t in self._eval for t in tickets):

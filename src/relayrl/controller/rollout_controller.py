@@ -34,8 +34,7 @@ from relayrl.data.dynamic import has_signal
 from relayrl.data.prompts import PromptSource, TokenizedPrompt
 from relayrl.env.scoring import scoring_view
 from relayrl.reward import Scorer
-from relayrl.rollout import GenerationRequest, PollingBackend, Sample
-from relayrl.rollout.types import error_sample
+from relayrl.rollout import GenerationRequest, PollingBackend, Sample, error_sample
 from relayrl.telemetry.timeline import Timeline
 
 
