@@ -98,7 +98,7 @@ def test_async_dynamic_sampling_trains_only_groups_with_signal(sft_model, tmp_pa
     _train(run_config(sft_model, run_dir, "train.steps=4", *common))
     rows = [r for r in _metrics(run_dir) if "reward_mean" in r]
     assert len(rows) == 4
-    assert rows[-1]["dynamic/dropped_frac"] > 0  # some groups had no signal and were dropped
+    assert any(r["dynamic/dropped_frac"] > 0 for r in rows)  # groups without signal were dropped
     assert all(r["actor/zero_adv_skipped_frac"] == 0.0 for r in rows)  # none was trained
     assert max(r["staleness_max"] for r in rows) <= 1
     # each step trains the next 8 groups in admission order, past the dropped ones

@@ -53,7 +53,7 @@ from relayrl.cluster.live_requests import (
     tag,
     untag,
 )
-from relayrl.rollout import EngineReport, GenerationRequest, Sample
+from relayrl.rollout import EngineReport, GenerationRequest, Sample, error_sample
 from relayrl.rollout.backend import SteppingEngine
 
 _CTX = mp.get_context("spawn")
@@ -250,8 +250,8 @@ def _engine_loop(
                     for req in msg[1]:
                         try:
                             rid = engine.submit(req)
-                        except ValueError as exc:
-                            errors.append((req.metadata, str(exc)))
+                        except ValueError as exc:  # this request only: the client is told
+                            errors.append((req, str(exc)))
                             continue
                         update = live.submitted(req, rid)
                         if update is not None:
@@ -347,7 +347,7 @@ class EngineProcess:
         self._acked = threading.Event()
         self._acked.set()
         self._stats_q: queue.Queue[EngineReport] = queue.Queue()
-        self._rejected: list[tuple[dict[str, Any], str]] = []
+        self._rejected: queue.Queue[tuple[GenerationRequest, str]] = queue.Queue()
         self._live = ClientStreams()  # submit_live requests' streamed tokens
         self._send_lock = threading.Lock()
         self._tickets = itertools.count()
@@ -405,28 +405,33 @@ class EngineProcess:
                 self._live.add(msg[1])
             elif kind == "samples":
                 for s in msg[1]:
-                    key = untag(s.metadata)
-                    if key is not None:
-                        self._live.forget(key)
-                    ticket = s.metadata.get(EVAL_TAG)
-                    if ticket is None:
-                        self._samples.put(s)
-                    else:
-                        with self._eval_cv:
-                            self._eval[ticket] = s
-                            self._eval_cv.notify_all()
+                    self._arrived(s)
             elif kind == "updated":
                 self._acked.set()
             elif kind == "stats":
                 self._stats_q.put(EngineReport(msg[1], msg[2]))
             elif kind == "rejected":
-                for meta, _ in msg[1]:
-                    key = untag(meta)
-                    if key is not None:
-                        self._live.forget(key)
-                self._rejected.extend(msg[1])
+                for req, error in msg[1]:
+                    self._arrived(error_sample(-1, req, error), (req, error))
             elif kind == "stopped":
                 return
+
+    def _arrived(self, s: Sample, refused: tuple[GenerationRequest, str] | None = None) -> None:
+        """A request's end (``refused``: the worker's engine refused it, ``s`` its ``'abort'``
+        sample, as the engine's own ``generate`` hands back): a ``generate`` request's sample
+        goes to its caller, any other to ``poll``, or when refused to ``rejected()``."""
+        key = untag(s.metadata)
+        if key is not None:
+            self._live.forget(key)
+        ticket = s.metadata.get(EVAL_TAG)
+        if ticket is not None:
+            with self._eval_cv:
+                self._eval[ticket] = s
+                self._eval_cv.notify_all()
+        elif refused is None:
+            self._samples.put(s)
+        else:
+            self._rejected.put(refused)
 
     def _check_alive(self) -> None:
         if self._dead is not None:
@@ -510,14 +515,11 @@ class EngineProcess:
 
     def generate(self, requests: list[GenerationRequest]) -> list[Sample]:
         """Blocking: complete ``requests`` (alongside anything else in flight), in order."""
-        tickets = []
-        tagged = []
-        for r in requests:
-            t = next(self._tickets)
-            tickets.append(t)
-            tagged.append(
-                GenerationRequest(r.prompt_ids, r.params, r.group_id, {**r.metadata, EVAL_TAG: t})
-            )
+        tickets = [next(self._tickets) for _ in requests]
+        tagged = [
+            GenerationRequest(r.prompt_ids, r.params, r.group_id, {**r.metadata, EVAL_TAG: t})
+            for r, t in zip(requests, tickets, strict=True)
+        ]
         self._send(("submit", tagged))
         with self._eval_cv:
             while not all(t in self._eval for t in tickets):
@@ -572,9 +574,9 @@ class EngineProcess:
                 if time.monotonic() > deadline:
                     raise TimeoutError("rollout worker did not answer stats") from None
 
-    def rejected(self) -> list[tuple[dict[str, Any], str]]:
-        out, self._rejected = self._rejected, []
-        return out
+    def rejected(self) -> list[tuple[GenerationRequest, str]]:
+        """(request, error) of those the worker's engine refused since the last call."""
+        return drain_queue(self._rejected, 0)
 
     def close(self) -> None:
         self._stopping = True

@@ -27,10 +27,12 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from relayrl.rollout.backend import SteppingEngine
 from relayrl.rollout.types import GenerationRequest, Sample
+
+T = TypeVar("T")
 
 LIVE_TAG = "_live_key"
 """Metadata key of a live request's key (removed from its sample by the client)."""
@@ -38,9 +40,9 @@ STREAM_TAG = "_live_stream"
 """Metadata key: the live request's tokens are streamed (removed from its sample)."""
 
 
-def drain_queue(q: queue.Queue[Sample], timeout: float) -> list[Sample]:
+def drain_queue(q: queue.Queue[T], timeout: float) -> list[T]:
     """Everything in ``q`` now, waiting up to ``timeout`` seconds for the first item."""
-    out: list[Sample] = []
+    out: list[T] = []
     try:
         out.append(q.get(timeout=timeout) if timeout > 0 else q.get_nowait())
     except queue.Empty:

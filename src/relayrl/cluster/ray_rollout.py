@@ -293,7 +293,7 @@ class RayRolloutClient:
         """None: the replicas' engines read it from the model."""
         return None
 
-    def rejected(self) -> list[tuple[dict[str, Any], str]]:
+    def rejected(self) -> list[tuple[GenerationRequest, str]]:
         """Nothing: a replica hands a request it cannot run back as an ``'abort'`` sample."""
         return []
 

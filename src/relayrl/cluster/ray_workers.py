@@ -35,7 +35,7 @@ from relayrl.cluster.ray_weight_sync import CollectiveWeightSync
 from relayrl.cluster.weight_collective import open_rendezvous
 from relayrl.config import RunConfig
 from relayrl.rollout import GenerationRequest, RolloutEngine, Sample, SteppingEngine
-from relayrl.rollout.engine import _error_sample
+from relayrl.rollout.types import error_sample
 from relayrl.workers.data_parallel import split_experience
 
 RENDEZVOUS_TIMEOUT = timedelta(minutes=30)
@@ -324,7 +324,7 @@ class RoleHost(CollectiveWeightSync):
                 try:
                     self.engine.submit(r)
                 except ValueError as exc:
-                    self._finished.append(_error_sample(-1, r, str(exc)))
+                    self._finished.append(error_sample(-1, r, str(exc)))
             self._cv.notify_all()
 
     def rollout_poll(self, timeout: float) -> list[Sample]:

@@ -8,8 +8,9 @@ schedule would use at step g // B, so eta = 0 reproduces sync semantics on separ
 
 A sample that failed for infrastructure reasons (``controller.failures``) is generated again,
 same request, up to ``failures.retries`` times before it joins its group (the trainer then
-leaves it out). A group that failures leave with fewer than 2 samples is given back to the gate
-as dynamic sampling gives back a group without signal, so a fresh prompt's group replaces it
+leaves it out); a request the engine refuses (``rejected()``) is such a failure (``engine``).
+A group that failures leave with fewer than 2 samples is given back to the gate as dynamic
+sampling gives back a group without signal, so a fresh prompt's group replaces it
 (``failures.regenerate_rounds`` x B per trainer version; past that the trainer drops it).
 A trainer that waits while nothing finished for ``failures.stall_s`` gets
 :class:`RolloutStalled` naming what is in flight, never a silent hang.
@@ -33,7 +34,7 @@ from relayrl.data.dynamic import has_signal
 from relayrl.data.prompts import PromptSource, TokenizedPrompt
 from relayrl.env.scoring import scoring_view
 from relayrl.reward import Scorer
-from relayrl.rollout import PollingBackend, Sample
+from relayrl.rollout import GenerationRequest, PollingBackend, Sample, error_sample
 from relayrl.telemetry.timeline import Timeline
 
 
@@ -128,6 +129,8 @@ class RolloutController(threading.Thread):
                 self._prioritize_awaited()
                 for s in self.engine.poll(timeout=self.cfg.async_.poll_interval_s):
                     self._score(s)
+                for request, error in self.engine.rejected():
+                    self._refused(request, error)
                 if self.reward.service is not None:
                     for view, result in self.reward.service.poll():
                         self._collect_scored(view, result.score)
@@ -230,6 +233,13 @@ class RolloutController(threading.Thread):
         score, _ = self.reward.score([sample])
         self.timeline.add("reward", "score", t0, time.perf_counter())
         self._collect(sample, float(score[0]))
+
+    def _refused(self, request: GenerationRequest, error: str) -> None:
+        """A request the engine refused (``rejected()``: its sample never comes out of
+        ``poll``) is the ``'abort'`` sample with ``error`` set that ``generate`` would have
+        handed back: an infrastructure failure (``engine``), generated again while it has
+        retries left, then left out by the trainer. Never scored: its 0 is a placeholder."""
+        self._collect(error_sample(-1, request, f"the engine refused the request: {error}"), 0.0)
 
     def _collect_scored(self, view: Sample, score: float) -> None:
         """A service result: back to its sample, with the episode's score (``EpisodeScorer``

@@ -233,6 +233,7 @@ class AsyncSchedule:
         self.algorithm = step_function(cfg)  # grpo_step or ppo_step
         self._retried = 0
         self._regenerated = 0
+        self._ds_counts = (0, 0)  # the controller's (groups dropped, completed) at the last step
         self._waited = 0.0
         self._wall0 = 0.0
         self._idle = 0.0
@@ -283,8 +284,18 @@ class AsyncSchedule:
         stats["groups_admitted"] = float(self.gate.n_admitted)
         stats["next_group"] = float(self.buffer.next_index)
         if cfg.data.dynamic_sampling.enabled:
-            stats["dynamic/dropped_frac"] = c.groups_dropped / max(c.groups_completed, 1)
+            stats["dynamic/dropped_frac"] = self._dropped_frac()
         return exp, stats
+
+    def _dropped_frac(self) -> float:
+        """``dynamic/dropped_frac`` of the groups completed since the previous step, as the
+        sync schedule's of its step's: (dropped since then) / (completed since then), 0 when
+        none completed. Dropped is read first: a group is counted completed before dropped."""
+        dropped = self.controller.groups_dropped
+        completed = self.controller.groups_completed
+        d0, c0 = self._ds_counts
+        self._ds_counts = (dropped, completed)
+        return (dropped - d0) / (completed - c0) if completed > c0 else 0.0
 
     def rollout(self, step: int) -> tuple[list[Sample], torch.Tensor, dict[str, float]]:
         """Phases 1-2 happened in the engine worker and the reward service: the B oldest

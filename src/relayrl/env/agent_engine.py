@@ -225,9 +225,9 @@ class EngineOwner:
 
     def _advance(self) -> None:
         if self._poller is not None:
-            for meta, error in self._poller.rejected():
-                self._streams.pop(int(meta.get(TICKET, -1)), None)
-                fut = self._pending.pop(int(meta.get(TICKET, -1)), None)
+            for req, error in self._poller.rejected():
+                self._streams.pop(int(req.metadata.get(TICKET, -1)), None)
+                fut = self._pending.pop(int(req.metadata.get(TICKET, -1)), None)
                 if fut is not None:
                     fut.set_exception(ValueError(error))
             for s in self._poller.poll(timeout=0.01):

@@ -190,7 +190,7 @@ class AgentRollout:
     def max_model_len(self) -> int | None:
         return self.engine.max_model_len
 
-    def rejected(self) -> list[tuple[dict[str, Any], str]]:
+    def rejected(self) -> list[tuple[GenerationRequest, str]]:
         """Nothing: a call the engine refuses is answered with an error to the agent."""
         return []
 

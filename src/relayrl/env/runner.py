@@ -214,7 +214,7 @@ class EpisodeRunner:
     def report(self) -> EngineReport:
         return self.engine.report()
 
-    def rejected(self) -> list[tuple[dict[str, Any], str]]:
+    def rejected(self) -> list[tuple[GenerationRequest, str]]:
         """Nothing: a turn the engine refuses ends its episode (an ``'abort'`` sample)."""
         return []
 
@@ -383,8 +383,8 @@ class EpisodeRunner:
         self._in_engine += 1
 
     def _check_rejected(self, poller: PollingBackend) -> None:
-        for meta, error in poller.rejected():
-            ep = self._episodes.get(meta.get(ENV_TAG, -1)) if isinstance(meta, dict) else None
+        for req, error in poller.rejected():
+            ep = self._episodes.get(req.metadata.get(ENV_TAG, -1))
             if ep is not None:
                 self._in_engine -= 1
                 self._finish(ep, "abort", f"the engine rejected the turn: {error}")

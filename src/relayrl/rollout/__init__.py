@@ -26,6 +26,7 @@ from relayrl.rollout.types import (
     GenerationRequest,
     Sample,
     SamplingParams,
+    error_sample,
 )
 
 __all__ = [
@@ -42,4 +43,5 @@ __all__ = [
     "SamplingParams",
     "SteppingEngine",
     "driven",
+    "error_sample",
 ]

@@ -155,9 +155,13 @@ class PollingBackend(RolloutBackend, Protocol):
         """Samples finished so far (waits up to ``timeout`` seconds for the first one)."""
         ...
 
-    def rejected(self) -> list[tuple[dict[str, Any], str]]:
-        """(request metadata, error) of requests refused since the last call; empty for a
-        backend that hands a bad request back as an ``'abort'`` sample instead."""
+    def rejected(self) -> list[tuple[GenerationRequest, str]]:
+        """(request, error) of the requests refused since the last call (their samples never
+        come out of ``poll``); empty for a backend that hands a bad request back as an
+        ``'abort'`` sample instead. A caller that reads no rejections waits for those
+        requests forever: the async rollout controller turns each into the ``'abort'``
+        sample :func:`~relayrl.rollout.types.error_sample` (an infrastructure failure,
+        ``engine``)."""
         ...
 
 

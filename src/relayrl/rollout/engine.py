@@ -45,7 +45,13 @@ from relayrl.rollout.model_runner import ModelRunner
 from relayrl.rollout.sampler import SamplingSettings, sample
 from relayrl.rollout.scheduler import ScheduledGroup, Scheduler, Sequence
 from relayrl.rollout.transfer import model_device
-from relayrl.rollout.types import EngineReport, FinishReason, GenerationRequest, Sample
+from relayrl.rollout.types import (
+    EngineReport,
+    FinishReason,
+    GenerationRequest,
+    Sample,
+    error_sample,
+)
 
 
 class InvalidRequestError(ValueError):
@@ -351,7 +357,7 @@ class RolloutEngine:
             try:
                 seq = self._make_sequence(rid, req)
             except InvalidRequestError as e:
-                results[rid] = _error_sample(rid, req, str(e))
+                results[rid] = error_sample(rid, req, str(e))
             else:
                 self.scheduler.add(seq)
                 self._stats["requests_submitted"] += 1
@@ -544,20 +550,6 @@ def run_until_done(
                 others.append(s)
     finished.extend(others)
     return [results[rid] for rid in order]
-
-
-def _error_sample(request_id: int, request: GenerationRequest, error: str) -> Sample:
-    return Sample(
-        request_id=request_id,
-        prompt_ids=list(request.prompt_ids),
-        response_ids=[],
-        behaviour_logprobs=[],
-        versions=[],
-        finish_reason="abort",
-        group_id=request.group_id,
-        metadata=request.metadata,
-        error=error,
-    )
 
 
 def _input_vocab_size(model: torch.nn.Module, config: Any) -> int:

@@ -70,6 +70,24 @@ class Sample:
         return len(self.prompt_ids)
 
 
+def error_sample(request_id: int, request: GenerationRequest, error: str) -> Sample:
+    """The ``'abort'`` sample, no tokens and ``error`` set, a backend hands back in place of
+    a request it cannot run (``generate``), and the async rollout controller makes of a
+    request a polling backend refused (``rejected()``): an infrastructure failure
+    (``controller.failures``: ``engine``)."""
+    return Sample(
+        request_id=request_id,
+        prompt_ids=list(request.prompt_ids),
+        response_ids=[],
+        behaviour_logprobs=[],
+        versions=[],
+        finish_reason="abort",
+        group_id=request.group_id,
+        metadata=request.metadata,
+        error=error,
+    )
+
+
 @dataclass
 class EngineReport:
     """What every rollout backend reports (``report()``): the same shape in and out of process.

@@ -17,12 +17,17 @@ from torch import Tensor
 from relayrl.rollout.engine import (
     InvalidRequestError,
     RolloutEngine,
-    _error_sample,
     run_until_done,
 )
 from relayrl.rollout.sampler import _splitmix64
 from relayrl.rollout.scheduler import Sequence
-from relayrl.rollout.types import EngineReport, FinishReason, GenerationRequest, Sample
+from relayrl.rollout.types import (
+    EngineReport,
+    FinishReason,
+    GenerationRequest,
+    Sample,
+    error_sample,
+)
 
 
 @dataclass
@@ -147,7 +152,7 @@ class VllmFrontend:
             try:
                 self._register(rid, req)
             except InvalidRequestError as e:
-                results[rid] = _error_sample(rid, req, str(e))
+                results[rid] = error_sample(rid, req, str(e))
             order.append(rid)
         return run_until_done(self.step, order, results, self._finished)
 

@@ -160,7 +160,7 @@ def test_the_engine_process_client_polls(tiny) -> None:
         assert all(s.versions == [0] * len(s.response_ids) for s in samples)
         proc.submit_many([GenerationRequest([], SamplingParams(max_tokens=2), 0, {"k": 1})])
         proc.generate(_requests(tok, 1))  # the worker has read the bad request by now
-        assert [meta for meta, _ in proc.rejected()] == [{"k": 1}]
+        assert [req.metadata for req, _ in proc.rejected()] == [{"k": 1}]
 
 
 def test_an_incomplete_backend_is_refused_with_its_name() -> None:
