@@ -16,6 +16,8 @@ default 0.8 / 1.2) and are computed by relayrl's :func:`relayrl.algos.ppo_clip_l
 (eps_low = 1 - lo, eps_high = hi - 1). Where they differ from Tinker's text: relayrl clamps the
 log-ratio to +-20 before exp (a ratio beyond e^20 is a broken sample); below that they agree
 to float precision (tests/unit/tinker/test_tinker_losses.py). ``dro``'s ``beta`` defaults to 0.05.
+A NaN or infinite ``weights`` / ``logprobs`` / ``advantages`` entry is refused (it would make
+the loss and every accumulated gradient NaN).
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ def datum_loss(
                 f"loss_fn_inputs[{key!r}] has {inputs[key].shape[0]} entries, the model input "
                 f"has {n} tokens"
             )
+        if inputs[key].is_floating_point() and not bool(torch.isfinite(inputs[key]).all()):
+            raise LossInputError(f"loss_fn_inputs[{key!r}] holds a non-finite value (nan or inf)")
     lp = target_lp.float()
     if name == "cross_entropy":
         w = inputs["weights"].float() if "weights" in inputs else torch.ones_like(lp)

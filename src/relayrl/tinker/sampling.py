@@ -1,7 +1,8 @@
 """Tinker ``sample`` requests on a relayrl engine: SamplingParams mapping, stop sequences,
 prompt logprobs (``compute_logprobs``).
 
-SamplingParams -> relayrl's: ``temperature`` (0 = greedy), ``top_p``, ``top_k`` (-1 = off),
+SamplingParams -> relayrl's: ``temperature`` (0 = greedy; < 0 a user error), ``top_p``,
+``top_k`` (-1 or 0 = off; < -1 a user error),
 ``max_tokens`` (None or more than the context leaves: up to the context), ``seed`` (sample
 ``i`` of ``num_samples`` gets ``seed + i``). ``stop``: token ids replace the default stop (EOS);
 ``[]`` disables every stop, EOS included; strings are matched on the decoded text after
@@ -101,7 +102,11 @@ def run_sample_jobs(
             if max_tokens < 1:
                 raise user_error(f"max_tokens must be >= 1, got {p.get('max_tokens')}")
             temperature = float(p.get("temperature", 1.0))
+            if not temperature >= 0:  # NaN too
+                raise user_error(f"temperature must be >= 0 (0: greedy), got {temperature}")
             top_k = int(p.get("top_k", -1))
+            if top_k < -1:
+                raise user_error(f"top_k must be -1 or 0 (off) or >= 1, got {top_k}")
             seed = p.get("seed")
         except (ValueError, TypeError) as e:
             out[j] = e if isinstance(e, user_error) else user_error(str(e))

@@ -301,7 +301,15 @@ class TinkerServer:
                     return error(400, f"{key} is not supported by relayrl's Tinker service")
             if body.get("target_prompt_logprobs") is not None:
                 return error(400, "target_prompt_logprobs is not supported")
-            tokens = [t for c in body["prompt"]["chunks"] for t in c.get("tokens", [])]
+            chunks = body["prompt"]["chunks"]
+            for c in chunks:
+                if c.get("type", "encoded_text") != "encoded_text":
+                    return error(
+                        400,
+                        f"{c.get('type')} chunks are not supported by relayrl's Tinker service "
+                        "(text tokens only)",
+                    )
+            tokens = [t for c in chunks for t in c.get("tokens", [])]
             n = int(body.get("num_samples", 1))
             job = SampleJob(
                 sid,

@@ -42,6 +42,7 @@ from relayrl.model.loading import (
 )
 from relayrl.model.lora import apply_lora, merged_state_dict, save_merged
 from relayrl.rollout.engine import RolloutEngine
+from relayrl.tinker.adam import check_adam_params
 from relayrl.tinker.checkpoints import (
     CheckpointError,
     CheckpointPath,
@@ -342,20 +343,31 @@ class TinkerService:
         tm = self.model(model_id)
         if adam.get("type", "adamw") not in ("adamw", "adam"):
             raise UserError(f"optimizer {adam.get('type')!r} is not supported (AdamParams only)")
-        lr = float(adam.get("learning_rate", 1e-4))
+        try:
+            hp = check_adam_params(adam)
+        except ValueError as e:
+            raise UserError(str(e)) from e
+        lr = hp["learning_rate"]
         for g in tm.optimizer.param_groups:
             g["lr"] = lr
-            g["betas"] = (float(adam.get("beta1", 0.9)), float(adam.get("beta2", 0.95)))
-            g["eps"] = float(adam.get("eps", 1e-12))
-            g["weight_decay"] = float(adam.get("weight_decay", 0.0))
+            g["betas"] = (hp["beta1"], hp["beta2"])
+            g["eps"] = hp["eps"]
+            g["weight_decay"] = hp["weight_decay"]
         params = [p for g in tm.optimizer.param_groups for p in g["params"]]
-        clip = float(adam.get("grad_clip_norm", 0.0))
+        clip = hp["grad_clip_norm"]
         grads = [p.grad for p in params if p.grad is not None]
         norm = float(
             torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
             if grads
             else 0.0
         )
+        if not np.isfinite(norm):  # a step would make every weight NaN
+            tm.optimizer.zero_grad(set_to_none=True)
+            tm.accumulated = 0
+            raise UserError(
+                f"the accumulated gradients are not finite (grad_norm {norm}); the step was "
+                "skipped and the gradients cleared, the weights are unchanged"
+            )
         if clip > 0 and grads:
             torch.nn.utils.clip_grad_norm_(params, clip)
         tm.optimizer.step()

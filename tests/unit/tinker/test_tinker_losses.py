@@ -89,3 +89,13 @@ def test_bad_requests_are_loss_input_errors() -> None:
     missing = {"target_tokens": INPUTS["target_tokens"]}
     with pytest.raises(LossInputError, match="advantages|logprobs"):
         datum_loss("dro", torch.tensor(LP), missing, check_loss("dro", None))
+
+
+def test_non_finite_inputs_are_refused() -> None:
+    lp = torch.tensor(LP)
+    bad = {**INPUTS, "advantages": torch.tensor([float("nan"), 1.0])}
+    with pytest.raises(LossInputError, match="advantages.*non-finite"):
+        datum_loss("ppo", lp, bad, check_loss("ppo", None))
+    inf_w = {**INPUTS, "weights": torch.tensor([1.0, float("inf")])}
+    with pytest.raises(LossInputError, match="weights.*non-finite"):
+        datum_loss("cross_entropy", lp, inf_w, check_loss("cross_entropy", None))
