@@ -149,3 +149,53 @@ def test_negative_temperature_and_non_text_prompts_are_refused(served: Any) -> N
         sampler.sample(image, 1, types.SamplingParams(max_tokens=2)).result()
     with pytest.raises(tinker.APIStatusError, match="image chunks are not supported"):
         sampler.compute_logprobs(image).result()
+
+
+def test_top_k_cross_entropy_through_the_sdk(served: Any) -> None:
+    """[N, K] target_tokens / weights (the cookbook's top-K distillation): logprobs come back
+    [N, K], each column equal to a 1-D forward on that column's targets, and loss:sum =
+    -sum(w * lp); datums with different K in one call keep their own shapes. (Was refused.)"""
+    client, base, _ = served
+    tc = client.create_lora_training_client(base_model=str(base), rank=4, seed=4).result()
+    inp = TOKENS[:-1]
+    n = len(inp)
+    cols = [TOKENS[1:], [3] * n, [40 + i for i in range(n)]]
+    single = [
+        tc.forward([types.Datum(model_input=types.ModelInput.from_ints(inp),
+                                loss_fn_inputs={"target_tokens": c})], "cross_entropy")
+        .result().loss_fn_outputs[0]["logprobs"].to_numpy()
+        for c in cols
+    ]  # fmt: skip
+    rng = np.random.default_rng(0)
+    w3 = rng.uniform(0, 1, (n, 3)).astype(np.float32)
+    tgt3 = torch.tensor(np.stack(cols, axis=1))
+    tgt2 = torch.tensor(np.stack(cols[:2], axis=1))
+    data = [
+        types.Datum(model_input=types.ModelInput.from_ints(inp),
+                    loss_fn_inputs={"target_tokens": tgt3, "weights": torch.tensor(w3)}),
+        types.Datum(model_input=types.ModelInput.from_ints(inp),
+                    loss_fn_inputs={"target_tokens": tgt2, "weights": torch.ones(n, 2)}),
+    ]  # fmt: skip
+    out = tc.forward(data, "cross_entropy").result()
+    lp3 = out.loss_fn_outputs[0]["logprobs"].to_numpy()
+    lp2 = out.loss_fn_outputs[1]["logprobs"].to_numpy()
+    assert lp3.shape == (n, 3) and lp2.shape == (n, 2)
+    np.testing.assert_allclose(lp3, np.stack(single, axis=1), atol=1e-5)
+    np.testing.assert_allclose(lp2, np.stack(single[:2], axis=1), atol=1e-5)
+    expected = -(w3 * lp3).sum() - lp2.sum()
+    assert out.metrics["loss:sum"] == pytest.approx(float(expected), rel=1e-5)
+    res = tc.forward_backward(data, "cross_entropy").result()
+    assert res.metrics["loss:sum"] == pytest.approx(float(expected), rel=1e-5)
+    assert tc.optim_step(types.AdamParams(learning_rate=0.01)).result().metrics["grad_norm"] > 0
+
+
+def test_inputs_the_loss_ignores_are_refused(served: Any) -> None:
+    """Per-token clip thresholds in loss_fn_inputs used to be dropped silently (the config's
+    0.8 / 1.2 applied)."""
+    client, base, _ = served
+    tc = client.create_lora_training_client(base_model=str(base), rank=2).result()
+    n = len(TOKENS) - 1
+    d = _datum(TOKENS, logprobs=[-1.0] * n, advantages=[1.0] * n,
+               clip_low_threshold=[0.99] * n, clip_high_threshold=[1.01] * n)  # fmt: skip
+    with pytest.raises(tinker.RequestFailedError, match="clip_high_threshold.*loss_fn_config"):
+        tc.forward([d], "ppo").result()

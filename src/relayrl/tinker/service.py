@@ -276,7 +276,9 @@ class TinkerService:
         }
 
     def _target_logprobs(self, tm: TrainingModel, data: list[WireDatum]) -> list[torch.Tensor]:
-        """log p(target_tokens[i] | tokens[:i+1]) per datum, fp32, with the graph."""
+        """log p(target_tokens[i] | tokens[:i+1]) per datum, fp32, with the graph; shape [N],
+        or [N, K] for [N, K] target_tokens (K candidate tokens per position, top-K
+        distillation: log p(target_tokens[i, k] | tokens[:i+1]))."""
         vocab = int(tm.base.weights.get_output_embeddings().weight.shape[0])
         for i, d in enumerate(data):
             if not d.tokens:
@@ -289,7 +291,7 @@ class TinkerService:
             tgt = d.inputs.get("target_tokens")
             if tgt is None:
                 raise UserError(f"datum {i} has no loss_fn_inputs['target_tokens']")
-            if tgt.dim() != 1 or tgt.shape[0] != len(d.tokens):
+            if tgt.dim() not in (1, 2) or tgt.shape[0] != len(d.tokens) or tgt.numel() == 0:
                 raise UserError(
                     f"datum {i}: target_tokens has shape {list(tgt.shape)}, the model input "
                     f"has {len(d.tokens)} tokens"
@@ -308,7 +310,8 @@ class TinkerService:
         out = []
         for i, d in enumerate(data):
             tgt = d.inputs["target_tokens"].long()
-            out.append(logp[i, : len(d.tokens)].gather(-1, tgt[:, None])[:, 0])
+            picked = logp[i, : len(d.tokens)].gather(-1, tgt.reshape(len(d.tokens), -1))
+            out.append(picked.reshape(tgt.shape))
         return out
 
     def forward_backward(self, fb: WireForwardBackward) -> bytes:
@@ -334,7 +337,7 @@ class TinkerService:
             row = {"logprobs": lp.detach().numpy()}
             if fb.loss_fn == "cross_entropy":
                 w = d.inputs.get("weights")
-                w_np = w.float().numpy() if w is not None else np.ones(len(d.tokens), np.float32)
+                w_np = w.float().numpy() if w is not None else np.ones_like(row["logprobs"])
                 row["elementwise_loss"] = -(w_np * row["logprobs"])
             outputs.append(row)
         return encode_forward_backward_output(outputs, {"loss:sum": float(total.detach())})
