@@ -1,7 +1,8 @@
 """relayrl's Tinker service, through the real ``tinker`` SDK: the optimizer step against
-hand computation, and numbers the service must refuse (non-finite loss inputs and
-gradients, AdamParams out of range, negative temperatures, non-text prompt chunks)
-instead of silently training on them or answering something the SDK cannot read.
+hand computation, top-K cross_entropy, prompt_logprobs_last_n, and what the service must
+refuse (non-finite loss inputs and gradients, AdamParams out of range, inputs a loss does not
+read, negative temperatures, non-text prompt chunks) instead of silently training on it or
+answering something the SDK cannot read.
 """
 
 from __future__ import annotations
@@ -199,3 +200,18 @@ def test_inputs_the_loss_ignores_are_refused(served: Any) -> None:
                clip_low_threshold=[0.99] * n, clip_high_threshold=[1.01] * n)  # fmt: skip
     with pytest.raises(tinker.RequestFailedError, match="clip_high_threshold.*loss_fn_config"):
         tc.forward([d], "ppo").result()
+
+
+def test_prompt_logprobs_last_n(served: Any) -> None:
+    """compute_logprobs(prompt, prompt_logprobs_last_n=n) scores the last n tokens only
+    (the SDK raised on the whole-prompt answer relayrl used to give); n outside
+    1..len(prompt) - 1 is a user error (was silently the whole prompt)."""
+    client, base, _ = served
+    sampler = client.create_sampling_client(base_model=str(base)).result()
+    prompt = types.ModelInput.from_ints(TOKENS)
+    full = sampler.compute_logprobs(prompt).result()
+    tail = sampler.compute_logprobs(prompt, prompt_logprobs_last_n=2).result()
+    assert tail[:-2] == [None] * (len(TOKENS) - 2)
+    np.testing.assert_allclose(tail[-2:], full[-2:], atol=1e-6)
+    with pytest.raises(tinker.RequestFailedError, match="prompt_logprobs_last_n must be"):
+        sampler.compute_logprobs(prompt, prompt_logprobs_last_n=len(TOKENS)).result()

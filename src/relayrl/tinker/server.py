@@ -311,12 +311,14 @@ class TinkerServer:
                     )
             tokens = [t for c in chunks for t in c.get("tokens", [])]
             n = int(body.get("num_samples", 1))
+            last_n = body.get("prompt_logprobs_last_n")
             job = SampleJob(
                 sid,
                 tokens,
                 n,
                 dict(body.get("sampling_params") or {}),
                 bool(body.get("prompt_logprobs")),
+                None if last_n is None else int(last_n),
             )
             rid_seq = f"{sid}-{body.get('seq_id', uuid.uuid4().hex[:8])}"
             return future(sample=job, sample_sequence_ids=[f"{rid_seq}-{i}" for i in range(n)])
