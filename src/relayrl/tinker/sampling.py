@@ -156,6 +156,7 @@ def run_sample_jobs(
         plp = prompt_logprobs(engine.model, jobs[j].prompt) if jobs[j].prompt_logprobs else None
         last_n = jobs[j].prompt_logprobs_last_n
         if plp is not None and last_n is not None:
-            plp = [None] * (len(plp) - last_n) + plp[len(plp) - last_n :]
+            cut = len(plp) - last_n
+            plp = [None if i < cut else v for i, v in enumerate(plp)]
         out[j] = encode_sample_response(seqs, plp)
     return [o if o is not None else user_error("no result") for o in out]
