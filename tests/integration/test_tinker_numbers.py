@@ -1,8 +1,8 @@
 """relayrl's Tinker service, through the real ``tinker`` SDK: the optimizer step against
-hand computation, top-K cross_entropy, prompt_logprobs_last_n, and what the service must
-refuse (non-finite loss inputs and gradients, AdamParams out of range, inputs a loss does not
-read, negative temperatures, non-text prompt chunks) instead of silently training on it or
-answering something the SDK cannot read.
+hand computation, top-K cross_entropy, prompt_logprobs_last_n, a sampler checkpoint saved
+again under its name, and what the service must refuse (non-finite loss inputs and gradients,
+AdamParams out of range, inputs a loss does not read, negative temperatures, non-text prompt
+chunks) instead of silently training on it or answering something the SDK cannot read.
 """
 
 from __future__ import annotations
@@ -215,3 +215,24 @@ def test_prompt_logprobs_last_n(served: Any) -> None:
     np.testing.assert_allclose(tail[-2:], full[-2:], atol=1e-6)
     with pytest.raises(tinker.RequestFailedError, match="prompt_logprobs_last_n must be"):
         sampler.compute_logprobs(prompt, prompt_logprobs_last_n=len(TOKENS)).result()
+
+
+def test_a_sampler_name_saved_again_serves_the_new_weights(served: Any) -> None:
+    """The loop save_weights_for_sampler("latest") -> create_sampling_client(path) -> train:
+    every new sampler on "latest" scores as the trainer does now (the engine, still holding
+    the first "latest", used to serve it for every later one); an older sampler on the path
+    serves the replacement too."""
+    client, base, _ = served
+    tc = client.create_lora_training_client(base_model=str(base), rank=4, seed=5).result()
+    first = None
+    for _ in range(3):
+        path = tc.save_weights_for_sampler("latest").result().path
+        sampler = client.create_sampling_client(model_path=path).result()
+        first = first or sampler
+        scored = sampler.compute_logprobs(types.ModelInput.from_ints(TOKENS)).result()
+        np.testing.assert_allclose(scored[1:], _logprobs(tc, TOKENS), atol=1e-4)
+        tc.forward_backward([_datum(TOKENS)], "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=0.1)).result()
+    tc.save_weights_for_sampler("latest").result()
+    scored = first.compute_logprobs(types.ModelInput.from_ints(TOKENS)).result()
+    np.testing.assert_allclose(scored[1:], _logprobs(tc, TOKENS), atol=1e-4)

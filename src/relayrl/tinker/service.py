@@ -463,8 +463,10 @@ class TinkerService:
         return {k: v.detach().clone() for k, v in tm.module.state_dict().items()}
 
     def save_for_sampler(self, model_id: str, name: str | None) -> dict[str, Any]:
-        """Named: a sampler checkpoint (HF directory) whose path a sampling client can open.
-        Unnamed (``save_weights_and_get_sampling_client``): a sampler on these weights."""
+        """Named: a sampler checkpoint (HF directory) whose path a sampling client can open;
+        saving under a name again replaces it, and every sampler on that path (older ones
+        included) serves the new weights from then on. Unnamed
+        (``save_weights_and_get_sampling_client``): a sampler on these weights."""
         tm = self.model(model_id)
         state = self._merged(tm)
         if name is None:
@@ -481,6 +483,8 @@ class TinkerService:
 
         self.store.write(path, fill, self._meta(tm))
         self._cache_state(path.uri, state)
+        if tm.base.engine_key == path.uri:  # the engine holds what this save replaced
+            tm.base.engine_key = ""
         return {"path": path.uri, "type": "save_weights_for_sampler"}
 
     # ------------------------------------------------------------------ samplers
