@@ -130,3 +130,45 @@ def test_grpo_trains_through_an_mcp_tool_environment(server, tmp_path):
     assert len(steps) == 2
     assert all(r["env/episodes"] == 4 and r.get("env/failures", 0) == 0 for r in steps)
     assert sum(r.get("env/pool_created", 0) for r in recs) <= 2 + 2  # reused (+ the eval's)
+
+
+CRASHING_SERVER = '''
+import os
+from mcp.server.mcpserver import MCPServer
+
+mcp = MCPServer("crashing")
+
+
+@mcp.tool()
+def crash() -> str:
+    """Exit the server process in the middle of the call."""
+    os._exit(1)
+
+
+if __name__ == "__main__":
+    mcp.run()
+'''
+
+
+def test_a_server_that_dies_mid_episode_is_an_environment_failure(tmp_path):
+    """The server process exits while answering turn 1's call: the episode ends ``env_error``
+    with the MCP error (not a tool error shown to the model, not a hang), nothing trained."""
+    path = tmp_path / "crashing.py"
+    path.write_text(textwrap.dedent(CRASHING_SERVER))
+    tok = qwen_tokenizer()
+    call = '<tool_call>\n{"name": "crash", "arguments": {}}\n</tool_call>'
+    runner = EpisodeRunner(
+        ScriptedEngine(tok, [call, "408"]),
+        lambda: MCPToolEnvironment([sys.executable, str(path)], call_timeout_s=30),
+        ChatTemplateRenderer(tok),
+        RunnerLimits(max_turns=4, max_model_len=8192, step_timeout_s=60),
+    )
+    req = GenerationRequest([1], SamplingParams(max_tokens=100), metadata={"prompt": "1"})
+    try:
+        (s,) = runner.generate([req])
+    finally:
+        runner.close()
+    info = s.metadata["env"]
+    assert info["stop_reason"] == "env_error"
+    assert "MCP call 'crash' failed" in info["error"] and "did not answer" not in info["error"]
+    assert s.loss_mask is not None and not any(s.loss_mask)

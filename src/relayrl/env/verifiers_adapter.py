@@ -18,6 +18,13 @@ rubric's reward is the rollout's reward::
 
     # run.yaml:  env: {agent: {function: "my_envs:agent"}}
 
+Failures: an exception in ``rollout`` (the environment's turn, the endpoint) fails the rollout
+(``env_error``, not trained), and so does a rubric reward function that raises: verifiers'
+``Rubric`` catches it and scores that function 0.0, which would train a judge that is down
+as a wrong answer; the adapter wraps the rubric's reward functions (once, in place) to see
+the exception. A tool that raises inside a ``ToolEnv`` is shown to the model by verifiers
+(the model's mistake, as relayrl's own tools).
+
 The row: its ``prompt`` (text, formatted with the environment's system prompt and few-shot
 examples, or already a list of messages), ``answer``, ``task`` and ``info`` (``oai_tools``
 added from the environment's tools) are what ``rollout`` gets. Tested with verifiers 0.1.3
@@ -27,8 +34,49 @@ added from the environment's tools) are what ``rollout`` gets. Tested with verif
 
 from __future__ import annotations
 
+import contextvars
+import functools
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
+
+_REWARD_FAILURES: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "verifiers_reward_failures", default=None
+)
+"""The current rollout's reward-function failures (a list per ``agent`` call; the rubric's
+scoring tasks copy the context, so they append to the same list)."""
+
+
+def _reporting(func: Any) -> Any:
+    """``func`` (a rubric's reward function, sync or async), recording an exception in the
+    current rollout's failures before verifiers' rubric turns it into 0.0. ``functools.wraps``
+    keeps its name (the metric) and, through ``__wrapped__``, its signature (the rubric passes
+    only the arguments it names)."""
+
+    @functools.wraps(func)
+    async def reward_func(*args: Any, **kwargs: Any) -> Any:
+        try:
+            out = func(*args, **kwargs)
+            return await out if inspect.isawaitable(out) else out
+        except Exception as e:
+            failures = _REWARD_FAILURES.get()
+            if failures is not None:
+                failures.append(f"{func.__name__} raised {type(e).__name__}: {e}")
+            raise
+
+    reward_func.__relayrl_reporting__ = True  # type: ignore[attr-defined]
+    return reward_func
+
+
+def _report_reward_failures(rubric: Any) -> None:
+    """Wrap every reward function of ``rubric`` (and of a ``RubricGroup``'s rubrics) once."""
+    for sub in getattr(rubric, "rubrics", None) or []:
+        _report_reward_failures(sub)
+    funcs = getattr(rubric, "reward_funcs", None)
+    if isinstance(funcs, list):
+        for i, f in enumerate(funcs):
+            if not getattr(f, "__relayrl_reporting__", False):
+                funcs[i] = _reporting(f)
 
 
 def _prompt(env: Any, row: Mapping[str, Any]) -> Any:
@@ -44,12 +92,16 @@ def verifiers_agent(
     env: Any, model: str = "policy", sampling_args: Mapping[str, Any] | None = None
 ) -> Callable[[str, str, dict[str, Any]], Any]:
     """An ``env.agent.function`` running ``env`` (a verifiers environment) per rollout and
-    returning its rubric's reward (see module)."""
+    returning its rubric's reward (see module). A reward function that raises fails the
+    rollout (verifiers' rubric alone would score it 0.0)."""
+    _report_reward_failures(env.rubric)
 
     async def agent(base_url: str, api_key: str, row: dict[str, Any]) -> float:
         from openai import AsyncOpenAI
 
         client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        failures: list[str] = []
+        token = _REWARD_FAILURES.set(failures)
         try:
             prompt = _prompt(env, row)
             answer = str(row.get("answer", ""))
@@ -69,8 +121,14 @@ def verifiers_agent(
             score = await env.rubric.score_rollout(
                 prompt, completion, answer, state, task=task, info=info
             )
+            if failures:  # an infrastructure failure (a judge down...), not a zero reward
+                raise RuntimeError(
+                    "the rubric's reward function " + "; ".join(failures) + " (verifiers "
+                    "would score it 0.0; the rollout is failed and left out of training)"
+                )
             return float(score.reward)
         finally:
+            _REWARD_FAILURES.reset(token)
             await client.close()
 
     agent.__name__ = f"verifiers_agent[{type(env).__name__}]"

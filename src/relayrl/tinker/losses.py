@@ -4,7 +4,8 @@ Every loss is a plain SUM over the datum's tokens (Tinker's reduction; no normal
 forward_backward call's loss is the sum over its datums. ``target_lp`` is the trainer's
 logprob of ``target_tokens`` at each position (position i of the input predicts target i).
 
-- ``cross_entropy``:        -sum(w * lp)                 (inputs: target_tokens, weights)
+- ``cross_entropy``:        -sum(w * lp)                 (inputs: target_tokens, weights; both
+                            [N] or [N, K]: K target tokens per position, top-K distillation)
 - ``importance_sampling``:  -sum(exp(lp - q) * A)        (+ logprobs q, advantages A)
 - ``ppo``:                  -sum(min(r * A, clip(r, lo, hi) * A)), r = exp(lp - q)
 - ``cispo``:                -sum(sg(clip(r, lo, hi)) * lp * A)
@@ -16,6 +17,8 @@ default 0.8 / 1.2) and are computed by relayrl's :func:`relayrl.algos.ppo_clip_l
 (eps_low = 1 - lo, eps_high = hi - 1). Where they differ from Tinker's text: relayrl clamps the
 log-ratio to +-20 before exp (a ratio beyond e^20 is a broken sample); below that they agree
 to float precision (tests/unit/tinker/test_tinker_losses.py). ``dro``'s ``beta`` defaults to 0.05.
+A NaN or infinite ``weights`` / ``logprobs`` / ``advantages`` entry is refused (it would make
+the loss and every accumulated gradient NaN).
 """
 
 from __future__ import annotations
@@ -81,18 +84,41 @@ def check_loss(name: str, config: Mapping[str, float | str] | None) -> dict[str,
 def datum_loss(
     name: str, target_lp: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, float]
 ) -> Tensor:
-    """The summed loss of one datum (a scalar with the graph of ``target_lp``, shape [N])."""
+    """The summed loss of one datum (a scalar with the graph of ``target_lp``).
+
+    ``target_lp`` has the shape of ``target_tokens``: [N], or [N, K] for ``cross_entropy``'s
+    top-K form, ``-sum_{t,k} w[t,k] * lp[t,k]`` (``weights`` [N, K]). Every other input must
+    have that shape too; a key the loss does not read is refused (it would be ignored)."""
     n = target_lp.shape[0]
-    for key in BUILTIN_LOSSES[name]:
+    wanted = BUILTIN_LOSSES[name]
+    extra = sorted(set(inputs) - set(wanted))
+    if extra:
+        hint = (
+            " (clip thresholds go in loss_fn_config)"
+            if any(k.startswith("clip_") for k in extra)
+            else ""
+        )
+        raise LossInputError(
+            f"loss_fn {name!r} does not read loss_fn_inputs {extra}; it reads "
+            f"{', '.join(wanted)}{hint}"
+        )
+    if target_lp.dim() != 1 and name != "cross_entropy":
+        raise LossInputError(
+            f"loss_fn {name!r} needs 1-D target_tokens (one per position); [N, K] targets "
+            "are cross_entropy's"
+        )
+    for key in wanted:
         if key == "weights" and key not in inputs:
             continue
         if key not in inputs:
             raise LossInputError(f"loss_fn {name!r} needs loss_fn_inputs[{key!r}]")
-        if inputs[key].shape[0] != n:
+        if inputs[key].shape != target_lp.shape:
             raise LossInputError(
-                f"loss_fn_inputs[{key!r}] has {inputs[key].shape[0]} entries, the model input "
-                f"has {n} tokens"
+                f"loss_fn_inputs[{key!r}] has shape {list(inputs[key].shape)}, the targets "
+                f"{list(target_lp.shape)} (the model input has {n} tokens)"
             )
+        if inputs[key].is_floating_point() and not bool(torch.isfinite(inputs[key]).all()):
+            raise LossInputError(f"loss_fn_inputs[{key!r}] holds a non-finite value (nan or inf)")
     lp = target_lp.float()
     if name == "cross_entropy":
         w = inputs["weights"].float() if "weights" in inputs else torch.ones_like(lp)

@@ -1,7 +1,9 @@
 """Tinker ``sample`` requests on a relayrl engine: SamplingParams mapping, stop sequences,
-prompt logprobs (``compute_logprobs``).
+prompt logprobs (``compute_logprobs``; ``prompt_logprobs_last_n`` n: the first
+len(prompt) - n entries are None).
 
-SamplingParams -> relayrl's: ``temperature`` (0 = greedy), ``top_p``, ``top_k`` (-1 = off),
+SamplingParams -> relayrl's: ``temperature`` (0 = greedy; < 0 a user error), ``top_p``,
+``top_k`` (-1 or 0 = off; < -1 a user error),
 ``max_tokens`` (None or more than the context leaves: up to the context), ``seed`` (sample
 ``i`` of ``num_samples`` gets ``seed + i``). ``stop``: token ids replace the default stop (EOS);
 ``[]`` disables every stop, EOS included; strings are matched on the decoded text after
@@ -31,6 +33,8 @@ class SampleJob:
     num_samples: int
     params: dict[str, Any]
     prompt_logprobs: bool = False
+    prompt_logprobs_last_n: int | None = None
+    """Score only the prompt's last n tokens (1..len(prompt) - 1); earlier entries None."""
 
 
 def _stop_rule(stop: Any) -> tuple[list[int], bool, list[str]]:
@@ -92,6 +96,12 @@ def run_sample_jobs(
                 raise user_error(
                     f"a prompt token id is outside the vocabulary (0..{engine.input_vocab - 1})"
                 )
+            last_n = job.prompt_logprobs_last_n
+            if last_n is not None and not 1 <= last_n <= len(job.prompt) - 1:
+                raise user_error(
+                    f"prompt_logprobs_last_n must be 1..{len(job.prompt) - 1} (the prompt's "
+                    f"length - 1), got {last_n}"
+                )
             if not 1 <= job.num_samples <= 1024:
                 raise user_error(f"num_samples must be 1..1024, got {job.num_samples}")
             ids, ignore_eos, strings = _stop_rule(p.get("stop"))
@@ -101,7 +111,11 @@ def run_sample_jobs(
             if max_tokens < 1:
                 raise user_error(f"max_tokens must be >= 1, got {p.get('max_tokens')}")
             temperature = float(p.get("temperature", 1.0))
+            if not temperature >= 0:  # NaN too
+                raise user_error(f"temperature must be >= 0 (0: greedy), got {temperature}")
             top_k = int(p.get("top_k", -1))
+            if top_k < -1:
+                raise user_error(f"top_k must be -1 or 0 (off) or >= 1, got {top_k}")
             seed = p.get("seed")
         except (ValueError, TypeError) as e:
             out[j] = e if isinstance(e, user_error) else user_error(str(e))
@@ -140,5 +154,9 @@ def run_sample_jobs(
                 )
             )
         plp = prompt_logprobs(engine.model, jobs[j].prompt) if jobs[j].prompt_logprobs else None
+        last_n = jobs[j].prompt_logprobs_last_n
+        if plp is not None and last_n is not None:
+            cut = len(plp) - last_n
+            plp = [None if i < cut else v for i, v in enumerate(plp)]
         out[j] = encode_sample_response(seqs, plp)
     return [o if o is not None else user_error("no result") for o in out]

@@ -301,14 +301,24 @@ class TinkerServer:
                     return error(400, f"{key} is not supported by relayrl's Tinker service")
             if body.get("target_prompt_logprobs") is not None:
                 return error(400, "target_prompt_logprobs is not supported")
-            tokens = [t for c in body["prompt"]["chunks"] for t in c.get("tokens", [])]
+            chunks = body["prompt"]["chunks"]
+            for c in chunks:
+                if c.get("type", "encoded_text") != "encoded_text":
+                    return error(
+                        400,
+                        f"{c.get('type')} chunks are not supported by relayrl's Tinker service "
+                        "(text tokens only)",
+                    )
+            tokens = [t for c in chunks for t in c.get("tokens", [])]
             n = int(body.get("num_samples", 1))
+            last_n = body.get("prompt_logprobs_last_n")
             job = SampleJob(
                 sid,
                 tokens,
                 n,
                 dict(body.get("sampling_params") or {}),
                 bool(body.get("prompt_logprobs")),
+                None if last_n is None else int(last_n),
             )
             rid_seq = f"{sid}-{body.get('seq_id', uuid.uuid4().hex[:8])}"
             return future(sample=job, sample_sequence_ids=[f"{rid_seq}-{i}" for i in range(n)])

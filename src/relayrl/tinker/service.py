@@ -42,6 +42,7 @@ from relayrl.model.loading import (
 )
 from relayrl.model.lora import apply_lora, merged_state_dict, save_merged
 from relayrl.rollout.engine import RolloutEngine
+from relayrl.tinker.adam import check_adam_params
 from relayrl.tinker.checkpoints import (
     CheckpointError,
     CheckpointPath,
@@ -275,7 +276,9 @@ class TinkerService:
         }
 
     def _target_logprobs(self, tm: TrainingModel, data: list[WireDatum]) -> list[torch.Tensor]:
-        """log p(target_tokens[i] | tokens[:i+1]) per datum, fp32, with the graph."""
+        """log p(target_tokens[i] | tokens[:i+1]) per datum, fp32, with the graph; shape [N],
+        or [N, K] for [N, K] target_tokens (K candidate tokens per position, top-K
+        distillation: log p(target_tokens[i, k] | tokens[:i+1]))."""
         vocab = int(tm.base.weights.get_output_embeddings().weight.shape[0])
         for i, d in enumerate(data):
             if not d.tokens:
@@ -288,7 +291,7 @@ class TinkerService:
             tgt = d.inputs.get("target_tokens")
             if tgt is None:
                 raise UserError(f"datum {i} has no loss_fn_inputs['target_tokens']")
-            if tgt.dim() != 1 or tgt.shape[0] != len(d.tokens):
+            if tgt.dim() not in (1, 2) or tgt.shape[0] != len(d.tokens) or tgt.numel() == 0:
                 raise UserError(
                     f"datum {i}: target_tokens has shape {list(tgt.shape)}, the model input "
                     f"has {len(d.tokens)} tokens"
@@ -307,7 +310,8 @@ class TinkerService:
         out = []
         for i, d in enumerate(data):
             tgt = d.inputs["target_tokens"].long()
-            out.append(logp[i, : len(d.tokens)].gather(-1, tgt[:, None])[:, 0])
+            picked = logp[i, : len(d.tokens)].gather(-1, tgt.reshape(len(d.tokens), -1))
+            out.append(picked.reshape(tgt.shape))
         return out
 
     def forward_backward(self, fb: WireForwardBackward) -> bytes:
@@ -333,7 +337,7 @@ class TinkerService:
             row = {"logprobs": lp.detach().numpy()}
             if fb.loss_fn == "cross_entropy":
                 w = d.inputs.get("weights")
-                w_np = w.float().numpy() if w is not None else np.ones(len(d.tokens), np.float32)
+                w_np = w.float().numpy() if w is not None else np.ones_like(row["logprobs"])
                 row["elementwise_loss"] = -(w_np * row["logprobs"])
             outputs.append(row)
         return encode_forward_backward_output(outputs, {"loss:sum": float(total.detach())})
@@ -342,20 +346,31 @@ class TinkerService:
         tm = self.model(model_id)
         if adam.get("type", "adamw") not in ("adamw", "adam"):
             raise UserError(f"optimizer {adam.get('type')!r} is not supported (AdamParams only)")
-        lr = float(adam.get("learning_rate", 1e-4))
+        try:
+            hp = check_adam_params(adam)
+        except ValueError as e:
+            raise UserError(str(e)) from e
+        lr = hp["learning_rate"]
         for g in tm.optimizer.param_groups:
             g["lr"] = lr
-            g["betas"] = (float(adam.get("beta1", 0.9)), float(adam.get("beta2", 0.95)))
-            g["eps"] = float(adam.get("eps", 1e-12))
-            g["weight_decay"] = float(adam.get("weight_decay", 0.0))
+            g["betas"] = (hp["beta1"], hp["beta2"])
+            g["eps"] = hp["eps"]
+            g["weight_decay"] = hp["weight_decay"]
         params = [p for g in tm.optimizer.param_groups for p in g["params"]]
-        clip = float(adam.get("grad_clip_norm", 0.0))
+        clip = hp["grad_clip_norm"]
         grads = [p.grad for p in params if p.grad is not None]
         norm = float(
             torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
             if grads
             else 0.0
         )
+        if not np.isfinite(norm):  # a step would make every weight NaN
+            tm.optimizer.zero_grad(set_to_none=True)
+            tm.accumulated = 0
+            raise UserError(
+                f"the accumulated gradients are not finite (grad_norm {norm}); the step was "
+                "skipped and the gradients cleared, the weights are unchanged"
+            )
         if clip > 0 and grads:
             torch.nn.utils.clip_grad_norm_(params, clip)
         tm.optimizer.step()
@@ -448,8 +463,10 @@ class TinkerService:
         return {k: v.detach().clone() for k, v in tm.module.state_dict().items()}
 
     def save_for_sampler(self, model_id: str, name: str | None) -> dict[str, Any]:
-        """Named: a sampler checkpoint (HF directory) whose path a sampling client can open.
-        Unnamed (``save_weights_and_get_sampling_client``): a sampler on these weights."""
+        """Named: a sampler checkpoint (HF directory) whose path a sampling client can open;
+        saving under a name again replaces it, and every sampler on that path (older ones
+        included) serves the new weights from then on. Unnamed
+        (``save_weights_and_get_sampling_client``): a sampler on these weights."""
         tm = self.model(model_id)
         state = self._merged(tm)
         if name is None:
@@ -466,6 +483,8 @@ class TinkerService:
 
         self.store.write(path, fill, self._meta(tm))
         self._cache_state(path.uri, state)
+        if tm.base.engine_key == path.uri:  # the engine holds what this save replaced
+            tm.base.engine_key = ""
         return {"path": path.uri, "type": "save_weights_for_sampler"}
 
     # ------------------------------------------------------------------ samplers

@@ -96,22 +96,35 @@ def decode_forward_backward(body: bytes) -> WireForwardBackward:
 def encode_forward_backward_output(
     outputs: list[dict[str, np.ndarray]], metrics: dict[str, float]
 ) -> bytes:
-    """A ``ForwardBackwardOutput``: one ``ArrayRecord`` of per-datum float32 1-D arrays."""
+    """A ``ForwardBackwardOutput`` of per-datum float32 arrays ([N] or [N, K]): one
+    ``ArrayRecord`` per run of consecutive datums whose arrays share their trailing shape
+    (the SDK reshapes each record's flat arrays by its ``trailing_shape``)."""
     msg = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
     for key, value in metrics.items():
         msg.metrics[key] = float(value)
-    record = msg.loss_fn_outputs.add()
-    record.type_tag = "ArrayRecord"
-    record.num_datums = len(outputs)
     names = sorted(outputs[0]) if outputs else []
-    for name in names:
-        arrays = [np.asarray(o[name], dtype=np.float32).reshape(-1) for o in outputs]
-        offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
-        offsets[1:] = np.cumsum([a.nbytes for a in arrays])
-        bt = record.fields[name]
-        bt.data = b"".join(a.tobytes() for a in arrays)
-        bt.offsets = offsets.tobytes()
-        bt.dtype = pb.DTYPE_FLOAT32
+    arrays = [{k: np.asarray(o[k], dtype=np.float32) for k in names} for o in outputs]
+    runs: list[list[dict[str, np.ndarray]]] = []
+    for row in arrays:
+        trailing = [row[k].shape[1:] for k in names]
+        if not runs or [runs[-1][0][k].shape[1:] for k in names] != trailing:
+            runs.append([])
+        runs[-1].append(row)
+    for run in runs:
+        record = msg.loss_fn_outputs.add()
+        record.type_tag = "ArrayRecord"
+        record.num_datums = len(run)
+        for name in names:
+            flat = [r[name].reshape(-1) for r in run]
+            offsets = np.zeros(len(flat) + 1, dtype=np.int64)
+            offsets[1:] = np.cumsum([a.nbytes for a in flat])
+            bt = record.fields[name]
+            bt.data = b"".join(a.tobytes() for a in flat)
+            bt.offsets = offsets.tobytes()
+            bt.dtype = pb.DTYPE_FLOAT32
+            bt.trailing_shape.extend(run[0][name].shape[1:])
+    if not outputs:
+        msg.loss_fn_outputs.add(type_tag="ArrayRecord", num_datums=0)
     return msg.SerializeToString()
 
 

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from relayrl.tinker.losses import LossInputError, check_loss, datum_loss
+from relayrl.tinker.losses import BUILTIN_LOSSES, LossInputError, check_loss, datum_loss
 
 LP = [-0.5, -1.0]
 INPUTS = {
@@ -23,9 +23,14 @@ INPUTS = {
 R1, R2 = math.exp(0.2), math.exp(-0.4)
 
 
+def _inputs(name: str, **override: torch.Tensor) -> dict[str, torch.Tensor]:
+    """INPUTS (with overrides) restricted to the keys ``name`` reads."""
+    return {k: v for k, v in {**INPUTS, **override}.items() if k in BUILTIN_LOSSES[name]}
+
+
 def _loss(name: str, **config: float) -> tuple[float, list[float]]:
     lp = torch.tensor(LP, requires_grad=True)
-    loss = datum_loss(name, lp, INPUTS, check_loss(name, config))
+    loss = datum_loss(name, lp, _inputs(name), check_loss(name, config))
     loss.backward()
     assert lp.grad is not None
     return float(loss.detach()), lp.grad.tolist()
@@ -83,9 +88,48 @@ def test_bad_requests_are_loss_input_errors() -> None:
         check_loss("ppo", {"beta": 1.0})
     with pytest.raises(LossInputError, match="clip_low_threshold"):
         check_loss("ppo", {"clip_low_threshold": 1.2})
-    short = {**INPUTS, "advantages": torch.tensor([1.0])}
-    with pytest.raises(LossInputError, match="1 entries"):
+    short = _inputs("importance_sampling", advantages=torch.tensor([1.0]))
+    with pytest.raises(LossInputError, match=r"advantages.*shape \[1\]"):
         datum_loss("importance_sampling", torch.tensor(LP), short, check_loss("ppo", None))
     missing = {"target_tokens": INPUTS["target_tokens"]}
     with pytest.raises(LossInputError, match="advantages|logprobs"):
         datum_loss("dro", torch.tensor(LP), missing, check_loss("dro", None))
+
+
+def test_non_finite_inputs_are_refused() -> None:
+    lp = torch.tensor(LP)
+    bad = _inputs("ppo", advantages=torch.tensor([float("nan"), 1.0]))
+    with pytest.raises(LossInputError, match="advantages.*non-finite"):
+        datum_loss("ppo", lp, bad, check_loss("ppo", None))
+    inf_w = _inputs("cross_entropy", weights=torch.tensor([1.0, float("inf")]))
+    with pytest.raises(LossInputError, match="weights.*non-finite"):
+        datum_loss("cross_entropy", lp, inf_w, check_loss("cross_entropy", None))
+
+
+def test_inputs_a_loss_does_not_read_are_refused() -> None:
+    """A per-token clip threshold (or ``weights`` for a policy loss) used to be ignored."""
+    lp = torch.tensor(LP)
+    clip = {**_inputs("ppo"), "clip_low_threshold": torch.tensor([0.99, 0.99])}
+    with pytest.raises(LossInputError, match=r"clip_low_threshold.*loss_fn_config"):
+        datum_loss("ppo", lp, clip, check_loss("ppo", None))
+    with pytest.raises(LossInputError, match=r"does not read.*\['weights'\]"):
+        datum_loss("importance_sampling", lp, {**_inputs("ppo"), "weights": INPUTS["weights"]},
+                   check_loss("importance_sampling", None))  # fmt: skip
+
+
+def test_top_k_cross_entropy_sums_every_candidate() -> None:
+    """[N, K] = [2, 2] targets: lp = ((-0.5, -2.0), (-1.0, -3.0)), w = ((0.75, 0.25),
+    (1.0, 0.0)): loss = 0.375 + 0.5 + 1.0 + 0 = 1.875; d/dlp = -w."""
+    lp = torch.tensor([[-0.5, -2.0], [-1.0, -3.0]], requires_grad=True)
+    w = torch.tensor([[0.75, 0.25], [1.0, 0.0]])
+    inputs = {"target_tokens": torch.tensor([[3, 7], [4, 8]]), "weights": w}
+    loss = datum_loss("cross_entropy", lp, inputs, check_loss("cross_entropy", None))
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(1.875)
+    assert lp.grad is not None
+    torch.testing.assert_close(lp.grad, -w)
+    with pytest.raises(LossInputError, match=r"weights.*shape \[2\]"):
+        datum_loss("cross_entropy", lp, {**inputs, "weights": torch.ones(2)}, {})
+    with pytest.raises(LossInputError, match="1-D target_tokens"):
+        datum_loss("ppo", lp, {"target_tokens": inputs["target_tokens"], "logprobs": lp,
+                               "advantages": lp}, check_loss("ppo", None))  # fmt: skip
