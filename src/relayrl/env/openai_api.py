@@ -27,6 +27,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from relayrl.rollout.types import SamplingParams
+
 
 class APIError(Exception):
     """An error answered as OpenAI-style JSON with an HTTP status."""
@@ -119,6 +121,48 @@ def stop_params(
     return stops, ids
 
 
+def sampling_params(
+    body: dict[str, Any], session: Any, rendering: Any, default_max_tokens: int
+) -> tuple[SamplingParams, list[str]]:
+    """A request's sampling params and stop strings. A session's ``sampling`` settings win
+    (its ``max_tokens`` is a cap; its seed, when set, gives each call's seed);
+    ``default_max_tokens`` when the request names none (the engine caps it at the rest of the
+    context). ``rendering`` (a ``ChatRendering``): the template's stop ids, stop strings' ids."""
+    forced = session.sampling if session is not None else {}
+    temperature = number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p <= 0:
+        raise APIError(400, "top_p must be > 0", "invalid_value", "top_p")
+    max_tokens = integer(body, "max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = integer(body, "max_tokens")
+    if max_tokens is not None and max_tokens <= 0:
+        raise APIError(
+            400, f"max_tokens must be > 0, got {max_tokens}", "invalid_value", "max_tokens"
+        )
+    if max_tokens is None:
+        max_tokens = default_max_tokens
+    if "max_tokens" in forced:
+        max_tokens = min(max_tokens, int(forced["max_tokens"]))
+    top_k = integer(body, "top_k") or 0  # vLLM's field (extra_body); 0 or -1: off
+    if top_k < -1:
+        raise APIError(400, f"top_k must be >= -1, got {top_k}", "invalid_value", "top_k")
+    seed = integer(body, "seed")
+    if session is not None and session.sampling.get("seed") is not None:
+        seed = session.next_seed()
+    stops, stop_ids = stop_params(body, rendering.encode)
+    params = SamplingParams(
+        temperature=float(forced.get("temperature", temperature)),
+        top_p=float(forced.get("top_p", top_p)),
+        top_k=int(forced.get("top_k", max(top_k, 0))),
+        max_tokens=max_tokens,
+        stop_token_ids=sorted(set(rendering.stop_ids) | set(stop_ids)),
+        seed=seed,
+        ignore_eos=bool(body.get("ignore_eos", False)),
+    )
+    return params, stops
+
+
 def _unsupported(param: str, what: str) -> APIError:
     return APIError(400, f"{what} is not supported by this endpoint", "unsupported", param)
 
@@ -156,26 +200,63 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------- reply choices
-def completion_prompt(body: dict[str, Any]) -> str | list[int]:
-    """A completions request's ``prompt``: text, or token ids (a batch of one is unwrapped)."""
+def _ids(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
+
+
+def completion_prompts(body: dict[str, Any]) -> list[str | list[int]]:
+    """A completions request's prompts, as vLLM takes them: text, token ids (``list[int]``),
+    or a batch of either (``list[str]`` / ``list[list[int]]``; every entry non-empty)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str) and prompt:
-        return prompt
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    ):
-        return [int(t) for t in prompt]
+        return [prompt]
+    if isinstance(prompt, list) and _ids(prompt):
+        return [[int(t) for t in prompt]]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) and p for p in prompt):
+            return list(prompt)
+        if all(_ids(p) for p in prompt):
+            return [[int(t) for t in p] for p in prompt]
     raise APIError(
         400,
-        "prompt must be a non-empty string or a non-empty list of token ids "
-        "(one prompt per request)",
+        "prompt must be a non-empty string, a non-empty list of token ids, or a non-empty "
+        "list of either (a batch; every prompt non-empty)",
         "invalid_prompt",
         "prompt",
     )
+
+
+def check_room(prompt_len: int, limit: int | None, body: dict[str, Any], kind: str) -> None:
+    """400 unless the context (``limit`` tokens) leaves room to generate after the prompt
+    (``context_length_exceeded``) and, as vLLM, the request's own ``max_tokens`` /
+    ``max_completion_tokens`` fits in the rest: ``max_tokens <= limit - prompt_len``."""
+    if limit is None:
+        return
+    if prompt_len >= limit:
+        raise APIError(
+            400,
+            f"this request has {prompt_len} prompt tokens but the model's context is "
+            f"{limit} tokens: no room to generate (shorten the conversation)",
+            "context_length_exceeded",
+            "messages" if kind == "chat" else "prompt",
+        )
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else None
+    name = name or ("max_tokens" if body.get("max_tokens") is not None else None)
+    asked = integer(body, name) if name else None
+    if asked is not None and asked > limit - prompt_len:
+        name = str(body.get("_max_tokens_param") or name)  # the Responses API's own name
+        raise APIError(
+            400,
+            f"{name} is too large: {asked} > {limit} - {prompt_len} (the model's context is "
+            f"{limit} tokens and the prompt has {prompt_len}): ask for at most "
+            f"{limit - prompt_len}",
+            "invalid_value",
+            name,
+        )
 
 
 def cut_at_stop(tokenizer: Any, ids: list[int], stops: list[str]) -> tuple[int, str | None]:
@@ -332,6 +413,7 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
             chat[k] = body[k]
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
+        chat["_max_tokens_param"] = "max_output_tokens"  # named in a too-large error
     text = body.get("text") or {}
     if isinstance(text, dict) and text.get("format") not in (None, {"type": "text"}):
         raise _unsupported("text.format", "a text.format other than text")
