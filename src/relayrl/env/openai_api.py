@@ -6,9 +6,11 @@
   naming it, never silently ignored: ``tool_choice`` ``"required"`` or a named function,
   ``parallel_tool_calls: false``, a ``response_format`` other than text, non-zero
   ``presence_penalty`` / ``frequency_penalty``, a ``logit_bias``, ``echo``, ``best_of`` > 1,
-  ``suffix``, ``top_logprobs`` > 0; of vLLM's extra fields, non-zero ``min_p`` /
-  ``min_tokens``, ``include_stop_str_in_output`` and ``use_beam_search`` (``top_k``,
-  ``stop_token_ids`` and ``ignore_eos`` are honoured).
+  ``suffix``; of vLLM's extra fields, non-zero ``min_p`` / ``min_tokens``,
+  ``include_stop_str_in_output`` and ``use_beam_search`` (``top_k``, ``stop_token_ids`` and
+  ``ignore_eos`` are honoured). :func:`top_asked`: ``top_logprobs`` (a 400 where the engine
+  keeps no alternatives; always on the Responses API). :func:`check_room`: a ``max_tokens``
+  past the context is a 400, as vLLM answers it.
 - Streaming (``stream: true`` on chat and completions): :mod:`relayrl.env.openai_stream`.
 - The Responses API (``POST /v1/responses``, the OpenAI Agents SDK's default): ``input`` (a
   string, or items: messages with string or ``input_text`` content, ``function_call`` and
@@ -27,6 +29,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from relayrl.env.sessions import CallRecord
 from relayrl.rollout.types import SamplingParams
 
 
@@ -163,6 +166,25 @@ def sampling_params(
     return params, stops
 
 
+def top_asked(body: dict[str, Any], chat: bool, supported: bool) -> int:
+    """Alternatives per token a request asks for: chat's ``top_logprobs`` (0 to 20, only with
+    ``logprobs: true``), the completions' ``logprobs`` k (0 to 20). An engine without them
+    (``supported`` false: only the built-in ``RolloutEngine`` keeps them): chat's is a 400,
+    the completions' ``top_logprobs`` stay null."""
+    name = "top_logprobs" if chat else "logprobs"
+    if not chat and body.get("top_logprobs"):
+        raise _unsupported("top_logprobs", "top_logprobs on completions (logprobs: k asks)")
+    k = integer(body, "top_logprobs") if chat else body.get("logprobs")
+    k = k or 0  # the completions' logprobs: checked by ``logprobs_on``
+    if not 0 <= k <= 20:
+        raise APIError(400, f"{name} must be in [0, 20], got {k}", "invalid_value", name)
+    if chat and k and not body.get("logprobs"):
+        raise APIError(400, "top_logprobs needs logprobs: true", "invalid_value", name)
+    if chat and k and not supported:
+        raise _unsupported(name, "top_logprobs > 0 on this engine (it keeps no alternatives)")
+    return k if supported else 0
+
+
 def _unsupported(param: str, what: str) -> APIError:
     return APIError(400, f"{what} is not supported by this endpoint", "unsupported", param)
 
@@ -188,8 +210,6 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
         raise _unsupported("best_of", "best_of > 1")
     if body.get("suffix"):
         raise _unsupported("suffix", "suffix")
-    if body.get("top_logprobs"):
-        raise _unsupported("top_logprobs", "top_logprobs > 0 (the engine keeps no alternatives)")
     # vLLM's extra sampling fields the engine has no counterpart of (``top_k`` it has)
     for name in ("min_p", "min_tokens"):
         if body.get(name) not in (None, 0, 0.0):
@@ -259,6 +279,28 @@ def check_room(prompt_len: int, limit: int | None, body: dict[str, Any], kind: s
         )
 
 
+def record_call(
+    tokenizer: Any, kind: str, prompt: list[int], params: Any, stops: list[str], sample: Any
+) -> tuple[CallRecord, str | None]:
+    """A finished choice (an engine ``Sample``) as its recorded call, cut after the token that
+    completes its first stop string (:func:`cut_at_stop`), and that stop string."""
+    k, hit = cut_at_stop(tokenizer, sample.response_ids, stops)
+    reason = "stop" if hit else ("length" if sample.finish_reason == "length" else "stop")
+    sampling = {
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k,
+        "max_tokens": params.max_tokens,
+        "stop_token_ids": params.stop_token_ids,
+        "seed": params.seed,
+    }
+    top = sample.top_logprobs
+    ids, lps, vs = sample.response_ids, sample.behaviour_logprobs, sample.versions
+    call = CallRecord(kind, list(prompt), ids[:k], lps[:k], vs[:k], reason, sampling)
+    call.top_logprobs = None if top is None else top[:k]
+    return call, hit
+
+
 def cut_at_stop(tokenizer: Any, ids: list[int], stops: list[str]) -> tuple[int, str | None]:
     """How many completion tokens to keep: up to the token completing the first stop string
     (the tokens after it are dropped, never trained), and that string."""
@@ -275,6 +317,30 @@ def cut_at_stop(tokenizer: Any, ids: list[int], stops: list[str]) -> tuple[int, 
     return len(ids), None
 
 
+Alternatives = list[list[tuple[str, float]]]
+"""Per token, its alternatives as (token text, logprob), most likely first."""
+
+
+def chat_logprobs(texts: list[str], lps: list[float], alts: Alternatives | None) -> Any:
+    """Chat's ``logprobs``: per token ``token`` / ``logprob`` / ``bytes`` / ``top_logprobs``."""
+
+    def entry(t: str, lp: float) -> dict[str, Any]:
+        return {"token": t, "logprob": lp, "bytes": list(t.encode())}
+
+    tops = alts if alts is not None else [[] for _ in texts]
+    return {
+        "content": [
+            {**entry(t, lp), "top_logprobs": [entry(a, v) for a, v in top]}
+            for t, lp, top in zip(texts, lps, tops, strict=True)
+        ]
+    }
+
+
+def completion_top(alts: Alternatives | None) -> list[dict[str, float]] | None:
+    """Completions' ``top_logprobs``: per token ``{text: logprob}`` (null when not asked)."""
+    return None if alts is None else [dict(top) for top in alts]
+
+
 def chat_choice(
     rendering: Any,
     index: int,
@@ -282,22 +348,19 @@ def chat_choice(
     hit: str | None,
     parse: bool,
     token_texts: list[str] | None,
+    alts: Alternatives | None = None,
 ) -> dict[str, Any]:
     """A chat reply's choice of a recorded call (a ``CallRecord``): the message
     (``rendering.message``, cut before the stop string ``hit``), per-token ``logprobs`` when
-    ``token_texts`` are given, relayrl's ``token_ids`` and ``versions``."""
+    ``token_texts`` are given (``alts``: each token's ``top_logprobs``), relayrl's
+    ``token_ids`` and ``versions``."""
     message = rendering.message(call.completion_ids, parse_tools=parse)
     if hit and isinstance(message.get("content"), str):
         message["content"] = message["content"].split(hit)[0]
     finish = "tool_calls" if message.get("tool_calls") else call.finish_reason
     logprobs = None
     if token_texts is not None:
-        logprobs = {
-            "content": [
-                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                for t, lp in zip(token_texts, call.logprobs, strict=True)
-            ]
-        }
+        logprobs = chat_logprobs(token_texts, call.logprobs, alts)
     return {
         "index": index,
         "message": message,
@@ -309,7 +372,12 @@ def chat_choice(
 
 
 def completion_choice(
-    tokenizer: Any, index: int, call: Any, hit: str | None, token_texts: list[str] | None
+    tokenizer: Any,
+    index: int,
+    call: Any,
+    hit: str | None,
+    token_texts: list[str] | None,
+    alts: Alternatives | None = None,
 ) -> dict[str, Any]:
     """A completions reply's choice of a recorded call: the text (special tokens skipped, cut
     before ``hit``), ``logprobs`` (``tokens`` / ``token_logprobs`` / ``text_offset``) when
@@ -326,7 +394,7 @@ def completion_choice(
         logprobs = {
             "tokens": token_texts,
             "token_logprobs": call.logprobs,
-            "top_logprobs": None,
+            "top_logprobs": completion_top(alts),
             "text_offset": offsets,
         }
     return {
@@ -359,6 +427,8 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     for name in ("previous_response_id", "conversation"):
         if body.get(name):
             raise _unsupported(name, f"{name} (server-side conversation state)")
+    if body.get("top_logprobs"):
+        raise _unsupported("top_logprobs", "top_logprobs on the Responses API")
     messages: list[dict[str, Any]] = []
     if body.get("instructions"):
         messages.append({"role": "system", "content": str(body["instructions"])})

@@ -14,7 +14,9 @@ Routes (each also under ``/s/<session>/v1/...``):
   ``n`` (1 to :data:`MAX_N` choices of one prompt, generated concurrently; choice ``i`` is
   seeded ``seed + i``, or from the session seed; each is recorded as its own call, so the
   second and later ones branch: a trajectory each), ``logprobs`` (the sampled token's
-  behaviour logprob; ``top_logprobs`` lists stay empty: the engine keeps no alternatives).
+  behaviour logprob), ``top_logprobs`` (0 to 20 alternatives per token, with ``logprobs``:
+  under the distribution sampled from, :mod:`relayrl.rollout.top_logprobs`; an engine without
+  them, vLLM or an engine process, refuses it with 400).
   ``stream: true`` answers server-sent events as the engine generates
   (:mod:`relayrl.env.openai_stream`).
 - ``POST /v1/responses``: the Responses API over the chat route (:mod:`relayrl.env.openai_api`).
@@ -24,8 +26,9 @@ Routes (each also under ``/s/<session>/v1/...``):
   either (``list[str]`` / ``list[list[int]]``: choice ``i * n + j`` is prompt ``i``'s choice
   ``j``, as vLLM indexes them; each prompt's choices are seeded as a request of its own; the
   usage counts each prompt once; ``prompt_token_ids`` is then the list of the prompts' ids),
-  same sampling; ``logprobs`` (an int >= 0) gives ``tokens`` / ``token_logprobs`` /
-  ``text_offset`` (``top_logprobs`` stays null: the engine keeps no alternatives).
+  same sampling; ``logprobs`` (an int k in 0-20) gives ``tokens`` / ``token_logprobs`` /
+  ``text_offset`` and ``top_logprobs`` (k alternatives per token; null when k is 0 or the
+  engine keeps none).
 - ``POST /tokenize``, ``POST /detokenize``: vLLM's (:mod:`relayrl.env.openai_tokenize`).
 - vLLM's extra sampling fields ``top_k``, ``stop_token_ids`` and ``ignore_eos`` are honoured
   by both (the ``openai`` client sends them with ``extra_body``).
@@ -80,11 +83,12 @@ from relayrl.env.openai_api import (
     check_room,
     completion_choice,
     completion_prompts,
-    cut_at_stop,
     logprobs_on,
+    record_call,
     refuse_unsupported,
     responses_to_chat,
     sampling_params,
+    top_asked,
 )
 from relayrl.env.openai_api import integer as _int
 from relayrl.env.openai_stream import (
@@ -364,7 +368,7 @@ class OpenAIServer:
         and its stop."""
         for prompt in prompts:
             self._check_context(prompt, kind, body)
-        runs = [(p, *r) for p in prompts for r in self._choice_params(body, session)]
+        runs = [(p, *r) for p in prompts for r in self._choice_params(kind, body, session)]
         samples = await asyncio.gather(*(self._generate(p, q, session) for p, q, _ in runs))
         out = [self._call(kind, *run, sample) for sample, run in zip(samples, runs, strict=True)]
         for call, _ in out:
@@ -373,37 +377,24 @@ class OpenAIServer:
         return out
 
     def _choice_params(
-        self, body: dict[str, Any], session: Session | None
+        self, kind: str, body: dict[str, Any], session: Session | None
     ) -> list[tuple[SamplingParams, list[str]]]:
         """Each of the ``n`` choices' sampling params and stop strings (choice ``i``: seed + i)."""
         seed = _int(body, "seed")
-        return [
+        alternatives = bool(getattr(self.owner.engine, "supports_top_logprobs", False))
+        top = top_asked(body, kind == "chat", alternatives)
+        runs = [
             self._params(body if seed is None or i == 0 else {**body, "seed": seed + i}, session)
             for i in range(_int(body, "n") or 1)
         ]
+        for params, _ in runs:
+            params.top_logprobs = top
+        return runs
 
     def _call(
         self, kind: str, prompt: list[int], params: SamplingParams, stops: list[str], sample: Sample
     ) -> tuple[CallRecord, str | None]:
-        k, hit = cut_at_stop(self.tokenizer, sample.response_ids, stops)
-        reason = "stop" if hit else ("length" if sample.finish_reason == "length" else "stop")
-        call = CallRecord(
-            kind,
-            list(prompt),
-            sample.response_ids[:k],
-            sample.behaviour_logprobs[:k],
-            sample.versions[:k],
-            reason,
-            {
-                "temperature": params.temperature,
-                "top_p": params.top_p,
-                "top_k": params.top_k,
-                "max_tokens": params.max_tokens,
-                "stop_token_ids": params.stop_token_ids,
-                "seed": params.seed,
-            },
-        )
-        return call, hit
+        return record_call(self.tokenizer, kind, prompt, params, stops, sample)
 
     @staticmethod
     def _usage(prompts: Sequence[list[int]], calls: Sequence[CallRecord]) -> dict[str, int]:
@@ -418,13 +409,20 @@ class OpenAIServer:
         self, index: int, call: CallRecord, hit: str | None, parse: bool, lps: bool
     ) -> dict[str, Any]:
         texts = self._token_text(call.completion_ids) if lps else None
-        return chat_choice(self.rendering, index, call, hit, parse, texts)
+        return chat_choice(self.rendering, index, call, hit, parse, texts, self._alts(call))
 
     def _completion_choice(
         self, index: int, call: CallRecord, hit: str | None, lps: bool
     ) -> dict[str, Any]:
         texts = self._token_text(call.completion_ids) if lps else None
-        return completion_choice(self.tokenizer, index, call, hit, texts)
+        return completion_choice(self.tokenizer, index, call, hit, texts, self._alts(call))
+
+    def _alts(self, call: CallRecord) -> list[list[tuple[str, float]]] | None:
+        """Each token's alternatives as (text, logprob), when the call asked for them."""
+        tops = call.top_logprobs
+        return (
+            None if tops is None else [[(self._token_text([t])[0], v) for t, v in x] for x in tops]
+        )
 
     # ------------------------------------------------------------------ routes
     async def _chat(self, request: Request, session_key: str | None = None) -> Any:
@@ -470,7 +468,7 @@ class OpenAIServer:
         prompts, parse = await (self._chat_prompt(body) if chat else self._completion_prompts(body))
         for prompt in prompts:
             self._check_context(prompt, kind, body)
-        runs = [(p, *r) for p in prompts for r in self._choice_params(body, session)]
+        runs = [(p, *r) for p in prompts for r in self._choice_params(kind, body, session)]
         meta = {"session": session.key} if session is not None else {}
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         calls: dict[int, tuple[CallRecord, dict[str, Any]]] = {}

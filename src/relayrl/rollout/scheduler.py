@@ -38,6 +38,7 @@ class Sequence:
     num_computed: int = 0  # tokens whose KV is in the slot
     weights_version: int = -1  # which weights this sequence runs under (set at admission)
     num_interrupts: int = 0
+    top: list[list[tuple[int, float]]] | None = None  # per token, ``top_logprobs``'s
 
     @property
     def num_generated(self) -> int:

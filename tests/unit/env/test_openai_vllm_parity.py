@@ -182,3 +182,83 @@ def test_tokenize_gives_the_ids_the_routes_generate_from(server):
             c.post(path, body=body, cast_to=object)
     with pytest.raises(openai.NotFoundError):
         c.post("/tokenize", body={"model": "other", "prompt": "a"}, cast_to=object)
+
+
+# ------------------------------------------------------------------ top_logprobs
+def _entries(content) -> list[tuple[str, float, list[tuple[str, float]]]]:  # type: ignore[no-untyped-def]
+    return [(e.token, e.logprob, [(a.token, a.logprob) for a in e.top_logprobs]) for e in content]
+
+
+def test_chat_top_logprobs_streamed_and_not(server):
+    """top_logprobs=3: each token lists 3 alternatives, most likely first; greedy, the first is
+    the token itself at its logprob; asking changes no token and no logprob (seeded), and the
+    streamed entries are the unstreamed ones."""
+    c = _client(server)
+    ask = dict(model="tiny", messages=M, max_tokens=6, extra_body={"ignore_eos": True})
+    greedy = c.chat.completions.create(temperature=0, logprobs=True, top_logprobs=3, **ask)
+    for tok, lp, alts in _entries(greedy.choices[0].logprobs.content):
+        assert len(alts) == 3 and alts[0] == (tok, lp)
+        assert [v for _, v in alts] == sorted((v for _, v in alts), reverse=True)
+    plain = c.chat.completions.create(seed=4, logprobs=True, **ask).choices[0]
+    top = c.chat.completions.create(seed=4, logprobs=True, top_logprobs=3, **ask).choices[0]
+    assert top.model_extra["token_ids"] == plain.model_extra["token_ids"]
+    assert [e.logprob for e in top.logprobs.content] == [e.logprob for e in plain.logprobs.content]
+    assert all(e.top_logprobs == [] for e in plain.logprobs.content)
+    streamed = []
+    for chunk in c.chat.completions.create(
+        seed=4, logprobs=True, top_logprobs=3, stream=True, **ask
+    ):
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            streamed += _entries(chunk.choices[0].logprobs.content)
+    assert streamed == _entries(top.logprobs.content)
+
+
+def test_completions_logprobs_k_lists_k_alternatives_streamed_and_not(server):
+    c = _client(server)
+    ask = dict(model="tiny", prompt="ab", max_tokens=6, seed=2, extra_body={"ignore_eos": True})
+    r = c.completions.create(logprobs=2, **ask).choices[0].logprobs
+    assert len(r.top_logprobs) == 6 and all(1 <= len(t) <= 2 for t in r.top_logprobs)
+    plain = c.completions.create(logprobs=0, **ask).choices[0].logprobs
+    assert plain.top_logprobs is None and plain.token_logprobs == r.token_logprobs
+    tops: list[dict[str, float]] = []
+    for chunk in c.completions.create(logprobs=2, stream=True, **ask):
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            tops += chunk.choices[0].logprobs.top_logprobs
+    assert tops == r.top_logprobs
+
+
+def test_bad_top_logprobs_requests_are_400s(server, tiny):
+    c = _client(server)
+    for kw in (
+        {"top_logprobs": 2},  # without logprobs: true
+        {"top_logprobs": 21, "logprobs": True},
+    ):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="tiny", messages=M, max_tokens=2, **kw)  # type: ignore[arg-type]
+        assert e.value.body["param"] == "top_logprobs"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model="tiny", prompt="ab", max_tokens=2, logprobs=21)
+    assert e.value.body["param"] == "logprobs"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.create(model="tiny", input="hi", max_output_tokens=2, top_logprobs=2)
+    assert e.value.body["param"] == "top_logprobs"
+
+
+class NoAlternatives(RolloutEngine):
+    supports_top_logprobs = False
+
+
+def test_an_engine_without_alternatives_refuses_chat_top_logprobs(tiny):
+    model, tok = tiny
+    engine = NoAlternatives(
+        model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, max_slots=2
+    )
+    with OpenAIServer(engine, tok, "tiny") as srv:
+        c = _client(srv)
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(
+                model="tiny", messages=M, max_tokens=2, logprobs=True, top_logprobs=2
+            )
+        assert (e.value.body["param"], e.value.body["code"]) == ("top_logprobs", "unsupported")
+        r = c.completions.create(model="tiny", prompt="ab", max_tokens=2, logprobs=2)
+        assert r.choices[0].logprobs.top_logprobs is None  # as before: no alternatives
