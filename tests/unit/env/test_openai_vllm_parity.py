@@ -8,9 +8,10 @@ from __future__ import annotations
 import openai
 import pytest
 
+from relayrl.env.agent_rollout import AgentRollout
 from relayrl.env.openai_server import OpenAIServer
 from relayrl.model import build_tiny_model, load_causal_lm, load_tokenizer
-from relayrl.rollout import RolloutEngine
+from relayrl.rollout import GenerationRequest, RolloutEngine, SamplingParams
 
 CONTEXT = 40
 M = [{"role": "user", "content": "hi"}]
@@ -94,6 +95,31 @@ def test_the_training_endpoint_caps_max_tokens_at_the_rest_of_the_context(tiny):
     finally:
         srv.stop()
     assert (r.usage.completion_tokens, r.choices[0].finish_reason) == (33, "length")
+
+
+def _long_agent(base_url: str, api_key: str, row: dict) -> float:
+    """One chat call asking far past the context: reward 1 when it ended in 'length'."""
+    c = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=60)
+    r = c.chat.completions.create(
+        model="p", messages=M, max_tokens=1000, extra_body={"ignore_eos": True}
+    )
+    return float(r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 33)
+
+
+def test_an_agent_rollout_gets_the_cap_not_the_400(tiny):
+    """Training: the agent's too-large max_tokens is cut to the rest of the context (33), its
+    rollout succeeds (with the 400, the agent raises and the rollout is a failure)."""
+    model, tok = tiny
+    engine = RolloutEngine(
+        model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, max_slots=2
+    )
+    rollout = AgentRollout(engine, tok, _long_agent)
+    try:
+        req = GenerationRequest([1], SamplingParams(max_tokens=1000, seed=0), metadata={})
+        (sample,) = rollout.generate([req])
+    finally:
+        rollout.close()
+    assert sample.metadata["env"]["outcome"] == 1.0, sample.metadata["env"]
 
 
 # ------------------------------------------------------------------ stream_options
