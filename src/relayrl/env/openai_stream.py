@@ -5,11 +5,12 @@ Each choice of a streamed request is generated with a token sink on the engine o
 the request gained cross to the server's event loop (``call_soon_threadsafe`` into an
 ``asyncio.Queue``) and go out at once as server-sent events: ``chat.completion.chunk`` /
 ``text_completion`` chunks, each with the text the tokens add, relayrl's ``token_ids`` and
-``versions`` (and ``logprobs`` when asked), then per choice the rest of its text (and its
-``tool_calls``) and a finish chunk, (``stream_options.include_usage``) a usage chunk, and
-``data: [DONE]``. The first chunk leaves while the engine still generates the request; token
-events of a choice that wait behind each other (a client slower than the engine) are merged
-into one chunk.
+``versions`` (and ``logprobs`` when asked, each token's ``top_logprobs`` alternatives with them
+when the request asked for some: the engine hands them with the tokens), then per choice the
+rest of its text (and its ``tool_calls``) and a finish chunk, (``stream_options.include_usage``)
+a usage chunk, and ``data: [DONE]``. The first chunk leaves while the engine still generates
+the request; token events of a choice that wait behind each other (a client slower than the
+engine) are merged into one chunk.
 
 Text. :class:`IncrementalDecoder` turns the growing id list into text deltas that join to
 ``decode(ids)``: with ``p <= r`` two offsets into the ids, ``prev = D(ids[p:r])`` and
