@@ -302,7 +302,7 @@ class RolloutEngine:
         tokens, logprobs = sample(
             logits, [s.settings for s in seqs], [s.num_generated for s in seqs]
         )
-        if top_logprobs.wanted(seqs):  # off: no tensor work (``rollout.top_logprobs``)
+        if self.scheduler.with_top:  # off: one int test (``rollout.top_logprobs``)
             top_logprobs.capture(logits, seqs)
         t2 = time.perf_counter()
         finished = []

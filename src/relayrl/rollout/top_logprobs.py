@@ -12,8 +12,9 @@ operations on the same fp32 row). Tokens the filters removed (probability 0) are
 a row keeps fewer than ``k`` entries when fewer survive. Ties keep ``torch.topk``'s order.
 
 The capture runs after the step's draw, on the step's logits, for the rows that asked only:
-it never changes the sampled tokens or their logprobs. A step whose rows ask for none does no
-tensor work (one Python check over its rows). Alternatives are kept per sequence
+it never changes the sampled tokens or their logprobs. While no live request asks for them
+(the scheduler counts those that do: ``Scheduler.with_top``) a step tests one integer and does
+nothing else. Alternatives are kept per sequence
 (``Sequence.top``) and survive an interrupt (a re-prefill resamples nothing already sampled);
 they come out as ``Sample.top_logprobs`` and, to a streaming reader, as a fourth element of
 ``RolloutEngine.progress``.
@@ -43,15 +44,12 @@ def check(k: int) -> str | None:
     return None
 
 
-def wanted(seqs: Seq[Any]) -> bool:
-    """Whether any of the step's sequences keeps alternatives (the only per-step cost)."""
-    return any(s.top is not None for s in seqs)
-
-
 def capture(logits: Tensor, seqs: Seq[Any]) -> None:
     """Append each asking sequence's alternatives of this step's token (see module);
     ``logits`` fp32 ``[len(seqs), vocab]``, row ``i`` sequence ``i``'s, after the draw."""
     rows = [i for i, s in enumerate(seqs) if s.top is not None]
+    if not rows:  # others elsewhere keep alternatives, none in this forward
+        return
     settings = [seqs[i].settings for i in rows]
     x = logits[rows]
     temps = [s.temperature for s in settings]

@@ -139,3 +139,22 @@ def test_a_bad_top_logprobs_is_refused(model):
     engine = RolloutEngine(model, eos_token_id=EOS, pad_token_id=PAD, max_slots=2)
     with pytest.raises(InvalidRequestError, match="top_logprobs"):
         engine.submit(GenerationRequest([5, 6], SamplingParams(top_logprobs=21)))
+
+
+def test_the_scheduler_counts_the_requests_that_keep_alternatives(model):
+    """The step's only cost while none asks: ``Scheduler.with_top``, back to 0 once the asking
+    requests finished or were aborted (waiting or running)."""
+    engine = RolloutEngine(model, eos_token_id=EOS, pad_token_id=PAD, max_slots=1)
+    ask = SamplingParams(max_tokens=3, top_logprobs=2, ignore_eos=True)
+    a = engine.submit(GenerationRequest([5, 6], ask))
+    engine.submit(GenerationRequest([5, 6], SamplingParams(max_tokens=3)))
+    c = engine.submit(GenerationRequest([7], ask))  # waits: one slot
+    assert engine.scheduler.with_top == 2
+    engine.step()
+    engine.abort(a)  # running
+    engine.abort(c)  # waiting
+    assert engine.scheduler.with_top == 0
+    engine.submit(GenerationRequest([5, 6], ask))
+    done = engine.drain()
+    assert engine.scheduler.with_top == 0
+    assert [len(s.top_logprobs or []) for s in done] == [1, 0, 0, 3]
