@@ -18,7 +18,8 @@ everything that touches the engine, in order:
 
 Streaming (``generate(request, on_tokens=sink)``): the sink is called on this thread, first
 with empty lists once the engine has accepted the request, then after every step with the
-tokens the request gained, as ``(ids, behaviour logprobs, versions)``, read with the engine's
+tokens the request gained, as ``(ids, behaviour logprobs, versions)`` (and their alternatives
+for a request with ``top_logprobs``: ``RolloutEngine`` only), read with the engine's
 ``progress(request_id, start)`` (the in-process engines; the engine-process client's
 ``progress(ticket, start)``, which reads what its worker sent after each of its steps), and
 last with whatever the finished sample adds, before its future resolves: the concatenated
@@ -47,8 +48,9 @@ from relayrl.rollout.backend import LivePollingBackend, PollingBackend, Stepping
 from relayrl.rollout.types import GenerationRequest, Sample
 
 T = TypeVar("T")
-TokenSink = Callable[[list[int], list[float], list[int]], None]
-"""Receives a streamed request's new tokens (ids, logprobs, versions); quick, never raises."""
+TokenSink = Callable[..., None]
+"""Receives a streamed request's new tokens (ids, logprobs, versions, and the alternatives of a
+request that asked for ``top_logprobs``); quick, never raises."""
 TICKET = "_agent_ticket"
 """Metadata key of a request's ticket on a polling engine (removed from the returned sample)."""
 
@@ -259,7 +261,8 @@ class EngineOwner:
             sink, sent = stream
             k = sent[0]
             if len(s.response_ids) > k:
-                sink(s.response_ids[k:], s.behaviour_logprobs[k:], s.versions[k:])
+                top = () if s.top_logprobs is None else (s.top_logprobs[k:],)
+                sink(s.response_ids[k:], s.behaviour_logprobs[k:], s.versions[k:], *top)
         fut = self._pending.pop(key, None)
         if fut is not None:
             fut.set_result(s)

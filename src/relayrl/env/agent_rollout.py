@@ -14,7 +14,10 @@ every request (one rollout of a GRPO group) it
 1. opens a session on the :class:`~relayrl.env.openai_server.OpenAIServer` whose sampling is
    the request's (temperature / top_p / top_k of ``rollout.*``, whatever the agent asks, so
    the trainer's recomputed logprobs are of the distribution sampled from; ``max_tokens`` a
-   cap per call; call k's seed derived from the request's seed);
+   cap per call; call k's seed derived from the request's seed). The server caps a call's
+   ``max_tokens`` at the rest of the context (``cap_max_tokens``) where ``relayrl serve``
+   answers vLLM's 400: a conversation that grew to the context's end ends its turn in
+   ``length``, a recorded sample, not an agent error;
 2. runs the agent (up to ``env.agent.concurrency`` at once) with ``env.agent.timeout_s``. A
    sync agent runs in a daemon thread of its own: one that hangs past its timeout is recorded
    ``timeout`` and its slot goes to the next rollout at once (its thread is abandoned, counted
@@ -117,7 +120,7 @@ class AgentRollout:
         self.tokenizer = tokenizer
         self.timeout_s = timeout_s
         self.concurrency = concurrency
-        self.server = OpenAIServer(self.owner, tokenizer)
+        self.server = OpenAIServer(self.owner, tokenizer, cap_max_tokens=True)
         self.server.start()
         self._pool = DaemonThreadExecutor()  # a thread per sync agent call (see module)
         self._counts: dict[str, float] = {}

@@ -6,9 +6,11 @@
   naming it, never silently ignored: ``tool_choice`` ``"required"`` or a named function,
   ``parallel_tool_calls: false``, a ``response_format`` other than text, non-zero
   ``presence_penalty`` / ``frequency_penalty``, a ``logit_bias``, ``echo``, ``best_of`` > 1,
-  ``suffix``, ``top_logprobs`` > 0; of vLLM's extra fields, non-zero ``min_p`` /
-  ``min_tokens``, ``include_stop_str_in_output`` and ``use_beam_search`` (``top_k``,
-  ``stop_token_ids`` and ``ignore_eos`` are honoured).
+  ``suffix``; of vLLM's extra fields, non-zero ``min_p`` / ``min_tokens``,
+  ``include_stop_str_in_output`` and ``use_beam_search`` (``top_k``, ``stop_token_ids`` and
+  ``ignore_eos`` are honoured). :func:`top_asked`: ``top_logprobs`` (a 400 where the engine
+  keeps no alternatives; always on the Responses API). :func:`check_room`: a ``max_tokens``
+  past the context is a 400, as vLLM answers it.
 - Streaming (``stream: true`` on chat and completions): :mod:`relayrl.env.openai_stream`.
 - The Responses API (``POST /v1/responses``, the OpenAI Agents SDK's default): ``input`` (a
   string, or items: messages with string or ``input_text`` content, ``function_call`` and
@@ -26,6 +28,9 @@ import time
 import uuid
 from collections.abc import Callable
 from typing import Any
+
+from relayrl.env.sessions import CallRecord
+from relayrl.rollout.types import SamplingParams
 
 
 class APIError(Exception):
@@ -119,6 +124,67 @@ def stop_params(
     return stops, ids
 
 
+def sampling_params(
+    body: dict[str, Any], session: Any, rendering: Any, default_max_tokens: int
+) -> tuple[SamplingParams, list[str]]:
+    """A request's sampling params and stop strings. A session's ``sampling`` settings win
+    (its ``max_tokens`` is a cap; its seed, when set, gives each call's seed);
+    ``default_max_tokens`` when the request names none (the engine caps it at the rest of the
+    context). ``rendering`` (a ``ChatRendering``): the template's stop ids, stop strings' ids."""
+    forced = session.sampling if session is not None else {}
+    temperature = number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p <= 0:
+        raise APIError(400, "top_p must be > 0", "invalid_value", "top_p")
+    max_tokens = integer(body, "max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = integer(body, "max_tokens")
+    if max_tokens is not None and max_tokens <= 0:
+        raise APIError(
+            400, f"max_tokens must be > 0, got {max_tokens}", "invalid_value", "max_tokens"
+        )
+    if max_tokens is None:
+        max_tokens = default_max_tokens
+    if "max_tokens" in forced:
+        max_tokens = min(max_tokens, int(forced["max_tokens"]))
+    top_k = integer(body, "top_k") or 0  # vLLM's field (extra_body); 0 or -1: off
+    if top_k < -1:
+        raise APIError(400, f"top_k must be >= -1, got {top_k}", "invalid_value", "top_k")
+    seed = integer(body, "seed")
+    if session is not None and session.sampling.get("seed") is not None:
+        seed = session.next_seed()
+    stops, stop_ids = stop_params(body, rendering.encode)
+    params = SamplingParams(
+        temperature=float(forced.get("temperature", temperature)),
+        top_p=float(forced.get("top_p", top_p)),
+        top_k=int(forced.get("top_k", max(top_k, 0))),
+        max_tokens=max_tokens,
+        stop_token_ids=sorted(set(rendering.stop_ids) | set(stop_ids)),
+        seed=seed,
+        ignore_eos=bool(body.get("ignore_eos", False)),
+    )
+    return params, stops
+
+
+def top_asked(body: dict[str, Any], chat: bool, supported: bool) -> int:
+    """Alternatives per token a request asks for: chat's ``top_logprobs`` (0 to 20, only with
+    ``logprobs: true``), the completions' ``logprobs`` k (0 to 20). An engine without them
+    (``supported`` false: only the built-in ``RolloutEngine`` keeps them): chat's is a 400,
+    the completions' ``top_logprobs`` stay null."""
+    name = "top_logprobs" if chat else "logprobs"
+    if not chat and body.get("top_logprobs"):
+        raise _unsupported("top_logprobs", "top_logprobs on completions (logprobs: k asks)")
+    k = integer(body, "top_logprobs") if chat else body.get("logprobs")
+    k = k or 0  # the completions' logprobs: checked by ``logprobs_on``
+    if not 0 <= k <= 20:
+        raise APIError(400, f"{name} must be in [0, 20], got {k}", "invalid_value", name)
+    if chat and k and not body.get("logprobs"):
+        raise APIError(400, "top_logprobs needs logprobs: true", "invalid_value", name)
+    if chat and k and not supported:
+        raise _unsupported(name, "top_logprobs > 0 on this engine (it keeps no alternatives)")
+    return k if supported else 0
+
+
 def _unsupported(param: str, what: str) -> APIError:
     return APIError(400, f"{what} is not supported by this endpoint", "unsupported", param)
 
@@ -144,8 +210,6 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
         raise _unsupported("best_of", "best_of > 1")
     if body.get("suffix"):
         raise _unsupported("suffix", "suffix")
-    if body.get("top_logprobs"):
-        raise _unsupported("top_logprobs", "top_logprobs > 0 (the engine keeps no alternatives)")
     # vLLM's extra sampling fields the engine has no counterpart of (``top_k`` it has)
     for name in ("min_p", "min_tokens"):
         if body.get(name) not in (None, 0, 0.0):
@@ -156,26 +220,85 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------- reply choices
-def completion_prompt(body: dict[str, Any]) -> str | list[int]:
-    """A completions request's ``prompt``: text, or token ids (a batch of one is unwrapped)."""
+def _ids(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
+
+
+def completion_prompts(body: dict[str, Any]) -> list[str | list[int]]:
+    """A completions request's prompts, as vLLM takes them: text, token ids (``list[int]``),
+    or a batch of either (``list[str]`` / ``list[list[int]]``; every entry non-empty)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str) and prompt:
-        return prompt
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    ):
-        return [int(t) for t in prompt]
+        return [prompt]
+    if isinstance(prompt, list) and _ids(prompt):
+        return [[int(t) for t in prompt]]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) and p for p in prompt):
+            return list(prompt)
+        if all(_ids(p) for p in prompt):
+            return [[int(t) for t in p] for p in prompt]
     raise APIError(
         400,
-        "prompt must be a non-empty string or a non-empty list of token ids "
-        "(one prompt per request)",
+        "prompt must be a non-empty string, a non-empty list of token ids, or a non-empty "
+        "list of either (a batch; every prompt non-empty)",
         "invalid_prompt",
         "prompt",
     )
+
+
+def check_room(prompt_len: int, limit: int | None, body: dict[str, Any], kind: str) -> None:
+    """400 unless the context (``limit`` tokens) leaves room to generate after the prompt
+    (``context_length_exceeded``) and, as vLLM, the request's own ``max_tokens`` /
+    ``max_completion_tokens`` fits in the rest: ``max_tokens <= limit - prompt_len``."""
+    if limit is None:
+        return
+    if prompt_len >= limit:
+        raise APIError(
+            400,
+            f"this request has {prompt_len} prompt tokens but the model's context is "
+            f"{limit} tokens: no room to generate (shorten the conversation)",
+            "context_length_exceeded",
+            "messages" if kind == "chat" else "prompt",
+        )
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else None
+    name = name or ("max_tokens" if body.get("max_tokens") is not None else None)
+    asked = integer(body, name) if name else None
+    if asked is not None and asked > limit - prompt_len:
+        name = str(body.get("_max_tokens_param") or name)  # the Responses API's own name
+        raise APIError(
+            400,
+            f"{name} is too large: {asked} > {limit} - {prompt_len} (the model's context is "
+            f"{limit} tokens and the prompt has {prompt_len}): ask for at most "
+            f"{limit - prompt_len}",
+            "invalid_value",
+            name,
+        )
+
+
+def record_call(
+    tokenizer: Any, kind: str, prompt: list[int], params: Any, stops: list[str], sample: Any
+) -> tuple[CallRecord, str | None]:
+    """A finished choice (an engine ``Sample``) as its recorded call, cut after the token that
+    completes its first stop string (:func:`cut_at_stop`), and that stop string."""
+    k, hit = cut_at_stop(tokenizer, sample.response_ids, stops)
+    reason = "stop" if hit else ("length" if sample.finish_reason == "length" else "stop")
+    sampling = {
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k,
+        "max_tokens": params.max_tokens,
+        "stop_token_ids": params.stop_token_ids,
+        "seed": params.seed,
+    }
+    top = sample.top_logprobs
+    ids, lps, vs = sample.response_ids, sample.behaviour_logprobs, sample.versions
+    call = CallRecord(kind, list(prompt), ids[:k], lps[:k], vs[:k], reason, sampling)
+    call.top_logprobs = None if top is None else top[:k]
+    return call, hit
 
 
 def cut_at_stop(tokenizer: Any, ids: list[int], stops: list[str]) -> tuple[int, str | None]:
@@ -194,6 +317,30 @@ def cut_at_stop(tokenizer: Any, ids: list[int], stops: list[str]) -> tuple[int, 
     return len(ids), None
 
 
+Alternatives = list[list[tuple[str, float]]]
+"""Per token, its alternatives as (token text, logprob), most likely first."""
+
+
+def chat_logprobs(texts: list[str], lps: list[float], alts: Alternatives | None) -> Any:
+    """Chat's ``logprobs``: per token ``token`` / ``logprob`` / ``bytes`` / ``top_logprobs``."""
+
+    def entry(t: str, lp: float) -> dict[str, Any]:
+        return {"token": t, "logprob": lp, "bytes": list(t.encode())}
+
+    tops = alts if alts is not None else [[] for _ in texts]
+    return {
+        "content": [
+            {**entry(t, lp), "top_logprobs": [entry(a, v) for a, v in top]}
+            for t, lp, top in zip(texts, lps, tops, strict=True)
+        ]
+    }
+
+
+def completion_top(alts: Alternatives | None) -> list[dict[str, float]] | None:
+    """Completions' ``top_logprobs``: per token ``{text: logprob}`` (null when not asked)."""
+    return None if alts is None else [dict(top) for top in alts]
+
+
 def chat_choice(
     rendering: Any,
     index: int,
@@ -201,22 +348,19 @@ def chat_choice(
     hit: str | None,
     parse: bool,
     token_texts: list[str] | None,
+    alts: Alternatives | None = None,
 ) -> dict[str, Any]:
     """A chat reply's choice of a recorded call (a ``CallRecord``): the message
     (``rendering.message``, cut before the stop string ``hit``), per-token ``logprobs`` when
-    ``token_texts`` are given, relayrl's ``token_ids`` and ``versions``."""
+    ``token_texts`` are given (``alts``: each token's ``top_logprobs``), relayrl's
+    ``token_ids`` and ``versions``."""
     message = rendering.message(call.completion_ids, parse_tools=parse)
     if hit and isinstance(message.get("content"), str):
         message["content"] = message["content"].split(hit)[0]
     finish = "tool_calls" if message.get("tool_calls") else call.finish_reason
     logprobs = None
     if token_texts is not None:
-        logprobs = {
-            "content": [
-                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                for t, lp in zip(token_texts, call.logprobs, strict=True)
-            ]
-        }
+        logprobs = chat_logprobs(token_texts, call.logprobs, alts)
     return {
         "index": index,
         "message": message,
@@ -228,7 +372,12 @@ def chat_choice(
 
 
 def completion_choice(
-    tokenizer: Any, index: int, call: Any, hit: str | None, token_texts: list[str] | None
+    tokenizer: Any,
+    index: int,
+    call: Any,
+    hit: str | None,
+    token_texts: list[str] | None,
+    alts: Alternatives | None = None,
 ) -> dict[str, Any]:
     """A completions reply's choice of a recorded call: the text (special tokens skipped, cut
     before ``hit``), ``logprobs`` (``tokens`` / ``token_logprobs`` / ``text_offset``) when
@@ -245,7 +394,7 @@ def completion_choice(
         logprobs = {
             "tokens": token_texts,
             "token_logprobs": call.logprobs,
-            "top_logprobs": None,
+            "top_logprobs": completion_top(alts),
             "text_offset": offsets,
         }
     return {
@@ -278,6 +427,8 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     for name in ("previous_response_id", "conversation"):
         if body.get(name):
             raise _unsupported(name, f"{name} (server-side conversation state)")
+    if body.get("top_logprobs"):
+        raise _unsupported("top_logprobs", "top_logprobs on the Responses API")
     messages: list[dict[str, Any]] = []
     if body.get("instructions"):
         messages.append({"role": "system", "content": str(body["instructions"])})
@@ -332,6 +483,7 @@ def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
             chat[k] = body[k]
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
+        chat["_max_tokens_param"] = "max_output_tokens"  # named in a too-large error
     text = body.get("text") or {}
     if isinstance(text, dict) and text.get("format") not in (None, {"type": "text"}):
         raise _unsupported("text.format", "a text.format other than text")

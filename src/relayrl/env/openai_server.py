@@ -14,15 +14,22 @@ Routes (each also under ``/s/<session>/v1/...``):
   ``n`` (1 to :data:`MAX_N` choices of one prompt, generated concurrently; choice ``i`` is
   seeded ``seed + i``, or from the session seed; each is recorded as its own call, so the
   second and later ones branch: a trajectory each), ``logprobs`` (the sampled token's
-  behaviour logprob; ``top_logprobs`` lists stay empty: the engine keeps no alternatives).
+  behaviour logprob), ``top_logprobs`` (0 to 20 alternatives per token, with ``logprobs``:
+  under the distribution sampled from, :mod:`relayrl.rollout.top_logprobs`; an engine without
+  them, vLLM or an engine process, refuses it with 400).
   ``stream: true`` answers server-sent events as the engine generates
   (:mod:`relayrl.env.openai_stream`).
 - ``POST /v1/responses``: the Responses API over the chat route (:mod:`relayrl.env.openai_api`).
 - Parameters the endpoint does not honour are refused with 400 naming them
   (``openai_api.refuse_unsupported``: ``tool_choice`` required / named, penalties, ...).
-- ``POST /v1/completions``: ``prompt`` as text or as token ids (``list[int]``), same sampling;
-  ``logprobs`` (an int >= 0) gives ``tokens`` / ``token_logprobs`` / ``text_offset``
-  (``top_logprobs`` stays null: the engine keeps no alternatives).
+- ``POST /v1/completions``: ``prompt`` as text or as token ids (``list[int]``), or a batch of
+  either (``list[str]`` / ``list[list[int]]``: choice ``i * n + j`` is prompt ``i``'s choice
+  ``j``, as vLLM indexes them; each prompt's choices are seeded as a request of its own; the
+  usage counts each prompt once; ``prompt_token_ids`` is then the list of the prompts' ids),
+  same sampling; ``logprobs`` (an int k in 0-20) gives ``tokens`` / ``token_logprobs`` /
+  ``text_offset`` and ``top_logprobs`` (k alternatives per token; null when k is 0 or the
+  engine keeps none).
+- ``POST /tokenize``, ``POST /detokenize``: vLLM's (:mod:`relayrl.env.openai_tokenize`).
 - vLLM's extra sampling fields ``top_k``, ``stop_token_ids`` and ``ignore_eos`` are honoured
   by both (the ``openai`` client sends them with ``extra_body``).
 - ``GET /v1/models``: the one served model, with its ``max_model_len`` as vLLM lists it
@@ -43,7 +50,10 @@ recomputes logprobs under the distribution that was sampled; ``max_tokens`` is a
 call's seed derives from the session seed).
 
 Errors are OpenAI-style JSON ``{"error": {"message", "type", "param", "code"}}``: 400 for
-a malformed body or bad parameters, ``context_length_exceeded`` when the prompt leaves no room
+a malformed body or bad parameters (``stream_options`` without ``stream: true``; a
+``max_tokens`` / ``max_completion_tokens`` larger than the context leaves after the prompt,
+``max_tokens > context - prompt``, as vLLM: unless ``cap_max_tokens``, which the training
+endpoint sets, cuts it to the rest), ``context_length_exceeded`` when the prompt leaves no room
 to generate, 401 / 404 as above (``model_not_found`` with ``strict_model``), 413 past
 ``max_body_bytes``, 503 when the engine is gone. Bodies are parsed and prompts tokenised off
 the event loop (:mod:`relayrl.env.request_io`): one large request does not hold up the rest.
@@ -70,16 +80,17 @@ from relayrl.env.openai_api import (
     APIError,
     chat_choice,
     chat_to_response,
+    check_room,
     completion_choice,
-    completion_prompt,
-    cut_at_stop,
+    completion_prompts,
     logprobs_on,
+    record_call,
     refuse_unsupported,
     responses_to_chat,
-    stop_params,
+    sampling_params,
+    top_asked,
 )
 from relayrl.env.openai_api import integer as _int
-from relayrl.env.openai_api import number as _number
 from relayrl.env.openai_stream import (
     EventStream,
     TokenStream,
@@ -87,6 +98,7 @@ from relayrl.env.openai_stream import (
     response_events,
     sse,
 )
+from relayrl.env.openai_tokenize import detokenize, tokenize
 from relayrl.env.request_io import DEFAULT_MAX_BODY, OffLoop, unless_disconnected
 from relayrl.env.sessions import CallRecord, Session, SessionStore
 from relayrl.rollout.types import GenerationRequest, Sample, SamplingParams
@@ -111,6 +123,8 @@ class OpenAIServer:
             the context, as vLLM and OpenAI; ``DEFAULT_MAX_TOKENS`` when the engine has none).
         max_body_bytes: a larger request body is answered 413.
         strict_model: a request that names another model is answered 404 (``relayrl serve``).
+        cap_max_tokens: a ``max_tokens`` past the context is cut to the rest of it (training's
+            agents: a long conversation ends in ``length``) instead of a 400 (vLLM's answer).
     """
 
     def __init__(
@@ -124,6 +138,7 @@ class OpenAIServer:
         default_max_tokens: int | None = DEFAULT_MAX_TOKENS,
         max_body_bytes: int = DEFAULT_MAX_BODY,
         strict_model: bool = False,
+        cap_max_tokens: bool = False,
     ) -> None:
         self._own_owner = not isinstance(engine, EngineOwner)
         self.owner = EngineOwner(engine) if self._own_owner else engine
@@ -134,6 +149,7 @@ class OpenAIServer:
         self.api_key = api_key
         self.default_max_tokens = default_max_tokens
         self.max_body_bytes, self.strict_model = max_body_bytes, strict_model
+        self.cap_max_tokens = cap_max_tokens
         self.off_loop = OffLoop(self.rendering)  # parsing and tokenising, off the event loop
         self.sessions = SessionStore()
         self.app = self._build_app()
@@ -230,6 +246,8 @@ class OpenAIServer:
             return JSONResponse(err.body(), status_code=exc.status_code)
 
         app.add_api_route("/health", self._health, methods=["GET"])
+        app.add_api_route("/tokenize", self._tokenize, methods=["POST"])
+        app.add_api_route("/detokenize", self._detokenize, methods=["POST"])
         for prefix in ("/v1", "/s/{session_key}/v1"):
             app.add_api_route(prefix + "/models", self._models, methods=["GET"])
             app.add_api_route(prefix + "/models/{model_id:path}", self._model, methods=["GET"])
@@ -242,6 +260,20 @@ class OpenAIServer:
         if self.owner.closed:
             raise APIError(503, "the engine is gone", "engine_unavailable", kind="server_error")
         return {}
+
+    async def _tokenize(self, request: Request) -> Any:
+        self._session(request, None)  # the API key
+        body = await self._plain_body(request)
+        return await tokenize(self.off_loop, body, self.owner.max_model_len)
+
+    async def _detokenize(self, request: Request) -> Any:
+        self._session(request, None)
+        body = await self._plain_body(request)
+        return await detokenize(self.off_loop, body, len(self.tokenizer))
+
+    async def _plain_body(self, request: Request) -> dict[str, Any]:
+        model = self.model_name if self.strict_model else None
+        return await self.off_loop.json_body(request, self.max_body_bytes, model)
 
     async def _models(self, request: Request, session_key: str | None = None) -> dict[str, Any]:
         self._session(request, session_key)
@@ -278,12 +310,18 @@ class OpenAIServer:
         return session
 
     async def _body(self, request: Request, chat: bool = True) -> dict[str, Any]:
-        model = self.model_name if self.strict_model else None
-        body = await self.off_loop.json_body(request, self.max_body_bytes, model)
+        body = await self._plain_body(request)
         refuse_unsupported(body)
         logprobs_on(body, chat)  # a bad type: 400 before generating
         if body.get("stream") not in (None, True, False):
             raise APIError(400, "stream must be a boolean", "invalid_type", "stream")
+        if body.get("stream_options") is not None and not body.get("stream"):
+            raise APIError(
+                400,
+                "stream_options is only allowed with stream: true",
+                "invalid_value",
+                "stream_options",
+            )
         n = _int(body, "n")
         if n is not None and not 1 <= n <= MAX_N:
             raise APIError(400, f"n must be in [1, {MAX_N}], got {n}", "invalid_value", "n")
@@ -294,50 +332,12 @@ class OpenAIServer:
         self, body: dict[str, Any], session: Session | None
     ) -> tuple[SamplingParams, list[str]]:
         """Sampling params of a request (a session's settings win) and its stop strings."""
-        forced = session.sampling if session is not None else {}
-        temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-        top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
-        if top_p <= 0:
-            raise APIError(400, "top_p must be > 0", "invalid_value", "top_p")
-        max_tokens = _int(body, "max_completion_tokens")
-        if max_tokens is None:
-            max_tokens = _int(body, "max_tokens")
-        if max_tokens is not None and max_tokens <= 0:
-            raise APIError(
-                400, f"max_tokens must be > 0, got {max_tokens}", "invalid_value", "max_tokens"
-            )
-        if max_tokens is None:  # the engine caps it at the rest of the context
-            max_tokens = self.default_max_tokens or self.owner.max_model_len or DEFAULT_MAX_TOKENS
-        if "max_tokens" in forced:
-            max_tokens = min(max_tokens, int(forced["max_tokens"]))
-        top_k = _int(body, "top_k") or 0  # vLLM's field (extra_body); 0 or -1: off
-        if top_k < -1:
-            raise APIError(400, f"top_k must be >= -1, got {top_k}", "invalid_value", "top_k")
-        seed = _int(body, "seed")
-        if session is not None and session.sampling.get("seed") is not None:
-            seed = session.next_seed()
-        stops, stop_ids = stop_params(body, self.rendering.encode)
-        params = SamplingParams(
-            temperature=float(forced.get("temperature", temperature)),
-            top_p=float(forced.get("top_p", top_p)),
-            top_k=int(forced.get("top_k", max(top_k, 0))),
-            max_tokens=max_tokens,
-            stop_token_ids=sorted(set(self.rendering.stop_ids) | set(stop_ids)),
-            seed=seed,
-            ignore_eos=bool(body.get("ignore_eos", False)),
-        )
-        return params, stops
+        default = self.default_max_tokens or self.owner.max_model_len or DEFAULT_MAX_TOKENS
+        return sampling_params(body, session, self.rendering, default)
 
-    def _check_context(self, prompt: Sequence[int], kind: str) -> None:
-        limit = self.owner.max_model_len
-        if limit is not None and len(prompt) >= limit:
-            raise APIError(
-                400,
-                f"this request has {len(prompt)} prompt tokens but the model's context is "
-                f"{limit} tokens: no room to generate (shorten the conversation)",
-                "context_length_exceeded",
-                "messages" if kind == "chat" else "prompt",
-            )
+    def _check_context(self, prompt: Sequence[int], kind: str, body: dict[str, Any]) -> None:
+        """Room to generate, and (unless ``cap_max_tokens``) for the asked ``max_tokens``."""
+        check_room(len(prompt), self.owner.max_model_len, {} if self.cap_max_tokens else body, kind)
 
     async def _generate(
         self, prompt: list[int], params: SamplingParams, session: Session | None
@@ -361,64 +361,45 @@ class OpenAIServer:
         return sample
 
     async def _run(
-        self, kind: str, prompt: list[int], body: dict[str, Any], session: Session | None
+        self, kind: str, prompts: list[list[int]], body: dict[str, Any], session: Session | None
     ) -> list[tuple[CallRecord, str | None]]:
-        """Generate the ``n`` choices (concurrently), cut each at a stop string, record them
-        on the session in choice order: each choice's call and its stop."""
-        self._check_context(prompt, kind)
-        runs = self._choice_params(body, session)
-        samples = await asyncio.gather(*(self._generate(prompt, p, session) for p, _ in runs))
-        out = [
-            self._call(kind, prompt, sample, params, stops)
-            for sample, (params, stops) in zip(samples, runs, strict=True)
-        ]
+        """Generate the ``n`` choices of each prompt (all concurrently), cut each at a stop
+        string, record them on the session in choice order (prompt-major): each choice's call
+        and its stop."""
+        for prompt in prompts:
+            self._check_context(prompt, kind, body)
+        runs = [(p, *r) for p in prompts for r in self._choice_params(kind, body, session)]
+        samples = await asyncio.gather(*(self._generate(p, q, session) for p, q, _ in runs))
+        out = [self._call(kind, *run, sample) for sample, run in zip(samples, runs, strict=True)]
         for call, _ in out:
             if session is not None:
                 session.record(call)
         return out
 
     def _choice_params(
-        self, body: dict[str, Any], session: Session | None
+        self, kind: str, body: dict[str, Any], session: Session | None
     ) -> list[tuple[SamplingParams, list[str]]]:
         """Each of the ``n`` choices' sampling params and stop strings (choice ``i``: seed + i)."""
         seed = _int(body, "seed")
-        return [
+        alternatives = bool(getattr(self.owner.engine, "supports_top_logprobs", False))
+        top = top_asked(body, kind == "chat", alternatives)
+        runs = [
             self._params(body if seed is None or i == 0 else {**body, "seed": seed + i}, session)
             for i in range(_int(body, "n") or 1)
         ]
+        for params, _ in runs:
+            params.top_logprobs = top
+        return runs
 
     def _call(
-        self,
-        kind: str,
-        prompt: list[int],
-        sample: Sample,
-        params: SamplingParams,
-        stops: list[str],
+        self, kind: str, prompt: list[int], params: SamplingParams, stops: list[str], sample: Sample
     ) -> tuple[CallRecord, str | None]:
-        k, hit = cut_at_stop(self.tokenizer, sample.response_ids, stops)
-        reason = "stop" if hit else ("length" if sample.finish_reason == "length" else "stop")
-        call = CallRecord(
-            kind,
-            list(prompt),
-            sample.response_ids[:k],
-            sample.behaviour_logprobs[:k],
-            sample.versions[:k],
-            reason,
-            {
-                "temperature": params.temperature,
-                "top_p": params.top_p,
-                "top_k": params.top_k,
-                "max_tokens": params.max_tokens,
-                "stop_token_ids": params.stop_token_ids,
-                "seed": params.seed,
-            },
-        )
-        return call, hit
+        return record_call(self.tokenizer, kind, prompt, params, stops, sample)
 
     @staticmethod
-    def _usage(calls: Sequence[CallRecord]) -> dict[str, int]:
-        """One prompt, every choice's completion tokens."""
-        p, c = len(calls[0].prompt_ids), sum(len(x.completion_ids) for x in calls)
+    def _usage(prompts: Sequence[list[int]], calls: Sequence[CallRecord]) -> dict[str, int]:
+        """Each prompt once, every choice's completion tokens."""
+        p, c = sum(map(len, prompts)), sum(len(x.completion_ids) for x in calls)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
     def _token_text(self, ids: Sequence[int]) -> list[str]:
@@ -428,13 +409,20 @@ class OpenAIServer:
         self, index: int, call: CallRecord, hit: str | None, parse: bool, lps: bool
     ) -> dict[str, Any]:
         texts = self._token_text(call.completion_ids) if lps else None
-        return chat_choice(self.rendering, index, call, hit, parse, texts)
+        return chat_choice(self.rendering, index, call, hit, parse, texts, self._alts(call))
 
     def _completion_choice(
         self, index: int, call: CallRecord, hit: str | None, lps: bool
     ) -> dict[str, Any]:
         texts = self._token_text(call.completion_ids) if lps else None
-        return completion_choice(self.tokenizer, index, call, hit, texts)
+        return completion_choice(self.tokenizer, index, call, hit, texts, self._alts(call))
+
+    def _alts(self, call: CallRecord) -> list[list[tuple[str, float]]] | None:
+        """Each token's alternatives as (text, logprob), when the call asked for them."""
+        tops = call.top_logprobs
+        return (
+            None if tops is None else [[(self._token_text([t])[0], v) for t, v in x] for x in tops]
+        )
 
     # ------------------------------------------------------------------ routes
     async def _chat(self, request: Request, session_key: str | None = None) -> Any:
@@ -477,17 +465,19 @@ class OpenAIServer:
         started; and the unstreamed reply, filled once every choice finished (its calls are
         then recorded, as the unstreamed reply's)."""
         chat = kind == "chat"
-        prompt, parse = await (self._chat_prompt(body) if chat else self._completion_prompt(body))
-        self._check_context(prompt, kind)
-        runs = self._choice_params(body, session)
+        prompts, parse = await (self._chat_prompt(body) if chat else self._completion_prompts(body))
+        for prompt in prompts:
+            self._check_context(prompt, kind, body)
+        runs = [(p, *r) for p in prompts for r in self._choice_params(kind, body, session)]
         meta = {"session": session.key} if session is not None else {}
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         calls: dict[int, tuple[CallRecord, dict[str, Any]]] = {}
         model = body.get("model") or self.model_name
-        reply: dict[str, Any] = {"id": rid, "model": model, "prompt_token_ids": prompt}
+        reply: dict[str, Any] = {"id": rid, "model": model}
+        reply["prompt_token_ids"] = prompts[0] if len(prompts) == 1 else prompts
 
         def finish(i: int, sample: Sample) -> dict[str, Any]:
-            call, hit = self._call(kind, prompt, sample, *runs[i])
+            call, hit = self._call(kind, *runs[i], sample)
             call.response_id = rid
             if chat:
                 calls[i] = call, self._chat_choice(i, call, hit, parse, False)
@@ -501,7 +491,7 @@ class OpenAIServer:
                 if session is not None:
                     session.record(call)
             reply["choices"] = [calls[i][1] for i in range(len(runs))]
-            reply["usage"] = self._usage(done)
+            reply["usage"] = self._usage(prompts, done)
             return reply["usage"]
 
         def decode(ids: Sequence[int]) -> str:
@@ -512,11 +502,11 @@ class OpenAIServer:
         logprobs = logprobs_on(body, chat)
         stream = TokenStream(
             self.owner,
-            [GenerationRequest(prompt, p, metadata=dict(meta)) for p, _ in runs],
+            [GenerationRequest(p, q, metadata=dict(meta)) for p, q, _ in runs],
             kind,
             {"id": rid, "created": int(time.time()), "model": model},
             decode,
-            [stops for _, stops in runs],
+            [stops for _, _, stops in runs],
             parse and self.rendering.template,
             (lambda t: self._token_text([t])[0]) if logprobs else None,
             finish,
@@ -537,7 +527,12 @@ class OpenAIServer:
             raise
 
     def _reply(
-        self, kind: str, body: dict[str, Any], calls: list[tuple[CallRecord, str | None]], rid: str
+        self,
+        kind: str,
+        body: dict[str, Any],
+        prompts: list[list[int]],
+        calls: list[tuple[CallRecord, str | None]],
+        rid: str,
     ) -> dict[str, Any]:
         for c, _ in calls:
             c.response_id = rid
@@ -546,12 +541,12 @@ class OpenAIServer:
             "object": "chat.completion" if kind == "chat" else "text_completion",
             "created": int(time.time()),
             "model": str(body.get("model") or self.model_name),
-            "usage": self._usage([c for c, _ in calls]),
-            "prompt_token_ids": calls[0][0].prompt_ids,
+            "usage": self._usage(prompts, [c for c, _ in calls]),
+            "prompt_token_ids": prompts[0] if len(prompts) == 1 else prompts,
         }
 
-    async def _chat_prompt(self, body: dict[str, Any]) -> tuple[list[int], bool]:
-        """The prompt ids of a chat request, and whether tool calls are parsed."""
+    async def _chat_prompt(self, body: dict[str, Any]) -> tuple[list[list[int]], bool]:
+        """The prompt ids of a chat request (a list of one), and whether tool calls are parsed."""
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise APIError(400, "tools must be a list of tool definitions", "invalid_type", "tools")
@@ -560,32 +555,33 @@ class OpenAIServer:
             prompt = await self.off_loop.run(ChatRendering.prompt_ids, messages, tools)
         except BadMessages as e:
             raise APIError(400, str(e), "invalid_messages", "messages") from None
-        return prompt, bool(tools) and body.get("tool_choice") != "none"
+        return [prompt], bool(tools) and body.get("tool_choice") != "none"
 
     async def _chat_reply(self, body: dict[str, Any], session: Session | None) -> dict[str, Any]:
-        prompt, parse = await self._chat_prompt(body)
-        calls = await self._run("chat", prompt, body, session)
-        reply = self._reply("chat", body, calls, f"chatcmpl-{uuid.uuid4().hex[:24]}")
+        prompts, parse = await self._chat_prompt(body)
+        calls = await self._run("chat", prompts, body, session)
+        reply = self._reply("chat", body, prompts, calls, f"chatcmpl-{uuid.uuid4().hex[:24]}")
         reply["choices"] = [
             self._chat_choice(i, call, hit, parse, logprobs_on(body, True))
             for i, (call, hit) in enumerate(calls)
         ]
         return reply
 
-    async def _completion_prompt(self, body: dict[str, Any]) -> tuple[list[int], bool]:
-        """The prompt ids of a completions request (text or ids; a batch of one)."""
-        prompt = completion_prompt(body)
-        if isinstance(prompt, str):
-            return await self.off_loop.run(ChatRendering.encode, prompt), False
-        return prompt, False
+    async def _completion_prompts(self, body: dict[str, Any]) -> tuple[list[list[int]], bool]:
+        """The prompts' ids of a completions request (text or ids, one or a batch)."""
+        return [
+            p if isinstance(p, list) else await self.off_loop.run(ChatRendering.encode, p)
+            for p in completion_prompts(body)
+        ], False
 
     async def _completion_reply(
         self, body: dict[str, Any], session: Session | None
     ) -> dict[str, Any]:
-        prompt, _ = await self._completion_prompt(body)
-        calls = await self._run("completion", prompt, body, session)
+        """Choice ``i * n + j``: prompt ``i``'s choice ``j`` (as vLLM indexes a batch)."""
+        prompts, _ = await self._completion_prompts(body)
+        calls = await self._run("completion", prompts, body, session)
         on = logprobs_on(body, False)
-        reply = self._reply("completion", body, calls, f"cmpl-{uuid.uuid4().hex[:24]}")
+        reply = self._reply("completion", body, prompts, calls, f"cmpl-{uuid.uuid4().hex[:24]}")
         reply["choices"] = [
             self._completion_choice(i, call, hit, on) for i, (call, hit) in enumerate(calls)
         ]

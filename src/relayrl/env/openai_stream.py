@@ -5,11 +5,12 @@ Each choice of a streamed request is generated with a token sink on the engine o
 the request gained cross to the server's event loop (``call_soon_threadsafe`` into an
 ``asyncio.Queue``) and go out at once as server-sent events: ``chat.completion.chunk`` /
 ``text_completion`` chunks, each with the text the tokens add, relayrl's ``token_ids`` and
-``versions`` (and ``logprobs`` when asked), then per choice the rest of its text (and its
-``tool_calls``) and a finish chunk, (``stream_options.include_usage``) a usage chunk, and
-``data: [DONE]``. The first chunk leaves while the engine still generates the request; token
-events of a choice that wait behind each other (a client slower than the engine) are merged
-into one chunk.
+``versions`` (and ``logprobs`` when asked, each token's ``top_logprobs`` alternatives with them
+when the request asked for some: the engine hands them with the tokens), then per choice the
+rest of its text (and its ``tool_calls``) and a finish chunk, (``stream_options.include_usage``)
+a usage chunk, and ``data: [DONE]``. The first chunk leaves while the engine still generates
+the request; token events of a choice that wait behind each other (a client slower than the
+engine) are merged into one chunk.
 
 Text. :class:`IncrementalDecoder` turns the growing id list into text deltas that join to
 ``decode(ids)``: with ``p <= r`` two offsets into the ids, ``prev = D(ids[p:r])`` and
@@ -50,11 +51,18 @@ from typing import Any
 from starlette.responses import StreamingResponse
 
 from relayrl.env.agent_engine import EngineClosed, EngineOwner
-from relayrl.env.openai_api import APIError, chat_to_response
+from relayrl.env.openai_api import (
+    APIError,
+    chat_logprobs,
+    chat_to_response,
+    completion_top,
+)
 from relayrl.env.tools import OPEN_TAG
 from relayrl.rollout.types import GenerationRequest, Sample
 
 Decode = Callable[[Sequence[int]], str]
+Event = tuple[int, Any, Any, Any, Any]
+"""(choice, ids, logprobs, versions, alternatives or None), or (choice, future, None, ...)."""
 
 
 class IncrementalDecoder:
@@ -198,8 +206,8 @@ class TokenStream:
         self.include_usage = include_usage
         self.futures: list[Future[Sample]] = []
         self.offsets = [0] * len(self.requests)  # completions' logprobs text_offset
-        self._queue: asyncio.Queue[tuple[int, Any, Any, Any]] = asyncio.Queue()
-        self._early: list[tuple[int, Any, Any, Any]] = []
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._early: list[Event] = []
 
     # ------------------------------------------------------------------ engine side
     async def start(self) -> None:
@@ -228,7 +236,8 @@ class TokenStream:
             raise
 
     def _put(self, loop: asyncio.AbstractEventLoop, i: int, *tokens: Any) -> None:
-        item: tuple[int, Any, Any, Any] = (i, *tokens)
+        pad = (None,) * (4 - len(tokens))  # no alternatives / a finished future's event
+        item: Event = (i, *tokens, *pad)  # type: ignore[assignment]
         try:  # on the owner thread
             loop.call_soon_threadsafe(self._queue.put_nowait, item)
         except RuntimeError:  # the server's loop is closed: nobody listens any more
@@ -253,9 +262,9 @@ class TokenStream:
                     yield self._chunk(i, {"delta": delta, "logprobs": None})
             left = len(self.requests)
             while left:
-                i, a, b, c = self._early.pop(0) if self._early else await self._next()
+                i, a, b, c, d = self._early.pop(0) if self._early else await self._next()
                 if not isinstance(a, Future):
-                    chunk = self._tokens(i, a, b, c)
+                    chunk = self._tokens(i, a, b, c, d)
                     if chunk is not None:
                         yield chunk
                     continue
@@ -272,17 +281,18 @@ class TokenStream:
         finally:
             self.abort()
 
-    async def _next(self) -> tuple[int, Any, Any, Any]:
+    async def _next(self) -> Event:
         """The next event; the token events of one choice already waiting behind it are
         merged into it (a client or loop slower than the engine gets fewer, larger chunks)."""
-        i, a, b, c = await self._queue.get()
+        i, a, b, c, d = await self._queue.get()
         while not isinstance(a, Future) and not self._queue.empty():
-            j, a2, b2, c2 = self._queue.get_nowait()
+            j, a2, b2, c2, d2 = self._queue.get_nowait()
             if j != i or isinstance(a2, Future):
-                self._early.append((j, a2, b2, c2))
+                self._early.append((j, a2, b2, c2, d2))
                 break
             a, b, c = a + a2, b + b2, c + c2
-        return i, a, b, c
+            d = None if d is None and d2 is None else (d or []) + (d2 or [])
+        return i, a, b, c, d
 
     def _chunk(self, i: int, fields: dict[str, Any]) -> dict[str, Any]:
         choice = {"index": i, **fields}
@@ -290,7 +300,7 @@ class TokenStream:
         return {**self.head, "choices": [choice]}
 
     def _tokens(
-        self, i: int, ids: list[int], lps: list[float], vs: list[int]
+        self, i: int, ids: list[int], lps: list[float], vs: list[int], tops: Any
     ) -> dict[str, Any] | None:
         st = self.texts[i]
         n = 0
@@ -305,29 +315,28 @@ class TokenStream:
         if not n and not delta:
             return None
         fields: dict[str, Any] = {"token_ids": ids[:n], "versions": vs[:n]}
-        fields["logprobs"] = self._logprobs(i, ids[:n], lps[:n])
+        fields["logprobs"] = self._logprobs(i, ids[:n], lps[:n], tops and tops[:n])
         if self.kind == "chat":
             fields["delta"] = {"content": delta}
         else:
             fields["text"] = delta
         return self._chunk(i, fields)
 
-    def _logprobs(self, i: int, ids: list[int], lps: list[float]) -> dict[str, Any] | None:
-        if self.token_text is None:
+    def _logprobs(self, i: int, ids: list[int], lps: list[float], tops: Any) -> Any:
+        """A chunk's ``logprobs`` (``tops``: each token's alternatives as (id, logprob))."""
+        text = self.token_text
+        if text is None:
             return None
-        toks = [self.token_text(t) for t in ids]
+        toks = [text(t) for t in ids]
+        alts = None if tops is None else [[(text(t), v) for t, v in top] for top in tops]
         if self.kind == "chat":
-            return {
-                "content": [
-                    {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                    for t, lp in zip(toks, lps, strict=True)
-                ]
-            }
+            return chat_logprobs(toks, lps, alts)
         offsets = []
         for t in toks:
             offsets.append(self.offsets[i])
             self.offsets[i] += len(t)
-        return {"tokens": toks, "token_logprobs": lps, "top_logprobs": None, "text_offset": offsets}
+        top = completion_top(alts)
+        return {"tokens": toks, "token_logprobs": lps, "top_logprobs": top, "text_offset": offsets}
 
     def _final(self, i: int, sample: Sample) -> list[dict[str, Any]]:
         """A finished choice: the rest of its text (and its tool calls), then its finish."""

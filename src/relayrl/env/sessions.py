@@ -50,6 +50,7 @@ class CallRecord:
     response_id: str = ""  # the reply's id (chatcmpl-... / cmpl-...): per-call rewards' key
     segment: int = 0  # the trajectory segment holding it
     span: tuple[int, int] = (0, 0)  # where its completion sits in that segment's response
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per token, when asked (reply)
 
 
 @dataclass

@@ -7,7 +7,8 @@ waiting requests into the slots freed by the previous step, runs every live sequ
 forward, samples, and returns what finished.
 Each finished :class:`Sample` carries per response token: the sampled id, its behaviour
 logprob under the exact distribution it was drawn from (see :mod:`relayrl.rollout.sampler`),
-and the policy version of the weights that produced it, stamped here by the engine.
+and the policy version of the weights that produced it, stamped here by the engine; on request
+(``SamplingParams.top_logprobs``) the top alternatives too (:mod:`relayrl.rollout.top_logprobs`).
 
 Errors. ``submit`` validates a request and raises :class:`InvalidRequestError` (a
 ``ValueError``) with a message naming the problem; nothing is enqueued, so other requests are
@@ -39,6 +40,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from relayrl.rollout import top_logprobs
 from relayrl.rollout.cuda_graphs import DecodeGraphs
 from relayrl.rollout.kv_cache import SlotKVCache
 from relayrl.rollout.model_runner import ModelRunner
@@ -78,6 +80,8 @@ class RolloutEngine:
             Llama / Qwen2 / Mistral models, prefills stay eager). Default (None): on when the
             model is on a CUDA device, off on the CPU; True on the CPU is a ``ValueError``.
     """
+
+    supports_top_logprobs = True  # ``SamplingParams.top_logprobs`` (``rollout.top_logprobs``)
 
     def __init__(
         self,
@@ -188,6 +192,8 @@ class RolloutEngine:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {p.top_p}")
         if p.top_k < 0:
             raise InvalidRequestError(f"top_k must be >= 0 (0 = off), got {p.top_k}")
+        if (why := top_logprobs.check(p.top_logprobs)) is not None:
+            raise InvalidRequestError(why)
         greedy = p.greedy or p.temperature == 0
         seed = p.seed if p.seed is not None else self._seed_rng.getrandbits(63)
         settings = SamplingSettings(
@@ -206,6 +212,7 @@ class RolloutEngine:
             max_tokens=min(p.max_tokens, self.max_model_len - len(prompt)),
             stop_ids=frozenset(p.stop_token_ids),
             stop_on_eos=not p.ignore_eos,
+            top=[] if p.top_logprobs else None,  # alternatives kept (``top_logprobs``)
         )
 
     def abort(self, request_id: int) -> bool:
@@ -219,17 +226,17 @@ class RolloutEngine:
         self._release_old_models()
         return True
 
-    def progress(
-        self, request_id: int, start: int = 0
-    ) -> tuple[list[int], list[float], list[int]] | None:
+    def progress(self, request_id: int, start: int = 0) -> tuple[Any, ...] | None:
         """A running request's response tokens from index ``start`` on, as (ids, behaviour
-        logprobs, versions); None when it is not running (waiting, finished or unknown).
+        logprobs, versions), and their alternatives when it asked for ``top_logprobs``; None
+        when it is not running (waiting, finished or unknown).
         Read by a streaming caller between steps; costs nothing when nobody asks."""
         seq = self.scheduler.running.get(request_id)
         if seq is None:
             return None
         a = seq.prompt_len + start
-        return seq.tokens[a:], seq.logprobs[start:], seq.versions[start:]
+        out = seq.tokens[a:], seq.logprobs[start:], seq.versions[start:]
+        return out if seq.top is None else (*out, seq.top[start:])
 
     # ------------------------------------------------------------------ running
     def has_unfinished(self) -> bool:
@@ -301,6 +308,8 @@ class RolloutEngine:
         tokens, logprobs = sample(
             logits, [s.settings for s in seqs], [s.num_generated for s in seqs]
         )
+        if self.scheduler.with_top:  # off: one int test (``rollout.top_logprobs``)
+            top_logprobs.capture(logits, seqs)
         t2 = time.perf_counter()
         finished = []
         for seq, tok, lp in zip(seqs, tokens, logprobs, strict=True):
@@ -527,6 +536,7 @@ class RolloutEngine:
             group_id=req.group_id,
             metadata=req.metadata,
             num_interrupts=seq.num_interrupts,
+            top_logprobs=seq.top,
         )
 
 

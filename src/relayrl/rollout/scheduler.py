@@ -38,6 +38,7 @@ class Sequence:
     num_computed: int = 0  # tokens whose KV is in the slot
     weights_version: int = -1  # which weights this sequence runs under (set at admission)
     num_interrupts: int = 0
+    top: list[list[tuple[int, float]]] | None = None  # per token, ``top_logprobs``'s
 
     @property
     def num_generated(self) -> int:
@@ -66,9 +67,11 @@ class Scheduler:
         self.kv_cache = kv_cache
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}  # request id -> live sequence
+        self.with_top = 0  # live sequences keeping alternatives (``Sequence.top``)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+        self.with_top += seq.top is not None
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -96,6 +99,7 @@ class Scheduler:
         del self.running[seq.request_id]
         self.kv_cache.free(seq.slot)
         seq.slot = -1
+        self.with_top -= seq.top is not None
 
     def remove(self, request_id: int) -> Sequence | None:
         """Take a request out wherever it is (for abort). None if unknown or finished."""
@@ -106,6 +110,7 @@ class Scheduler:
         for i, seq in enumerate(self.waiting):
             if seq.request_id == request_id:
                 del self.waiting[i]
+                self.with_top -= seq.top is not None
                 return seq
         return None
 

@@ -20,7 +20,9 @@ class SamplingParams:
     temperature == 0 or greedy=True means argmax (logprobs are then reported under the
     temperature-1 distribution). top_k = 0 and top_p = 1.0 disable those filters.
     ``ignore_eos`` keeps generating past the EOS token (only ``max_tokens`` / stop ids end the
-    request); benchmarks use it to emulate target lengths.
+    request); benchmarks use it to emulate target lengths. ``top_logprobs`` = k > 0 keeps, per
+    response token, the k most likely tokens of its distribution (``Sample.top_logprobs``;
+    the built-in ``RolloutEngine`` only: :mod:`relayrl.rollout.top_logprobs`).
     """
 
     temperature: float = 1.0
@@ -31,6 +33,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
     ignore_eos: bool = False
+    top_logprobs: int = 0
 
 
 @dataclass
@@ -64,6 +67,7 @@ class Sample:
     num_interrupts: int = 0
     error: str | None = None
     loss_mask: list[int] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per token (when asked)
 
     @property
     def prompt_len(self) -> int:
