@@ -235,14 +235,23 @@ def checkpoint_step(ckpt: Path) -> int | None:
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint, or None."""
+    """The newest complete checkpoint, or None: the one ``latest`` names, unless a save was
+    killed between renaming its checkpoint into place and updating ``latest``; then that
+    checkpoint (of a higher step than ``latest``'s, and written after ``latest`` was: an older
+    run's leftover of a higher step, whose metrics a resume dropped, was written before)."""
     root = checkpoint_root(run_dir)
     marker = root / "latest"
+    done = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).is_file())
     if marker.is_file():
         cand = root / marker.read_text().strip()
         if (cand / STATE_FILE).is_file():
-            return cand
-    done = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).is_file())
+            since, step = marker.stat().st_mtime_ns, checkpoint_step(cand) or 0
+            later = [
+                p
+                for p in done
+                if (checkpoint_step(p) or 0) > step and (p / STATE_FILE).stat().st_mtime_ns > since
+            ]
+            return later[-1] if later else cand
     return done[-1] if done else None
 
 
