@@ -45,12 +45,14 @@ from pydantic import BaseModel
 
 from relayrl.config import dump_config
 from relayrl.controller.checkpoint import (
+    STATE_FILE,
     checkpoint_root,
     checkpoint_step,
     intact_checkpoint,
     remove_partial_writes,
 )
 from relayrl.controller.faults import RunDirError
+from relayrl.model import finish_interrupted_save
 
 __all__ = [
     "LOCK_FILE",
@@ -64,6 +66,7 @@ __all__ = [
 ]
 
 LOCK_FILE = ".lock"
+CHECKPOINTS = "checkpoints"
 RUN_FILES = ("config.yaml", "metrics.jsonl", "timeline.json")
 """The files of a run (besides its checkpoints), named in the refusal and moved aside."""
 RESUME_IDENTITY = (
@@ -91,6 +94,9 @@ class RunDir:
     corrupt: list[tuple[Path, str, Path]] = field(default_factory=list)
     """Checkpoints newer than ``checkpoint`` that cannot be read (``resume`` only): where each
     was, why, and where it was moved (``corrupt_step_N``, kept, never resumed from)."""
+    recovered: list[str] = field(default_factory=list)
+    """What a ``relayrl sft`` killed in its final save left, set right at the claim
+    (``finish_interrupted_save``: its ``checkpoints/`` carried back into ``output_dir``)."""
     _fd: int | None = None
 
     def release(self) -> None:
@@ -315,12 +321,21 @@ def claim_output_dir(
     before the first step: one that holds anything is refused (``RunDirError`` naming what is
     there) unless ``overwrite``, which moves it to ``<output_dir>.prev-N`` (never deletes it;
     ``moved_to``), or ``resume``, which continues from its newest intact checkpoint
-    (``checkpoint``; refused when there is none, or when ``steps`` asks for no more); then the
+    (``checkpoint``; refused when there is none, or when ``steps`` asks for no more, unless
+    the model of that last step is not in ``output_dir``: its save failed); then the
     directory that will receive the model must take a file (a read-only or impossible target
     is refused now, not after the training)."""
     out = Path(output_dir)
-    if resume:
-        return _resume_output(out, overwrite, steps)
+    try:  # a run killed in its final save: its checkpoints back in place first
+        recovered = finish_interrupted_save(out, keep=(CHECKPOINTS,))
+    except OSError as exc:
+        raise RunDirError(f"output directory {out} cannot be written ({exc.strerror})") from None
+    run = _resume_output(out, overwrite, steps) if resume else _claim_output(out, overwrite)
+    run.recovered = recovered
+    return run
+
+
+def _claim_output(out: Path, overwrite: bool) -> RunDir:
     held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     above = out
     while not above.exists() and above != above.parent:
@@ -361,7 +376,8 @@ def _resume_output(out: Path, overwrite: bool, steps: int | None) -> RunDir:
     if ckpt is None:
         raise RunDirError(_nothing_to_resume(out, "holds no checkpoint", "output directory"))
     done = checkpoint_step(ckpt)
-    if done is not None and steps is not None and steps <= done:
+    unsaved = done == steps and not _model_saved_after(out, ckpt)  # the final save failed
+    if done is not None and steps is not None and steps <= done and not unsaved:
         raise RunDirError(
             f"--resume: the newest checkpoint {ckpt} is at step {done} and steps={steps} asks "
             f"for no more; set steps above {done} to train further"
@@ -376,6 +392,15 @@ def _resume_output(out: Path, overwrite: bool, steps: int | None) -> RunDir:
     except OSError as exc:
         raise RunDirError(f"output directory {out} cannot be written ({exc.strerror})") from None
     return run
+
+
+def _model_saved_after(out: Path, ckpt: Path) -> bool:
+    """Whether ``out`` holds a model written after checkpoint ``ckpt`` (``relayrl sft`` writes
+    its final checkpoint, then the model: a resume at that step only writes a missing model)."""
+    config = out / "config.json"
+    if not config.is_file():
+        return False
+    return config.stat().st_mtime_ns >= (ckpt / STATE_FILE).stat().st_mtime_ns
 
 
 def _nothing_to_resume(path: Path, why: str, what: str = "run directory") -> str:
