@@ -83,21 +83,15 @@ def straight(tiny, tmp_path_factory):
 
 
 CASES = {
-    # (point, nth, keep): where the kill lands, and the checkpoint the resume must start from
+    # (point, nth, keep, step): where the kill lands, train.keep_checkpoints, and the step of
+    # the checkpoint the resume must start from
     "during_a_checkpoint_write": ("ckpt_write", 3, 1, 2),
     "mid_step": ("update", 3, 2, 2),
     "after_the_rename_before_latest": ("ckpt_commit", 3, 2, 3),
 }
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        "during_a_checkpoint_write",
-        pytest.param("mid_step", marks=pytest.mark.slow),
-        pytest.param("after_the_rename_before_latest", marks=pytest.mark.slow),
-    ],
-)
+@pytest.mark.parametrize("case", list(CASES))
 def test_a_sigkilled_sync_run_resumes_bit_identically(tiny, straight, tmp_path, case, capsys):
     point, nth, keep, resumed_at = CASES[case]
     run = tmp_path / "run"
@@ -148,7 +142,7 @@ def test_sft_resumed_with_more_steps_goes_on_from_the_final_step(tiny, tmp_path,
 
 @pytest.mark.parametrize(
     "point,nth",
-    [("sft_forward", 3), ("sft_old", 1), pytest.param("sft_carry", 1, marks=pytest.mark.slow)],
+    [("sft_forward", 3), ("sft_old", 1), ("sft_carry", 1)],
 )
 def test_a_sigkilled_sft_run_resumes_bit_identically(tiny, tmp_path, capsys, point, nth):
     """Killed in its third step, or in the final save while the new output directory replaces
