@@ -231,3 +231,24 @@ def test_a_full_disk_in_sfts_final_save_is_one_line_and_resume_writes_the_model(
     _same_weights(part, whole)
     rc = main(_sft_argv(tmp_path, tiny, part, *argv, "--resume"))  # the model is there now
     assert rc == 2 and "asks for no more" in capsys.readouterr().err
+
+
+def test_a_run_killed_in_its_final_evaluation_is_finished_by_resume(
+    tiny, straight, tmp_path, capsys
+):
+    """Killed after the last step's checkpoint, in the final evaluation: ``--resume`` with the
+    same ``train.steps`` evaluates and ends the run as the uninterrupted one did (it used to be
+    refused: no step left to train, and the run never got its final evaluation); once ended,
+    it is refused again."""
+    run = tmp_path / "run"
+    argv = train_argv(write_config(tmp_path / "run.yaml", tiny, run), "train.steps=4", *VARIED)
+    kill_at("eval", 2, argv, tmp_path)  # the first is step 0's
+    assert latest_checkpoint(run).name == "step_000004"
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 0
+    evals = lambda r: [(x["step"], x["eval/pass_rate"]) for x in read_metrics(r) if "eval/n" in x]  # noqa: E731
+    assert evals(run) == evals(straight) and [s for s, _ in evals(run)] == [0, 4]
+    assert _rows(run) == _rows(straight)
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 2
+    assert "asks for no more" in capsys.readouterr().err

@@ -11,7 +11,8 @@ by itself). Points:
 - ``sft_carry``: ``relayrl sft``'s final save, just after ``checkpoints/`` was moved (into the
   new directory, or out of the old one: where ``save_model_atomic`` carries it);
 - ``sft_old``: the final save, just after the old output directory was renamed away;
-- ``sft_forward``: an SFT step's forward pass.
+- ``sft_forward``: an SFT step's forward pass;
+- ``eval``: a held-out evaluation of ``relayrl train`` (the first is step 0's).
 
 ``$RELAYRL_RECORD_TAKES=file``: also record the admission ids each async step trains
 (:func:`record_takes`).
@@ -87,6 +88,16 @@ def install(point: str, nth: int, marker: str) -> None:
 
         os.replace = replace
         os.rename = rename
+    elif point == "eval":
+        from relayrl.controller import trainer
+
+        real_eval = trainer.held_out_metrics
+
+        def held_out(*a: Any, **k: Any) -> Any:
+            hit()
+            return real_eval(*a, **k)
+
+        trainer.held_out_metrics = held_out
     elif point == "sft_forward":
         from relayrl.controller import sft
 

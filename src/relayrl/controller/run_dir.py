@@ -12,8 +12,10 @@
    deletes them). The ``config.yaml`` of a start that failed before it logged anything (a bad
    data path, say) is no run: the next start goes ahead and keeps it as ``config.prev-N.yaml``.
 3. ``resume`` with ``train.steps`` at or below the newest checkpoint's step refuses: there is
-   nothing to train. ``resume`` where a run is but no checkpoint (a job that died before its
-   first save) moves its files aside and starts at step 0, so a restarted job loses nothing;
+   nothing to train (unless the run stopped after that step's checkpoint and before its final
+   evaluation: then the resume only evaluates and ends the run). ``resume`` where a run is but
+   no checkpoint (a job that died before its first save) moves its files aside and starts at
+   step 0, so a restarted job loses nothing;
    ``resume`` where no run is at all (a missing, empty or mistyped directory) refuses, naming
    what it looked for. ``resume`` with a config whose identity keys (``RESUME_IDENTITY``: the
    model, the critic, the algorithm, the prompt format) differ from the run's ``config.yaml``
@@ -279,7 +281,8 @@ def claim_run_dir(
                     "pass --allow-config-change to continue with the change"
                 )
             done = checkpoint_step(run.checkpoint) if run.checkpoint else None
-            if done is not None and steps is not None and steps <= done:
+            ended = done is None or steps != done or not _stopped_before_final_eval(path, done)
+            if done is not None and steps is not None and steps <= done and ended:
                 raise RunDirError(
                     f"--resume: the newest checkpoint {run.checkpoint} is at step {done} and "
                     f"train.steps={steps} asks for no more; set train.steps above {done} to "
@@ -392,6 +395,19 @@ def _resume_output(out: Path, overwrite: bool, steps: int | None) -> RunDir:
     except OSError as exc:
         raise RunDirError(f"output directory {out} cannot be written ({exc.strerror})") from None
     return run
+
+
+def _stopped_before_final_eval(path: Path, done: int) -> bool:
+    """Whether the run in ``path`` stopped after its last step's checkpoint but before its
+    final evaluation: the last record of ``metrics.jsonl`` is the training record of step
+    ``done`` (a resume at that step only evaluates and ends the run)."""
+    from relayrl.telemetry.metrics import read_metrics
+
+    try:
+        records = read_metrics(path)
+    except (OSError, ValueError):
+        return False
+    return bool(records) and records[-1].get("step") == done and "reward_mean" in records[-1]
 
 
 def _model_saved_after(out: Path, ckpt: Path) -> bool:
