@@ -43,3 +43,39 @@ def test_an_older_runs_higher_step_written_before_latest_is_passed_over(tmp_path
     assert latest_checkpoint(tmp_path).name == "step_000003"
     (tmp_path / "checkpoints/latest").unlink()
     assert latest_checkpoint(tmp_path).name == "step_000005"  # no marker: the highest step
+
+
+class _Saver:
+    def save_pretrained(self, path: Path) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "config.json").write_text("{}")
+
+
+def test_a_full_disk_at_the_latest_marker_says_the_checkpoint_is_written(tmp_path, monkeypatch):
+    """The checkpoint is renamed into place, then ``latest`` cannot be written: the line says
+    the checkpoint is there (it is the newest intact one) rather than that it failed."""
+    import errno
+    import pathlib
+
+    import pytest
+
+    from relayrl.controller.checkpoint import save_checkpoint
+    from relayrl.controller.faults import CheckpointWriteError
+
+    save_checkpoint(tmp_path, 1, {"actor": _Saver()}, _Saver(), {})
+    real = pathlib.Path.write_text
+
+    def write_text(self, *a, **k):
+        if self.name.startswith(".latest_"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", write_text)
+    with pytest.raises(CheckpointWriteError) as err:
+        save_checkpoint(tmp_path, 2, {"actor": _Saver()}, _Saver(), {})
+    ckpts = tmp_path / "checkpoints"
+    assert str(err.value) == (
+        f"checkpoint step_000002 is written but {ckpts}/latest could not be updated (No space "
+        f"left on device); the newest intact checkpoint is {ckpts}/step_000002"
+    )
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_000001", "step_000002"]
