@@ -110,12 +110,15 @@ def cmd_sft(args: argparse.Namespace) -> int:
     claim = claim_output_dir(  # before the first step
         cfg.output_dir, overwrite=args.overwrite, resume=args.resume, steps=cfg.steps
     )
+    for line in claim.recovered:
+        print(line)
     if claim.moved_to is not None:
         print(f"the earlier contents of {cfg.output_dir} were moved to {claim.moved_to}")
     for bad, problem, kept in claim.corrupt:
         print(f"checkpoint {bad} cannot be read ({problem}); kept as {kept.name}")
     out = run_sft(cfg, resume_from=claim.checkpoint, save_on_signal=True)
-    print(f"saved {cfg.output_dir} (final loss {out['sft/loss']:.4f})")
+    loss = f" (final loss {out['sft/loss']:.4f})" if "sft/loss" in out else ""
+    print(f"saved {cfg.output_dir}{loss}")
     return 0
 
 

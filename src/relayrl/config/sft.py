@@ -62,8 +62,8 @@ class SFTConfig(_Strict):
     grad_clip: float | None = Field(1.0, gt=0)
     progress: bool = True
     save_every: int = Field(0, ge=0)
-    """Checkpoint every N steps into ``output_dir/checkpoints`` (0: only the final model);
-    ``relayrl sft --resume`` continues from the newest intact one."""
+    """Checkpoint every N steps and after the last one into ``output_dir/checkpoints`` (0:
+    only the final model); ``relayrl sft --resume`` continues from the newest intact one."""
     keep_checkpoints: int = Field(2, ge=1)
     """Newest SFT checkpoints kept (older ones are removed once a newer one is written)."""
     data: SFTDataConfig = Field(default_factory=SFTDataConfig)

@@ -13,8 +13,9 @@ A save that fails removes its temporary directory; one that fails writing (an ``
 full, read-only, I/O error; or the same fault as torch's zip writer or safetensors report it,
 e.g. ``unexpected pos 460032 vs 459920``) raises :class:`CheckpointWriteError` naming the
 step, the cause (``No space left on device`` when the disk is full) and the newest intact
-checkpoint. Temporary folders left by a killed process are removed when the next run
-claims the directory (:func:`remove_partial_writes`).
+checkpoint (the one just written when only ``latest`` failed: see :func:`latest_checkpoint`).
+Temporary folders left by a killed process are removed when the next run claims the directory
+(:func:`remove_partial_writes`).
 """
 
 from __future__ import annotations
@@ -132,6 +133,7 @@ def save_checkpoint(
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}_{os.getpid()}"
     latest_tmp = root / f".latest_{os.getpid()}"
+    placed = False  # the checkpoint renamed into place: complete, whatever fails after
     try:
         root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
@@ -148,6 +150,7 @@ def save_checkpoint(
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        placed = True
         latest_tmp.write_text(final.name + "\n")
         os.replace(latest_tmp, root / "latest")
     except BaseException as exc:
@@ -155,8 +158,13 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         latest_tmp.unlink(missing_ok=True)
         if reason is not None:
+            what = (
+                f"is written but {root / 'latest'} could not be updated"
+                if placed
+                else "could not be written"
+            )
             raise CheckpointWriteError(
-                f"checkpoint {final.name} could not be written ({reason}); {newest_intact(run_dir)}"
+                f"checkpoint {final.name} {what} ({reason}); {newest_intact(run_dir)}"
             ) from exc
         raise
     _prune(root, keep)
@@ -235,14 +243,23 @@ def checkpoint_step(ckpt: Path) -> int | None:
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint, or None."""
+    """The newest complete checkpoint, or None: the one ``latest`` names, unless a save was
+    killed between renaming its checkpoint into place and updating ``latest``; then that
+    checkpoint (of a higher step than ``latest``'s, and written after ``latest`` was: an older
+    run's leftover of a higher step, whose metrics a resume dropped, was written before)."""
     root = checkpoint_root(run_dir)
     marker = root / "latest"
+    done = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).is_file())
     if marker.is_file():
         cand = root / marker.read_text().strip()
         if (cand / STATE_FILE).is_file():
-            return cand
-    done = sorted(p for p in root.glob("step_*") if (p / STATE_FILE).is_file())
+            since, step = marker.stat().st_mtime_ns, checkpoint_step(cand) or 0
+            later = [
+                p
+                for p in done
+                if (checkpoint_step(p) or 0) > step and (p / STATE_FILE).stat().st_mtime_ns > since
+            ]
+            return later[-1] if later else cand
     return done[-1] if done else None
 
 

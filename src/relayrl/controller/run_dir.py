@@ -12,8 +12,10 @@
    deletes them). The ``config.yaml`` of a start that failed before it logged anything (a bad
    data path, say) is no run: the next start goes ahead and keeps it as ``config.prev-N.yaml``.
 3. ``resume`` with ``train.steps`` at or below the newest checkpoint's step refuses: there is
-   nothing to train. ``resume`` where a run is but no checkpoint (a job that died before its
-   first save) moves its files aside and starts at step 0, so a restarted job loses nothing;
+   nothing to train (unless the run stopped after that step's checkpoint and before its final
+   evaluation: then the resume only evaluates and ends the run). ``resume`` where a run is but
+   no checkpoint (a job that died before its first save) moves its files aside and starts at
+   step 0, so a restarted job loses nothing;
    ``resume`` where no run is at all (a missing, empty or mistyped directory) refuses, naming
    what it looked for. ``resume`` with a config whose identity keys (``RESUME_IDENTITY``: the
    model, the critic, the algorithm, the prompt format) differ from the run's ``config.yaml``
@@ -45,12 +47,14 @@ from pydantic import BaseModel
 
 from relayrl.config import dump_config
 from relayrl.controller.checkpoint import (
+    STATE_FILE,
     checkpoint_root,
     checkpoint_step,
     intact_checkpoint,
     remove_partial_writes,
 )
 from relayrl.controller.faults import RunDirError
+from relayrl.model import finish_interrupted_save
 
 __all__ = [
     "LOCK_FILE",
@@ -64,6 +68,7 @@ __all__ = [
 ]
 
 LOCK_FILE = ".lock"
+CHECKPOINTS = "checkpoints"
 RUN_FILES = ("config.yaml", "metrics.jsonl", "timeline.json")
 """The files of a run (besides its checkpoints), named in the refusal and moved aside."""
 RESUME_IDENTITY = (
@@ -91,6 +96,9 @@ class RunDir:
     corrupt: list[tuple[Path, str, Path]] = field(default_factory=list)
     """Checkpoints newer than ``checkpoint`` that cannot be read (``resume`` only): where each
     was, why, and where it was moved (``corrupt_step_N``, kept, never resumed from)."""
+    recovered: list[str] = field(default_factory=list)
+    """What a ``relayrl sft`` killed in its final save left, set right at the claim
+    (``finish_interrupted_save``: its ``checkpoints/`` carried back into ``output_dir``)."""
     _fd: int | None = None
 
     def release(self) -> None:
@@ -273,7 +281,8 @@ def claim_run_dir(
                     "pass --allow-config-change to continue with the change"
                 )
             done = checkpoint_step(run.checkpoint) if run.checkpoint else None
-            if done is not None and steps is not None and steps <= done:
+            ended = done is None or steps != done or not _stopped_before_final_eval(path, done)
+            if done is not None and steps is not None and steps <= done and ended:
                 raise RunDirError(
                     f"--resume: the newest checkpoint {run.checkpoint} is at step {done} and "
                     f"train.steps={steps} asks for no more; set train.steps above {done} to "
@@ -315,12 +324,21 @@ def claim_output_dir(
     before the first step: one that holds anything is refused (``RunDirError`` naming what is
     there) unless ``overwrite``, which moves it to ``<output_dir>.prev-N`` (never deletes it;
     ``moved_to``), or ``resume``, which continues from its newest intact checkpoint
-    (``checkpoint``; refused when there is none, or when ``steps`` asks for no more); then the
+    (``checkpoint``; refused when there is none, or when ``steps`` asks for no more, unless
+    the model of that last step is not in ``output_dir``: its save failed); then the
     directory that will receive the model must take a file (a read-only or impossible target
     is refused now, not after the training)."""
     out = Path(output_dir)
-    if resume:
-        return _resume_output(out, overwrite, steps)
+    try:  # a run killed in its final save: its checkpoints back in place first
+        recovered = finish_interrupted_save(out, keep=(CHECKPOINTS,))
+    except OSError as exc:
+        raise RunDirError(f"output directory {out} cannot be written ({exc.strerror})") from None
+    run = _resume_output(out, overwrite, steps) if resume else _claim_output(out, overwrite)
+    run.recovered = recovered
+    return run
+
+
+def _claim_output(out: Path, overwrite: bool) -> RunDir:
     held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     above = out
     while not above.exists() and above != above.parent:
@@ -361,7 +379,8 @@ def _resume_output(out: Path, overwrite: bool, steps: int | None) -> RunDir:
     if ckpt is None:
         raise RunDirError(_nothing_to_resume(out, "holds no checkpoint", "output directory"))
     done = checkpoint_step(ckpt)
-    if done is not None and steps is not None and steps <= done:
+    unsaved = done == steps and not _model_saved_after(out, ckpt)  # the final save failed
+    if done is not None and steps is not None and steps <= done and not unsaved:
         raise RunDirError(
             f"--resume: the newest checkpoint {ckpt} is at step {done} and steps={steps} asks "
             f"for no more; set steps above {done} to train further"
@@ -376,6 +395,28 @@ def _resume_output(out: Path, overwrite: bool, steps: int | None) -> RunDir:
     except OSError as exc:
         raise RunDirError(f"output directory {out} cannot be written ({exc.strerror})") from None
     return run
+
+
+def _stopped_before_final_eval(path: Path, done: int) -> bool:
+    """Whether the run in ``path`` stopped after its last step's checkpoint but before its
+    final evaluation: the last record of ``metrics.jsonl`` is the training record of step
+    ``done`` (a resume at that step only evaluates and ends the run)."""
+    from relayrl.telemetry.metrics import read_metrics
+
+    try:
+        records = read_metrics(path)
+    except (OSError, ValueError):
+        return False
+    return bool(records) and records[-1].get("step") == done and "reward_mean" in records[-1]
+
+
+def _model_saved_after(out: Path, ckpt: Path) -> bool:
+    """Whether ``out`` holds a model written after checkpoint ``ckpt`` (``relayrl sft`` writes
+    its final checkpoint, then the model: a resume at that step only writes a missing model)."""
+    config = out / "config.json"
+    if not config.is_file():
+        return False
+    return config.stat().st_mtime_ns >= (ckpt / STATE_FILE).stat().st_mtime_ns
 
 
 def _nothing_to_resume(path: Path, why: str, what: str = "run directory") -> str:

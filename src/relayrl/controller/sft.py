@@ -32,6 +32,7 @@ from relayrl.controller.checkpoint import (
     rng_state,
     save_checkpoint,
     set_rng_state,
+    write_failure,
 )
 from relayrl.controller.evaluate import greedy_pass_rate
 from relayrl.controller.faults import RunFault, RunInterrupted, StepGuard, signal_name
@@ -119,8 +120,10 @@ def run_sft(
     """Fine-tune ``model_path`` and save it (HF format, atomically) to ``output_dir``.
 
     With ``save_every``, a checkpoint (weights, optimizer, scheduler, the example sampler and
-    RNG states) is written every N steps into ``output_dir/checkpoints``; ``resume_from`` (one
-    of them) continues the run where it stopped, on the same examples. A write that fails is a
+    RNG states) is written every N steps into ``output_dir/checkpoints``, and after the last
+    step (``steps``, or the step that reached ``target_pass_rate``); ``resume_from`` (one of
+    them) continues the run where it stopped, on the same examples (``--resume`` with a larger
+    ``steps`` goes on from the final step). A write that fails is a
     ``RunFault`` naming the newest intact checkpoint. With ``save_on_signal`` (``relayrl sft``)
     SIGINT / SIGTERM checkpoint the last completed step first, as ``relayrl train`` does (a
     signal during a weight update waits for the end of that step; see ``StepGuard``).
@@ -202,7 +205,8 @@ def run_sft(
                     stop = target is not None and out["sft/val_pass_rate"] >= target
                 else:
                     bar.update(step + 1, loss=loss_val)
-                if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
+                last = stop or step + 1 == cfg.steps  # resumable with more steps
+                if cfg.save_every and ((step + 1) % cfg.save_every == 0 or last):
                     state = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}
                     state["sampler"] = rng.getstate()
                     keep = cfg.keep_checkpoints
@@ -226,10 +230,14 @@ def run_sft(
     used = {FORMAT_FILE: json.dumps(fmt_used) + "\n"}
     try:
         save_model_atomic(model, tokenizer, cfg.output_dir, used, keep=("checkpoints",))
-    except OSError as exc:
+    except Exception as exc:  # an OSError, or torch's / safetensors' wording of one
+        reason = write_failure(exc, Path(cfg.output_dir))
+        if reason is None:
+            raise
+        intact = newest_intact(cfg.output_dir)
+        tail = "; write it with --resume" if intact.startswith("the newest") else ""
         raise RunFault(
-            f"the model could not be written to {cfg.output_dir} ({exc.strerror or exc}); "
-            f"{newest_intact(cfg.output_dir)}"
+            f"the model could not be written to {cfg.output_dir} ({reason}); {intact}{tail}"
         ) from exc
     return {**out, "sft/examples": float(len(pairs))}
 
