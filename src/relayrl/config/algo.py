@@ -168,7 +168,9 @@ class AlgoConfig(_Strict):
     kl_estimator: Literal["k1", "k2", "k3", "abs"] | None = None
     """Defaults to k3 for GRPO (loss term) and k1 for PPO (reward)."""
     adaptive_kl_target: float | None = Field(None, gt=0)
-    """Adaptive KL (PPO): the KL per sequence that beta is steered towards (null: fixed)."""
+    """Adaptive KL (PPO): the per-token KL (nats per token, as ``adaptive_kl_metric`` averages
+    it) that beta is steered towards (null: fixed); not a sequence's summed KL (Ziegler et
+    al.'s target of 6 nats is per sample: divide it by the response length)."""
     adaptive_kl_horizon: int = Field(10000, ge=1)
     adaptive_kl_metric: Literal["token-mean", "seq-mean"] = "token-mean"
     """The KL fed to the adaptive controller: mean over the step's tokens (relayrl) or mean of
