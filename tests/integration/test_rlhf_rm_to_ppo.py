@@ -114,3 +114,37 @@ def test_ppo_scores_with_the_trained_reward_model(pipeline, tmp_path, monkeypatc
         want = (r - saved["reward_mean"]) / saved["reward_std"]
         assert torch.allclose(exp.scores.float(), want.float(), atol=1e-4)
     assert len(steps) == 15 and all(len(exp) == 8 for exp in steps)
+
+
+def test_a_critic_from_the_reward_model_keeps_its_head(pipeline):
+    """``model.critic_path: <the reward model>`` (InstructGPT initialises the value function
+    from the RM): the critic is the RM's backbone and its scalar head, rescaled to the score
+    PPO gets, so V at a sequence's last token = (r - mean) / std; the head was zeroed before
+    (the RM's backbone under a value of 0 everywhere)."""
+    from relayrl.model import load_critic
+
+    root, _, data, _ = pipeline
+    saved = json.loads((root / "rm" / "relayrl_rm.json").read_text())
+    tok = load_tokenizer(root / "rm")
+    rm = load_reward_model(root / "rm", pad_token_id=tok.pad_token_id)
+    critic = load_critic(root / "rm")
+    pairs = data["eval"][:4]
+    prompts = [p["prompt"] for p in pairs]
+    texts = [p["chosen"] for p in pairs]
+    r = score_texts(rm, tok, prompts, texts)
+    for i, (p, c) in enumerate(zip(prompts, texts, strict=True)):
+        ids = tok(p).input_ids + tok(c, add_special_tokens=False).input_ids
+        with torch.no_grad():
+            v = critic(input_ids=torch.tensor([ids])).logits[0, -1, 0]
+        want = (float(r[i]) - saved["reward_mean"]) / saved["reward_std"]
+        assert float(v) == pytest.approx(want, abs=1e-4)
+    assert abs(want) > 0.1  # a trained head, not the zero one
+
+
+def test_a_critic_from_a_causal_lm_starts_at_zero(pipeline):
+    from relayrl.model import load_critic
+
+    _, sft, _, _ = pipeline
+    critic = load_critic(sft)
+    with torch.no_grad():
+        assert not critic(input_ids=torch.tensor([[1, 2, 3]])).logits.any()
