@@ -43,13 +43,13 @@ def _run(tmp_path, monkeypatch, *overrides: str) -> list[dict]:
         tmp_path / "run",
         "algo.name=ppo",
         "algo.group_size=1",
-        "algo.prompts_per_step=4",
+        "algo.prompts_per_step=8",
         "algo.kl_coef=0.1",
         "algo.gamma=0.9",
         "algo.lam=0.8",
         "optim.lr=1e-2",
         "reward.fn=test_ppo_step_probes:digit_reward",
-        "rollout.max_tokens=6",
+        "rollout.max_tokens=16",
         "data.eval_size=2",
         "train.steps=3",
         "train.save_every=0",
@@ -115,7 +115,7 @@ def _hand_gae(exp, beta: float, kind: str, gamma: float, lam: float):
 @pytest.mark.parametrize("kind", ["k1", "k3"])
 def test_ppo_step_advantages_match_a_hand_computation(tmp_path, monkeypatch, kind):
     steps = _run(tmp_path, monkeypatch, f"algo.kl_estimator={kind}")
-    kl_seen = False
+    kl_seen, padded = False, False
     for rec in steps:
         exp = rec["exp"]
         mask = exp.response_mask.bool()
@@ -124,7 +124,9 @@ def test_ppo_step_advantages_match_a_hand_computation(tmp_path, monkeypatch, kin
         assert torch.allclose(exp.returns.double(), ret, atol=1e-5)
         assert not exp.advantages[~mask].any() and not exp.values[~mask].any()
         kl_seen |= bool((exp.old_logprobs - exp.ref_logprobs)[mask].abs().max() > 1e-4)
+        padded |= not bool(mask.all())
     assert kl_seen  # the actor moved away from the reference: the KL term was exercised
+    assert padded  # a response ended (EOS) before max_tokens: its padding was masked out
     assert all(not rec["changed"]["reference"] for rec in steps)
     assert all(rec["changed"]["actor"] and rec["changed"]["critic"] for rec in steps)
 
