@@ -172,3 +172,58 @@ def test_a_server_that_dies_mid_episode_is_an_environment_failure(tmp_path):
     assert info["stop_reason"] == "env_error"
     assert "MCP call 'crash' failed" in info["error"] and "did not answer" not in info["error"]
     assert s.loss_mask is not None and not any(s.loss_mask)
+
+
+ERRORS_SERVER = '''
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+mcp = MCPServer("errors")
+
+
+@mcp.tool()
+def balance(account: int) -> str:
+    """An account's balance."""
+    raise ToolError(f"no such account: {account}")
+
+
+@mcp.tool()
+def crash() -> str:
+    """A tool with a bug."""
+    raise ValueError("secret internal detail")
+
+
+if __name__ == "__main__":
+    mcp.run()
+'''
+
+
+def test_a_tool_error_shows_the_model_the_servers_message(tmp_path):
+    """The server's error text reaches the model, as MCP clients show it: a tool's deliberate
+    ``ToolError`` message and an argument-validation message follow ``Error executing tool
+    <name>``; a crash's text the SDK's server withholds itself (only the generic line is sent,
+    mcp.server.mcpserver.exceptions.UnexpectedToolError), so the model sees only that."""
+    path = tmp_path / "errors.py"
+    path.write_text(textwrap.dedent(ERRORS_SERVER))
+    tok = qwen_tokenizer()
+    calls = "".join(
+        f'<tool_call>\n{{"name": "{n}", "arguments": {json.dumps(a)}}}\n</tool_call>'
+        for n, a in [("balance", {"account": 7}), ("balance", {"account": "x"}), ("crash", {})]
+    )
+    runner = EpisodeRunner(
+        ScriptedEngine(tok, [calls, "done"]),
+        lambda: MCPToolEnvironment([sys.executable, str(path)], call_timeout_s=30),
+        ChatTemplateRenderer(tok),
+        RunnerLimits(max_turns=4, max_model_len=8192, step_timeout_s=60),
+    )
+    req = GenerationRequest([1], SamplingParams(max_tokens=100), metadata={"prompt": "1"})
+    try:
+        (s,) = runner.generate([req])
+    finally:
+        runner.close()
+    assert s.metadata["env"]["stop_reason"] == "env_done"
+    text = tok.decode(s.response_ids)
+    assert "error: balance failed: Error executing tool balance: no such account: 7" in text
+    assert "Input should be a valid integer" in text
+    assert "error: crash failed: Error executing tool crash\n</tool_response>" in text
+    assert "secret internal detail" not in text

@@ -86,3 +86,80 @@ def test_an_environment_turn_that_raises_fails_the_rollout():
     (sample,) = _run(env, ["408", "409"], [{"prompt": "12*34?", "answer": "408"}])
     assert _failed(sample)
     assert "the game server went away" in sample.metadata["env"]["error"]
+
+
+TOOL_CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "x"}}\n</tool_call>'
+tool_calls: list[str] = []
+
+
+def lookup(key: str) -> str:
+    """Look a key up in the store.
+
+    Args:
+        key: the key
+    """
+    tool_calls.append(key)
+    if key == "x":
+        from relayrl.env.types import EnvError
+
+        raise EnvError("the key-value store is unreachable")
+    return "value"
+
+
+async def async_lookup(key: str) -> str:
+    """Look a key up in the store.
+
+    Args:
+        key: the key
+    """
+    return lookup(key)
+
+
+async def model_mistake(key: str) -> str:
+    """Look a key up in the store.
+
+    Args:
+        key: the key
+    """
+    raise KeyError(key)
+
+
+@pytest.mark.parametrize("tool", [lookup, async_lookup])
+def test_a_tool_that_raises_env_error_fails_the_rollout(tool):
+    """verifiers' ``ToolEnv.call_tool`` catches every exception and shows it to the model, so
+    the model would train on its backend being down; ``EnvError`` (relayrl's infrastructure
+    failure, docs/failures.md) fails the rollout at once, as with relayrl's own tools."""
+    tool_calls.clear()
+    env = vf.ToolEnv(
+        tools=[tool], dataset=_dataset(), max_turns=4, rubric=vf.Rubric(funcs=[correct])
+    )
+    call = TOOL_CALL.replace("lookup", tool.__name__)
+    (sample,) = _run(env, [call, "408"], [{"prompt": "12*34?", "answer": "408"}])
+    assert _failed(sample), sample.metadata["env"]
+    assert "the key-value store is unreachable" in sample.metadata["env"]["error"]
+    assert tool_calls == ["x"]
+    assert sample.metadata["env"]["turns"] == 1  # ended at the failing call, no second turn
+
+
+def test_a_tool_that_raises_anything_else_is_shown_to_the_model_and_trains():
+    env = vf.ToolEnv(
+        tools=[model_mistake], dataset=_dataset(), max_turns=4, rubric=vf.Rubric(funcs=[correct])
+    )
+    tok = qwen_tokenizer()
+    call = TOOL_CALL.replace("lookup", "model_mistake")
+    rollout = AgentRollout(ScriptedEngine(tok, [call, "408"]), tok, verifiers_agent(env), 60)
+    req = GenerationRequest(
+        [1],
+        SamplingParams(max_tokens=100, seed=0),
+        group_id=0,
+        metadata={"prompt": "12*34?", "answer": "408"},
+    )
+    try:
+        (sample,) = rollout.generate([req])
+    finally:
+        rollout.close()
+    info = sample.metadata["env"]
+    assert info["error"] is None and info["outcome"] == 1.0 and info["turns"] == 2
+    assert "<tool_response>\n'x'\n</tool_response>" in tok.decode(
+        sample.prompt_ids + sample.response_ids
+    )

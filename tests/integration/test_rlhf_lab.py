@@ -281,7 +281,10 @@ def test_cli_rm_and_dpo_and_their_errors(lab, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "held-out pairwise accuracy" in out and "AutoModelForSequenceClassification" in out
     stats = json.loads((tmp_path / "rm" / "relayrl_rm.json").read_text())
-    assert stats["eval_pairs"] == 1200 and stats["train_pairs"] == 4800
+    # held out by prompt (the lab's 10 "<city> is" prompts, ~600 pairs each): whole prompts
+    # as near 20% as they go (measured, seed 0: 1197 of 6000)
+    assert stats["train_pairs"] + stats["eval_pairs"] == 6000
+    assert abs(stats["eval_pairs"] - 1200) <= 300
     assert (tmp_path / "rm" / "metrics.jsonl").is_file()
 
     bad = tmp_path / "bad.jsonl"

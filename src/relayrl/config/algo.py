@@ -168,7 +168,9 @@ class AlgoConfig(_Strict):
     kl_estimator: Literal["k1", "k2", "k3", "abs"] | None = None
     """Defaults to k3 for GRPO (loss term) and k1 for PPO (reward)."""
     adaptive_kl_target: float | None = Field(None, gt=0)
-    """Adaptive KL (PPO): the KL per sequence that beta is steered towards (null: fixed)."""
+    """Adaptive KL (PPO): the per-token KL (nats per token, as ``adaptive_kl_metric`` averages
+    it) that beta is steered towards (null: fixed); not a sequence's summed KL (Ziegler et
+    al.'s target of 6 nats is per sample: divide it by the response length)."""
     adaptive_kl_horizon: int = Field(10000, ge=1)
     adaptive_kl_metric: Literal["token-mean", "seq-mean"] = "token-mean"
     """The KL fed to the adaptive controller: mean over the step's tokens (relayrl) or mean of
@@ -187,6 +189,10 @@ class AlgoConfig(_Strict):
     whiten_advantages: bool = True
     vf_coef: float = Field(0.5, ge=0)
     vf_clip: float = Field(0.2, gt=0)
+    critic_warmup_steps: int = Field(0, ge=0)
+    """PPO: the first N steps train the critic only (the actor is not updated), so the policy's
+    first updates see a critic fitted to its returns, not a fresh head (veRL's
+    ``trainer.critic_warmup``; 0: off)."""
 
     @model_validator(mode="after")
     def _cross_checks(self) -> AlgoConfig:
@@ -244,6 +250,13 @@ class AlgoConfig(_Strict):
         if rc.mode == "icepop" and rc.level != "token":
             raise KeyProblem(
                 "rollout_correction.level", rc.level, "icepop masks tokens: use level token"
+            )
+        if self.critic_warmup_steps and self.name != "ppo":
+            raise KeyProblem(
+                "critic_warmup_steps",
+                self.critic_warmup_steps,
+                "trains the critic alone for the first steps: it needs algo.name=ppo (a critic)",
+                related=("name",),
             )
         if self.adaptive_kl_target is not None and self.kl_coef == 0:
             raise KeyProblem(

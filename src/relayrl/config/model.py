@@ -47,7 +47,9 @@ class ModelConfig(_Strict):
     path: str = "runs/demo/sft"
     """Local Hugging Face model directory (config.json + weights + tokenizer)."""
     critic_path: str | None = None
-    """Critic initialisation (PPO); defaults to ``path`` (backbone of the actor + zero head)."""
+    """Critic initialisation (PPO); defaults to ``path`` (backbone of the actor + zero head).
+    A reward model directory (``relayrl rm``'s output) keeps its head too, rescaled to the
+    normalised score: V starts as the reward model's (r - mean) / std (InstructGPT's init)."""
     dtype: Literal["float32", "bfloat16", "float64"] = "float32"
     """Compute dtype of the forwards. ``bfloat16`` with ``mixed_precision`` trains fp32 master
     weights (fp32 optimizer state) under bf16 autocast; logprobs, losses and advantages are

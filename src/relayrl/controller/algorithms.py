@@ -162,10 +162,14 @@ def ppo_step(
     stats.update(schedule.failures.metrics())
 
     # 5. Update: the off-policy correction weights, the critic (clipped value loss), the
-    #    actor (registered policy loss); beta follows the step's KL.
+    #    actor (registered policy loss), not during the critic's warmup steps; beta follows
+    #    the step's KL.
     stats.update(offpolicy.correct(roles, exp, cfg, schedule.mismatch, step))
     stats.update(roles.critic.update(exp))
-    stats.update(roles.actor.update(exp))
+    warmup = step < a.critic_warmup_steps
+    stats["critic_warmup"] = float(warmup)
+    if not warmup:
+        stats.update(roles.actor.update(exp))
     mean_kl = kl_for_controller(exp.kl, exp.response_mask, a.adaptive_kl_metric)
     kl_ctl.update(mean_kl, len(exp))
     stats["kl_in_reward"] = mean_kl

@@ -57,7 +57,8 @@ class RMConfig(BaseModel):
     train_path: str = "data/preferences.jsonl"
     """JSONL or local Hugging Face dataset with ``prompt``, ``chosen``, ``rejected``."""
     eval_path: str | None = None
-    """Held-out pairs; when unset, ``eval_fraction`` of ``train_path`` is held out."""
+    """Held-out pairs; when unset, ``eval_fraction`` of ``train_path`` is held out, by prompt
+    (a prompt's pairs all on one side: ``relayrl.data.preferences.split_pairs``)."""
     eval_fraction: float = Field(0.1, ge=0, lt=1)
     epochs: float = Field(2.0, gt=0)
     steps: int | None = Field(None, ge=0)

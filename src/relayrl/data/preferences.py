@@ -165,11 +165,30 @@ def write_preferences(path: str | Path, pairs: Sequence[PreferencePair]) -> int:
 def split_pairs(
     pairs: Sequence[PreferencePair], eval_fraction: float, seed: int
 ) -> tuple[list[PreferencePair], list[PreferencePair]]:
-    """A seeded shuffle cut into (train, held-out); at least one pair on each side when
-    there are two or more pairs and ``eval_fraction`` > 0."""
+    """A seeded shuffle cut into (train, held-out) by prompt: a prompt's pairs all go to the
+    same side (several pairs per prompt, as in UltraFeedback or HH, would otherwise put the
+    held-out prompts, often the very completions, in training: an optimistic held-out
+    accuracy). Prompts are taken in shuffled order, each one that brings the held-out count
+    closer to ``round(eval_fraction * n)`` pairs (one pair per prompt: exactly that many, the
+    first of the shuffle; few prompts: the nearest whole prompts). At least one pair on each
+    side when there are two or more pairs and ``eval_fraction`` > 0; when no whole prompt comes
+    nearer the share than none (one prompt, or each with over twice the held-out count), pairs
+    are split instead, as before."""
     order = list(pairs)
     random.Random(seed).shuffle(order)
     if eval_fraction <= 0 or len(order) < 2:
         return order, []
     n_eval = min(len(order) - 1, max(1, round(eval_fraction * len(order))))
-    return order[n_eval:], order[:n_eval]
+    per_prompt = Counter(p.prompt for p in order)
+    held: set[str] = set()
+    count = 0
+    for p in order:
+        k = per_prompt[p.prompt]
+        if p.prompt in held or count + k > len(order) - 1:  # keep a training pair
+            continue
+        if abs(count + k - n_eval) < abs(count - n_eval):  # closer to the target share
+            held.add(p.prompt)
+            count += k
+    if not held:  # no whole prompt fits the share: split pairs
+        return order[n_eval:], order[:n_eval]
+    return [p for p in order if p.prompt not in held], [p for p in order if p.prompt in held]

@@ -23,7 +23,11 @@ Failures: an exception in ``rollout`` (the environment's turn, the endpoint) fai
 ``Rubric`` catches it and scores that function 0.0, which would train a judge that is down
 as a wrong answer; the adapter wraps the rubric's reward functions (once, in place) to see
 the exception. A tool that raises inside a ``ToolEnv`` is shown to the model by verifiers
-(the model's mistake, as relayrl's own tools).
+(the model's mistake, as relayrl's own tools), except one that raises
+:class:`~relayrl.env.types.EnvError` (its backend failed): as with relayrl's own tools, that
+fails the rollout at once (``env_error``, not trained). verifiers' ``call_tool`` catches every
+exception, so the adapter wraps the ``ToolEnv``'s tools (once, in place) to record it, and its
+``call_tool`` to raise it.
 
 The row: its ``prompt`` (text, formatted with the environment's system prompt and few-shot
 examples, or already a list of messages), ``answer``, ``task`` and ``info`` (``oai_tools``
@@ -45,6 +49,62 @@ _REWARD_FAILURES: contextvars.ContextVar[list[str] | None] = contextvars.Context
 )
 """The current rollout's reward-function failures (a list per ``agent`` call; the rubric's
 scoring tasks copy the context, so they append to the same list)."""
+
+_TOOL_FAILURES: contextvars.ContextVar[list[BaseException] | None] = contextvars.ContextVar(
+    "verifiers_tool_failures", default=None
+)
+"""The current rollout's tool infrastructure failures (``EnvError`` raised by a tool)."""
+
+
+def _tool_reporting(func: Any) -> Any:
+    """``func`` (a ``ToolEnv`` tool, sync or async), recording an ``EnvError`` it raises in the
+    current rollout's tool failures before verifiers' ``call_tool`` turns it into text."""
+    from relayrl.env.types import EnvError
+
+    @functools.wraps(func)
+    async def tool(*args: Any, **kwargs: Any) -> Any:
+        try:
+            out = func(*args, **kwargs)
+            return await out if inspect.isawaitable(out) else out
+        except EnvError as e:
+            failures = _TOOL_FAILURES.get()
+            if failures is not None:
+                failures.append(e)
+            raise
+
+    tool.__relayrl_reporting__ = True  # type: ignore[attr-defined]
+    return tool
+
+
+def _raise_tool_failure(failures: list[BaseException]) -> None:
+    from relayrl.env.types import EnvError
+
+    if failures:
+        e = failures[0]
+        raise EnvError(f"a tool raised EnvError: {e}") from e
+
+
+def _report_tool_failures(env: Any) -> None:
+    """Wrap a ``ToolEnv``'s tools (its ``tool_map``) and its ``call_tool`` once, so that a
+    tool's ``EnvError`` ends the rollout as soon as the call returns."""
+    tool_map = getattr(env, "tool_map", None)
+    if not isinstance(tool_map, dict) or getattr(env, "__relayrl_tools_reporting__", False):
+        return
+    for name, f in list(tool_map.items()):
+        if callable(f) and not getattr(f, "__relayrl_reporting__", False):
+            tool_map[name] = _tool_reporting(f)
+    call_tool = getattr(env, "call_tool", None)
+    if callable(call_tool):
+
+        @functools.wraps(call_tool)
+        async def checked_call_tool(*args: Any, **kwargs: Any) -> Any:
+            out = call_tool(*args, **kwargs)
+            out = await out if inspect.isawaitable(out) else out
+            _raise_tool_failure(_TOOL_FAILURES.get() or [])
+            return out
+
+        env.call_tool = checked_call_tool
+    env.__relayrl_tools_reporting__ = True
 
 
 def _reporting(func: Any) -> Any:
@@ -93,15 +153,19 @@ def verifiers_agent(
 ) -> Callable[[str, str, dict[str, Any]], Any]:
     """An ``env.agent.function`` running ``env`` (a verifiers environment) per rollout and
     returning its rubric's reward (see module). A reward function that raises fails the
-    rollout (verifiers' rubric alone would score it 0.0)."""
+    rollout (verifiers' rubric alone would score it 0.0), and so does a ``ToolEnv`` tool that
+    raises ``EnvError`` (verifiers alone would show it to the model)."""
     _report_reward_failures(env.rubric)
+    _report_tool_failures(env)
 
     async def agent(base_url: str, api_key: str, row: dict[str, Any]) -> float:
         from openai import AsyncOpenAI
 
         client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
         failures: list[str] = []
+        tool_failures: list[BaseException] = []
         token = _REWARD_FAILURES.set(failures)
+        tool_token = _TOOL_FAILURES.set(tool_failures)
         try:
             prompt = _prompt(env, row)
             answer = str(row.get("answer", ""))
@@ -118,6 +182,7 @@ def verifiers_agent(
                 info=info,
                 sampling_args=dict(sampling_args or {}),
             )
+            _raise_tool_failure(tool_failures)  # a subclass's own call_tool may have gone on
             score = await env.rubric.score_rollout(
                 prompt, completion, answer, state, task=task, info=info
             )
@@ -128,6 +193,7 @@ def verifiers_agent(
                 )
             return float(score.reward)
         finally:
+            _TOOL_FAILURES.reset(tool_token)
             _REWARD_FAILURES.reset(token)
             await client.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from collections.abc import Mapping
@@ -218,7 +219,12 @@ def load_critic(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrai
 
     Uses ``AutoModelForTokenClassification`` with one label, so a critic is saved and loaded in
     plain Hugging Face format. Built from an actor directory, the value head starts at zero
-    (V = 0 everywhere), which keeps the first GAE step equal to a plain return-to-go.
+    (V = 0 everywhere), which keeps the first GAE step equal to a plain return-to-go. Built
+    from a reward model (``relayrl rm``'s output, ``*ForSequenceClassification``; InstructGPT
+    initialises its value function from the reward model) it keeps the reward model's scalar
+    head, rescaled to the score PPO gets from it by default (``reward.model_normalize``):
+    V(s) = (w . h(s) - mean) / std, i.e. head weight w / std and bias -mean / std, with the
+    ``reward_mean`` / ``reward_std`` of its ``relayrl_rm.json`` (mean 0, std 1 without it).
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     p = check_model_dir(path)
@@ -227,11 +233,20 @@ def load_critic(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrai
     )
     disable_dropout(model)
     head = _value_head(model)
-    if not _is_trained_critic(p):
-        with torch.no_grad():
+    kind = _head_kind(p)
+    if kind == "critic":
+        return model
+    with torch.no_grad():
+        bias = getattr(head, "bias", None)
+        if kind == "reward_model":
+            mean, std = _reward_stats(p)
+            head.weight.div_(std)
+            if bias is not None:
+                bias.fill_(-mean / std)
+        else:
             head.weight.zero_()
-            if getattr(head, "bias", None) is not None:
-                head.bias.zero_()
+            if bias is not None:
+                bias.zero_()
     return model
 
 
@@ -243,9 +258,25 @@ def _value_head(model: PreTrainedModel) -> torch.nn.Linear:
     raise TypeError(f"cannot find the value head of {type(model).__name__}")
 
 
-def _is_trained_critic(path: Path) -> bool:
+def _head_kind(path: Path) -> str:
+    """``critic`` (a saved critic), ``reward_model`` (a scalar reward model) or ``new``."""
     cfg = json.loads((path / "config.json").read_text())
-    return any(a.endswith("ForTokenClassification") for a in cfg.get("architectures") or [])
+    arch = cfg.get("architectures") or []
+    if any(a.endswith("ForTokenClassification") for a in arch):
+        return "critic"
+    labels = cfg.get("num_labels", len(cfg.get("id2label") or {}) or 2)
+    if any(a.endswith("ForSequenceClassification") for a in arch) and labels == 1:
+        return "reward_model"
+    return "new"
+
+
+def _reward_stats(path: Path) -> tuple[float, float]:
+    """A reward model's (reward_mean, reward_std) from its ``relayrl_rm.json`` (0, 1 without)."""
+    stats_file = path / "relayrl_rm.json"
+    stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
+    mean = float(stats.get("reward_mean", 0.0))
+    std = float(stats.get("reward_std", 1.0))
+    return mean, std if math.isfinite(std) and std > 1e-6 else 1.0
 
 
 def save_model_atomic(

@@ -187,6 +187,25 @@ def test_split_pairs_is_seeded_and_disjoint(tmp_path):
     assert [p.prompt for p in split_pairs(pairs, 0.25, seed=1)[1]] == [p.prompt for p in held]
 
 
+def test_split_pairs_holds_out_whole_prompts(tmp_path):
+    """Four pairs per prompt (UltraFeedback-style): no held-out prompt is trained on; the
+    held-out share is whole prompts, as near 25% of the pairs as whole prompts go."""
+    rows = [
+        {"prompt": f"q{i}", "chosen": f"good {j}", "rejected": f"bad {j}"}
+        for i in range(10)
+        for j in range(4)
+    ]
+    pairs = load_preferences(_write(tmp_path / "p.jsonl", rows)).pairs
+    for seed in range(5):
+        train, held = split_pairs(pairs, 0.25, seed=seed)
+        assert {p.prompt for p in train}.isdisjoint({p.prompt for p in held})
+        assert len(held) == 8 and len(train) == 32  # 2 prompts: 8 pairs, as near 10 as 12
+        assert sorted(train + held, key=id) == sorted(pairs, key=id)
+    one = [p for p in pairs if p.prompt == "q0"]
+    train, held = split_pairs(one, 0.25, seed=0)  # one prompt: split by pair (1 + 3)
+    assert len(held) == 1 and len(train) == 3
+
+
 # ---------------------------------------------------------------------------------- losses
 
 
