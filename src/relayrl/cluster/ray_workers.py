@@ -439,6 +439,24 @@ def gather(results: list[Any]) -> Any:
     return first
 
 
+def get_all(refs: list[Any]) -> list[Any]:
+    """``ray.get`` of every rank's ref, each one read even when another failed; then the first
+    rank's error is raised. (``ray.get`` of the list raises the first and leaves the others
+    unread: Ray then logs each as an ``Unhandled error`` with its traceback, after the run's
+    one line, e.g. both ranks' ``ShardedWriteError`` of one failed sharded checkpoint.)"""
+    out: list[Any] = []
+    first: Exception | None = None
+    for ref in refs:
+        try:
+            out.append(ray.get(ref))
+        except Exception as exc:  # noqa: BLE001 - raised below, after the others are read
+            out.append(None)
+            first = first or exc
+    if first is not None:
+        raise first
+    return out
+
+
 class WorkerGroup:
     """The ranks (Ray actors) of one resource pool."""
 
@@ -454,7 +472,7 @@ class WorkerGroup:
         if mode == RANK_ZERO:
             return ray.get(self.hosts[0].call.remote(role, method, *args))
         if mode == BROADCAST:
-            return ray.get([h.call.remote(role, method, *args) for h in self.hosts])[0]
+            return get_all([h.call.remote(role, method, *args) for h in self.hosts])[0]
         if mode == DP_SPLIT:
             if self.size == 1:
                 return ray.get(self.hosts[0].call.remote(role, method, *args))
@@ -463,7 +481,7 @@ class WorkerGroup:
                 h.call.remote(role, method, s, *args[1:])
                 for h, s in zip(self.hosts, shards, strict=True)
             ]
-            return gather(ray.get(refs))
+            return gather(get_all(refs))
         raise ValueError(f"unknown dispatch mode {mode!r}")
 
 
