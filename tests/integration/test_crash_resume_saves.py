@@ -78,3 +78,23 @@ def main_store(root: Path, tag: str) -> int:
     from crash_points import tinker_store
 
     return tinker_store(str(root), tag)
+
+
+def test_a_checkpoint_a_killed_delete_renamed_aside_is_removed_on_start(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    dead = int(done.stdout)
+    base = tmp_path / "state/m/weights"
+    for pid in (dead, os.getpid()):  # a dead deleter's leftover, and a live one's
+        (base / f".deleted_w_{pid}_0123abcd").mkdir(parents=True)
+    store = CheckpointStore(tmp_path / "state")
+    assert store.recovered == [f"removed .deleted_w_{dead}_0123abcd, left by an interrupted delete"]
+    assert [p.name for p in base.iterdir()] == [f".deleted_w_{os.getpid()}_0123abcd"]

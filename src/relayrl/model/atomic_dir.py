@@ -80,7 +80,8 @@ def _carry(old: Path, out: Path, keep: tuple[str, ...]) -> None:
             os.rename(old / name, out / name)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (on this machine)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -106,7 +107,7 @@ def finish_interrupted_save(out_dir: str | Path, keep: tuple[str, ...] = ()) -> 
         found = {}
         for p in out.parent.glob(f"{prefix}{out.name}_*"):
             pid = p.name[len(prefix) + len(out.name) + 1 :]
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 found[int(pid)] = p
         return found
 

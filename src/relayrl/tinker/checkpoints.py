@@ -29,7 +29,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from relayrl.model.atomic_dir import finish_interrupted_saves, fsync_dir, write_dir_atomic
+from relayrl.model.atomic_dir import (
+    finish_interrupted_saves,
+    fsync_dir,
+    pid_alive,
+    write_dir_atomic,
+)
 
 KINDS = {"weights": "training", "sampler_weights": "sampler"}
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -81,11 +86,17 @@ class CheckpointStore:
     def finish_interrupted(self) -> list[str]:
         """Complete the checkpoint writes a killed service left (``finish_interrupted_save``:
         a checkpoint renamed away and its replacement not yet renamed in is put back in
-        place); what was done, in words."""
+        place; a checkpoint a killed delete had renamed aside, ``.deleted_<name>_<pid>_*``, is
+        removed); what was done, in words."""
         done = []
         for model in sorted(d for d in self.root.iterdir() if d.is_dir()):
             for kind in KINDS:
                 done += finish_interrupted_saves(model / kind)
+                for aside in sorted((model / kind).glob(".deleted_*")):  # a killed delete
+                    pid = aside.name.rsplit("_", 2)[-2]
+                    if pid.isdigit() and not pid_alive(int(pid)):
+                        shutil.rmtree(aside, ignore_errors=True)
+                        done.append(f"removed {aside.name}, left by an interrupted delete")
         return done
 
     def dir_of(self, path: CheckpointPath) -> Path:
