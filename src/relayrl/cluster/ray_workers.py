@@ -439,21 +439,38 @@ def gather(results: list[Any]) -> Any:
     return first
 
 
+ERROR_GRACE_S = 5.0
+"""After one rank's call failed: how long the others are waited for, so that their errors are
+read too (a rank that fails alike, e.g. every rank's ``ShardedWriteError``, is done within it;
+one stuck in a collective is not waited for)."""
+
+
 def get_all(refs: list[Any]) -> list[Any]:
-    """``ray.get`` of every rank's ref, each one read even when another failed; then the first
-    rank's error is raised. (``ray.get`` of the list raises the first and leaves the others
-    unread: Ray then logs each as an ``Unhandled error`` with its traceback, after the run's
-    one line, e.g. both ranks' ``ShardedWriteError`` of one failed sharded checkpoint.)"""
-    out: list[Any] = []
-    first: Exception | None = None
-    for ref in refs:
-        try:
-            out.append(ray.get(ref))
-        except Exception as exc:  # noqa: BLE001 - raised below, after the others are read
-            out.append(None)
-            first = first or exc
-    if first is not None:
-        raise first
+    """``ray.get`` of every rank's ref, in rank order. On the first failure (as soon as it
+    comes: ``ray.get`` of the list fails fast too) the other ranks get ``ERROR_GRACE_S`` to
+    finish and their results are read; then the lowest failed rank's error is raised. (Read
+    once: an error left unread, as ``ray.get`` of the list leaves the others, is logged by Ray
+    as an ``Unhandled error`` with its traceback after the run's one line.)"""
+    index = {ref: i for i, ref in enumerate(refs)}
+    out: list[Any] = [None] * len(refs)
+    errors: dict[int, Exception] = {}
+
+    def read(ready: list[Any]) -> None:
+        for ref in ready:
+            try:
+                out[index[ref]] = ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - raised below, the others read first
+                errors[index[ref]] = exc
+
+    pending = list(refs)
+    while pending and not errors:
+        ready, pending = ray.wait(pending, num_returns=1)
+        read(ready)
+    if errors and pending:
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=ERROR_GRACE_S)
+        read(ready)
+    if errors:
+        raise errors[min(errors)]
     return out
 
 
