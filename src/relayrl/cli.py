@@ -116,7 +116,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
         print(f"the earlier contents of {cfg.output_dir} were moved to {claim.moved_to}")
     for bad, problem, kept in claim.corrupt:
         print(f"checkpoint {bad} cannot be read ({problem}); kept as {kept.name}")
-    out = run_sft(cfg, resume_from=claim.checkpoint, save_on_signal=True)
+    with claim:  # output_dir locked until the model is saved
+        out = run_sft(cfg, resume_from=claim.checkpoint, save_on_signal=True)
     loss = f" (final loss {out['sft/loss']:.4f})" if "sft/loss" in out else ""
     print(f"saved {cfg.output_dir}{loss}")
     return 0

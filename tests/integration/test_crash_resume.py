@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from crash_points import kill_at
 from relayrl.cli import main
 from relayrl.controller.checkpoint import checkpoint_problem, latest_checkpoint
 from relayrl.model import build_tiny_model
@@ -32,30 +31,6 @@ KEYS = ("actor/loss", "actor/grad_norm", "reward_mean")
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", hidden_size=16)
-
-
-def kill_at(point: str, nth: int, argv: list[str], tmp: Path, env: dict | None = None) -> None:
-    """Run ``relayrl ARGV`` until it reaches ``point`` the ``nth`` time, then SIGKILL it."""
-    marker = tmp / f"parked_{point}_{nth}"
-    marker.unlink(missing_ok=True)
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE / "crash_points.py"), point, str(nth), str(marker), "--", *argv],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 300
-    while not marker.exists():
-        if proc.poll() is not None:
-            raise AssertionError(
-                f"ended before {point} #{nth} ({proc.returncode}): {proc.stderr.read()}"
-            )
-        assert time.monotonic() < deadline, f"{point} #{nth} not reached"
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # the trainer and any worker of it
-    assert proc.wait(timeout=60) == -signal.SIGKILL
 
 
 def _steps(run: Path) -> list[int]:
@@ -161,7 +136,8 @@ def test_a_sigkilled_sft_run_resumes_bit_identically(tiny, tmp_path, capsys, poi
     assert f"resumed from {part}/checkpoints/step_{done:06d} at step {done}" in out
     assert main(_sft_argv(tmp_path, tiny, whole, *argv, "steps=5", "--resume")) == 0
     _same_weights(part, whole)
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    hidden = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))
+    assert hidden == [".part.lock", ".whole.lock"]  # the output dirs' locks, nothing left over
 
 
 @pytest.mark.slow

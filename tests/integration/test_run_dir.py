@@ -14,8 +14,8 @@ import pytest
 
 from relayrl.cli import main
 from relayrl.controller.faults import RunDirError
-from relayrl.controller.run_dir import claim_run_dir
-from relayrl.model import build_tiny_model
+from relayrl.controller.run_dir import claim_output_dir, claim_run_dir
+from relayrl.model import build_tiny_model, save_model_atomic
 from relayrl.telemetry import MetricsLogger
 from tiny_runs import cli, file_hashes, train_argv, write_config
 
@@ -251,3 +251,30 @@ def test_a_refused_claim_waits_briefly_for_the_holders_pid(tmp_path):
     assert _holder(lock) == "4321"
     lock.write_text("")
     assert _holder(lock, wait_s=0.05) == "unknown"
+
+
+def test_a_second_sft_claim_on_a_held_output_directory_is_refused(tmp_path):
+    """``relayrl sft``'s ``output_dir`` is locked as a run directory is (it was not: two runs
+    wrote one output directory at once), with ``.<name>.lock`` beside it: the final save swaps
+    the directory, so a lock file in it would move away with the old one."""
+    out = tmp_path / "sft"
+    out.mkdir()  # as a first run's checkpoints make it
+    with claim_output_dir(out):
+        for resume in (False, True):
+            with pytest.raises(RunDirError) as e:
+                claim_output_dir(out, resume=resume)
+            assert str(e.value) == (
+                f"output directory {out} is in use by another relayrl run (pid {os.getpid()}); "
+                "wait for it to end, or choose another output_dir=..."
+            )
+        save_model_atomic(_Saver(), _Saver(), out)  # the final save swaps the directory
+        with pytest.raises(RunDirError, match="is in use by another relayrl run"):
+            claim_output_dir(out, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".sft.lock", "sft"]
+    with claim_output_dir(out, overwrite=True) as run:  # released: a later run goes ahead
+        assert run.moved_to == tmp_path / "sft.prev-1"
+
+
+class _Saver:
+    def save_pretrained(self, path: Path) -> None:
+        (Path(path) / "config.json").write_text("{}")

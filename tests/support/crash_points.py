@@ -10,9 +10,14 @@ by itself). Points:
 - ``ckpt_commit``: after the checkpoint directory is renamed into place, before ``latest``;
 - ``sft_carry``: ``relayrl sft``'s final save, just after ``checkpoints/`` was moved (into the
   new directory, or out of the old one: where ``save_model_atomic`` carries it);
-- ``sft_old``: the final save, just after the old output directory was renamed away;
+- ``sft_old``: a whole-directory save (``relayrl.model.atomic_dir.write_dir_atomic``: the final
+  save of ``relayrl sft`` and ``relayrl rm``, a tinker checkpoint), just after the old
+  directory was renamed away, before the new one is renamed in;
 - ``sft_forward``: an SFT step's forward pass;
 - ``eval``: a held-out evaluation of ``relayrl train`` (the first is step 0's).
+
+``ARGV`` ``tinker-store ROOT TAG``: a tinker checkpoint written (:func:`tinker_store`), not a
+``relayrl`` command. :func:`kill_at` runs this script and SIGKILLs it where it parks.
 
 ``$RELAYRL_RECORD_TAKES=file``: also record the admission ids each async step trains
 (:func:`record_takes`).
@@ -21,6 +26,8 @@ by itself). Points:
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -112,6 +119,42 @@ def install(point: str, nth: int, marker: str) -> None:
         raise SystemExit(f"unknown point {point}")
 
 
+def kill_at(point: str, nth: int, argv: list[str], tmp: Path, env: dict | None = None) -> None:
+    """Run ``relayrl ARGV`` until it reaches ``point`` the ``nth`` time, then SIGKILL it."""
+    marker = tmp / f"parked_{point}_{nth}"
+    marker.unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), point, str(nth), str(marker), "--", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 300
+    while not marker.exists():
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"ended before {point} #{nth} ({proc.returncode}): {proc.stderr.read()}"
+            )
+        assert time.monotonic() < deadline, f"{point} #{nth} not reached"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the trainer and any worker of it
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+
+
+def tinker_store(root: str, tag: str) -> int:
+    """``tinker-store ROOT TAG``: write ``tinker://m/weights/w`` (meta ``tag``) into the
+    tinker checkpoint store at ``ROOT``, as the service's ``save_state`` does."""
+    from relayrl.tinker.checkpoints import CheckpointPath, CheckpointStore
+
+    def fill(d: Path) -> None:
+        (d / "trainable.safetensors").write_text(tag)
+
+    CheckpointStore(root).write(CheckpointPath("m", "weights", "w"), fill, {"tag": tag})
+    return 0
+
+
 def record_takes(path: str) -> None:
     """Append the admission ids of every batch the async buffer hands to training to ``path``
     (``{"pid", "ids"}`` a line), flushed at once: what a killed run trained survives it."""
@@ -138,6 +181,8 @@ if __name__ == "__main__":
     install(point, int(nth), marker)
     if takes := os.environ.get("RELAYRL_RECORD_TAKES"):
         record_takes(takes)
+    if argv[0] == "tinker-store":
+        sys.exit(tinker_store(*argv[1:]))
     from relayrl.cli import main
 
     sys.exit(main(argv))

@@ -439,6 +439,41 @@ def gather(results: list[Any]) -> Any:
     return first
 
 
+ERROR_GRACE_S = 5.0
+"""After one rank's call failed: how long the others are waited for, so that their errors are
+read too (a rank that fails alike, e.g. every rank's ``ShardedWriteError``, is done within it;
+one stuck in a collective is not waited for)."""
+
+
+def get_all(refs: list[Any]) -> list[Any]:
+    """``ray.get`` of every rank's ref, in rank order. On the first failure (as soon as it
+    comes: ``ray.get`` of the list fails fast too) the other ranks get ``ERROR_GRACE_S`` to
+    finish and their results are read; then the lowest failed rank's error is raised. (Read
+    once: an error left unread, as ``ray.get`` of the list leaves the others, is logged by Ray
+    as an ``Unhandled error`` with its traceback after the run's one line.)"""
+    index = {ref: i for i, ref in enumerate(refs)}
+    out: list[Any] = [None] * len(refs)
+    errors: dict[int, Exception] = {}
+
+    def read(ready: list[Any]) -> None:
+        for ref in ready:
+            try:
+                out[index[ref]] = ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - raised below, the others read first
+                errors[index[ref]] = exc
+
+    pending = list(refs)
+    while pending and not errors:
+        ready, pending = ray.wait(pending, num_returns=1)
+        read(ready)
+    if errors and pending:
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=ERROR_GRACE_S)
+        read(ready)
+    if errors:
+        raise errors[min(errors)]
+    return out
+
+
 class WorkerGroup:
     """The ranks (Ray actors) of one resource pool."""
 
@@ -454,7 +489,7 @@ class WorkerGroup:
         if mode == RANK_ZERO:
             return ray.get(self.hosts[0].call.remote(role, method, *args))
         if mode == BROADCAST:
-            return ray.get([h.call.remote(role, method, *args) for h in self.hosts])[0]
+            return get_all([h.call.remote(role, method, *args) for h in self.hosts])[0]
         if mode == DP_SPLIT:
             if self.size == 1:
                 return ray.get(self.hosts[0].call.remote(role, method, *args))
@@ -463,7 +498,7 @@ class WorkerGroup:
                 h.call.remote(role, method, s, *args[1:])
                 for h, s in zip(self.hosts, shards, strict=True)
             ]
-            return gather(ray.get(refs))
+            return gather(get_all(refs))
         raise ValueError(f"unknown dispatch mode {mode!r}")
 
 

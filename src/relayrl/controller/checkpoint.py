@@ -197,7 +197,12 @@ def write_failure(exc: BaseException, where: Path) -> str | None:
     """The cause of a failed write, in words (``No space left on device`` for a full disk), or
     None when ``exc`` is no I/O failure. Torch's zip writer and safetensors report ENOSPC as a
     RuntimeError / SafetensorError without an errno: their wording marks them, and the free
-    space under ``where`` tells a full disk from another fault."""
+    space under ``where`` tells a full disk from another fault. A Ray task's error (a sharded
+    role's ranks write in Ray workers) is judged by the worker's exception (its ``cause``), not
+    by its text, the worker's whole traceback."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        exc = cause
     if isinstance(exc, OSError):
         return exc.strerror or str(exc)
     if not isinstance(exc, Exception):

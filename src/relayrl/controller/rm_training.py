@@ -29,7 +29,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from relayrl.algos.preference_loss import bradley_terry_loss
 from relayrl.config import Threads
 from relayrl.data.preferences import PreferencePair, load_preferences, split_pairs
-from relayrl.model import load_tokenizer, save_model_atomic, set_threads
+from relayrl.model import (
+    finish_interrupted_save,
+    load_tokenizer,
+    save_model_atomic,
+    set_threads,
+)
 from relayrl.model.reward_model import (
     DTYPES,
     RM_STATS_FILE,
@@ -101,9 +106,15 @@ def evaluate_pairs(
 def train_reward_model(cfg: RMConfig, log: Any = print) -> dict[str, Any]:
     """Train with the Bradley-Terry loss, evaluate on held-out pairs, save to ``output_dir``.
 
+    The model is saved as ``relayrl sft``'s is (``save_model_atomic``: the old ``output_dir`` or
+    the new one, never half of one); what a run SIGKILLed in that save left is completed
+    first (``finish_interrupted_save``: its new model put in place), before anything can fail.
+
     Returns the figures written to ``relayrl_rm.json`` (``eval_accuracy``, ``eval_loss``,
     ``train_pairs``, ``skipped``, ``reward_mean``, ``reward_std``, ...).
     """
+    for line in finish_interrupted_save(cfg.output_dir):  # a save killed mid-way: completed
+        log(line)
     set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     data = load_preferences(cfg.train_path)

@@ -55,6 +55,7 @@ from relayrl.controller.checkpoint import (
 )
 from relayrl.controller.faults import RunDirError
 from relayrl.model import finish_interrupted_save
+from relayrl.model.atomic_dir import OLD_PREFIX
 
 __all__ = [
     "LOCK_FILE",
@@ -119,23 +120,25 @@ def _not_writable(path: Path, exc: OSError) -> RunDirError:
     return RunDirError(f"run directory {path} cannot be written ({exc.strerror or exc})")
 
 
-def _lock(path: Path) -> int:
-    """The locked descriptor of ``path/.lock``; RunDirError when another process holds it."""
-    lock = path / LOCK_FILE
+def _lock(path: Path, lock: Path | None = None, what: str = "run directory") -> int:
+    """The locked descriptor of ``lock`` (default ``path/.lock``); RunDirError when another
+    process holds it."""
+    lock = lock or path / LOCK_FILE
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        lock.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise _not_writable(path, exc) from exc
+        raise RunDirError(f"{what} {path} cannot be written ({exc.strerror or exc})") from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         os.close(fd)
         if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             raise _not_writable(path, exc) from exc
+        key = "output_dir" if what == "output directory" else "run_dir"
         raise RunDirError(
-            f"run directory {path} is in use by another relayrl run (pid {_holder(lock)}); wait "
-            "for it to end, or choose another run_dir=..."
+            f"{what} {path} is in use by another relayrl run (pid {_holder(lock)}); wait "
+            f"for it to end, or choose another {key}=..."
         ) from None
     try:  # the holder's pid, written at once: a process refused now can name it
         pid = f"{os.getpid()}\n".encode()
@@ -327,15 +330,46 @@ def claim_output_dir(
     (``checkpoint``; refused when there is none, or when ``steps`` asks for no more, unless
     the model of that last step is not in ``output_dir``: its save failed); then the
     directory that will receive the model must take a file (a read-only or impossible target
-    is refused now, not after the training)."""
+    is refused now, not after the training). The directory is locked as a run directory is
+    (a second ``relayrl sft`` on it, or its ``--resume``, is refused while this one runs), with
+    :func:`output_lock` beside it, until :meth:`RunDir.release`."""
     out = Path(output_dir)
-    try:  # a run killed in its final save: its checkpoints back in place first
-        recovered = finish_interrupted_save(out, keep=(CHECKPOINTS,))
-    except OSError as exc:
-        raise RunDirError(f"output directory {out} cannot be written ({exc.strerror})") from None
-    run = _resume_output(out, overwrite, steps) if resume else _claim_output(out, overwrite)
-    run.recovered = recovered
+    swapping = out.parent.is_dir() and any(out.parent.glob(f"{OLD_PREFIX}{out.name}_*"))
+    if resume and not out.is_dir() and not swapping:  # refused before anything is written
+        raise RunDirError(_nothing_to_resume(out, "does not exist", "output directory"))
+    fd = _lock_output(out)
+    try:
+        try:  # a run killed in its final save: its checkpoints back in place first
+            recovered = finish_interrupted_save(out, keep=(CHECKPOINTS,))
+        except OSError as exc:
+            raise RunDirError(
+                f"output directory {out} cannot be written ({exc.strerror})"
+            ) from None
+        run = _resume_output(out, overwrite, steps) if resume else _claim_output(out, overwrite)
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        raise
+    run.recovered, run._fd = recovered, fd
     return run
+
+
+def output_lock(out: Path) -> Path:
+    """The lock file of ``relayrl sft``'s ``output_dir``: ``.<name>.lock`` beside it, not in it
+    (the final save swaps the directory and ``--overwrite`` moves it aside: a lock file in it
+    would go with it, and another run could lock a new one meanwhile)."""
+    return out.parent / f".{out.name}.lock"
+
+
+def _lock_output(out: Path) -> int | None:
+    """The locked descriptor of :func:`output_lock`; None when ``out``'s parent cannot be made
+    (:func:`_claim_output` then refuses ``out`` with the reason)."""
+    above = out.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        return None
+    return _lock(out, output_lock(out), "output directory")
 
 
 def _claim_output(out: Path, overwrite: bool) -> RunDir:

@@ -1,5 +1,6 @@
 """Models: load any local Hugging Face causal LM, critics, per-token logprobs, tiny builder."""
 
+from relayrl.model.atomic_dir import finish_interrupted_save, write_dir_atomic
 from relayrl.model.batching import TokenBatch, forward_logprobs, forward_values, pack_batch
 from relayrl.model.loading import (
     CONTEXT_KEYS,
@@ -8,7 +9,6 @@ from relayrl.model.loading import (
     check_model_dir,
     check_tokenizer_files,
     check_vocab_fits,
-    finish_interrupted_save,
     load_causal_lm,
     load_critic,
     load_tokenizer,
@@ -45,4 +45,5 @@ __all__ = [
     "save_model_atomic",
     "set_threads",
     "weights_problem",
+    "write_dir_atomic",
 ]

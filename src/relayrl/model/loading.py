@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +19,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from relayrl.model.atomic_dir import write_dir_atomic
 from relayrl.model.known_models import KNOWN_MODELS, resolve_model_path
 
 # Loading reports and shard progress bars are noise in an RL run's console.
@@ -286,91 +286,16 @@ def save_model_atomic(
     extra_files: Mapping[str, str] | None = None,
     keep: tuple[str, ...] = (),
 ) -> Path:
-    """``save_pretrained`` (model, tokenizer and ``extra_files`` name -> text) into a temp dir
-    next to ``out_dir``, then swap it in: a reader sees the old directory or the new one.
-    ``keep``: entries of the old directory carried into the new one (``relayrl sft``'s
-    ``checkpoints``), not removed with it. They move last, out of the old directory (renamed
-    ``.old_<name>_<pid>``) into the new one; a process killed in the swap leaves the old
-    directory, the new one and its kept entries for :func:`finish_interrupted_save`. A failed
-    write removes the temp dir and leaves ``out_dir`` as it was."""
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f"{TMP_PREFIX}{out.name}_{os.getpid()}"
-    try:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+    """``save_pretrained`` (model, tokenizer and ``extra_files`` name -> text) written as one
+    directory with :func:`relayrl.model.atomic_dir.write_dir_atomic`: a reader sees the old
+    directory or the new one; ``keep``: entries of the old one carried into the new one
+    (``relayrl sft``'s ``checkpoints``); a process killed in the swap leaves what
+    :func:`finish_interrupted_save` completes; a failed write leaves ``out_dir`` as it was."""
+
+    def fill(tmp: Path) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if not out.exists():
-        os.replace(tmp, out)
-        return out
-    old = out.parent / f"{OLD_PREFIX}{out.name}_{os.getpid()}"
-    os.replace(out, old)
-    os.replace(tmp, out)
-    _carry(old, out, keep)
-    shutil.rmtree(old, ignore_errors=True)
-    return out
 
-
-TMP_PREFIX, OLD_PREFIX = ".tmp_", ".old_"
-"""``save_model_atomic``'s siblings of ``out_dir``: the new directory being written, the old
-one being replaced (``<prefix><name>_<pid>``)."""
-
-
-def _carry(old: Path, out: Path, keep: tuple[str, ...]) -> None:
-    for name in keep:
-        if (old / name).exists() and not (out / name).exists():
-            os.rename(old / name, out / name)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def finish_interrupted_save(out_dir: str | Path, keep: tuple[str, ...] = ()) -> list[str]:
-    """Complete what a ``save_model_atomic`` killed mid-way left beside ``out_dir`` (only its
-    dead writers' leftovers: ``<prefix><name>_<pid>`` of no live process); return what was
-    done, in words. Killed after the old directory was renamed away: the new one (complete by
-    then) becomes ``out_dir``; then, or when killed after that, the old one's ``keep`` entries
-    move into ``out_dir`` and the rest of it is removed. A temp dir with no old directory
-    beside it was killed while being written: removed."""
-    out = Path(out_dir)
-    done: list[str] = []
-    if not out.parent.is_dir():
-        return done
-
-    def dead(prefix: str) -> dict[int, Path]:
-        found = {}
-        for p in out.parent.glob(f"{prefix}{out.name}_*"):
-            pid = p.name[len(prefix) + len(out.name) + 1 :]
-            if pid.isdigit() and not _pid_alive(int(pid)):
-                found[int(pid)] = p
-        return found
-
-    tmps = dead(TMP_PREFIX)
-    for pid, old in sorted(dead(OLD_PREFIX).items()):
-        if not out.exists() and pid in tmps:
-            os.replace(tmps.pop(pid), out)
-            done.append(f"completed the interrupted save of {out}")
-        elif not out.exists():
-            os.replace(old, out)
-            done.append(f"restored {out} from {old.name}")
-            continue
-        carried = [n for n in keep if (old / n).exists() and not (out / n).exists()]
-        _carry(old, out, keep)
-        done += [f"recovered {out / n} from an interrupted save" for n in carried]
-        shutil.rmtree(old, ignore_errors=True)
-    for tmp in tmps.values():
-        shutil.rmtree(tmp, ignore_errors=True)
-    return done
+    return write_dir_atomic(out_dir, fill, keep)

@@ -7,8 +7,11 @@ Layout under the service's state directory (``--state-dir``)::
                                          (adapter merged; ``from_pretrained`` loads it) + meta.json
 
 A checkpoint is written into a temporary sibling directory and renamed into place (after an
-fsync of its files), so a reader, or a service killed mid-write, sees the old checkpoint or the
-new one, never half of one. ``tinker://<model_id>/weights/<name>`` names the first kind,
+fsync of its files) by ``relayrl.model.atomic_dir.write_dir_atomic``, the save of ``relayrl
+sft``'s model too: a reader sees the old checkpoint or the new one, never half of one, and a
+service killed between renaming the old one away and the new one in has it put in place when
+it starts again (:meth:`CheckpointStore.finish_interrupted`).
+``tinker://<model_id>/weights/<name>`` names the first kind,
 ``tinker://<model_id>/sampler_weights/<name>`` the second.
 """
 
@@ -25,6 +28,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from relayrl.model.atomic_dir import (
+    finish_interrupted_saves,
+    fsync_dir,
+    pid_alive,
+    write_dir_atomic,
+)
 
 KINDS = {"weights": "training", "sampler_weights": "sampler"}
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -65,21 +75,29 @@ def check_name(name: str) -> str:
     return name
 
 
-def _fsync_dir(d: Path) -> None:
-    """Make the renames inside directory ``d`` durable (fsync of the directory itself)."""
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class CheckpointStore:
     """The checkpoints of every model of a service, under one directory."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        self.recovered = self.finish_interrupted()
+
+    def finish_interrupted(self) -> list[str]:
+        """Complete the checkpoint writes a killed service left (``finish_interrupted_save``:
+        a checkpoint renamed away and its replacement not yet renamed in is put back in
+        place; a checkpoint a killed delete had renamed aside, ``.deleted_<name>_<pid>_*``, is
+        removed); what was done, in words."""
+        done = []
+        for model in sorted(d for d in self.root.iterdir() if d.is_dir()):
+            for kind in KINDS:
+                done += finish_interrupted_saves(model / kind)
+                for aside in sorted((model / kind).glob(".deleted_*")):  # a killed delete
+                    pid = aside.name.rsplit("_", 2)[-2]
+                    if pid.isdigit() and not pid_alive(int(pid)):
+                        shutil.rmtree(aside, ignore_errors=True)
+                        done.append(f"removed {aside.name}, left by an interrupted delete")
+        return done
 
     def dir_of(self, path: CheckpointPath) -> Path:
         return self.root / path.model_id / path.kind / path.name
@@ -87,26 +105,14 @@ class CheckpointStore:
     def write(
         self, path: CheckpointPath, fill: Callable[[Path], None], meta: dict[str, Any]
     ) -> Path:
-        """``fill(tmp_dir)`` writes the files; then meta.json, fsync, and the atomic swap."""
-        out = self.dir_of(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.parent / f".tmp_{path.name}_{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        fill(tmp)
-        (tmp / "meta.json").write_text(json.dumps({**meta, "time": time.time()}, indent=1))
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        if out.exists():
-            old = out.parent / f".old_{path.name}_{os.getpid()}"
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-        _fsync_dir(out.parent)
-        return out
+        """``fill(tmp_dir)`` writes the files, then meta.json; the swap is
+        :func:`relayrl.model.atomic_dir.write_dir_atomic`'s (fsync, then rename)."""
+
+        def write_all(tmp: Path) -> None:
+            fill(tmp)
+            (tmp / "meta.json").write_text(json.dumps({**meta, "time": time.time()}, indent=1))
+
+        return write_dir_atomic(self.dir_of(path), write_all)
 
     def read(self, path: CheckpointPath) -> tuple[Path, dict[str, Any]]:
         """The checkpoint's directory and its meta.json; a missing one is a CheckpointError."""
@@ -139,7 +145,7 @@ class CheckpointStore:
         d = self.deletable(path)
         aside = d.parent / f".deleted_{path.name}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
         os.replace(d, aside)
-        _fsync_dir(d.parent)
+        fsync_dir(d.parent)
         shutil.rmtree(aside, ignore_errors=True)
 
     def list(self, model_id: str) -> list[dict[str, Any]]:

@@ -209,16 +209,57 @@ def save_sharded(out_dir: str | Path, roles: Mapping[str, Any]) -> Path:
     """Save ``roles`` (name -> trainable worker with ``model``, ``optimizer``, ``scheduler``,
     ``generator``) as a sharded checkpoint in ``out_dir``."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    dcp.save(_sharded_state(roles), checkpoint_id=str(out))
+    agree(out, lambda: out.mkdir(parents=True, exist_ok=True))
+    agree(out, lambda: dcp.save(_sharded_state(roles), checkpoint_id=str(out)))
     extra = {
         name: {"scheduler": w.scheduler.state_dict(), "generator": w.generator.get_state()}
         for name, w in roles.items()
     }
-    torch.save(extra, out / f"rank_{_rank()}.pt")
-    if dist.is_initialized():
-        dist.barrier()
+    agree(out, lambda: torch.save(extra, out / f"rank_{_rank()}.pt"))
     return out
+
+
+class ShardedWriteError(OSError):
+    """Some rank could not write its part of a sharded checkpoint: raised on every rank alike
+    (``strerror``: the rank, the folder and the cause, one line)."""
+
+
+def _cause(exc: BaseException, rank: int) -> tuple[int, int | None, str]:
+    """The failed rank, errno and first line of ``exc``; of the first failed rank's exception
+    when it is DCP's ``CheckpointException`` (a BaseException raised on every rank, whose text
+    is every failed rank's traceback)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, inner = next(iter(sorted(failures.items())))
+        exc = inner[0] if isinstance(inner, tuple) else inner
+    if isinstance(exc, OSError):
+        return rank, exc.errno, exc.strerror or str(exc)
+    text = str(exc).strip()
+    return rank, None, text.splitlines()[0] if text else type(exc).__name__
+
+
+def agree(out: Path, write: Callable[[], object]) -> None:
+    """Run ``write`` on this rank, then learn every rank's outcome (``all_gather_object``): a
+    failure on any rank raises the same :class:`ShardedWriteError` on every rank, so none is
+    left waiting in the next collective (the gloo / NCCL timeout, 30 minutes by default)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    err: BaseException | None = None
+    try:
+        write()
+    except (Exception, CheckpointException) as exc:
+        err = exc
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    mine = None if err is None else _cause(err, _rank())
+    outcomes: list[tuple[int, int | None, str] | None] = [mine] * world
+    if world > 1:
+        dist.all_gather_object(outcomes, mine)
+    for cause in outcomes:
+        if cause is not None:
+            rank, code, words = cause
+            raise ShardedWriteError(
+                code or 0, f"rank {rank} could not write its part of {out.name}: {words}"
+            ) from err
 
 
 def load_sharded(in_dir: str | Path, roles: Mapping[str, Any]) -> None:
