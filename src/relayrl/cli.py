@@ -117,7 +117,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     for bad, problem, kept in claim.corrupt:
         print(f"checkpoint {bad} cannot be read ({problem}); kept as {kept.name}")
     with claim:  # output_dir locked until the model is saved
-        out = run_sft(cfg, resume_from=claim.checkpoint, save_on_signal=True)
+        out = run_sft(cfg, resume_from=claim.checkpoint, save_on_signal=True, output_locked=True)
     loss = f" (final loss {out['sft/loss']:.4f})" if "sft/loss" in out else ""
     print(f"saved {cfg.output_dir}{loss}")
     return 0

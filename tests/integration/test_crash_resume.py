@@ -174,6 +174,34 @@ def test_a_sigkilled_async_run_resumes_without_training_an_admission_id_twice(ti
     assert _steps(run) == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
+def test_a_background_evaluation_pending_at_the_checkpoint_is_run_again_on_resume(tiny, tmp_path):
+    """``schedule=async``: the evaluation of step 2 runs beside training and is logged with a
+    later step's record; killed in step 3's update, after step 2's checkpoint, that record was
+    never written (or is dropped by the resume), and the resumed run from step 2 did not
+    evaluate step 2 again: its record was lost. Now the resume evaluates it again."""
+    run = tmp_path / "run"
+    config = write_config(tmp_path / "run.yaml", tiny, run)
+    over = ("reward.fn=tiny_runs:varied_reward", "train.save_every=2", "train.eval_every=2")
+    argv = train_argv(config, "train.steps=4", *over, "schedule=async")
+    kill_at("update", 3, argv, tmp_path)
+    assert latest_checkpoint(run).name == "step_000002"
+    assert not any("eval/at_step" in r for r in read_metrics(run))
+    proc = subprocess.run(  # point 0: never parks (a subprocess: tiny_runs on its path)
+        [sys.executable, str(HERE / "crash_points.py"), "update", "0", str(tmp_path / "never")]
+        + ["--", *argv, "--resume"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "evaluating step 2 again: its record was lost with the stopped run" in proc.stdout
+    again = [r for r in read_metrics(run) if "eval/at_step" in r]
+    assert [(r["eval/at_step"], r["eval/version_min"], r["eval/version_max"]) for r in again] == [
+        (2.0, 2.0, 2.0)  # once, on step 2's weights
+    ]
+    assert _steps(run) == [1, 2, 3, 4]
+
+
 def test_a_full_disk_in_sfts_final_save_is_one_line_and_resume_writes_the_model(
     tiny, tmp_path, capsys, monkeypatch
 ):

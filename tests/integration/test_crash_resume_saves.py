@@ -8,6 +8,7 @@ whole, and leaves no sibling directory behind."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from safetensors.torch import load_file
 
 from crash_points import kill_at
 from relayrl.cli import main
+from relayrl.controller.run_dir import claim_output_dir
 from relayrl.model import build_tiny_model
 from relayrl.tinker.checkpoints import CheckpointPath, CheckpointStore
 
@@ -41,7 +43,8 @@ def _rm_config(tmp: Path, tiny: Path, out: Path, *extra: str) -> list[str]:
 
 
 def _siblings(out: Path) -> list[str]:
-    return sorted(p.name for p in out.parent.iterdir() if p.name != out.name and "rm" in p.name)
+    skip = (out.name, f".{out.name}.lock")  # the output_dir lock stays, as sft's does
+    return sorted(p.name for p in out.parent.iterdir() if p.name not in skip and "rm" in p.name)
 
 
 def test_relayrl_rm_killed_in_its_save_has_the_new_model_put_in_place(tiny, tmp_path, capsys):
@@ -59,6 +62,28 @@ def test_relayrl_rm_killed_in_its_save_has_the_new_model_put_in_place(tiny, tmp_
     a, b = load_file(straight / "model.safetensors"), load_file(out / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert json.loads((out / "relayrl_rm.json").read_text())["steps"] == 2
+    # its curves came with it: written into the new directory before the swap (they were
+    # written after it, into the model directory, so a kill in the swap lost them)
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 2]  # the two training steps, then the held-out figures
+
+
+def test_relayrl_rm_on_an_output_directory_in_use_is_refused(tiny, tmp_path, capsys):
+    """``relayrl rm`` locks its ``output_dir`` as ``relayrl sft`` does (it took no lock: two
+    runs wrote one directory): refused in one line naming the holder, nothing written."""
+    out = tmp_path / "rm"
+    with claim_output_dir(out):  # held as a running `relayrl sft` holds it
+        assert main(_rm_config(tmp_path, tiny, out, "steps=1")) != 0
+    err = capsys.readouterr().err
+    assert f"output directory {out} is in use by another relayrl run (pid {os.getpid()})" in err
+    assert not out.exists()
+    assert main(_rm_config(tmp_path, tiny, out, "steps=1")) in (0, None)  # released: goes ahead
+    assert (out / "metrics.jsonl").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir() if "rm" in p.name) == [
+        ".rm.lock",
+        "rm",
+        "rm.yaml",
+    ]
 
 
 def test_a_tinker_checkpoint_killed_in_its_save_is_in_place_when_the_service_starts(tmp_path):

@@ -278,3 +278,25 @@ def test_a_second_sft_claim_on_a_held_output_directory_is_refused(tmp_path):
 class _Saver:
     def save_pretrained(self, path: Path) -> None:
         (Path(path) / "config.json").write_text("{}")
+
+
+def test_run_sft_called_directly_locks_its_output_directory(tiny, tmp_path):
+    """``run_sft`` takes ``output_dir``'s lock itself, so the labs' and the demo's SFT runs
+    (which call it directly, not through ``relayrl sft``) are refused while another run holds
+    it (they took none); ``relayrl sft`` holds it from its claim and is not refused by it."""
+    from relayrl.config import SFTConfig
+    from relayrl.controller.sft import run_sft
+
+    out = tmp_path / "sft"
+    cfg = SFTConfig(
+        model_path=str(tiny), output_dir=str(out), steps=1, batch_size=2, num_examples=4
+    )
+    cfg = cfg.model_copy(update={"threads": 1, "progress": False, "warmup_steps": 0})
+    with claim_output_dir(out):  # held as a running `relayrl sft` holds it
+        with pytest.raises(RunDirError, match=f"output directory {out} is in use by another"):
+            run_sft(cfg)
+    assert not out.exists()
+    run_sft(cfg)  # released: goes ahead, and releases it at the end
+    assert (out / "config.json").is_file()
+    with claim_output_dir(out, overwrite=True):
+        pass

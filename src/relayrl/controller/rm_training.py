@@ -21,6 +21,7 @@ import json
 import math
 import random
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -28,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from relayrl.algos.preference_loss import bradley_terry_loss
 from relayrl.config import Threads
+from relayrl.controller.run_dir import output_dir_locked
 from relayrl.data.preferences import PreferencePair, load_preferences, split_pairs
 from relayrl.model import (
     finish_interrupted_save,
@@ -110,9 +112,20 @@ def train_reward_model(cfg: RMConfig, log: Any = print) -> dict[str, Any]:
     the new one, never half of one); what a run SIGKILLed in that save left is completed
     first (``finish_interrupted_save``: its new model put in place), before anything can fail.
 
+    ``output_dir`` is locked for the whole run as ``relayrl sft``'s is
+    (``relayrl.controller.run_dir.output_dir_locked``: ``.<name>.lock`` beside it): a second
+    ``relayrl rm`` on it is refused in one line naming the holder. The per-step curves
+    (``metrics.jsonl``, TensorBoard when enabled) are written into the new directory before
+    it is swapped in: the model and its curves land together.
+
     Returns the figures written to ``relayrl_rm.json`` (``eval_accuracy``, ``eval_loss``,
     ``train_pairs``, ``skipped``, ``reward_mean``, ``reward_std``, ...).
     """
+    with output_dir_locked(cfg.output_dir):
+        return _train(cfg, log)
+
+
+def _train(cfg: RMConfig, log: Any) -> dict[str, Any]:
     for line in finish_interrupted_save(cfg.output_dir):  # a save killed mid-way: completed
         log(line)
     set_threads(cfg.threads)
@@ -202,17 +215,22 @@ def train_reward_model(cfg: RMConfig, log: Any = print) -> dict[str, Any]:
     }
     if truncated:
         log(f"truncated {truncated} inputs to their last {cfg.max_length} tokens")
+
+    def curves(tmp: Path) -> None:  # per-step curves, in the new directory before the swap
+        with MetricsLogger(
+            tmp, tensorboard=cfg.tensorboard, resume_step=-1, run_name=Path(cfg.output_dir).name
+        ) as logger:
+            for i, rec in enumerate(history, start=1):
+                logger.log(i, rec)
+            logger.log(
+                steps, {"rm/eval_accuracy": held_out["accuracy"], "rm/eval_loss": held_out["loss"]}
+            )
+
     save_model_atomic(
         model,
         tokenizer,
         cfg.output_dir,
         extra_files={RM_STATS_FILE: json.dumps(result, indent=2) + "\n"},
+        fill_more=curves,
     )
-    # Per-step curves next to the model (metrics.jsonl, TensorBoard when enabled).
-    with MetricsLogger(cfg.output_dir, tensorboard=cfg.tensorboard, resume_step=-1) as logger:
-        for i, rec in enumerate(history, start=1):
-            logger.log(i, rec)
-        logger.log(
-            steps, {"rm/eval_accuracy": held_out["accuracy"], "rm/eval_loss": held_out["loss"]}
-        )
     return result

@@ -37,6 +37,8 @@ import errno
 import fcntl
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -65,6 +67,7 @@ __all__ = [
     "claim_output_dir",
     "claim_run_dir",
     "config_changes",
+    "output_dir_locked",
     "record_config",
 ]
 
@@ -359,6 +362,20 @@ def output_lock(out: Path) -> Path:
     (the final save swaps the directory and ``--overwrite`` moves it aside: a lock file in it
     would go with it, and another run could lock a new one meanwhile)."""
     return out.parent / f".{out.name}.lock"
+
+
+@contextmanager
+def output_dir_locked(output_dir: str | Path) -> Iterator[None]:
+    """``output_dir`` locked for the block as :func:`claim_output_dir` locks it (
+    :func:`output_lock` beside it): ``RunDirError`` naming the holder when another process
+    holds it. For the writers of a whole output directory that claim nothing else
+    (``relayrl rm``; ``run_sft`` called without ``relayrl sft``'s claim)."""
+    fd = _lock_output(Path(output_dir))
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # closing the descriptor drops the flock
 
 
 def _lock_output(out: Path) -> int | None:

@@ -37,6 +37,7 @@ from relayrl.controller.checkpoint import (
 from relayrl.controller.evaluate import greedy_pass_rate
 from relayrl.controller.faults import RunFault, RunInterrupted, StepGuard, signal_name
 from relayrl.controller.preflight import check_sft_lengths, check_sft_val_prompts
+from relayrl.controller.run_dir import output_dir_locked
 from relayrl.data import PromptRecord, SFTRecord, load_sft_jsonl
 from relayrl.data.prompt_format import FORMAT_FILE, prompt_format
 from relayrl.data.prompts import arithmetic_task, load_prompts, render_prompt, tokenize_prompts
@@ -116,6 +117,7 @@ def run_sft(
     validate: Callable[[torch.nn.Module], float] | None = None,
     resume_from: Path | None = None,
     save_on_signal: bool = False,
+    output_locked: bool = False,
 ) -> dict[str, float]:
     """Fine-tune ``model_path`` and save it (HF format, atomically) to ``output_dir``.
 
@@ -136,7 +138,17 @@ def run_sft(
     Before the first step (one-line errors): the tokenizer files and vocabulary
     (``load_tokenizer``), and every example and validation prompt against the model's context
     (``relayrl.controller.preflight``). Progress goes to the console as a bar on a terminal,
-    as plain lines every ``$RELAYRL_PROGRESS_INTERVAL_S`` seconds otherwise."""
+    as plain lines every ``$RELAYRL_PROGRESS_INTERVAL_S`` seconds otherwise.
+
+    ``output_dir`` is locked for the run (``relayrl.controller.run_dir.output_dir_locked``,
+    ``.<name>.lock`` beside it; ``RunDirError`` naming the holder when another process holds
+    it), unless ``output_locked``: the caller holds that lock already (``relayrl sft``, by
+    ``claim_output_dir``; a second lock in one process would refuse the first)."""
+    if not output_locked:
+        with output_dir_locked(cfg.output_dir):
+            return run_sft(
+                cfg, exclude_prompts, validate, resume_from, save_on_signal, output_locked=True
+            )
     set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.model_path)

@@ -255,6 +255,9 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
                 logger.log(0, first_eval)
             final["eval_before"] = first_eval.get("eval/pass_rate")
             schedule.start(start, schedule_state)
+            if background is not None and _eval_lost(cfg, start, logger.history):
+                print(f"evaluating step {start} again: its record was lost with the stopped run")
+                background.start(start)  # the checkpoint's weights, logged when it finished
             with StepProgress(
                 cfg.train.steps,
                 f"{cfg.algo.name} ({cfg.schedule})",
@@ -329,6 +332,17 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
     final.update(stats)
     final["eval_after"] = last_eval["eval/pass_rate"]
     return final
+
+
+def _eval_lost(cfg: RunConfig, start: int, history: list[dict[str, Any]]) -> bool:
+    """Whether the background evaluation of the checkpointed step ``start`` was due
+    (``train.eval_every``, before the last step) and its record is not in ``history`` (the
+    records up to ``start``): it was still running, or finished after ``start``, when the run
+    stopped, and the resume dropped the later record that would have held it."""
+    every = cfg.train.eval_every
+    if not every or start <= 0 or start % every or start >= cfg.train.steps:
+        return False
+    return not any(r.get("eval/at_step") == start for r in history)
 
 
 def _close_quietly(schedule: Any, timeline: Timeline, logger: MetricsLogger, run_dir: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -285,17 +285,22 @@ def save_model_atomic(
     out_dir: str | Path,
     extra_files: Mapping[str, str] | None = None,
     keep: tuple[str, ...] = (),
+    fill_more: Callable[[Path], None] | None = None,
 ) -> Path:
     """``save_pretrained`` (model, tokenizer and ``extra_files`` name -> text) written as one
     directory with :func:`relayrl.model.atomic_dir.write_dir_atomic`: a reader sees the old
     directory or the new one; ``keep``: entries of the old one carried into the new one
-    (``relayrl sft``'s ``checkpoints``); a process killed in the swap leaves what
-    :func:`finish_interrupted_save` completes; a failed write leaves ``out_dir`` as it was."""
+    (``relayrl sft``'s ``checkpoints``); ``fill_more(tmp)``: writes more files into the new
+    directory before the swap (``relayrl rm``'s ``metrics.jsonl``: in place with the model or
+    not at all); a process killed in the swap leaves what :func:`finish_interrupted_save`
+    completes; a failed write leaves ``out_dir`` as it was."""
 
     def fill(tmp: Path) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
+        if fill_more is not None:
+            fill_more(tmp)
 
     return write_dir_atomic(out_dir, fill, keep)
