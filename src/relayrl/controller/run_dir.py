@@ -123,9 +123,11 @@ def _not_writable(path: Path, exc: OSError) -> RunDirError:
     return RunDirError(f"run directory {path} cannot be written ({exc.strerror or exc})")
 
 
-def _lock(path: Path, lock: Path | None = None, what: str = "run directory") -> int:
+def _lock(
+    path: Path, lock: Path | None = None, what: str = "run directory", key: str = "run_dir"
+) -> int:
     """The locked descriptor of ``lock`` (default ``path/.lock``); RunDirError when another
-    process holds it."""
+    process holds it (naming ``what`` it is and the config ``key`` to choose another)."""
     lock = lock or path / LOCK_FILE
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
@@ -138,7 +140,6 @@ def _lock(path: Path, lock: Path | None = None, what: str = "run directory") -> 
         os.close(fd)
         if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             raise _not_writable(path, exc) from exc
-        key = "output_dir" if what == "output directory" else "run_dir"
         raise RunDirError(
             f"{what} {path} is in use by another relayrl run (pid {_holder(lock)}); wait "
             f"for it to end, or choose another {key}=..."
@@ -386,7 +387,7 @@ def _lock_output(out: Path) -> int | None:
         above = above.parent
     if not above.is_dir():
         return None
-    return _lock(out, output_lock(out), "output directory")
+    return _lock(out, output_lock(out), "output directory", "output_dir")
 
 
 def _claim_output(out: Path, overwrite: bool) -> RunDir:
