@@ -8,8 +8,12 @@ SamplingParams -> relayrl's: ``temperature`` (0 = greedy; < 0 a user error), ``t
 ``i`` of ``num_samples`` gets ``seed + i``). ``stop``: token ids replace the default stop (EOS);
 ``[]`` disables every stop, EOS included; strings are matched on the decoded text after
 generation (EOS still stops) and the sequence is cut after the first token that completes
-one. Logprobs are the engine's behaviour logprobs: the sampled token under the distribution it
-was drawn from (temperature-scaled; at temperature 1 the trainer's recompute, within fp32).
+one. A prompt longer than the context is a user error; one exactly as long is served only
+with its prompt logprobs asked for (``compute_logprobs``: the prompt's forward needs no room),
+its ``num_samples`` sequences empty (stop reason ``length``), else a user error (no room to
+sample). Logprobs are the engine's behaviour logprobs: the sampled token under the
+distribution it was drawn from (temperature-scaled; at temperature 1 the trainer's recompute,
+within fp32).
 """
 
 from __future__ import annotations
@@ -81,13 +85,22 @@ def run_sample_jobs(
     requests: list[GenerationRequest] = []
     owners: list[int] = []
     rules: dict[int, list[str]] = {}
+    prompt_only_jobs: set[int] = set()
     ctx = engine.max_model_len
     for j, job in enumerate(jobs):
         p = job.params
         try:
             if not job.prompt:
                 raise user_error("the prompt is empty")
-            if len(job.prompt) >= ctx:
+            if len(job.prompt) > ctx:
+                raise user_error(
+                    f"the prompt has {len(job.prompt)} tokens, longer than the model's "
+                    f"context of {ctx}"
+                )
+            # a prompt that fills the context leaves no room to sample: served (no token
+            # generated) only when its prompt logprobs are asked for (compute_logprobs)
+            prompt_only = len(job.prompt) == ctx
+            if prompt_only and not job.prompt_logprobs:
                 raise user_error(
                     f"the prompt has {len(job.prompt)} tokens; the model's context is {ctx}, "
                     "leaving no room to sample"
@@ -108,7 +121,7 @@ def run_sample_jobs(
             room = ctx - len(job.prompt)
             max_tokens = p.get("max_tokens")
             max_tokens = room if max_tokens is None else min(int(max_tokens), room)
-            if max_tokens < 1:
+            if max_tokens < 1 and not prompt_only:
                 raise user_error(f"max_tokens must be >= 1, got {p.get('max_tokens')}")
             temperature = float(p.get("temperature", 1.0))
             if not temperature >= 0:  # NaN too
@@ -121,6 +134,9 @@ def run_sample_jobs(
             out[j] = e if isinstance(e, user_error) else user_error(str(e))
             continue
         rules[j] = strings
+        if prompt_only:
+            prompt_only_jobs.add(j)  # its num_samples sequences are empty: nothing generated
+            continue
         for i in range(job.num_samples):
             params = SamplingParams(
                 temperature=temperature if temperature > 0 else 1.0,
@@ -135,7 +151,7 @@ def run_sample_jobs(
             requests.append(GenerationRequest(list(job.prompt), params))
             owners.append(j)
     samples = engine.generate(requests) if requests else []
-    per_job: dict[int, list[Sample]] = {}
+    per_job: dict[int, list[Sample]] = {j: [] for j in rules}
     for j, s in zip(owners, samples, strict=True):
         per_job.setdefault(j, []).append(s)
     for j, group in per_job.items():
@@ -143,7 +159,8 @@ def run_sample_jobs(
         if errors:
             out[j] = user_error(errors[0])
             continue
-        seqs = []
+        seqs = [WireSequence([], [], False) for _ in range(jobs[j].num_samples)]
+        seqs = seqs if j in prompt_only_jobs else []
         for s in group:
             keep, by_string = _cut_at_stop(s, tokenizer, rules[j])
             seqs.append(
