@@ -144,10 +144,10 @@ def test_a_delete_behind_running_work_answers_and_happens_in_turn(
     started, release = threading.Event(), threading.Event()
     save_state = server.service.save_state
 
-    def held_save(model_id: str, name: str | None) -> dict[str, Any]:
+    def held_save(model_id: str, name: str | None, **kw: Any) -> dict[str, Any]:
         started.set()
         assert release.wait(60)
-        return save_state(model_id, name)
+        return save_state(model_id, name, **kw)
 
     monkeypatch.setattr(server.service, "save_state", held_save)
     monkeypatch.setattr(tinker_rest, "WAIT_S", 0.1)

@@ -1,5 +1,6 @@
-"""relayrl's Tinker service through the real ``tinker`` SDK: a prompt exactly as long as the
-context is scored by ``compute_logprobs``.
+"""relayrl's Tinker service through the real ``tinker`` SDK: a ``save_state`` name that exists
+is refused unless ``overwrite=True`` (Tinker's server answers 409 "already exists ... choose a
+different name"); a prompt exactly as long as the context is scored by ``compute_logprobs``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from relayrl.tinker.server import TinkerServer  # noqa: E402
 from relayrl.tinker.service import TinkerService  # noqa: E402
 
 KEY = "tml-relayrl-test"
+TOKENS = [5, 6, 14, 7, 18, 5, 9]
 CONTEXT = 64
 
 
@@ -44,6 +46,36 @@ def _logprobs(tc: Any, tokens: list[int]) -> np.ndarray:
     """The trainer's log p(tokens[i] | tokens[:i]), i >= 1."""
     out = tc.forward([_datum(tokens)], "cross_entropy").result()
     return np.asarray(out.loss_fn_outputs[0]["logprobs"].to_numpy())
+
+
+def _step(tc: Any) -> None:
+    tc.forward_backward([_datum(TOKENS)], "cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=0.1)).result()
+
+
+def test_save_state_refuses_an_existing_name_unless_overwrite(served: Any) -> None:
+    """Saving "s" again used to replace the checkpoint silently (a resumed run reusing a step
+    name lost the earlier state); now it fails as a user error and leaves "s" as it was;
+    ``overwrite=True`` replaces it (one checkpoint "s", no half-written siblings)."""
+    client, base, server = served
+    tc = client.create_lora_training_client(base_model=str(base), rank=4, seed=1).result()
+    path = tc.save_state("s").result().path
+    saved = _logprobs(tc, TOKENS)
+    _step(tc)
+    trained = _logprobs(tc, TOKENS)
+    assert not np.allclose(saved, trained, atol=1e-3)
+    with pytest.raises(tinker.RequestFailedError, match="'s' already exists.*overwrite=True"):
+        tc.save_state("s").result()
+    kept = client.create_training_client_from_state(path).result()
+    np.testing.assert_array_equal(_logprobs(kept, TOKENS), saved)
+    assert tc.save_state("s", overwrite=True).result().path == path
+    replaced = client.create_training_client_from_state(path).result()
+    np.testing.assert_array_equal(_logprobs(replaced, TOKENS), trained)
+    rest = tinker.RestClient(base_url=server.base_url(), api_key=KEY)
+    listed = rest.list_checkpoints(tc.model_id).result().checkpoints
+    assert [c.tinker_path for c in listed] == [path]
+    weights_dir = server.service.store.root / tc.model_id / "weights"
+    assert sorted(p.name for p in weights_dir.iterdir()) == ["s"]
 
 
 def test_a_prompt_as_long_as_the_context_is_scored(served: Any) -> None:

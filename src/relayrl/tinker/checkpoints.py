@@ -114,6 +114,17 @@ class CheckpointStore:
 
         return write_dir_atomic(self.dir_of(path), write_all)
 
+    def check_free(self, path: CheckpointPath, replace: str) -> None:
+        """A CheckpointError (a user error) if the checkpoint is there (its meta.json, written
+        last, is): Tinker refuses a name saved already (its server answers 409 "Checkpoint
+        ... already exists ... choose a different name"); ``replace``: the call that would
+        replace it, named in the message."""
+        if (self.dir_of(path) / "meta.json").is_file():
+            raise CheckpointError(
+                f"checkpoint {path.name!r} already exists for model {path.model_id} in "
+                f"{path.kind} ({path.uri}); choose a different name, or {replace} to replace it"
+            )
+
     def read(self, path: CheckpointPath) -> tuple[Path, dict[str, Any]]:
         """The checkpoint's directory and its meta.json; a missing one is a CheckpointError."""
         d = self.dir_of(path)

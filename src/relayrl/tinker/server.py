@@ -236,7 +236,8 @@ class TinkerServer:
         @app.post("/api/v1/save_weights")
         async def save_weights(body: dict[str, Any]) -> dict[str, Any]:
             mid, name = str(body["model_id"]), body.get("path")
-            return future(lambda: svc.save_state(mid, name), model_id=mid)
+            overwrite = bool(body.get("overwrite", False))
+            return future(lambda: svc.save_state(mid, name, overwrite=overwrite), model_id=mid)
 
         @app.post("/api/v1/load_weights")
         async def load_weights(body: dict[str, Any]) -> dict[str, Any]:

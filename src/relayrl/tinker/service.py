@@ -3,8 +3,7 @@
 Every method here runs in the service's single worker thread (:mod:`relayrl.tinker.worker`),
 one request at a time in arrival order, so a model is never trained and read at once and the
 engine (single-threaded) has one caller. A user error (unknown model, a datum longer than the
-context, shapes that differ, a bad checkpoint path) raises :class:`UserError`; the HTTP layer
-turns it into the SDK's failed-request answer.
+context, a bad checkpoint path, ...) raises :class:`UserError`: the SDK's failed request.
 
 Training models. ``create_model`` with a LoRA rank > 0 wraps a private copy of the base model
 in ``peft`` adapters (relayrl's :func:`relayrl.model.lora.apply_lora`, alpha = 32, on the
@@ -392,9 +391,13 @@ class TinkerService:
             "user_metadata": tm.user_metadata,
         }
 
-    def save_state(self, model_id: str, name: str | None) -> dict[str, Any]:
+    def save_state(
+        self, model_id: str, name: str | None, overwrite: bool = False
+    ) -> dict[str, Any]:
         tm = self.model(model_id)
         path = CheckpointPath(model_id, "weights", check_name(name or f"step-{tm.steps:06d}"))
+        if not overwrite:  # as Tinker: a name saved already is refused
+            self.store.check_free(path, "save_state(name, overwrite=True)")
 
         def fill(d: Path) -> None:
             trainable = {
