@@ -1,10 +1,14 @@
 """relayrl's Tinker service through the real ``tinker`` SDK: a ``save_state`` name that exists
 is refused unless ``overwrite=True`` (Tinker's server answers 409 "already exists ... choose a
-different name"); a prompt exactly as long as the context is scored by ``compute_logprobs``.
+different name"); a sampler path saved again serves the old weights to the sample requests
+sent before the save and the new ones to those sent after it, whatever the worker's queue
+holds; a prompt exactly as long as the context is scored by ``compute_logprobs``.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -76,6 +80,61 @@ def test_save_state_refuses_an_existing_name_unless_overwrite(served: Any) -> No
     assert [c.tinker_path for c in listed] == [path]
     weights_dir = server.service.store.root / tc.model_id / "weights"
     assert sorted(p.name for p in weights_dir.iterdir()) == ["s"]
+
+
+def test_a_sampler_path_saved_again_serves_requests_in_the_order_they_were_sent(
+    served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker is held (in an optim_step) while three requests queue behind it: a
+    compute_logprobs on the "latest" sampler, save_weights_for_sampler("latest") of the
+    stepped weights, a second compute_logprobs. The first is served the old "latest", the
+    second the new one (the worker used to take every queued sample request at once, ahead
+    of the save: both got the old weights)."""
+    client, base, server = served
+    tc = client.create_lora_training_client(base_model=str(base), rank=4, seed=5).result()
+    path = tc.save_weights_for_sampler("latest").result().path
+    sampler = client.create_sampling_client(model_path=path).result()
+    old = _logprobs(tc, TOKENS)
+    tc.forward_backward([_datum(TOKENS)], "cross_entropy").result()
+
+    queued: queue.Queue[str] = queue.Queue()
+    submit = server.worker.submit
+
+    def noting_submit(*args: Any, **kwargs: Any) -> str:
+        rid = submit(*args, **kwargs)
+        queued.put(rid)
+        return rid
+
+    started, release = threading.Event(), threading.Event()
+    optim_step = server.service.optim_step
+
+    def held_step(model_id: str, adam: dict[str, Any]) -> dict[str, Any]:
+        started.set()
+        assert release.wait(60)
+        return optim_step(model_id, adam)
+
+    monkeypatch.setattr(server.worker, "submit", noting_submit)
+    monkeypatch.setattr(server.service, "optim_step", held_step)
+    prompt = types.ModelInput.from_ints(TOKENS)
+    try:
+        step = tc.optim_step(types.AdamParams(learning_rate=0.1))
+        queued.get(timeout=60)
+        assert started.wait(60)  # the worker is in the step; what follows queues behind it
+        before = sampler.compute_logprobs(prompt)
+        queued.get(timeout=60)
+        saved = tc.save_weights_for_sampler("latest")
+        queued.get(timeout=60)
+        after = sampler.compute_logprobs(prompt)
+        queued.get(timeout=60)
+        assert server.worker.queued() == 3
+    finally:
+        release.set()
+    step.result()
+    assert saved.result().path == path
+    new = _logprobs(tc, TOKENS)
+    assert not np.allclose(old, new, atol=1e-3)
+    np.testing.assert_allclose(before.result()[1:], old, atol=1e-4)
+    np.testing.assert_allclose(after.result()[1:], new, atol=1e-4)
 
 
 def test_a_prompt_as_long_as_the_context_is_scored(served: Any) -> None:

@@ -142,7 +142,8 @@ def register_rest_routes(app: FastAPI, server: RestHost) -> None:
             svc.store.deletable(path)
         except CheckpointError as e:
             return error(404, str(e))
-        rid = worker.submit(lambda: delete_checkpoint(svc, uri))
+        # a barrier: a sample request sent after the delete does not run ahead of it
+        rid = worker.submit(lambda: delete_checkpoint(svc, uri), barrier=True)
         result = await worker.wait(rid, WAIT_S)
         if result is None:  # queued behind running work: deleted when its turn comes
             return None

@@ -157,9 +157,10 @@ class TinkerServer:
             fn: Any = None,
             sample: SampleJob | None = None,
             model_id: str | None = None,
+            barrier: bool = False,
             **extra: Any,
         ) -> dict[str, Any]:
-            rid = worker.submit(fn, sample)
+            rid = worker.submit(fn, sample, barrier)
             return {"request_id": rid, "model_id": model_id, **extra}
 
         @app.get("/api/v1/healthz")
@@ -267,7 +268,9 @@ class TinkerServer:
                     )
                 return out
 
-            return future(save, model_id=mid)
+            # a named save changes what the samplers on its path serve: the sample requests
+            # sent after it wait for it (those sent before are served the old weights)
+            return future(save, model_id=mid, barrier=name is not None)
 
         @app.post("/api/v1/create_sampling_session")
         async def create_sampling_session(body: dict[str, Any]) -> dict[str, Any]:

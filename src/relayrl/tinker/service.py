@@ -467,8 +467,8 @@ class TinkerService:
 
     def save_for_sampler(self, model_id: str, name: str | None) -> dict[str, Any]:
         """Named: a sampler checkpoint (HF directory) whose path a sampling client can open;
-        saving under a name again replaces it, and every sampler on that path (older ones
-        included) serves the new weights from then on. Unnamed
+        saving under a name again replaces it: every sampler on the path serves the new weights
+        to the requests sent after the save (a worker barrier), the old to those before. Unnamed
         (``save_weights_and_get_sampling_client``): a sampler on these weights."""
         tm = self.model(model_id)
         state = self._merged(tm)

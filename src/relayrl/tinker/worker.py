@@ -5,7 +5,10 @@ queued here and answered at once with a request id (the SDK's ``UntypedAPIFuture
 then long-polls ``/api/v1/retrieve_future`` until the result is there. The queue is FIFO and
 unbounded: an overloaded service answers later, it never drops a request (the SDK keeps
 polling through ``try_again``). Queued sample requests are taken together, so requests sent
-concurrently (a group of rollouts) share one engine batch.
+concurrently (a group of rollouts) share one engine batch: a sample request runs ahead of the
+training jobs queued before it (they cannot change what a sampler serves), never ahead of a
+``barrier`` job (a named ``save_weights_for_sampler``, a delete), which can: a sample request
+is served by the weights its sampler's path names when the request arrives.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ class _Job:
     request_id: str
     fn: Callable[[], Result] | None
     sample: SampleJob | None
+    barrier: bool = False
+    """Sample jobs queued after this one wait for it (it changes what a sampler serves)."""
 
 
 class Worker:
@@ -50,16 +55,20 @@ class Worker:
         self._thread.start()
 
     def submit(
-        self, fn: Callable[[], Result] | None = None, sample: SampleJob | None = None
+        self,
+        fn: Callable[[], Result] | None = None,
+        sample: SampleJob | None = None,
+        barrier: bool = False,
     ) -> str:
-        """Queue a job (call from the event loop); its request id."""
+        """Queue a job (call from the event loop); its request id. ``barrier``: no sample job
+        queued after it runs before it."""
         loop = asyncio.get_running_loop()
         self._loop = loop
         rid = f"req-{next(self._ids)}"
         self._futures[rid] = loop.create_future()
         self._prune()
         with self._cv:
-            self._queue.append(_Job(rid, fn, sample))
+            self._queue.append(_Job(rid, fn, sample, barrier))
             self._cv.notify()
         return rid
 
@@ -104,10 +113,17 @@ class Worker:
                 # requests sent together reach the server a little apart: wait a moment
                 # for the rest of the group, so that they share one engine batch
                 self._cv.wait(SAMPLE_GATHER_S)
-            # sample jobs read sampler snapshots only: running the queued ones now, ahead of
-            # queued training jobs, changes no result
-            batch = [first] + [j for j in self._queue if j.sample is not None]
-            self._queue = deque(j for j in self._queue if j.sample is None)
+            # the sample jobs queued before the first barrier read what their samplers serve
+            # now: running them ahead of the training jobs between changes no result; those
+            # behind a barrier (a named sampler save, a delete) wait for it
+            batch, rest, behind = [first], deque[_Job](), False
+            for j in self._queue:
+                behind = behind or j.barrier
+                if j.sample is not None and not behind:
+                    batch.append(j)
+                else:
+                    rest.append(j)
+            self._queue = rest
             return batch
 
     def _run(self) -> None:
