@@ -300,3 +300,37 @@ def test_run_sft_called_directly_locks_its_output_directory(tiny, tmp_path):
     assert (out / "config.json").is_file()
     with claim_output_dir(out, overwrite=True):
         pass
+
+
+def test_run_sft_called_directly_completes_a_final_save_a_kill_interrupted(tiny, tmp_path, capsys):
+    """What an SFT run SIGKILLed between the two renames of its final save left (no
+    ``output_dir``; the new model in ``.tmp_sft_<pid>``, the old directory with its
+    ``checkpoints/`` in ``.old_sft_<pid>``) is completed by the next ``run_sft`` called
+    directly (the labs, ``relayrl demo``), as ``relayrl sft``'s claim completes it: nothing is
+    left hidden beside the output, the checkpoints are back in it."""
+    import subprocess
+    import sys
+
+    from relayrl.config import SFTConfig
+    from relayrl.controller.sft import run_sft
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    out = tmp_path / "sft"
+    old = tmp_path / f".old_sft_{dead.pid}"
+    (old / "checkpoints/step_000004").mkdir(parents=True)
+    (old / "checkpoints/step_000004/trainer_state.pt").write_bytes(b"")
+    (old / "config.json").write_text("{}")
+    new = tmp_path / f".tmp_sft_{dead.pid}"
+    new.mkdir()
+    (new / "config.json").write_text("{}")
+    cfg = SFTConfig(
+        model_path=str(tiny), output_dir=str(out), steps=1, batch_size=2, num_examples=4
+    )
+    run_sft(cfg.model_copy(update={"threads": 1, "progress": False, "warmup_steps": 0}))
+    said = capsys.readouterr().out
+    assert f"completed the interrupted save of {out}" in said
+    assert f"recovered {out}/checkpoints from an interrupted save" in said
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".sft.lock", "sft"]
+    assert (out / "checkpoints/step_000004/trainer_state.pt").is_file()
+    assert (out / "model.safetensors").is_file()  # the new run's model saved over it

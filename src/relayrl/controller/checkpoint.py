@@ -9,6 +9,10 @@ An FSDP2 role (``sharded`` True) keeps its parameters and optimizer state in
 HF export gathered bucket by bucket, loadable with plain ``from_pretrained``.
 A checkpoint is written into a temporary directory and renamed into place in one step, and
 ``latest`` is replaced atomically afterwards: an interrupted save never damages what is there.
+Both survive a power loss too, not only a killed process (``relayrl.model.atomic_dir``'s
+helpers): the checkpoint's files and directories are fsynced before its rename, ``checkpoints/``
+after it; ``latest`` is fsynced before its rename, ``checkpoints/`` again after it. So the
+checkpoint ``latest`` names is on disk before ``latest`` is.
 A save that fails removes its temporary directory; one that fails writing (an ``OSError``: disk
 full, read-only, I/O error; or the same fault as torch's zip writer or safetensors report it,
 e.g. ``unexpected pos 460032 vs 459920``) raises :class:`CheckpointWriteError` naming the
@@ -33,6 +37,7 @@ import torch
 
 from relayrl.controller.faults import CheckpointWriteError
 from relayrl.model import weights_problem
+from relayrl.model.atomic_dir import fsync_tree, mkdir_durable, replace_durable, write_file_durable
 from relayrl.model.lora import save_merged
 
 STATE_FILE = "trainer_state.pt"
@@ -132,10 +137,10 @@ def save_checkpoint(
     root = checkpoint_root(run_dir)
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}_{os.getpid()}"
-    latest_tmp = root / f".latest_{os.getpid()}"
+    latest_tmp = root / f".latest_{os.getpid()}"  # write_file_durable's temporary file
     placed = False  # the checkpoint renamed into place: complete, whatever fails after
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        mkdir_durable(root)
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
@@ -146,13 +151,12 @@ def save_checkpoint(
             write(tmp)
         state = {**trainer_state, "step": step, "rng": rng if rng is not None else rng_state()}
         torch.save(state, tmp / STATE_FILE)
-        _fsync_dir(tmp)
+        fsync_tree(tmp)
         if final.exists():
             shutil.rmtree(final)
-        os.replace(tmp, final)
+        replace_durable(tmp, final)
         placed = True
-        latest_tmp.write_text(final.name + "\n")
-        os.replace(latest_tmp, root / "latest")
+        write_file_durable(root / "latest", final.name + "\n")
     except BaseException as exc:
         reason = write_failure(exc, root)  # before the cleanup frees space
         shutil.rmtree(tmp, ignore_errors=True)
@@ -315,10 +319,3 @@ def _prune(root: Path, keep: int) -> None:
     )
     for old in done[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    for f in path.rglob("*"):
-        if f.is_file():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())

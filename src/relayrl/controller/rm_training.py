@@ -32,7 +32,6 @@ from relayrl.config import Threads
 from relayrl.controller.run_dir import output_dir_locked
 from relayrl.data.preferences import PreferencePair, load_preferences, split_pairs
 from relayrl.model import (
-    finish_interrupted_save,
     load_tokenizer,
     save_model_atomic,
     set_threads,
@@ -110,7 +109,8 @@ def train_reward_model(cfg: RMConfig, log: Any = print) -> dict[str, Any]:
 
     The model is saved as ``relayrl sft``'s is (``save_model_atomic``: the old ``output_dir`` or
     the new one, never half of one); what a run SIGKILLed in that save left is completed
-    first (``finish_interrupted_save``: its new model put in place), before anything can fail.
+    first, as soon as the lock is taken (``output_dir_locked``, which runs
+    ``finish_interrupted_save``: its new model put in place), before anything can fail.
 
     ``output_dir`` is locked for the whole run as ``relayrl sft``'s is
     (``relayrl.controller.run_dir.output_dir_locked``: ``.<name>.lock`` beside it): a second
@@ -121,13 +121,13 @@ def train_reward_model(cfg: RMConfig, log: Any = print) -> dict[str, Any]:
     Returns the figures written to ``relayrl_rm.json`` (``eval_accuracy``, ``eval_loss``,
     ``train_pairs``, ``skipped``, ``reward_mean``, ``reward_std``, ...).
     """
-    with output_dir_locked(cfg.output_dir):
+    with output_dir_locked(cfg.output_dir) as recovered:
+        for line in recovered:  # a save killed mid-way: completed
+            log(line)
         return _train(cfg, log)
 
 
 def _train(cfg: RMConfig, log: Any) -> dict[str, Any]:
-    for line in finish_interrupted_save(cfg.output_dir):  # a save killed mid-way: completed
-        log(line)
     set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     data = load_preferences(cfg.train_path)

@@ -343,12 +343,7 @@ def claim_output_dir(
         raise RunDirError(_nothing_to_resume(out, "does not exist", "output directory"))
     fd = _lock_output(out)
     try:
-        try:  # a run killed in its final save: its checkpoints back in place first
-            recovered = finish_interrupted_save(out, keep=(CHECKPOINTS,))
-        except OSError as exc:
-            raise RunDirError(
-                f"output directory {out} cannot be written ({exc.strerror})"
-            ) from None
+        recovered = _finish_save(out, (CHECKPOINTS,))  # a run killed in its final save
         run = _resume_output(out, overwrite, steps) if resume else _claim_output(out, overwrite)
     except BaseException:
         if fd is not None:
@@ -365,15 +360,29 @@ def output_lock(out: Path) -> Path:
     return out.parent / f".{out.name}.lock"
 
 
+def _finish_save(out: Path, keep: tuple[str, ...]) -> list[str]:
+    """What a writer of ``out`` killed in its final save left, completed
+    (``finish_interrupted_save``; ``keep``: what the save carries over, e.g. ``checkpoints/``),
+    in words; ``RunDirError`` when it cannot be. Only under ``out``'s lock."""
+    try:
+        return finish_interrupted_save(out, keep=keep)
+    except OSError as exc:
+        raise RunDirError(f"output directory {out} cannot be written ({exc.strerror})") from None
+
+
 @contextmanager
-def output_dir_locked(output_dir: str | Path) -> Iterator[None]:
+def output_dir_locked(output_dir: str | Path, keep: tuple[str, ...] = ()) -> Iterator[list[str]]:
     """``output_dir`` locked for the block as :func:`claim_output_dir` locks it (
     :func:`output_lock` beside it): ``RunDirError`` naming the holder when another process
-    holds it. For the writers of a whole output directory that claim nothing else
-    (``relayrl rm``; ``run_sft`` called without ``relayrl sft``'s claim)."""
-    fd = _lock_output(Path(output_dir))
+    holds it. Then, as the claim does, what a run killed in its final save left beside it is
+    completed (its new directory put in place, ``keep``'s entries carried back): the lines
+    saying so are what the block gets. For the writers of a whole output directory that claim
+    nothing else (``relayrl rm``; ``run_sft`` called without ``relayrl sft``'s claim: the labs,
+    ``relayrl demo``)."""
+    out = Path(output_dir)
+    fd = _lock_output(out)
     try:
-        yield
+        yield _finish_save(out, keep)
     finally:
         if fd is not None:
             os.close(fd)  # closing the descriptor drops the flock

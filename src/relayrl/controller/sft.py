@@ -55,6 +55,9 @@ from relayrl.telemetry import StepProgress
 from relayrl.workers.optim import make_optimizer
 from relayrl.workers.reward import RewardWorker
 
+KEEP = ("checkpoints",)
+"""What the final save carries from the old ``output_dir`` into the new one."""
+
 
 def sft_records(cfg: SFTConfig) -> list[SFTRecord]:
     if cfg.task == "jsonl":
@@ -142,10 +145,14 @@ def run_sft(
 
     ``output_dir`` is locked for the run (``relayrl.controller.run_dir.output_dir_locked``,
     ``.<name>.lock`` beside it; ``RunDirError`` naming the holder when another process holds
-    it), unless ``output_locked``: the caller holds that lock already (``relayrl sft``, by
-    ``claim_output_dir``; a second lock in one process would refuse the first)."""
+    it), and what a run killed in its final save left beside it is completed first (its new
+    model put in place, its ``checkpoints/`` carried back), unless ``output_locked``: the caller
+    holds that lock already and has done that (``relayrl sft``, by ``claim_output_dir``; a
+    second lock in one process would refuse the first)."""
     if not output_locked:
-        with output_dir_locked(cfg.output_dir):
+        with output_dir_locked(cfg.output_dir, keep=KEEP) as recovered:
+            for line in recovered:  # a run killed in its final save: completed first
+                print(line)
             return run_sft(
                 cfg, exclude_prompts, validate, resume_from, save_on_signal, output_locked=True
             )
@@ -241,7 +248,7 @@ def run_sft(
     fmt_used = prompt_format(tokenizer, fmt.chat_template, fmt.system_prompt)
     used = {FORMAT_FILE: json.dumps(fmt_used) + "\n"}
     try:
-        save_model_atomic(model, tokenizer, cfg.output_dir, used, keep=("checkpoints",))
+        save_model_atomic(model, tokenizer, cfg.output_dir, used, keep=KEEP)
     except Exception as exc:  # an OSError, or torch's / safetensors' wording of one
         reason = write_failure(exc, Path(cfg.output_dir))
         if reason is None:

@@ -10,6 +10,14 @@ model (``save_model_atomic``), ``relayrl models fetch``, the tinker service's ch
 A reader sees the old directory or the new one, except in the instant between the two renames;
 a process killed there leaves no ``out`` and both siblings: :func:`finish_interrupted_save`
 (the next writer, before it claims ``out``) renames the new one into place.
+
+Durability (a power loss, not only a killed process): a rename is on disk only once the
+directory holding it is fsynced, and a renamed file's contents only once the file is. The
+helpers here are the one way every save makes them so (this module's saves, the training
+checkpoints and their ``latest`` marker in ``relayrl.controller.checkpoint``): the new files
+and directories are fsynced before the rename (:func:`fsync_tree`, :func:`write_file_durable`),
+the parent directory after it (:func:`replace_durable`), and a directory created on the way
+in its parent (:func:`mkdir_durable`).
 """
 
 from __future__ import annotations
@@ -23,22 +31,69 @@ TMP_PREFIX, OLD_PREFIX = ".tmp_", ".old_"
 """The siblings of ``out``: the new directory being written, the old one being replaced."""
 
 
-def _fsync_tree(d: Path) -> None:
-    """fsync every file under ``d``, then ``d`` itself (its entries)."""
-    for f in sorted(d.rglob("*")):
-        if f.is_file() and not f.is_symlink():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-    fsync_dir(d)
+def fsync_file(f: Path) -> None:
+    """fsync the contents of file ``f``."""
+    with open(f, "rb") as fh:
+        os.fsync(fh.fileno())
 
 
 def fsync_dir(d: Path) -> None:
-    """fsync directory ``d`` itself: the renames inside it made durable."""
+    """fsync directory ``d`` itself: its entries (the files created, renamed or removed in it)."""
     fd = os.open(d, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_tree(d: Path) -> None:
+    """fsync every file under ``d``, then every directory under it, deepest first, then ``d``
+    itself: all of ``d`` on disk before it is renamed into place (symlinks not followed)."""
+    entries = sorted(d.rglob("*"))
+    for f in entries:
+        if f.is_file() and not f.is_symlink():
+            fsync_file(f)
+    for sub in sorted(entries, key=lambda p: len(p.parts), reverse=True):
+        if sub.is_dir() and not sub.is_symlink():
+            fsync_dir(sub)
+    fsync_dir(d)
+
+
+def replace_durable(src: Path, dst: Path) -> None:
+    """``os.replace(src, dst)``, then the directory of ``dst`` fsynced (and that of ``src``
+    when it is another): the rename on disk when this returns. ``src`` itself is fsynced by
+    the caller before (:func:`fsync_tree`, :func:`fsync_file`)."""
+    os.replace(src, dst)
+    fsync_dir(dst.parent)
+    if src.parent != dst.parent:
+        fsync_dir(src.parent)
+
+
+def write_file_durable(path: Path, text: str) -> None:
+    """Replace file ``path`` with ``text`` in one step, durably: written into a sibling
+    ``.<name>_<pid>``, fsynced, renamed over ``path``, the directory fsynced. A failure
+    removes the sibling and leaves ``path`` as it was."""
+    tmp = path.parent / f".{path.name}_{os.getpid()}"
+    try:
+        tmp.write_text(text)
+        fsync_file(tmp)
+        replace_durable(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def mkdir_durable(d: Path) -> None:
+    """``d.mkdir(parents=True, exist_ok=True)``; each directory it creates is fsynced in its
+    parent (a first save into a new directory is not lost with the directory's entry)."""
+    missing = []
+    above = d
+    while not above.exists() and above != above.parent:
+        missing.append(above)
+        above = above.parent
+    d.mkdir(parents=True, exist_ok=True)
+    for made in reversed(missing):
+        fsync_dir(made.parent)
 
 
 def write_dir_atomic(
@@ -51,33 +106,35 @@ def write_dir_atomic(
     :func:`finish_interrupted_save` completes; a failed ``fill`` removes ``tmp`` and leaves
     ``out_dir`` as it was."""
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    mkdir_durable(out.parent)
     tmp = out.parent / f"{TMP_PREFIX}{out.name}_{os.getpid()}"
     try:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
         fill(tmp)
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if not out.exists():
-        os.replace(tmp, out)
-    else:
-        old = out.parent / f"{OLD_PREFIX}{out.name}_{os.getpid()}"
-        os.replace(out, old)
-        os.replace(tmp, out)
-        _carry(old, out, keep)
-        shutil.rmtree(old, ignore_errors=True)
-    fsync_dir(out.parent)
+        replace_durable(tmp, out)
+        return out
+    old = out.parent / f"{OLD_PREFIX}{out.name}_{os.getpid()}"
+    os.replace(out, old)
+    replace_durable(tmp, out)  # both renames on disk before anything moves out of ``old``
+    if _carry(old, out, keep):
+        fsync_dir(out)
+    shutil.rmtree(old, ignore_errors=True)
     return out
 
 
-def _carry(old: Path, out: Path, keep: tuple[str, ...]) -> None:
-    for name in keep:
-        if (old / name).exists() and not (out / name).exists():
-            os.rename(old / name, out / name)
+def _carry(old: Path, out: Path, keep: tuple[str, ...]) -> list[str]:
+    """Move ``keep``'s entries of ``old`` missing from ``out`` into it; return their names."""
+    moved = [n for n in keep if (old / n).exists() and not (out / n).exists()]
+    for name in moved:
+        os.rename(old / name, out / name)
+    return moved
 
 
 def pid_alive(pid: int) -> bool:
@@ -114,14 +171,15 @@ def finish_interrupted_save(out_dir: str | Path, keep: tuple[str, ...] = ()) -> 
     tmps = dead(TMP_PREFIX)
     for pid, old in sorted(dead(OLD_PREFIX).items()):
         if not out.exists() and pid in tmps:
-            os.replace(tmps.pop(pid), out)
+            replace_durable(tmps.pop(pid), out)
             done.append(f"completed the interrupted save of {out}")
         elif not out.exists():
-            os.replace(old, out)
+            replace_durable(old, out)
             done.append(f"restored {out} from {old.name}")
             continue
-        carried = [n for n in keep if (old / n).exists() and not (out / n).exists()]
-        _carry(old, out, keep)
+        carried = _carry(old, out, keep)
+        if carried:
+            fsync_dir(out)
         done += [f"recovered {out / n} from an interrupted save" for n in carried]
         shutil.rmtree(old, ignore_errors=True)
     for tmp in tmps.values():

@@ -4,12 +4,14 @@ directory, the old one holding the carried ``checkpoints/``) is put back in plac
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from fsync_log import at, fsynced, record
 from relayrl.model import finish_interrupted_save, save_model_atomic
 
 
@@ -67,8 +69,6 @@ def test_a_killed_swap_is_finished(tmp_path, out_exists):
 
 
 def test_a_live_writers_files_and_a_dead_ones_partial_write(tmp_path):
-    import os
-
     out = _left(tmp_path, os.getpid(), out_exists=False)  # a save under way: not touched
     assert finish_interrupted_save(out, keep=("checkpoints",)) == []
     assert not out.exists()
@@ -76,3 +76,41 @@ def test_a_live_writers_files_and_a_dead_ones_partial_write(tmp_path):
     partial.mkdir()
     finish_interrupted_save(tmp_path / "other")  # killed while writing: removed
     assert not partial.exists()
+
+
+def test_the_swap_is_durable_files_then_rename_then_directories(tmp_path, monkeypatch):
+    """Power loss, not only a kill: the new directory's files, then its subdirectories, then
+    itself are fsynced before it is renamed in; the parent after both renames, before
+    ``checkpoints/`` moves out of the old one; the new directory after that move."""
+    out = tmp_path / "out"
+    save_model_atomic(_Saver("old"), _Saver("tok"), out)
+    (out / "checkpoints").mkdir()
+
+    def more(tmp: Path) -> None:
+        (tmp / "sub").mkdir()
+        (tmp / "sub/curves.jsonl").write_text("{}\n")
+
+    log = record(monkeypatch)
+    save_model_atomic(_Saver("new"), _Saver("tok"), out, keep=("checkpoints",), fill_more=more)
+    tmp = tmp_path / f".tmp_out_{os.getpid()}"
+    old = tmp_path / f".old_out_{os.getpid()}"
+    swap = at(log, "replace", tmp, out)
+    before = fsynced(log[:swap])
+    order = [str((tmp / p).resolve()) for p in ("config.json", "sub/curves.jsonl", "sub", ".")]
+    assert [before.index(p) for p in order] == sorted(before.index(p) for p in order)
+    assert at(log, "replace", out, old) < swap
+    carry = at(log, "rename", old / "checkpoints", out / "checkpoints")
+    assert str(tmp_path.resolve()) in fsynced(log[swap:carry])
+    assert str(out.resolve()) in fsynced(log[carry:])
+    assert (out / "checkpoints").is_dir() and (out / "sub/curves.jsonl").is_file()
+
+
+def test_a_finished_interrupted_swap_is_durable(tmp_path, monkeypatch):
+    pid = _dead_pid()
+    out = _left(tmp_path, pid, out_exists=False)
+    log = record(monkeypatch)
+    finish_interrupted_save(out, keep=("checkpoints",))
+    put = at(log, "replace", tmp_path / f".tmp_out_{pid}", out)
+    carry = at(log, "rename", tmp_path / f".old_out_{pid}/checkpoints", out / "checkpoints")
+    assert str(tmp_path.resolve()) in fsynced(log[put:carry])
+    assert str(out.resolve()) in fsynced(log[carry:])
