@@ -27,10 +27,13 @@ from openai_stream_checks import (
     check_first_chunk_before_finish,
     check_rejected_before_stream,
     check_streamed_equals_unstreamed,
+    check_top_logprobs,
+    check_top_logprobs_while_generating,
     client,
     collect,
     counters,
     process_server,
+    serve,
     stop_process_server,
     stop_worker,
     stream_model,
@@ -39,8 +42,13 @@ from relayrl.rollout import GenerationRequest, SamplingParams
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = process_server(stream_model(tmp_path_factory.mktemp("pstream")))
+def model_path(tmp_path_factory):
+    return stream_model(tmp_path_factory.mktemp("pstream"))
+
+
+@pytest.fixture(scope="module")
+def server(model_path):
+    srv = process_server(model_path)
     yield srv
     stop_process_server(srv)
 
@@ -80,6 +88,20 @@ def test_a_stop_string_aborts_the_rest_in_the_worker(server):
     assert got["ids"] == cut.choices[0].model_extra["token_ids"] and got["finish"] == "stop"
     after = counters(server)
     assert after["requests_aborted"] == before["requests_aborted"] + 1
+
+
+def test_top_logprobs_are_the_in_process_engines(server, model_path):
+    """The worker keeps the alternatives (before: a 400): the same as the in-process engine's
+    on the same model and seed, with the sample and the streamed chunks."""
+    reference = serve(model_path)
+    try:
+        check_top_logprobs(server, reference)
+    finally:
+        reference.stop()
+
+
+def test_top_logprobs_stream_while_the_worker_generates(server):
+    check_top_logprobs_while_generating(server)
 
 
 def test_a_request_the_worker_rejects_is_a_400_before_the_stream(server):

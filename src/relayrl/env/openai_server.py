@@ -15,8 +15,8 @@ Routes (each also under ``/s/<session>/v1/...``):
   seeded ``seed + i``, or from the session seed; each is recorded as its own call, so the
   second and later ones branch: a trajectory each), ``logprobs`` (the sampled token's
   behaviour logprob), ``top_logprobs`` (0 to 20 alternatives per token, with ``logprobs``:
-  under the distribution sampled from, :mod:`relayrl.rollout.top_logprobs`; an engine without
-  them, vLLM or an engine process, refuses it with 400).
+  under the distribution sampled from, :mod:`relayrl.rollout.top_logprobs`: every backend,
+  the built-in engine, an engine process, vLLM; an engine without them refuses it with 400).
   ``stream: true`` answers server-sent events as the engine generates
   (:mod:`relayrl.env.openai_stream`).
 - ``POST /v1/responses``: the Responses API over the chat route (:mod:`relayrl.env.openai_api`).

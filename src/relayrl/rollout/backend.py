@@ -128,9 +128,10 @@ class SteppingEngine(RolloutBackend, Protocol):
         self, request_id: int, start: int = 0
     ) -> tuple[list[int], list[float], list[int]] | None:
         """A running request's response tokens from index ``start`` on, as (ids, behaviour
-        logprobs, versions), for a streaming caller between steps; None when it is not
-        running, or when the engine streams nothing before a request finishes (the sample
-        then carries every token)."""
+        logprobs, versions), and a fourth element, their alternatives, for a request with
+        ``top_logprobs``; for a streaming caller between steps; None when it is not running,
+        or when the engine streams nothing before a request finishes (the sample then carries
+        every token)."""
         ...
 
     def stats(self) -> dict[str, Any]:
@@ -178,8 +179,8 @@ class LivePollingBackend(PollingBackend, Protocol):
 
     def progress(self, key: int, start: int = 0) -> tuple[list[int], list[float], list[int]] | None:
         """A streamed live request's tokens from index ``start`` on, as (ids, behaviour
-        logprobs, versions); None before the backend accepted it and once its sample
-        arrived."""
+        logprobs, versions), and their alternatives for a request with ``top_logprobs``; None
+        before the backend accepted it and once its sample arrived."""
         ...
 
     def abort(self, key: int) -> bool:

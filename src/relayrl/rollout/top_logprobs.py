@@ -1,4 +1,5 @@
-"""Per-request top-k logprob capture for :class:`relayrl.rollout.RolloutEngine` (off by default).
+"""Per-request top-k logprobs (off by default): the built-in engine's capture, and the format
+every backend (the engine, its worker process, vLLM) serves.
 
 A request with ``SamplingParams.top_logprobs = k > 0`` gets, for every response token, the
 ``k`` most likely tokens of the distribution that token was drawn from, with their logprobs,
@@ -18,10 +19,18 @@ nothing else. Alternatives are kept per sequence
 (``Sequence.top``) and survive an interrupt (a re-prefill resamples nothing already sampled);
 they come out as ``Sample.top_logprobs`` and, to a streaming reader, as a fourth element of
 ``RolloutEngine.progress``.
+
+The other backends serve the same format: the engine worker process runs this engine and sends
+the alternatives with the sample and its streamed progress
+(:mod:`relayrl.cluster.live_requests`); vLLM, run with ``logprobs_mode="processed_logprobs"``
+(logprobs after temperature, top-k and top-p, the same distribution), asked for
+``SamplingParams(logprobs=k)``, reports its top ``k`` plus the sampled token per position,
+turned into this format by :func:`from_ranked`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 from typing import Any
 
@@ -35,6 +44,9 @@ MAX_TOP_LOGPROBS = 20
 
 TopLogprobs = list[tuple[int, float]]
 """One token's alternatives: ``(token id, logprob)``, most likely first."""
+
+SERVER_FLOOR = -9999.0
+"""vLLM's server writes a logprob of ``-inf`` (a token the filters removed) as this."""
 
 
 def check(k: int) -> str | None:
@@ -64,3 +76,25 @@ def capture(logits: Tensor, seqs: Seq[Any]) -> None:
     for j, i in enumerate(rows):
         pairs = zip(ids[j][: ks[j]], values[j][: ks[j]], strict=True)
         seqs[i].top.append([(t, v) for t, v in pairs if v != float("-inf")])
+
+
+def from_ranked(
+    entries: Iterable[tuple[int, float, int | None]],
+    sampled: int,
+    k: int,
+    removed: float = float("-inf"),
+) -> TopLogprobs:
+    """One token's alternatives from vLLM's logprobs of its position: ``entries`` as
+    ``(token id, logprob, rank)`` (rank 1 = most likely), holding the top ``k`` (ranks 1 to
+    ``k``) and the sampled token ``sampled`` (rank: 1 + the number of tokens more likely).
+
+    Kept: the entries of rank 1 to ``k``, by rank. The sampled token's entry is one of them
+    when it is in the top ``k``; outside it, its rank is ``<= k`` only under a tie with the
+    ``k``-th, and it is then the one entry too many: dropped (the top ``k`` are ``torch.topk``'s,
+    as here). Entries with a logprob ``<= removed`` (filtered out: ``-inf``; over the
+    server's JSON ``SERVER_FLOOR``) are left out, as :func:`capture` leaves them out."""
+    kept = [(r, t, v) for t, v, r in entries if r is not None and 1 <= r <= k]
+    if len(kept) > k:
+        kept = [e for e in kept if e[1] != sampled]
+    kept.sort(key=lambda e: e[0])
+    return [(t, v) for _, t, v in kept if v > removed]

@@ -22,7 +22,7 @@ class SamplingParams:
     ``ignore_eos`` keeps generating past the EOS token (only ``max_tokens`` / stop ids end the
     request); benchmarks use it to emulate target lengths. ``top_logprobs`` = k > 0 keeps, per
     response token, the k most likely tokens of its distribution (``Sample.top_logprobs``;
-    the built-in ``RolloutEngine`` only: :mod:`relayrl.rollout.top_logprobs`).
+    every engine: the built-in one, its worker process, vLLM: :mod:`relayrl.rollout.top_logprobs`).
     """
 
     temperature: float = 1.0

@@ -11,7 +11,9 @@ sample, synchronous), token in, token out (``skip_tokenizer_init``).
 Contracts kept, and how:
 
 - Behaviour logprobs: ``logprobs_mode="processed_logprobs"`` (vLLM's default is raw, before
-  temperature / top-k / top-p) and ``logprobs=0`` (the sampled token's logprob), fp32 model.
+  temperature / top-k / top-p) and ``logprobs=0`` (the sampled token's logprob), fp32 model;
+  ``logprobs=k`` for a request with ``top_logprobs = k`` (its alternatives, under the same
+  processed distribution: :mod:`relayrl.rollout.vllm_frontend`).
 - Versions: vLLM knows none; this class stamps every token with the version of the weights
   loaded when the ``step()`` that sampled it ran.
 - Interrupt (``update_weights(..., interrupt=True)``), two modes (``interrupt_mode``):
@@ -54,6 +56,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from relayrl.rollout.top_logprobs import from_ranked
 from relayrl.rollout.types import FinishReason, Sample
 from relayrl.rollout.vllm_frontend import LiveRequest, VllmFrontend, model_shapes, next_submission
 from relayrl.rollout.vllm_server_process import SUPPORTED_HEAD_SIZES, cpu_scheduling
@@ -241,15 +244,16 @@ class VllmEngine(VllmFrontend):
         self._stats["requests_aborted"] += 1
         return True
 
-    def progress(
-        self, request_id: int, start: int = 0
-    ) -> tuple[list[int], list[float], list[int]] | None:
+    def progress(self, request_id: int, start: int = 0) -> tuple[Any, ...] | None:
         """A live request's response tokens from index ``start`` on, as (ids, behaviour
-        logprobs, versions); None when it is not live (as ``RolloutEngine.progress``)."""
+        logprobs, versions), and their alternatives when it asked for ``top_logprobs``; None
+        when it is not live (as ``RolloutEngine.progress``)."""
         live = self._live.get(request_id)
         if live is None:
             return None
-        return live.tokens[start:], live.logprobs[start:], live.versions[start:]
+        out = live.tokens[start:], live.logprobs[start:], live.versions[start:]
+        top = live.seq.top
+        return out if top is None else (*out, top[start:])
 
     # ------------------------------------------------------------------ running
     def _in_vllm(self) -> int:
@@ -279,6 +283,12 @@ class VllmEngine(VllmFrontend):
             live.logprobs.extend(
                 float(lp[t].logprob) for lp, t in zip(c.logprobs, ids, strict=True)
             )
+            if live.seq.top is not None:  # asked for alternatives (``vllm_frontend``)
+                k = live.seq.request.params.top_logprobs
+                live.seq.top.extend(
+                    from_ranked(((a, x.logprob, x.rank) for a, x in lp.items()), t, k)
+                    for lp, t in zip(c.logprobs, ids, strict=True)
+                )
             live.versions.extend([version] * len(ids))
             self._stats["tokens_generated"] += len(ids)
             self._stats["slot_steps"] += 1

@@ -3,6 +3,13 @@ and the server process (:mod:`relayrl.rollout.vllm_server`) hold the same per-re
 validate requests and weights the same way, resubmit a request with the same seed rule and
 hand back the same samples; they differ in how a request reaches vLLM (``_send``) and how its
 answers come back (``step``).
+
+Alternatives (``SamplingParams.top_logprobs = k``): a submission asks vLLM for ``logprobs = k``
+(the sampled token's logprob and the top ``k``, under the processed distribution: both
+backends start vLLM with ``logprobs_mode="processed_logprobs"``); each position's answer
+becomes our ``(token id, logprob)`` list with :func:`relayrl.rollout.top_logprobs.from_ranked`
+and is kept in ``LiveRequest.seq.top`` (``None`` when not asked, as the built-in engine's
+``Sequence.top``). The sampled token's logprob, the behaviour logprob, is read as before.
 """
 
 from __future__ import annotations
@@ -80,7 +87,7 @@ def next_submission(live: LiveRequest, eos_token_id: int) -> tuple[list[int], di
         "seed": seed & 0x7FFFFFFFFFFFFFFF,
         "stop_token_ids": sorted(stop),
         "ignore_eos": True,
-        "logprobs": 0,
+        "logprobs": seq.request.params.top_logprobs,  # 0: the sampled token's only
         "detokenize": False,
     }
     return seq.tokens[: seq.prompt_len] + live.tokens, fields
@@ -91,6 +98,7 @@ class VllmFrontend:
     attributes below in its ``__init__`` and provides ``_send`` (hand ``live`` to vLLM) and
     ``step``/``stats``."""
 
+    supports_top_logprobs = True  # ``SamplingParams.top_logprobs`` (see module)
     eos_token_id: int
     version: int
     _ids: Iterator[int]
@@ -210,4 +218,5 @@ class VllmFrontend:
             group_id=req.group_id,
             metadata=meta,
             num_interrupts=live.num_interrupts,
+            top_logprobs=seq.top,
         )

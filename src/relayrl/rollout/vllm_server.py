@@ -8,7 +8,12 @@ interrupt)``, ``stats``, ``version``), but vLLM runs in a process of its own (on
 ``--enable-scale-out``), driven over HTTP:
 
 - generation: ``/inference/v1/generate`` (token ids in, token ids and the sampled token's
-  processed logprob out), one call per request segment, in a thread pool;
+  processed logprob out), one call per request segment, in a thread pool; a request with
+  ``top_logprobs = k`` asks ``logprobs = k + 1`` (``--max-logprobs`` is 21): the server lists
+  a position's sampled token first and then the top ones, cut after ``k`` entries, so with
+  ``k`` a sampled token outside the top ``k`` would push the ``k``-th out; of ``k + 1``
+  entries the top ``k`` are always kept (:func:`~relayrl.rollout.top_logprobs.from_ranked`
+  picks them by rank; a removed token's ``-inf`` arrives as ``-9999.0`` and is left out);
 - versions: the server stamps them. ``/update_weight_version`` names the weights, and each
   answer carries ``weight_versions`` (which tokens came from which version); this class only
   turns the names back into ints;
@@ -50,6 +55,7 @@ from typing import Any
 
 from torch import Tensor
 
+from relayrl.rollout.top_logprobs import SERVER_FLOOR, from_ranked
 from relayrl.rollout.types import FinishReason, Sample
 from relayrl.rollout.vllm_frontend import LiveRequest, VllmFrontend, model_shapes, next_submission
 from relayrl.rollout.vllm_server_process import (
@@ -172,6 +178,8 @@ class VllmServerEngine(VllmFrontend):
     def _send(self, live: LiveRequest) -> None:
         self._check_usable()
         prompt, fields = next_submission(live, self.eos_token_id)
+        if fields["logprobs"]:  # the server lists the sampled token first, then cuts at k
+            fields["logprobs"] += 1  # (module doc)
         top_k = live.seq.settings.top_k
         self._stats["prefill_tokens"] += len(prompt)
         self._stats["calls"] += 1
@@ -236,7 +244,15 @@ class VllmServerEngine(VllmFrontend):
         choice = fut.result()["choices"][0]
         ids = [int(t) for t in choice["token_ids"]]
         live.tokens += ids
-        live.logprobs += [float(c["logprob"]) for c in choice["logprobs"]["content"]]
+        content = choice["logprobs"]["content"]
+        live.logprobs += [float(c["logprob"]) for c in content]
+        if live.seq.top is not None:
+            k = live.seq.request.params.top_logprobs
+            for c in content:
+                ranked = (
+                    (a["token_id"], float(a["logprob"]), a.get("rank")) for a in c["top_logprobs"]
+                )
+                live.seq.top.append(from_ranked(ranked, int(c["token_id"]), k, SERVER_FLOOR))
         versions = [self._loaded_version] * len(ids)  # (the server names every span)
         for span in choice.get("weight_versions") or []:
             versions[span["start"] : span["end"]] = [int(span["version"])] * (

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from relayrl.rollout.top_logprobs import MAX_TOP_LOGPROBS
+
 SUPPORTED_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """vLLM CPU attention's head sizes (0.32.0); other sizes fail at the first forward."""
 
@@ -75,6 +77,8 @@ def server_args(
         str(max_slots),
         "--logprobs-mode",
         "processed_logprobs",
+        "--max-logprobs",  # top_logprobs <= 20, asked as 21 (``vllm_server``)
+        str(MAX_TOP_LOGPROBS + 1),
         "--no-enable-prefix-caching",
         "--skip-tokenizer-init",
         "--generation-config",

@@ -13,7 +13,7 @@ import torch
 from relayrl.rollout import GenerationRequest, InvalidRequestError, RolloutEngine, SamplingParams
 from relayrl.rollout import top_logprobs as top
 from relayrl.rollout.sampler import SamplingSettings
-from rollout_helpers import EOS, PAD, random_prompts, tiny_model
+from rollout_helpers import EOS, PAD, check_top_recompute, random_prompts, tiny_model
 
 
 def _seq(k: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> SimpleNamespace:
@@ -62,6 +62,26 @@ def test_the_alternatives_by_hand():
     assert seqs[-1].top is None
     assert top.check(0) is None and top.check(20) is None
     assert top.check(21) is not None and top.check(-1) is not None and top.check(True) is not None
+
+
+def test_vllm_positions_by_hand():
+    """``from_ranked``: vLLM's entries of one position, (token, logprob, rank), sampled first.
+    - sampled token 7 in the top 2 (rank 2): ranks 1, 2 kept, by rank: [(5, a), (7, b)];
+    - sampled token 9 outside the top 2 (rank 4): dropped;
+    - sampled token 9 tied with the 2nd (rank 2 too, not topk's pick): the one too many, dropped;
+    - the server's entries for k + 1 = 3 (sampled 9 first, then ranks 1..3 cut to 3 entries):
+      [(9, rank 4), (5, 1), (7, 2)] -> ranks <= 2: [(5, a), (7, b)];
+    - a filtered token (-inf; over the server's JSON -9999.0) is left out."""
+    a, b, c = math.log(0.5), math.log(0.3), math.log(0.1)
+    assert top.from_ranked([(7, b, 2), (5, a, 1)], 7, 2) == [(5, a), (7, b)]
+    assert top.from_ranked([(9, c, 4), (5, a, 1), (7, b, 2)], 9, 2) == [(5, a), (7, b)]
+    assert top.from_ranked([(9, b, 2), (5, a, 1), (7, b, 2)], 9, 2) == [(5, a), (7, b)]
+    assert top.from_ranked([(9, c, 4), (5, a, 1), (7, b, 2)], 9, 3) == [(5, a), (7, b)]
+    inf = float("-inf")
+    assert top.from_ranked([(5, 0.0, 1), (6, inf, 2), (7, inf, 3)], 5, 3) == [(5, 0.0)]
+    server = [(5, 0.0, 1), (6, top.SERVER_FLOOR, 2)]
+    assert top.from_ranked(server, 5, 2, removed=top.SERVER_FLOOR) == [(5, 0.0)]
+    assert top.from_ranked([(5, a, None)], 5, 1) == []  # no rank: not a top entry
 
 
 @pytest.fixture(scope="module")
@@ -158,3 +178,10 @@ def test_the_scheduler_counts_the_requests_that_keep_alternatives(model):
     done = engine.drain()
     assert engine.scheduler.with_top == 0
     assert [len(s.top_logprobs or []) for s in done] == [1, 0, 0, 3]
+
+
+def test_the_alternatives_equal_a_plain_forwards(model):
+    """The recompute the vLLM tests hold vLLM to (``rollout_helpers.check_top_recompute``),
+    here on the own engine: the same reference for every backend."""
+    engine = RolloutEngine(model, eos_token_id=EOS, pad_token_id=PAD, max_slots=3)
+    check_top_recompute(model, engine.generate, tol=1e-5)
