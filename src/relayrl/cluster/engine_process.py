@@ -489,10 +489,9 @@ class EngineProcess:
         self._send(("submit", [tag(request, key, stream)]))
 
     def progress(self, key: int, start: int = 0) -> Progress | None:
-        """A streamed live request's tokens from index ``start`` on, as (ids, behaviour
-        logprobs, versions), and their alternatives when it asked for ``top_logprobs``: those
-        the worker sent so far (once per engine step); None before the worker accepted it and
-        once its sample arrived (the sample holds every token)."""
+        """A streamed live request's tokens from ``start`` on, as (ids, behaviour logprobs,
+        versions[, top_logprobs alternatives when asked]) sent so far (once per engine step);
+        None before the worker accepted it and once its sample arrived (it holds every token)."""
         return self._live.progress(key, start)
 
     def abort(self, key: int) -> bool:
