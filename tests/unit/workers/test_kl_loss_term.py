@@ -30,7 +30,13 @@ def _update(model_dir, overrides: list[str], kl_coefs: float | None = None) -> d
     algo = load_config(
         RunConfig,
         None,
-        ["algo.group_size=3", "algo.prompts_per_step=1", "algo.mini_batches=1", *overrides],
+        [
+            "algo.group_size=3",
+            "algo.prompts_per_step=1",
+            "algo.mini_batches=1",
+            "algo.skip_zero_advantage=false",  # every row through the forward (A = 0 here)
+            *overrides,
+        ],
     ).algo
     optim = load_config(RunConfig, None, []).optim
     actor = ActorWorker(load_causal_lm(model_dir), algo, optim, 6, seed=0)
@@ -69,3 +75,11 @@ def test_a_kl_in_the_reward_puts_none_in_the_loss(model_dir, overrides):
     out = _update(model_dir, [*overrides, "algo.kl_coef=0.2"])
     assert "actor/kl" not in out
     assert out["actor/loss"] == 0.0
+
+
+def test_rows_without_advantage_still_train_the_kl_loss_term(model_dir):
+    """``skip_zero_advantage`` (on) must not drop rows whose loss still has the KL term."""
+    overrides = ["algo.name=ppo", "algo.kl_in=loss", "algo.kl_coef=0.2"]
+    out = _update(model_dir, [*overrides, "algo.skip_zero_advantage=true"])
+    assert out["actor/zero_adv_skipped_frac"] == 0.0
+    assert out["actor/loss"] == pytest.approx(0.2 * K3, abs=1e-5)
