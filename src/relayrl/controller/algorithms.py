@@ -96,7 +96,7 @@ def grpo_step(
     split = len(set(episodes)) < len(episodes)
     exp.advantages, _ = compute_advantages(
         a.advantage_name,
-        token_rewards=kl_shaped_rewards(exp, cfg, kl_ctl)
+        token_rewards=kl_shaped_rewards(exp, cfg, kl_ctl, episodes if split else None)
         if in_reward
         else last_token_rewards(scores, exp.response_mask),
         response_mask=exp.response_mask,
@@ -258,22 +258,56 @@ def missing_eos_penalty(
     return torch.where(rows, scores - penalty, scores), len(cut)
 
 
-def kl_shaped_rewards(exp: Experience, cfg: RunConfig, kl_ctl: KLController) -> Tensor:
+EPISODE_SUM_ADVANTAGES = frozenset({"grpo", "drgrpo", "rloo"})
+"""The estimators that read an episode's return as its last row's sum of token rewards."""
+
+
+def kl_shaped_rewards(
+    exp: Experience,
+    cfg: RunConfig,
+    kl_ctl: KLController,
+    episodes: Sequence[int] | None = None,
+) -> Tensor:
     """Token rewards with the KL in the reward (``algo.kl_in: reward``): r_t = -beta *
     KL_t(pi_old || pi_ref) on every response token plus the score on the last one (beta =
     ``kl_ctl.value``, KL by ``algo.kl_kind``); sets ``exp.kl``. Their sum over a sequence,
-    score - beta * sum_t KL_t, is the return a group-relative advantage normalises."""
+    score - beta * sum_t KL_t, is the return a group-relative advantage normalises. With
+    ``episodes`` (an episode split into several rows) and an estimator of
+    ``EPISODE_SUM_ADVANTAGES``, the episode's other rows' KL goes onto its last row
+    (:func:`fold_episode_kl`), so its return is score - beta * the whole episode's KL."""
     assert exp.scores is not None and exp.old_logprobs is not None
     assert exp.ref_logprobs is not None
+    beta = kl_ctl.value
     rewards, exp.kl = apply_kl_to_rewards(
         exp.scores,
         exp.old_logprobs,
         exp.ref_logprobs,
         exp.response_mask,
-        kl_ctl.value,
+        beta,
         cfg.algo.kl_kind,
     )
+    if episodes is not None and cfg.algo.advantage_name in EPISODE_SUM_ADVANTAGES:
+        rewards = fold_episode_kl(rewards, exp.kl, exp.response_mask, episodes, beta)
     return rewards
+
+
+def fold_episode_kl(
+    rewards: Tensor, kl: Tensor, response_mask: Tensor, episodes: Sequence[int], beta: float
+) -> Tensor:
+    """``rewards`` with -beta * (K_e - K_r) added on the last valid token of each episode's
+    last row r, K_r = sum_t KL_t of row r and K_e that sum over all rows of episode e: the
+    last row's sum becomes score - beta * K_e (a last row without a valid token: unchanged)."""
+    mask = response_mask > 0
+    per_row = (kl * mask).sum(-1)
+    ep = torch.as_tensor(list(episodes), dtype=torch.long)
+    total = torch.zeros_like(per_row).index_add(0, ep, per_row)
+    last_row = {e: i for i, e in enumerate(episodes)}
+    out = rewards.clone()
+    for e, r in last_row.items():
+        valid = mask[r].nonzero()
+        if len(valid):
+            out[r, int(valid[-1])] -= beta * (total[e] - per_row[r])
+    return out
 
 
 def set_kl_loss_coef(exp: Experience, cfg: RunConfig, kl_ctl: KLController) -> None:
