@@ -20,7 +20,7 @@ field                  shape   meaning (units)
 ``returns``            [B, R]  the critic's targets R_t
 ``advantages``         [B, R]  A_t
 ``kl``                 [B, R]  per-token KL(pi_old || pi_ref) in the reward (nats)
-``kl_coefs``           [B]     beta of the actor's KL loss term (``algo.kl_in: loss``)
+``kl_coefs``           [B]     an adaptive beta of the KL loss term, one value repeated per row
 ``rollout_weights``    [B, R]  constant per-token weights of the policy loss (off-policy)
 =====================  ======  ==============================================================
 
