@@ -164,17 +164,32 @@ class AlgoConfig(_Strict):
     distill: DistillConfig = Field(default_factory=DistillConfig)
     """On-policy distillation from ``distill.teacher_path`` (GRPO-style runs)."""
     kl_coef: float = Field(0.0, ge=0)
-    """GRPO: weight of the KL loss term. PPO: beta of the KL penalty in the reward."""
+    """beta of the KL to the frozen reference, where ``algo.kl_in`` puts it: the weight of the
+    KL loss term (GRPO's default) or of the KL penalty in the token rewards (PPO's default)."""
+    kl_in: Literal["reward", "loss"] | None = None
+    """Where the KL to the reference goes (veRL's ``algorithm.use_kl_in_reward`` /
+    ``actor.use_kl_loss``). ``reward``: r_t = -beta * KL_t(pi_old || pi_ref) on every response
+    token plus the score on the last one (PPO: GAE over them; GRPO-style advantages: the
+    sequence return sum_t r_t = score - beta * sum_t KL_t is what the group normalises).
+    ``loss``: the actor loss gets + beta * agg(KL_t(pi_theta || pi_ref)), aggregated by
+    ``algo.loss_agg``, and the rewards carry no KL. null: ``reward`` for PPO, ``loss`` for
+    the others."""
     kl_estimator: Literal["k1", "k2", "k3", "abs"] | None = None
-    """Defaults to k3 for GRPO (loss term) and k1 for PPO (reward)."""
+    """Defaults to k1 for a KL in the reward and k3 for a KL loss term (veRL's defaults)."""
     adaptive_kl_target: float | None = Field(None, gt=0)
-    """Adaptive KL (PPO): the per-token KL (nats per token, as ``adaptive_kl_metric`` averages
-    it) that beta is steered towards (null: fixed); not a sequence's summed KL (Ziegler et
-    al.'s target of 6 nats is per sample: divide it by the response length)."""
+    """Adaptive KL: the per-token KL (nats per token, as ``adaptive_kl_metric`` averages it)
+    that beta is steered towards, wherever ``algo.kl_in`` puts it (null: fixed); not a
+    sequence's summed KL (Ziegler et al.'s target of 6 nats is per sample: divide it by the
+    response length). A KL in the loss feeds the controller the update's token mean."""
     adaptive_kl_horizon: int = Field(10000, ge=1)
     adaptive_kl_metric: Literal["token-mean", "seq-mean"] = "token-mean"
     """The KL fed to the adaptive controller: mean over the step's tokens (relayrl) or mean of
-    per-sequence means (veRL)."""
+    per-sequence means (veRL; a KL in the reward only)."""
+    missing_eos_penalty: float | None = Field(None, ge=0)
+    """Subtracted from the score of each response cut at ``rollout.max_tokens`` (finish
+    reason ``length``: no EOS or stop token) before advantages, every RL algorithm (TRL's
+    ``missing_eos_penalty``); null: off. Metric ``missing_eos/penalised`` (how many per step);
+    ``pass_rate`` keeps the raw outcome."""
     singleton_advantage: Literal["zero", "score"] = "zero"
     """A group of one (grpo, drgrpo, reinforce_plus_plus_baseline): advantage 0, or its raw
     score as veRL (group mean 0, std 1)."""
@@ -205,6 +220,22 @@ class AlgoConfig(_Strict):
                 related=("name",),
             )
         if self.name == "dpo":
+            if self.kl_in is not None:
+                raise KeyProblem(
+                    "kl_in",
+                    self.kl_in,
+                    "algo.name 'dpo' has no reward or policy-gradient loss to put a KL in: "
+                    "algo.kl_coef is DPO's beta; leave algo.kl_in unset",
+                    related=("name",),
+                )
+            if self.missing_eos_penalty is not None:
+                raise KeyProblem(
+                    "missing_eos_penalty",
+                    self.missing_eos_penalty,
+                    "algo.name 'dpo' trains on fixed preference pairs, it samples no response "
+                    "to penalise; leave algo.missing_eos_penalty unset",
+                    related=("name",),
+                )
             if self.kl_coef <= 0:
                 raise KeyProblem(
                     "kl_coef",
@@ -258,6 +289,7 @@ class AlgoConfig(_Strict):
                 "trains the critic alone for the first steps: it needs algo.name=ppo (a critic)",
                 related=("name",),
             )
+        self._kl_checks()
         if self.adaptive_kl_target is not None and self.kl_coef == 0:
             raise KeyProblem(
                 "kl_coef",
@@ -268,10 +300,52 @@ class AlgoConfig(_Strict):
             )
         return self
 
+    def _kl_checks(self) -> None:
+        """``algo.kl_in`` against the keys it meets (DPO returned earlier)."""
+        if self.kl_in == "reward":
+            if self.turn_credit != "none":
+                raise KeyProblem(
+                    "kl_in",
+                    self.kl_in,
+                    f"algo.turn_credit={self.turn_credit} builds its advantages from the "
+                    "turns' scores, not from token rewards: a KL in the reward would be "
+                    "dropped; use algo.kl_in=loss",
+                    related=("turn_credit",),
+                )
+            d = self.distill
+            if d.teacher_path is not None and d.mode == "reward" and not d.task_reward:
+                raise KeyProblem(
+                    "kl_in",
+                    self.kl_in,
+                    "algo.distill.task_reward=false drops the task advantages, and with them a "
+                    "KL in the reward; use algo.kl_in=loss",
+                    related=("distill.task_reward",),
+                )
+        if (
+            self.adaptive_kl_target is not None
+            and self.kl_placement == "loss"
+            and self.adaptive_kl_metric == "seq-mean"
+        ):
+            raise KeyProblem(
+                "adaptive_kl_metric",
+                self.adaptive_kl_metric,
+                "a KL loss term feeds the adaptive controller the update's token mean; "
+                "seq-mean needs the KL in the reward (algo.kl_in=reward)",
+                related=("kl_in", "adaptive_kl_target"),
+            )
+
     @property
     def advantage_name(self) -> str:
         return self.advantage or ("gae" if self.name == "ppo" else "grpo")
 
     @property
+    def kl_placement(self) -> Literal["reward", "loss"]:
+        """Where the KL to the reference goes: ``algo.kl_in``, else ``reward`` for PPO and
+        ``loss`` for the GRPO-style algorithms."""
+        if self.kl_in is not None:
+            return self.kl_in
+        return "reward" if self.name == "ppo" else "loss"
+
+    @property
     def kl_kind(self) -> str:
-        return self.kl_estimator or ("k1" if self.name == "ppo" else "k3")
+        return self.kl_estimator or ("k1" if self.kl_placement == "reward" else "k3")

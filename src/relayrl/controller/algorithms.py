@@ -69,29 +69,36 @@ def grpo_step(
 
     Also DAPO / Dr.GRPO / RLOO / REINFORCE++ (``algo.advantage``), any registered policy loss
     (``algo.policy_loss``), multi-turn episodes (``env``) and on-policy distillation
-    (``algo.distill``). ``kl_ctl`` is unused (GRPO's KL is a loss term, ``algo.kl_coef``).
+    (``algo.distill``). ``kl_ctl``: beta of the KL to the reference (``algo.kl_in``: a loss
+    term by default, or in the token rewards), adapted with ``algo.adaptive_kl_target``.
     """
     a = cfg.algo
     # 1-2. Generate and score (schedule): G = algo.group_size answers per prompt, each with its
-    #      reward; infrastructure failures left out, episodes split at a prefix break expanded.
+    #      reward; infrastructure failures left out, episodes split at a prefix break expanded;
+    #      algo.missing_eos_penalty taken off the truncated ones.
     samples, scores, stats = schedule.rollout(step)
     t0 = time.perf_counter()
     samples, scores, episodes = admit(roles, cfg, schedule.failures, samples, scores, step)
-    exp = Experience.from_samples(samples, roles.tokenizer.pad_token_id)
-    exp.scores = scores
+    exp = scored_experience(roles, cfg, samples, scores, episodes, stats)
+    assert exp.scores is not None
+    scores = exp.scores  # what trains (the raw outcomes: exp.outcomes)
 
     # 3. Reference and proximal logprobs: pi_old (None: the update's own forward; see
-    #    offpolicy.old_logprobs), log pi_ref for the KL loss term when kl_coef > 0.
-    exp.old_logprobs = offpolicy.old_logprobs(roles, exp, cfg)
+    #    offpolicy.old_logprobs; now when the KL is in the reward), log pi_ref when kl_coef > 0.
+    in_reward = a.kl_placement == "reward" and a.kl_coef > 0 and roles.reference is not None
+    exp.old_logprobs = offpolicy.old_logprobs(roles, exp, cfg, needed_now=in_reward)
     if a.kl_coef > 0 and roles.reference is not None:
         exp.ref_logprobs = roles.reference.compute_logprobs(exp)
 
-    # 4. Advantages: the score on the last response token; A_i = (r_i - mean_g r) / (std_g r +
-    #    eps) over answer i's group g, on each of its tokens (an episode counted once).
+    # 4. Advantages: r_t = score * [t = T] (- beta * KL_t(pi_old || pi_ref) with the KL in the
+    #    reward); A_i = (R_i - mean_g R) / (std_g R + eps) over answer i's group g of the
+    #    returns R_i = sum_t r_t, on each of its tokens (an episode counted once).
     split = len(set(episodes)) < len(episodes)
     exp.advantages, _ = compute_advantages(
         a.advantage_name,
-        token_rewards=last_token_rewards(scores, exp.response_mask),
+        token_rewards=kl_shaped_rewards(exp, cfg, kl_ctl, episodes if split else None)
+        if in_reward
+        else last_token_rewards(scores, exp.response_mask),
         response_mask=exp.response_mask,
         group_index=exp.group_index,
         episode_index=list(episodes) if split else None,
@@ -104,7 +111,7 @@ def grpo_step(
         )
     if a.distill.teacher_path is not None:
         distill_from_teacher(roles, exp, cfg)
-    exp.outcomes = roles.reward.outcomes(samples, scores)  # raw verifiable outcome
+    set_kl_loss_coef(exp, cfg, kl_ctl)
     stats.update(schedule.bound_staleness(exp, step))
     stats.update(schedule.failures.metrics())
 
@@ -114,6 +121,7 @@ def grpo_step(
     if exp.teacher_logprobs is not None:
         stats["distill/reverse_kl"] = distill_gap(exp)
     stats.update(roles.actor.update(exp))
+    adapt_kl(exp, cfg, kl_ctl, stats)
     t1 = time.perf_counter()
     stats["time/train"] = t1 - t0
 
@@ -126,38 +134,40 @@ def ppo_step(
     roles: Roles, cfg: RunConfig, schedule: StepSchedule, step: int, kl_ctl: KLController
 ) -> tuple[Experience, dict[str, float]]:
     """One PPO-RLHF step: r_t = -beta KL_t (+ the score on the last token), values, GAE,
-    critic then actor update, beta adapted (``algo.adaptive_kl_target``)."""
+    critic then actor update, beta adapted (``algo.adaptive_kl_target``). With
+    ``algo.kl_in: loss`` the rewards carry the score only and the actor loss the KL term."""
     a = cfg.algo
     assert roles.critic is not None and roles.reference is not None, "PPO needs critic and ref"
     # 1-2. Generate and score (schedule): one answer per prompt (or algo.group_size), each
-    #      with its reward; infrastructure failures left out.
+    #      with its reward; infrastructure failures left out; algo.missing_eos_penalty taken
+    #      off the truncated ones.
     samples, scores, stats = schedule.rollout(step)
     t0 = time.perf_counter()
-    samples, scores, _ = admit(roles, cfg, schedule.failures, samples, scores, step)
-    exp = Experience.from_samples(samples, roles.tokenizer.pad_token_id)
-    exp.scores = scores
+    samples, scores, episodes = admit(roles, cfg, schedule.failures, samples, scores, step)
+    exp = scored_experience(roles, cfg, samples, scores, episodes, stats)
 
-    # 3. Reference and proximal logprobs: pi_old now (the KL in the reward reads it), pi_ref,
-    #    and the critic's values V(s_t) before the update.
-    exp.old_logprobs = old = offpolicy.old_logprobs(roles, exp, cfg, needed_now=True)
+    # 3. Reference and proximal logprobs: pi_old (now when the KL in the reward reads it),
+    #    pi_ref, and the critic's values V(s_t) before the update.
+    in_reward = a.kl_placement == "reward"
+    exp.old_logprobs = offpolicy.old_logprobs(roles, exp, cfg, needed_now=in_reward)
     exp.ref_logprobs = roles.reference.compute_logprobs(exp)
-    assert old is not None
     exp.values = roles.critic.compute_values(exp)
 
-    # 4. Advantages: r_t = -beta * KL_t(pi_old || pi_ref) + score * [t = T]; GAE(gamma, lambda)
-    #    gives A_t and the critic's targets R_t = A_t + V_t.
-    token_rewards, exp.kl = apply_kl_to_rewards(
-        scores, old, exp.ref_logprobs, exp.response_mask, kl_ctl.value, a.kl_kind
-    )
+    # 4. Advantages: r_t = -beta * KL_t(pi_old || pi_ref) + score * [t = T] (the KL in the
+    #    loss: the score alone); GAE(gamma, lambda) gives A_t and the critic's targets
+    #    R_t = A_t + V_t.
+    assert exp.scores is not None
     exp.advantages, exp.returns = compute_advantages(
         a.advantage_name,
-        token_rewards=token_rewards,
+        token_rewards=kl_shaped_rewards(exp, cfg, kl_ctl)
+        if in_reward
+        else last_token_rewards(exp.scores, exp.response_mask),
         response_mask=exp.response_mask,
         values=exp.values,
         group_index=exp.group_index,
         **_estimator_kwargs(cfg),
     )
-    exp.outcomes = roles.reward.outcomes(samples, scores)  # raw verifiable outcome
+    set_kl_loss_coef(exp, cfg, kl_ctl)
     stats.update(schedule.bound_staleness(exp, step))
     stats.update(schedule.failures.metrics())
 
@@ -170,10 +180,7 @@ def ppo_step(
     stats["critic_warmup"] = float(warmup)
     if not warmup:
         stats.update(roles.actor.update(exp))
-    mean_kl = kl_for_controller(exp.kl, exp.response_mask, a.adaptive_kl_metric)
-    kl_ctl.update(mean_kl, len(exp))
-    stats["kl_in_reward"] = mean_kl
-    stats["kl_beta"] = float(kl_ctl.value)
+    adapt_kl(exp, cfg, kl_ctl, stats)
     t1 = time.perf_counter()
     stats["time/train"] = t1 - t0
 
@@ -213,6 +220,120 @@ def admit(
     if step is not None and cfg.train.save_trajectories:
         save_trajectories(cfg.run_dir, step, samples, scores.tolist(), roles.tokenizer)
     return list(samples), scores, list(episodes)
+
+
+def scored_experience(
+    roles: Roles,
+    cfg: RunConfig,
+    samples: Sequence[Sample],
+    scores: Tensor,
+    episodes: Sequence[int],
+    stats: dict[str, float],
+) -> Experience:
+    """The admitted samples packed, with their raw outcomes (``outcomes``, for the pass rate)
+    and the scores that train (``scores``): ``algo.missing_eos_penalty`` taken off the rows of
+    a truncated episode (:func:`missing_eos_penalty`; ``missing_eos/penalised`` in ``stats``).
+    Every RL step makes its advantages from these scores. Infrastructure failures were left
+    out by :func:`admit` before: they are never scored here."""
+    exp = Experience.from_samples(samples, roles.tokenizer.pad_token_id)
+    exp.outcomes = roles.reward.outcomes(samples, scores)  # raw verifiable outcome
+    penalty = cfg.algo.missing_eos_penalty
+    if penalty is None:
+        exp.scores = scores
+        return exp
+    exp.scores, penalised = missing_eos_penalty(samples, scores, episodes, penalty)
+    stats["missing_eos/penalised"] = float(penalised)
+    return exp
+
+
+def missing_eos_penalty(
+    samples: Sequence[Sample], scores: Tensor, episodes: Sequence[int], penalty: float
+) -> tuple[Tensor, int]:
+    """(scores, n): s_i - penalty for each row i whose episode ended cut at the token limit
+    (finish reason ``length``: its last response has no EOS or stop token; the episode's own
+    sample is its last row, after its segments), s_i elsewhere; n = the episodes penalised."""
+    last = {e: i for i, e in enumerate(episodes)}
+    cut = {e for e, i in last.items() if samples[i].finish_reason == "length"}
+    rows = torch.tensor([e in cut for e in episodes], dtype=torch.bool)
+    return torch.where(rows, scores - penalty, scores), len(cut)
+
+
+EPISODE_SUM_ADVANTAGES = frozenset({"grpo", "drgrpo", "rloo"})
+"""The estimators that read an episode's return as its last row's sum of token rewards."""
+
+
+def kl_shaped_rewards(
+    exp: Experience,
+    cfg: RunConfig,
+    kl_ctl: KLController,
+    episodes: Sequence[int] | None = None,
+) -> Tensor:
+    """Token rewards with the KL in the reward (``algo.kl_in: reward``): r_t = -beta *
+    KL_t(pi_old || pi_ref) on every response token plus the score on the last one (beta =
+    ``kl_ctl.value``, KL by ``algo.kl_kind``); sets ``exp.kl``. Their sum over a sequence,
+    score - beta * sum_t KL_t, is the return a group-relative advantage normalises. With
+    ``episodes`` (an episode split into several rows) and an estimator of
+    ``EPISODE_SUM_ADVANTAGES``, the episode's other rows' KL goes onto its last row
+    (:func:`fold_episode_kl`), so its return is score - beta * the whole episode's KL."""
+    assert exp.scores is not None and exp.old_logprobs is not None
+    assert exp.ref_logprobs is not None
+    beta = kl_ctl.value
+    rewards, exp.kl = apply_kl_to_rewards(
+        exp.scores,
+        exp.old_logprobs,
+        exp.ref_logprobs,
+        exp.response_mask,
+        beta,
+        cfg.algo.kl_kind,
+    )
+    if episodes is not None and cfg.algo.advantage_name in EPISODE_SUM_ADVANTAGES:
+        rewards = fold_episode_kl(rewards, exp.kl, exp.response_mask, episodes, beta)
+    return rewards
+
+
+def fold_episode_kl(
+    rewards: Tensor, kl: Tensor, response_mask: Tensor, episodes: Sequence[int], beta: float
+) -> Tensor:
+    """``rewards`` with -beta * (K_e - K_r) added on the last valid token of each episode's
+    last row r, K_r = sum_t KL_t of row r and K_e that sum over all rows of episode e: the
+    last row's sum becomes score - beta * K_e (a last row without a valid token: unchanged)."""
+    mask = response_mask > 0
+    per_row = (kl * mask).sum(-1)
+    ep = torch.as_tensor(list(episodes), dtype=torch.long)
+    total = torch.zeros_like(per_row).index_add(0, ep, per_row)
+    last_row = {e: i for i, e in enumerate(episodes)}
+    out = rewards.clone()
+    for e, r in last_row.items():
+        valid = mask[r].nonzero()
+        if len(valid):
+            out[r, int(valid[-1])] -= beta * (total[e] - per_row[r])
+    return out
+
+
+def set_kl_loss_coef(exp: Experience, cfg: RunConfig, kl_ctl: KLController) -> None:
+    """An adaptive beta of the KL loss term (``algo.kl_in: loss``) reaches the actor with the
+    batch, ``exp.kl_coefs`` (the same value on every row); a fixed one is ``algo.kl_coef``."""
+    a = cfg.algo
+    adaptive = isinstance(kl_ctl, AdaptiveKLController)
+    if adaptive and a.kl_placement == "loss" and exp.ref_logprobs is not None:
+        exp.kl_coefs = torch.full((len(exp),), float(kl_ctl.value))
+
+
+def adapt_kl(
+    exp: Experience, cfg: RunConfig, kl_ctl: KLController, stats: dict[str, float]
+) -> None:
+    """beta follows the step's KL: a KL in the reward as ``algo.adaptive_kl_metric`` averages
+    ``exp.kl`` (logged ``kl_in_reward``), a KL loss term as the update measured it (token mean,
+    ``actor/kl``); ``kl_beta`` is beta after the update. No KL this step: nothing changes."""
+    if exp.kl is not None:
+        mean_kl = kl_for_controller(exp.kl, exp.response_mask, cfg.algo.adaptive_kl_metric)
+        stats["kl_in_reward"] = mean_kl
+    elif "actor/kl" in stats:
+        mean_kl = stats["actor/kl"]
+    else:
+        return
+    kl_ctl.update(mean_kl, len(exp))
+    stats["kl_beta"] = float(kl_ctl.value)
 
 
 def seed_stride(cfg: RunConfig) -> int:
@@ -386,7 +507,8 @@ def _estimator_kwargs(cfg: RunConfig) -> dict[str, Any]:
 
 
 def make_kl_controller(cfg: RunConfig) -> KLController:
-    """beta of PPO's KL penalty: adaptive towards ``algo.adaptive_kl_target``, else fixed."""
+    """beta of the KL to the reference (in the reward or the loss, ``algo.kl_in``): adaptive
+    towards ``algo.adaptive_kl_target``, else fixed."""
     a = cfg.algo
     if a.adaptive_kl_target is not None:
         return AdaptiveKLController(a.kl_coef, a.adaptive_kl_target, a.adaptive_kl_horizon)

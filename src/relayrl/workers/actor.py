@@ -228,7 +228,8 @@ class ActorWorker(ReferenceWorker):
         by micro-batch (see ``single_update``), unless the model has dropout in train mode
         (``has_train_dropout``): then they are computed first, in eval mode, as a separate
         forward would (the train-mode forward's are a dropout sample, not pi_old).
-        Loss = policy loss + kl_coef * agg(KL(pi || pi_ref)) - entropy_coef * agg(H).
+        Loss = policy loss + beta * agg(KL(pi || pi_ref)) - entropy_coef * agg(H), the KL
+        term with ``algo.kl_in: loss`` (beta: ``kl_coefs``, else ``algo.kl_coef``).
         """
         a = self.algo
         if exp.old_logprobs is None:
@@ -316,7 +317,8 @@ class ActorWorker(ReferenceWorker):
 
     def _micro_step(self, micro: Experience, norm: LossNorm) -> dict[str, Any]:
         """Forward, loss, backward on one micro-batch: the registered policy loss
-        (``algo.policy_loss``), + kl_coef * agg(KL(pi || pi_ref)) (GRPO's KL loss) + the
+        (``algo.policy_loss``), + beta * agg(KL(pi || pi_ref)) (the KL loss term,
+        ``algo.kl_in: loss``; beta = ``kl_coefs`` of the step, else ``algo.kl_coef``) + the
         distillation term - entropy_coef * agg(H)."""
         a = self.algo
         mask = micro.response_mask
@@ -337,10 +339,15 @@ class ActorWorker(ReferenceWorker):
         stats = {
             f"pg_{k}" if not k.startswith(("clip", "approx")) else k: v for k, v in stats.items()
         }
-        if a.name == "grpo" and a.kl_coef > 0 and micro.ref_logprobs is not None:
+        if a.kl_placement == "loss" and a.kl_coef > 0 and micro.ref_logprobs is not None:
             kl = kl_penalty(logp, micro.ref_logprobs, a.kl_kind)
             kl_loss = aggregate_loss(kl, mask, norm)
-            loss = loss + a.kl_coef * kl_loss
+            # the step's beta (adaptive KL: the controller's), else algo.kl_coef
+            if micro.kl_coefs is not None:
+                kl_loss = kl_loss * micro.kl_coefs[0].to(kl_loss.dtype)
+            else:
+                kl_loss = a.kl_coef * kl_loss
+            loss = loss + kl_loss
             stats["kl"] = (kl.detach() * mask).sum() / mask.sum().clamp(min=1)
         distill = a.distill
         if distill.mode == "loss" and micro.teacher_logprobs is not None:
@@ -366,7 +373,7 @@ class ActorWorker(ReferenceWorker):
         remaining rows keep their weights and the update is the same.
         """
         a = self.algo
-        loss_kl = a.name == "grpo" and a.kl_coef > 0
+        loss_kl = a.kl_placement == "loss" and a.kl_coef > 0
         loss_distill = a.distill.teacher_path is not None and a.distill.mode == "loss"
         if not a.skip_zero_advantage or loss_kl or loss_distill or a.entropy_coef != 0:
             return mini

@@ -19,7 +19,8 @@ field                  shape   meaning (units)
 ``values``             [B, R]  V(s_t) of the critic before the update
 ``returns``            [B, R]  the critic's targets R_t
 ``advantages``         [B, R]  A_t
-``kl``                 [B, R]  PPO's per-token KL(pi_old || pi_ref) in the reward (nats)
+``kl``                 [B, R]  per-token KL(pi_old || pi_ref) in the reward (nats)
+``kl_coefs``           [B]     an adaptive beta of the KL loss term, one value repeated per row
 ``rollout_weights``    [B, R]  constant per-token weights of the policy loss (off-policy)
 =====================  ======  ==============================================================
 
@@ -71,6 +72,7 @@ class Experience:
     returns: Tensor | None = None
     advantages: Tensor | None = None
     kl: Tensor | None = None
+    kl_coefs: Tensor | None = None
     rollout_weights: Tensor | None = None
 
     def __setattr__(self, name: str, value: Any) -> None:
