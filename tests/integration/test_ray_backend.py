@@ -1,7 +1,7 @@
 """The ``ray`` cluster on a real local Ray cluster (2 CPUs): the same controller code runs
 GRPO sync with all roles colocated and async with rollout and trainer on split pools; a
 data-parallel actor of size 2 gives the gradients of size 1; a killed rollout replica is
-restarted with no sample lost or duplicated."""
+restarted with no sample lost or duplicated; the replicas serve ``top_logprobs``."""
 
 from __future__ import annotations
 
@@ -589,4 +589,49 @@ def test_weight_sync_to_a_stopped_replica_restarts_it_within_the_bound(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+        roles.close()
+
+
+def _poll_all(client, requests):
+    """``requests`` through ``submit_many`` and ``poll``: their samples, in order."""
+    client.submit_many(
+        [
+            GenerationRequest(r.prompt_ids, r.params, metadata={"i": i})
+            for i, r in enumerate(requests)
+        ]
+    )
+    got: dict[int, object] = {}
+    deadline = time.monotonic() + 120
+    while len(got) < len(requests):
+        assert time.monotonic() < deadline, "timed out"
+        got.update((s.metadata["i"], s) for s in client.poll(timeout=0.5))
+    return [got[i] for i in range(len(requests))]
+
+
+def test_replicas_serve_top_logprobs(sft_model, tmp_path):
+    """Ray replicas keep ``top_logprobs`` (before: the OpenAI endpoint answered 400): the
+    client reports it (``supports_top_logprobs``, asked of the replicas' engines), and each
+    sample's alternatives come back through Ray and ``poll``: per token those of a plain
+    forward's recompute on the replica's weights (temperature, top-k, top-p; greedy; none
+    when not asked; the same tokens as without them). Then the endpoint over the client, with
+    the ``openai`` client: every token's alternatives, the sampled one among them, streamed
+    (with the finish: no progress path) as not."""
+    from openai_stream_checks import check_top_logprobs, template_tokenizer
+    from relayrl.env.openai_server import OpenAIServer
+    from rollout_helpers import check_top_recompute
+
+    cfg = run_config(sft_model, tmp_path / "top", "cluster=ray", "rollout.max_slots=8")
+    roles = build_ray_roles(cfg, str(sft_model), None)
+    client = roles.rollout
+    try:
+        assert client.supports_top_logprobs is True
+        model = load_causal_lm(sft_model).eval()
+        check_top_recompute(model, lambda reqs: _poll_all(client, reqs))
+        srv = OpenAIServer(client, template_tokenizer(sft_model))
+        srv.start()
+        try:
+            check_top_logprobs(srv)
+        finally:
+            srv.stop()
+    finally:
         roles.close()

@@ -169,6 +169,11 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
         hosts.append(handle)
         return handle
 
+    try:  # the client serves top_logprobs when every replica's engine keeps them
+        top_logprobs = all(ray.get([h.rollout_top_logprobs.remote() for h in rollout_hosts]))
+    except BaseException:
+        stop_all()
+        raise
     members: WeightGroupMembers | None = None
     if cfg.weight_sync.transport == "collective" and not colocated:
         # trainer rank 0 (rank 0, the rendezvous on its node) and each replica (ranks 1..R)
@@ -193,6 +198,7 @@ def build_ray_roles(cfg: RunConfig, actor_path: str, critic_path: str | None) ->
         min_version=_admission_version(cfg),
         members=members,
         sync_timeout_s=cfg.weight_sync.timeout_s,
+        top_logprobs=top_logprobs,
     )
 
     def group_of(role: str) -> WorkerGroup:

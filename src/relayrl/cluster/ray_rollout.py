@@ -12,6 +12,11 @@ in-flight requests resubmitted (to the live replicas at once), each tagged with 
 ``replica_lost`` (``controller.failures.note_retry``: its sample's ``metadata["retried"]``,
 counted per step in ``failures/retried/replica_lost``).
 
+``supports_top_logprobs`` (``top_logprobs=``, what ``ray_roles`` asked every replica's engine:
+the built-in one and vLLM keep them): a request's alternatives come back in its sample
+(``Sample.top_logprobs``, through Ray with the rest of it). There is no progress path: a
+streaming reader gets the tokens and their alternatives with the sample, at the finish.
+
 Under ``collective`` the restarted replica takes the dead one's rank in a re-formed weight
 group (:class:`~relayrl.cluster.ray_weight_sync.WeightGroupMembers`: every member leaves,
 all join the next generation) and gets no request until a sync over the new group has loaded
@@ -80,7 +85,9 @@ class RayRolloutClient:
         min_version: Callable[[GenerationRequest], int] | None = None,
         members: WeightGroupMembers | None = None,
         sync_timeout_s: float = 600.0,
+        top_logprobs: bool = False,
     ):
+        self.supports_top_logprobs = top_logprobs  # every replica's engine keeps them
         self._sync_timeout_s = sync_timeout_s  # object store: a replica's load, at most
         self._members = members  # the weight group of trainer rank 0 and the replicas
         self._collective = members is not None

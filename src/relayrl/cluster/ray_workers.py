@@ -408,6 +408,10 @@ class RoleHost(CollectiveWeightSync):
             spans, self._spans = self._spans, []
             return self.engine.stats(), spans
 
+    def rollout_top_logprobs(self) -> bool:
+        """The engine keeps ``top_logprobs`` alternatives (its ``supports_top_logprobs``)."""
+        return bool(getattr(self.engine, "supports_top_logprobs", False))
+
     def shutdown(self) -> None:
         if self.engine is not None:
             with self._cv:
