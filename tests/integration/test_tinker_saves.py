@@ -167,3 +167,39 @@ def test_a_prompt_as_long_as_the_context_is_scored(served: Any) -> None:
     longer = types.ModelInput.from_ints([*full, 5])
     with pytest.raises(tinker.RequestFailedError, match="longer than the model's context"):
         sampler.compute_logprobs(longer).result()
+
+
+def test_a_checkpoint_keeps_its_own_user_metadata(served: Any) -> None:
+    """``save_state`` / ``save_weights_for_sampler(..., user_metadata=)`` is kept with the
+    checkpoint and comes back where Tinker returns it, ``Checkpoint.user_metadata``: in
+    ``list_checkpoints``, ``list_user_checkpoints`` and the training run's last checkpoints,
+    apart from the run's own ``user_metadata`` (it used to be dropped: None everywhere). An
+    overwrite replaces it, and drops it when it sends none (the SDK's ``save_state`` docs)."""
+    client, base, server = served
+    tc = client.create_lora_training_client(
+        base_model=str(base), rank=4, user_metadata={"run": "r1"}
+    ).result()
+    c = tc.save_state("c").result().path
+    b = tc.save_weights_for_sampler("b", user_metadata={"kind": "eval"}).result().path
+    a = tc.save_state("a", user_metadata={"step": "3", "note": "warm"}).result().path
+    rest = tinker.RestClient(base_url=server.base_url(), api_key=KEY)
+
+    def own() -> dict[str, Any]:
+        listed = rest.list_checkpoints(tc.model_id).result().checkpoints
+        return {x.tinker_path: x.user_metadata for x in listed}
+
+    assert own() == {c: None, b: {"kind": "eval"}, a: {"step": "3", "note": "warm"}}
+    every = rest.list_user_checkpoints().result().checkpoints
+    assert {x.tinker_path: x.user_metadata for x in every if x.tinker_path in own()} == own()
+    run = rest.get_training_run(tc.model_id).result()
+    assert run.user_metadata == {"run": "r1"}
+    assert run.last_checkpoint is not None and run.last_checkpoint.tinker_path == a
+    assert run.last_checkpoint.user_metadata == {"step": "3", "note": "warm"}
+    assert run.last_sampler_checkpoint is not None
+    assert run.last_sampler_checkpoint.user_metadata == {"kind": "eval"}
+    tc.save_state("a", overwrite=True, user_metadata={"step": "4"}).result()
+    assert own()[a] == {"step": "4"}
+    tc.save_state("a", overwrite=True).result()
+    assert own() == {c: None, b: {"kind": "eval"}, a: None}
+    loaded = client.create_training_client_from_state(a).result()  # the run's, not the save's
+    assert rest.get_training_run(loaded.model_id).result().user_metadata == {"run": "r1"}

@@ -6,6 +6,13 @@ Layout under the service's state directory (``--state-dir``)::
     <model_id>/sampler_weights/<name>/   save_weights_for_sampler: a Hugging Face model directory
                                          (adapter merged; ``from_pretrained`` loads it) + meta.json
 
+meta.json holds what loading needs (base model, LoRA rank and targets, steps), the run's
+``user_metadata`` (``create_lora_training_client(user_metadata=)``: a run known after a
+restart from its checkpoints) and, under ``checkpoint_user_metadata``, the checkpoint's own
+(``save_state`` / ``save_weights_for_sampler(..., user_metadata=)``; an overwrite replaces it,
+or drops it when the new save has none, as Tinker), listed as the SDK's
+``Checkpoint.user_metadata``.
+
 A checkpoint is written into a temporary sibling directory and renamed into place (after an
 fsync of its files) by ``relayrl.model.atomic_dir.write_dir_atomic``, the save of ``relayrl
 sft``'s model too: a reader sees the old checkpoint or the new one, never half of one, and a
@@ -67,6 +74,22 @@ class CheckpointPath:
         return CheckpointPath(parts[0], parts[1], parts[2])
 
 
+UserMetadata = dict[str, str] | None
+"""A checkpoint's own ``user_metadata`` (the SDK's ``Checkpoint.user_metadata``)."""
+
+
+def check_user_metadata(raw: Any) -> UserMetadata:
+    """A save's ``user_metadata`` as sent (None or a JSON object of strings to strings); any
+    other value is a CheckpointError (a user error)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
+    ):
+        raise CheckpointError(f"user_metadata must map strings to strings, got {raw!r}")
+    return dict(raw)
+
+
 def check_name(name: str) -> str:
     if not _NAME.match(name):
         raise CheckpointError(
@@ -103,14 +126,21 @@ class CheckpointStore:
         return self.root / path.model_id / path.kind / path.name
 
     def write(
-        self, path: CheckpointPath, fill: Callable[[Path], None], meta: dict[str, Any]
+        self,
+        path: CheckpointPath,
+        fill: Callable[[Path], None],
+        meta: dict[str, Any],
+        user_metadata: Any = None,
     ) -> Path:
-        """``fill(tmp_dir)`` writes the files, then meta.json; the swap is
-        :func:`relayrl.model.atomic_dir.write_dir_atomic`'s (fsync, then rename)."""
+        """``fill(tmp_dir)`` writes the files, then meta.json (``meta``, the time and the
+        checkpoint's own ``user_metadata``, checked first: :func:`check_user_metadata`); the
+        swap is :func:`relayrl.model.atomic_dir.write_dir_atomic`'s (fsync, then rename)."""
+        own = check_user_metadata(user_metadata)
 
         def write_all(tmp: Path) -> None:
             fill(tmp)
-            (tmp / "meta.json").write_text(json.dumps({**meta, "time": time.time()}, indent=1))
+            full = {**meta, "time": time.time(), "checkpoint_user_metadata": own}
+            (tmp / "meta.json").write_text(json.dumps(full, indent=1))
 
         return write_dir_atomic(self.dir_of(path), write_all)
 
@@ -160,7 +190,8 @@ class CheckpointStore:
         shutil.rmtree(aside, ignore_errors=True)
 
     def list(self, model_id: str) -> list[dict[str, Any]]:
-        """The model's checkpoints as the SDK's ``Checkpoint`` JSON, oldest first."""
+        """The model's checkpoints as the SDK's ``Checkpoint`` JSON (their own
+        ``user_metadata`` too), oldest first."""
         out = []
         for kind, ctype in KINDS.items():
             base = self.root / model_id / kind
@@ -182,6 +213,7 @@ class CheckpointStore:
                         "tinker_path": CheckpointPath(model_id, kind, d.name).uri,
                         "size_bytes": size,
                         "public": False,
+                        "user_metadata": meta.get("checkpoint_user_metadata"),
                     }
                 )
         return sorted(out, key=lambda c: str(c["time"]))

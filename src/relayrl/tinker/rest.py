@@ -5,7 +5,8 @@ Registered by :class:`~relayrl.tinker.server.TinkerServer` ahead of its catch-al
 - ``GET training_runs?limit&offset`` (``list_training_runs``): the live training models and the
   model ids with checkpoints under the state directory (so runs of an earlier service, after a
   restart), sorted by id; ``project_id`` is refused (no projects here). ``GET
-  training_runs/{id}`` (``get_training_run[_by_tinker_path]``) is the server's own route.
+  training_runs/{id}`` (``get_training_run[_by_tinker_path]``) is the server's own route, with
+  :func:`training_run`'s answer.
 - ``POST weights_info`` (``get_weights_info_by_tinker_path``): base model, LoRA rank and the
   ``train_attn`` / ``train_mlp`` / ``train_unembed`` selection from the checkpoint's meta.json.
 - ``DELETE training_runs/{id}/checkpoints/{weights|sampler_weights}/{name}``
@@ -27,6 +28,7 @@ else 400.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
@@ -81,6 +83,32 @@ def run_ids(svc: TinkerService) -> list[str]:
     return sorted(set(list(svc.models)) | set(svc.store.model_ids()))
 
 
+def training_run(svc: TinkerService, model_id: str) -> dict[str, Any]:
+    """The SDK's ``TrainingRun`` of a live model, or of one known from its checkpoints (its
+    ``user_metadata``: the run's; each listed checkpoint carries its own)."""
+    ckpts = svc.store.list(model_id)
+    if model_id in svc.models:
+        tm = svc.models[model_id]
+        base, rank, meta = tm.base.name, tm.rank, tm.user_metadata
+    elif ckpts:
+        _, m = svc.store.read(CheckpointPath.parse(ckpts[-1]["tinker_path"]))
+        base, rank, meta = m["base_model"], m["rank"], m.get("user_metadata")
+    else:
+        raise UserError(f"unknown training run {model_id!r}")
+    latest = {k: [c for c in ckpts if c["checkpoint_type"] == k] for k in ("training", "sampler")}
+    return {
+        "training_run_id": model_id,
+        "base_model": base,
+        "model_owner": "local",
+        "is_lora": rank > 0,
+        "lora_rank": rank or None,
+        "last_request_time": datetime.now(UTC).isoformat(),
+        "last_checkpoint": latest["training"][-1] if latest["training"] else None,
+        "last_sampler_checkpoint": latest["sampler"][-1] if latest["sampler"] else None,
+        "user_metadata": meta,
+    }
+
+
 def weights_info(svc: TinkerService, uri: str) -> dict[str, Any]:
     """The SDK's ``WeightsInfoResponse`` of a checkpoint, from its meta.json."""
     try:
@@ -122,7 +150,7 @@ def register_rest_routes(app: FastAPI, server: RestHost) -> None:
         runs = []
         for mid in ids:
             try:
-                runs.append(svc.training_run(mid))
+                runs.append(training_run(svc, mid))
             except UserError:  # unloaded, without checkpoints, since listed
                 continue
         return {"training_runs": runs, "cursor": cursor}

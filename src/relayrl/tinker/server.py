@@ -36,7 +36,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from relayrl.tinker.rest import error, register_rest_routes
+from relayrl.tinker.rest import error, register_rest_routes, training_run
 from relayrl.tinker.sampling import SampleJob
 from relayrl.tinker.service import TinkerService, UserError
 from relayrl.tinker.wire import PROTO_CONTENT_TYPE, WireError, decode_forward_backward
@@ -237,8 +237,12 @@ class TinkerServer:
         @app.post("/api/v1/save_weights")
         async def save_weights(body: dict[str, Any]) -> dict[str, Any]:
             mid, name = str(body["model_id"]), body.get("path")
-            overwrite = bool(body.get("overwrite", False))
-            return future(lambda: svc.save_state(mid, name, overwrite=overwrite), model_id=mid)
+            overwrite, own = bool(body.get("overwrite", False)), body.get("user_metadata")
+
+            def save() -> dict[str, Any]:
+                return svc.save_state(mid, name, overwrite=overwrite, user_metadata=own)
+
+            return future(save, model_id=mid)
 
         @app.post("/api/v1/load_weights")
         async def load_weights(body: dict[str, Any]) -> dict[str, Any]:
@@ -260,7 +264,7 @@ class TinkerServer:
             mid, name = str(body["model_id"]), body.get("path")
 
             def save() -> dict[str, Any]:
-                out = svc.save_for_sampler(mid, name)
+                out = svc.save_for_sampler(mid, name, body.get("user_metadata"))
                 if "sampling_session_id" in out:  # an unnamed sampler of the model's session
                     session = mid.split(":train:")[0]
                     self.session_samplers.setdefault(session, []).append(
@@ -358,8 +362,8 @@ class TinkerServer:
             return {}
 
         @app.get("/api/v1/training_runs/{model_id}")
-        async def training_run(model_id: str) -> dict[str, Any]:
-            return svc.training_run(model_id)
+        async def get_training_run(model_id: str) -> dict[str, Any]:
+            return training_run(svc, model_id)
 
         @app.get("/api/v1/training_runs/{model_id}/checkpoints")
         async def checkpoints(model_id: str) -> dict[str, Any]:

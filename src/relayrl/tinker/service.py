@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -232,33 +231,6 @@ class TinkerService:
         del self.models[model_id]
         return {"model_id": model_id, "type": "unload_model"}
 
-    def training_run(self, model_id: str) -> dict[str, Any]:
-        """The SDK's ``TrainingRun`` of a live model, or of one known from its checkpoints."""
-        ckpts = self.store.list(model_id)
-        if model_id in self.models:
-            tm = self.models[model_id]
-            base, rank, meta = tm.base.name, tm.rank, tm.user_metadata
-        elif ckpts:
-            path = CheckpointPath.parse(ckpts[-1]["tinker_path"])
-            _, m = self.store.read(path)
-            base, rank, meta = m["base_model"], m["rank"], m.get("user_metadata")
-        else:
-            raise UserError(f"unknown training run {model_id!r}")
-        latest = {
-            k: [c for c in ckpts if c["checkpoint_type"] == k] for k in ("training", "sampler")
-        }
-        return {
-            "training_run_id": model_id,
-            "base_model": base,
-            "model_owner": "local",
-            "is_lora": rank > 0,
-            "lora_rank": rank or None,
-            "last_request_time": datetime.now(UTC).isoformat(),
-            "last_checkpoint": latest["training"][-1] if latest["training"] else None,
-            "last_sampler_checkpoint": latest["sampler"][-1] if latest["sampler"] else None,
-            "user_metadata": meta,
-        }
-
     def get_info(self, model_id: str) -> dict[str, Any]:
         tm = self.model(model_id)
         return {
@@ -392,7 +364,7 @@ class TinkerService:
         }
 
     def save_state(
-        self, model_id: str, name: str | None, overwrite: bool = False
+        self, model_id: str, name: str | None, overwrite: bool = False, user_metadata: Any = None
     ) -> dict[str, Any]:
         tm = self.model(model_id)
         path = CheckpointPath(model_id, "weights", check_name(name or f"step-{tm.steps:06d}"))
@@ -408,7 +380,7 @@ class TinkerService:
             save_file(trainable, str(d / "trainable.safetensors"))
             torch.save(tm.optimizer.state_dict(), d / "optimizer.pt")
 
-        self.store.write(path, fill, self._meta(tm))
+        self.store.write(path, fill, self._meta(tm), user_metadata)
         return {"path": path.uri, "type": "save_weights"}
 
     def load_state(
@@ -465,7 +437,9 @@ class TinkerService:
             return {k: v.clone() for k, v in merged_state_dict(tm.module).items()}
         return {k: v.detach().clone() for k, v in tm.module.state_dict().items()}
 
-    def save_for_sampler(self, model_id: str, name: str | None) -> dict[str, Any]:
+    def save_for_sampler(
+        self, model_id: str, name: str | None, user_metadata: Any = None
+    ) -> dict[str, Any]:
         """Named: a sampler checkpoint (HF directory) whose path a sampling client can open;
         saving under a name again replaces it: every sampler on the path serves the new weights
         to the requests sent after the save (a worker barrier), the old to those before. Unnamed
@@ -484,7 +458,7 @@ class TinkerService:
                 tm.module.save_pretrained(str(d))
                 tm.base.tokenizer.save_pretrained(str(d))
 
-        self.store.write(path, fill, self._meta(tm))
+        self.store.write(path, fill, self._meta(tm), user_metadata)
         self._cache_state(path.uri, state)
         if tm.base.engine_key == path.uri:  # the engine holds what this save replaced
             tm.base.engine_key = ""
