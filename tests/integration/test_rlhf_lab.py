@@ -241,7 +241,10 @@ def test_dpo_with_algo_name_dpo_learns_the_preferences(lab, tmp_path, outcome):
     (min / median): 0.607 / 0.633 (0.5 before: policy == reference; per seed 0.607, 0.623,
     0.720, 0.647, 0.633), 2026-12-07 at 138581f, by ``RELAYRL_TEST_SEED=s
     RELAYRL_OUTCOMES=out.jsonl pytest -m learning tests/integration/test_rlhf_lab.py -k dpo_with``
-    for s in 0-4 (docs/development.md); 0.600 / 0.683 on 2026-12-01. The held-out pairs are the
+    for s in 0-4 (docs/development.md); 0.600 / 0.683 on 2026-12-01. The change is the fixture's:
+    bisected to 89e8bd0 (LM head on the response positions only), which moves the lab SFT's
+    gradients by float32 rounding, so its weights and the pairs sampled from it differ; on one
+    lab (seed 2) the DPO figure is the same with either forward path. The held-out pairs are the
     lab's ``pairs_eval.jsonl`` (``data.eval_path``): other pairs of the same 10 ``"<city> is"``
     prompts, not held-out prompts (``split_pairs``'s by-prompt split is not on this path)."""
     root, _ = lab
