@@ -270,6 +270,58 @@ def test_a_branching_agent_gives_one_sample_per_branch(chat_model):
     assert samples == [branch, sample] and scores.tolist() == [0.25, 0.25]
 
 
+def test_ppo_runs_gae_along_a_branching_agents_rows(chat_model, tmp_path, monkeypatch):
+    """One PPO step on branching-agent rollouts (gamma 0.9, lam 0.8): each rollout trains as
+    two rows, the branch then its own sample; the score sits on the last row only and the
+    branch's last token bootstraps from the next row's first: its return is R_t = r_t +
+    gamma * (V' + lam * (R' - V')) with r_t = -beta * KL_t and (V', R') at that first token,
+    the last row's last return is score - beta * KL_t."""
+    import relayrl.controller.algorithms as algorithms
+
+    seen: dict = {}
+    admit, ppo_step = algorithms.admit, algorithms.ppo_step
+
+    def admit_recorded(*args, **kwargs):
+        seen["admitted"] = admit(*args, **kwargs)
+        return seen["admitted"]
+
+    def ppo_recorded(roles, cfg, schedule, step, kl_ctl):
+        seen["beta"] = float(kl_ctl.value)
+        seen["exp"], stats = ppo_step(roles, cfg, schedule, step, kl_ctl)
+        return seen["exp"], stats
+
+    monkeypatch.setattr(algorithms, "admit", admit_recorded)
+    monkeypatch.setattr(algorithms, "ppo_step", ppo_recorded)
+    cfg = _cfg(
+        chat_model,
+        tmp_path / "run",
+        "env.agent.function=test_agent_rollout:branching_agent",
+        "algo.name=ppo",
+        "algo.group_size=1",
+        "algo.kl_coef=0.1",
+        "algo.gamma=0.9",
+        "algo.lam=0.8",
+        "train.steps=1",
+        "train.save_every=0",
+    )
+    train(cfg, lambda a, c: build_local_roles(cfg, a, c))
+    samples, scores, episodes = seen["admitted"]
+    exp, beta, gamma, lam = seen["exp"], seen["beta"], 0.9, 0.8
+    assert episodes == [0, 0, 1, 1] and scores.tolist() == [0.25] * 4
+    assert ["segment_of" in s.metadata["env"] for s in samples] == [True, False, True, False]
+    mask = exp.response_mask > 0
+    for branch, main in ((0, 1), (2, 3)):
+        t = int(mask[branch].nonzero()[-1])
+        first, last = int(mask[main].nonzero()[0]), int(mask[main].nonzero()[-1])
+        v1, r1 = exp.values[main, first], exp.returns[main, first]
+        reward = -beta * exp.kl[branch, t]  # no score on the branch row
+        expected = reward + gamma * (v1 + lam * (r1 - v1))
+        torch.testing.assert_close(exp.returns[branch, t], expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            exp.returns[main, last], 0.25 - beta * exp.kl[main, last], atol=1e-5, rtol=0
+        )
+
+
 @pytest.mark.slow  # starts the engine worker process
 def test_an_openai_agent_trains_on_the_async_schedule(chat_model, tmp_path):
     """The same agent through the async controller (engine in its own process, submit_many /

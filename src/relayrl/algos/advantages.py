@@ -9,11 +9,17 @@ Conventions shared by every estimator:
   are placed on the last valid token, see ``kl.apply_kl_to_rewards``).
 - ``group_index`` ([B] int tensor, or a list of any hashable ids) names each sequence's
   group (e.g. its prompt); groups need not be contiguous.
-- ``episode_index`` (optional, same forms as ``group_index``; GRPO, Dr.GRPO, RLOO,
-  REINFORCE++-baseline) names
-  the episode each sequence belongs to: a multi-turn episode trained as several sequences
-  (segments of a prefix break) shares one score and one group, and counts once in its
-  group's mean and std; every one of its sequences gets the episode's advantage.
+- ``episode_index`` (optional, same forms as ``group_index``) names the episode each
+  sequence belongs to: a multi-turn episode trained as several sequences (segments of a
+  prefix break). GRPO, Dr.GRPO, RLOO, REINFORCE++-baseline: the episode shares one score and
+  one group, and counts once in its group's mean and std; every one of its sequences gets
+  the episode's advantage. GAE and REINFORCE++: the recurrence runs along the episode's
+  valid tokens across its sequences *in batch order* (row i before row j when i < j; the
+  rows need not be adjacent), as if they were one sequence: t' of a sequence's last valid
+  token is the first valid token of the episode's next sequence that has one (V, A, G = 0
+  past the episode's last valid token), so the episode's outcome belongs on its last
+  sequence only. ``relayrl.env.scoring.expand_episodes`` gives that order: an episode's
+  segments as it made them, then its own sample (the final turn) last.
 - Group baselines are computed around the group's minimum score, so a group whose scores
   are all equal is centred to exactly 0 before any division or batch whitening (no
   ``x - mean(x) = 1e-17`` residue that a tiny std would blow up).
@@ -100,21 +106,96 @@ def _per_episode(
     return ep_scores, torch.unique(ep_groups, return_inverse=True)[1], ep
 
 
-def discounted_returns(token_rewards: Tensor, response_mask: Tensor, gamma: float = 1.0) -> Tensor:
+def discounted_returns(
+    token_rewards: Tensor,
+    response_mask: Tensor,
+    gamma: float = 1.0,
+    episode_index: GroupIndex | None = None,
+) -> Tensor:
     """Return-to-go G_t = r_t + gamma * G_{t'} with t' the next valid token (0 where masked).
 
-    The Monte-Carlo return of REINFORCE (Williams 1992).
+    The Monte-Carlo return of REINFORCE (Williams 1992): :func:`compute_gae` with V = 0 and
+    lambda = 1. With ``episode_index`` t' runs on across an episode's rows (module docstring).
     """
     _check_bt("token_rewards", token_rewards, response_mask)
     mask = as_bool_mask(response_mask)
     rewards = zero_masked(token_rewards, mask)
-    running = rewards.new_zeros(rewards.shape[0])
-    out: list[Tensor] = [running] * rewards.shape[1]
-    for t in reversed(range(rewards.shape[1])):
-        g = rewards[:, t] + gamma * running
-        running = torch.where(mask[:, t], g, running)
-        out[t] = torch.where(mask[:, t], g, torch.zeros_like(g))
-    return torch.stack(out, dim=1) if out else rewards.clone()
+    return _chained_gae(rewards, torch.zeros_like(rewards), mask, gamma, 1.0, episode_index)
+
+
+def _successors(episode_index: GroupIndex, batch: int, device: torch.device) -> list[int]:
+    """[B]: the row after each row in its episode (batch order), -1 for an episode's last row."""
+    ep = _group_inverse(episode_index, batch, device).tolist()
+    after: dict[int, int] = {}
+    nxt = [-1] * batch
+    for b in reversed(range(batch)):
+        nxt[b] = after.get(ep[b], -1)
+        after[ep[b]] = b
+    return nxt
+
+
+def _gae_scan(
+    rewards: Tensor,
+    vals: Tensor,
+    mask: Tensor,
+    gamma: float,
+    lam: float,
+    carry: tuple[Tensor, Tensor],
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """A [B, T] of rows whose next valid token after their last has value and advantage
+    ``carry`` ([B] each); with the (V, A) of each row's first valid token (``carry`` if none)."""
+    next_value, next_adv = carry
+    length = rewards.shape[1]
+    advs: list[Tensor] = [torch.zeros_like(next_adv)] * length
+    for t in reversed(range(length)):
+        valid = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - vals[:, t]
+        adv_t = delta + gamma * lam * next_adv
+        advs[t] = torch.where(valid, adv_t, torch.zeros_like(adv_t))
+        next_value = torch.where(valid, vals[:, t], next_value)
+        next_adv = torch.where(valid, adv_t, next_adv)
+    out = torch.stack(advs, dim=1) if length else vals.clone()
+    return out, (next_value, next_adv)
+
+
+def _chained_gae(
+    rewards: Tensor,
+    vals: Tensor,
+    mask: Tensor,
+    gamma: float,
+    lam: float,
+    episode_index: GroupIndex | None,
+) -> Tensor:
+    """GAE advantages [B, T] (rewards, values already 0 where masked), each row's recurrence
+    continuing into the next row of its episode: rows are done last-row-first, a row's
+    carry-in being the (V, A) of its successor's first valid token (V = A = 0 for an
+    episode's last row; a successor without a valid token passes its own carry-in on)."""
+    if episode_index is None:
+        zero = vals.new_zeros(vals.shape[0])
+        return _gae_scan(rewards, vals, mask, gamma, lam, (zero, zero))[0]
+    batch = rewards.shape[0]
+    nxt = _successors(episode_index, batch, rewards.device)
+    depth = [0] * batch  # rows after this one in its episode
+    for b in reversed(range(batch)):
+        depth[b] = depth[nxt[b]] + 1 if nxt[b] >= 0 else 0
+    advantages = torch.zeros_like(vals)
+    head_v, head_a = vals.new_zeros(batch), vals.new_zeros(batch)
+    for d in range(max(depth, default=-1) + 1):
+        level = [b for b in range(batch) if depth[b] == d]
+        rows = torch.tensor(level, dtype=torch.long, device=vals.device)
+        succ = torch.tensor([nxt[b] for b in level], dtype=torch.long, device=vals.device)
+        has_next = succ >= 0
+        carry = (
+            torch.where(has_next, head_v[succ.clamp(min=0)], 0.0),
+            torch.where(has_next, head_a[succ.clamp(min=0)], 0.0),
+        )
+        adv, (first_v, first_a) = _gae_scan(
+            rewards[rows], vals[rows], mask[rows], gamma, lam, carry
+        )
+        advantages = advantages.index_copy(0, rows, adv)
+        head_v = head_v.index_copy(0, rows, first_v)
+        head_a = head_a.index_copy(0, rows, first_a)
+    return advantages
 
 
 def compute_gae(
@@ -124,31 +205,23 @@ def compute_gae(
     gamma: float = 1.0,
     lam: float = 1.0,
     whiten: bool = False,
+    episode_index: GroupIndex | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Generalised Advantage Estimation (Schulman et al. 2016, arXiv:1506.02438).
 
     delta_t = r_t + gamma * V_{t'} - V_t,  A_t = delta_t + gamma * lam * A_{t'},  where t' is
     the next *valid* token (V, A = 0 past the last one); returns R_t = A_t + V_t.
     ``whiten`` applies batch-level masked whitening to A *after* R is formed (R keeps the
-    raw scale, as the critic target). Both outputs are 0 at masked positions.
+    raw scale, as the critic target). Both outputs are 0 at masked positions. With
+    ``episode_index`` t' runs on from a sequence's last valid token into the next sequence of
+    its episode (module docstring): the advantages and returns of the unbroken episode.
     """
     _check_bt("token_rewards", token_rewards, response_mask)
     _check_bt("values", values, response_mask)
     mask = as_bool_mask(response_mask)
     rewards = zero_masked(token_rewards, mask)
     vals = zero_masked(values, mask)
-    batch, length = rewards.shape
-    next_value = vals.new_zeros(batch)
-    next_adv = vals.new_zeros(batch)
-    advs: list[Tensor] = [next_adv] * length
-    for t in reversed(range(length)):
-        valid = mask[:, t]
-        delta = rewards[:, t] + gamma * next_value - vals[:, t]
-        adv_t = delta + gamma * lam * next_adv
-        advs[t] = torch.where(valid, adv_t, torch.zeros_like(adv_t))
-        next_value = torch.where(valid, vals[:, t], next_value)
-        next_adv = torch.where(valid, adv_t, next_adv)
-    advantages = torch.stack(advs, dim=1) if length else vals.clone()
+    advantages = _chained_gae(rewards, vals, mask, gamma, lam, episode_index)
     returns = zero_masked(advantages + vals, mask)
     if whiten:
         advantages = masked_whiten(advantages, mask)
@@ -259,11 +332,15 @@ def compute_rloo(
 
 
 def compute_reinforce_plus_plus(
-    token_rewards: Tensor, response_mask: Tensor, gamma: float = 1.0
+    token_rewards: Tensor,
+    response_mask: Tensor,
+    gamma: float = 1.0,
+    episode_index: GroupIndex | None = None,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++ (Hu 2025, arXiv:2501.03262): A_t = whiten(G_t) over all valid tokens of the
-    batch, G_t the discounted return-to-go. Returns (A, G): G is the un-whitened return."""
-    returns = discounted_returns(token_rewards, response_mask, gamma)
+    batch, G_t the discounted return-to-go (with ``episode_index``, run on across an episode's
+    rows: module docstring). Returns (A, G): G is the un-whitened return."""
+    returns = discounted_returns(token_rewards, response_mask, gamma, episode_index)
     return masked_whiten(returns, response_mask), returns
 
 
@@ -347,10 +424,10 @@ def compute_advantages(
     """Dispatch to ``ADVANTAGE_ESTIMATORS[name]``.
 
     ``values`` / ``group_index`` are passed only to estimators that take them (and are
-    required there); ``episode_index`` to those that take it (optional; the others have no
-    group statistics to count episodes in, except REINFORCE++-baseline, whose group mean
-    still counts each sequence); every other keyword (gamma, lam, whiten, norm_by_std, eps)
-    must be one the estimator accepts, else ValueError.
+    required there); ``episode_index`` to those that take it (optional: counted once in group
+    statistics, or chained along by GAE and REINFORCE++; module docstring); every other
+    keyword (gamma, lam, whiten, norm_by_std, eps) must be one the estimator accepts, else
+    ValueError.
     """
     try:
         estimator = ADVANTAGE_ESTIMATORS[name]

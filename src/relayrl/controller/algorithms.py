@@ -98,7 +98,10 @@ def grpo_step(
         a.advantage_name,
         token_rewards=kl_shaped_rewards(exp, cfg, kl_ctl, episodes if split else None)
         if in_reward
-        else last_token_rewards(scores, exp.response_mask),
+        else last_token_rewards(
+            row_outcomes(scores, exp.response_mask, episodes, a.advantage_name),
+            exp.response_mask,
+        ),
         response_mask=exp.response_mask,
         group_index=exp.group_index,
         episode_index=list(episodes) if split else None,
@@ -155,16 +158,22 @@ def ppo_step(
 
     # 4. Advantages: r_t = -beta * KL_t(pi_old || pi_ref) + score * [t = T] (the KL in the
     #    loss: the score alone); GAE(gamma, lambda) gives A_t and the critic's targets
-    #    R_t = A_t + V_t.
+    #    R_t = A_t + V_t. An episode split into rows: GAE runs along its rows in order and
+    #    its score sits on its last row only (row_outcomes), as if it were one sequence.
     assert exp.scores is not None
+    split = len(set(episodes)) < len(episodes)
     exp.advantages, exp.returns = compute_advantages(
         a.advantage_name,
-        token_rewards=kl_shaped_rewards(exp, cfg, kl_ctl)
+        token_rewards=kl_shaped_rewards(exp, cfg, kl_ctl, episodes if split else None)
         if in_reward
-        else last_token_rewards(exp.scores, exp.response_mask),
+        else last_token_rewards(
+            row_outcomes(exp.scores, exp.response_mask, episodes, a.advantage_name),
+            exp.response_mask,
+        ),
         response_mask=exp.response_mask,
         values=exp.values,
         group_index=exp.group_index,
+        episode_index=list(episodes) if split else None,
         **_estimator_kwargs(cfg),
     )
     set_kl_loss_coef(exp, cfg, kl_ctl)
@@ -261,6 +270,28 @@ def missing_eos_penalty(
 EPISODE_SUM_ADVANTAGES = frozenset({"grpo", "drgrpo", "rloo"})
 """The estimators that read an episode's return as its last row's sum of token rewards."""
 
+CHAINED_ADVANTAGES = frozenset({"gae", "reinforce_plus_plus"})
+"""The estimators whose recurrence runs on across an episode's rows (``episode_index``)."""
+
+
+def row_outcomes(
+    scores: Tensor, response_mask: Tensor, episodes: Sequence[int], advantage: str
+) -> Tensor:
+    """The score each row's last valid token receives: s_i, except under an estimator of
+    ``CHAINED_ADVANTAGES`` 0 on every row of a split episode but the last one with a valid
+    token (rows in batch order: the episode's own sample, after its segments), the last valid
+    token of the unbroken episode, so that its outcome is counted once."""
+    if advantage not in CHAINED_ADVANTAGES or len(set(episodes)) == len(episodes):
+        return scores
+    has_tokens = (response_mask > 0).any(-1).tolist()
+    last: dict[int, int] = {}
+    for i, e in enumerate(episodes):
+        if has_tokens[i] or e not in last:
+            last[e] = i
+    keep = torch.zeros(len(episodes), dtype=torch.bool)
+    keep[list(last.values())] = True
+    return torch.where(keep, scores, torch.zeros_like(scores))
+
 
 def kl_shaped_rewards(
     exp: Experience,
@@ -274,12 +305,16 @@ def kl_shaped_rewards(
     score - beta * sum_t KL_t, is the return a group-relative advantage normalises. With
     ``episodes`` (an episode split into several rows) and an estimator of
     ``EPISODE_SUM_ADVANTAGES``, the episode's other rows' KL goes onto its last row
-    (:func:`fold_episode_kl`), so its return is score - beta * the whole episode's KL."""
+    (:func:`fold_episode_kl`), so its return is score - beta * the whole episode's KL; with
+    one of ``CHAINED_ADVANTAGES`` the score goes on its last row only (:func:`row_outcomes`)."""
     assert exp.scores is not None and exp.old_logprobs is not None
     assert exp.ref_logprobs is not None
     beta = kl_ctl.value
+    scores = exp.scores
+    if episodes is not None:
+        scores = row_outcomes(scores, exp.response_mask, episodes, cfg.algo.advantage_name)
     rewards, exp.kl = apply_kl_to_rewards(
-        exp.scores,
+        scores,
         exp.old_logprobs,
         exp.ref_logprobs,
         exp.response_mask,

@@ -107,7 +107,9 @@ def test_a_split_episode_returns_its_whole_kl():
         episode_index=[0, 0, 1],
     )
     torch.testing.assert_close(adv[:, 0], torch.tensor([0.25, 0.25, -0.25]), atol=1e-6, rtol=0)
-    # REINFORCE++ keeps each row's own return-to-go: no fold
+    # REINFORCE++ runs its return-to-go along the episode's rows: no fold, the score on the
+    # episode's last row only
     cfg.algo.advantage = "reinforce_plus_plus"
     plain = kl_shaped_rewards(exp, cfg, FixedKLController(0.5), [0, 0, 1])
+    torch.testing.assert_close(plain[0], torch.tensor([-0.1, -0.2]), atol=1e-6, rtol=0)
     torch.testing.assert_close(plain[1], torch.tensor([0.5, 0.0]), atol=1e-6, rtol=0)
