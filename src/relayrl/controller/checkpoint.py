@@ -137,7 +137,6 @@ def save_checkpoint(
     root = checkpoint_root(run_dir)
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}_{os.getpid()}"
-    latest_tmp = root / f".latest_{os.getpid()}"  # write_file_durable's temporary file
     placed = False  # the checkpoint renamed into place: complete, whatever fails after
     try:
         mkdir_durable(root)
@@ -159,8 +158,7 @@ def save_checkpoint(
         write_file_durable(root / "latest", final.name + "\n")
     except BaseException as exc:
         reason = write_failure(exc, root)  # before the cleanup frees space
-        shutil.rmtree(tmp, ignore_errors=True)
-        latest_tmp.unlink(missing_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # latest's temporary: write_file_durable's
         if reason is not None:
             what = (
                 f"is written but {root / 'latest'} could not be updated"

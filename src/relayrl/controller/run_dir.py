@@ -119,8 +119,8 @@ class RunDir:
         self.release()
 
 
-def _not_writable(path: Path, exc: OSError) -> RunDirError:
-    return RunDirError(f"run directory {path} cannot be written ({exc.strerror or exc})")
+def _not_writable(path: Path, exc: OSError, what: str = "run directory") -> RunDirError:
+    return RunDirError(f"{what} {path} cannot be written ({exc.strerror or exc})")
 
 
 def _lock(
@@ -133,13 +133,13 @@ def _lock(
         lock.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise RunDirError(f"{what} {path} cannot be written ({exc.strerror or exc})") from exc
+        raise _not_writable(path, exc, what) from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         os.close(fd)
         if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise _not_writable(path, exc) from exc
+            raise _not_writable(path, exc, what) from exc
         raise RunDirError(
             f"{what} {path} is in use by another relayrl run (pid {_holder(lock)}); wait "
             f"for it to end, or choose another {key}=..."
