@@ -1,6 +1,7 @@
 """Tinker ``sample`` requests on a relayrl engine: SamplingParams mapping, stop sequences,
 prompt logprobs (``compute_logprobs``; ``prompt_logprobs_last_n`` n: the first
-len(prompt) - n entries are None).
+len(prompt) - n entries are None), top-k logprobs of the prompt and of the sampled tokens
+(``topk_prompt_logprobs``, ``topk_sample_logprobs``: :mod:`relayrl.tinker.topk`).
 
 SamplingParams -> relayrl's: ``temperature`` (0 = greedy; < 0 a user error), ``top_p``,
 ``top_k`` (-1 or 0 = off; < -1 a user error),
@@ -9,7 +10,8 @@ SamplingParams -> relayrl's: ``temperature`` (0 = greedy; < 0 a user error), ``t
 ``[]`` disables every stop, EOS included; strings are matched on the decoded text after
 generation (EOS still stops) and the sequence is cut after the first token that completes
 one. A prompt longer than the context is a user error; one exactly as long is served only
-with its prompt logprobs asked for (``compute_logprobs``: the prompt's forward needs no room),
+with its prompt logprobs (or their top-k) asked for (``compute_logprobs``: the prompt's
+forward needs no room),
 its ``num_samples`` sequences empty (stop reason ``length``), else a user error (no room to
 sample). Logprobs are the engine's behaviour logprobs: the sampled token under the
 distribution it was drawn from (temperature-scaled; at temperature 1 the trainer's recompute,
@@ -21,10 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from relayrl.rollout.engine import RolloutEngine
 from relayrl.rollout.types import GenerationRequest, Sample, SamplingParams
+from relayrl.tinker.topk import ordered, prompt_scores
 from relayrl.tinker.wire import WireSequence, encode_sample_response
 
 
@@ -39,6 +40,15 @@ class SampleJob:
     prompt_logprobs: bool = False
     prompt_logprobs_last_n: int | None = None
     """Score only the prompt's last n tokens (1..len(prompt) - 1); earlier entries None."""
+    topk_prompt: int = 0
+    """``topk_prompt_logprobs``: the k most likely tokens per prompt position (0: off)."""
+    topk_sample: int = 0
+    """``topk_sample_logprobs``: the k most likely tokens per sampled position (0: off)."""
+
+    @property
+    def scores_prompt(self) -> bool:
+        """The prompt's own forward is asked for (prompt logprobs or their top-k)."""
+        return self.prompt_logprobs or self.topk_prompt > 0
 
 
 def _stop_rule(stop: Any) -> tuple[list[int], bool, list[str]]:
@@ -67,15 +77,6 @@ def _cut_at_stop(sample: Sample, tokenizer: Any, stops: list[str]) -> tuple[int,
     return len(ids), False
 
 
-def prompt_logprobs(model: torch.nn.Module, prompt: list[int]) -> list[float | None]:
-    """log p(prompt[i] | prompt[:i]) in fp32; None for the first token."""
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt])).logits[0].float()
-    logp = torch.log_softmax(logits[:-1], dim=-1)
-    picked = logp.gather(-1, torch.tensor(prompt[1:])[:, None])[:, 0]
-    return [None, *picked.tolist()]
-
-
 def run_sample_jobs(
     engine: RolloutEngine, tokenizer: Any, jobs: list[SampleJob], user_error: type[Exception]
 ) -> list[bytes | Exception]:
@@ -100,7 +101,7 @@ def run_sample_jobs(
             # a prompt that fills the context leaves no room to sample: served (no token
             # generated) only when its prompt logprobs are asked for (compute_logprobs)
             prompt_only = len(job.prompt) == ctx
-            if prompt_only and not job.prompt_logprobs:
+            if prompt_only and not job.scores_prompt:
                 raise user_error(
                     f"the prompt has {len(job.prompt)} tokens; the model's context is {ctx}, "
                     "leaving no room to sample"
@@ -147,6 +148,7 @@ def run_sample_jobs(
                 stop_token_ids=ids,
                 ignore_eos=ignore_eos,
                 seed=None if seed is None else int(seed) + i,
+                top_logprobs=job.topk_sample,
             )
             requests.append(GenerationRequest(list(job.prompt), params))
             owners.append(j)
@@ -163,17 +165,21 @@ def run_sample_jobs(
         seqs = seqs if j in prompt_only_jobs else []
         for s in group:
             keep, by_string = _cut_at_stop(s, tokenizer, rules[j])
+            top = s.top_logprobs or []
             seqs.append(
                 WireSequence(
                     s.response_ids[:keep],
                     s.behaviour_logprobs[:keep],
                     stopped=by_string or s.finish_reason in ("eos", "stop"),
+                    topk=None if s.top_logprobs is None else [ordered(r) for r in top[:keep]],
                 )
             )
-        plp = prompt_logprobs(engine.model, jobs[j].prompt) if jobs[j].prompt_logprobs else None
-        last_n = jobs[j].prompt_logprobs_last_n
-        if plp is not None and last_n is not None:
-            cut = len(plp) - last_n
-            plp = [None if i < cut else v for i, v in enumerate(plp)]
-        out[j] = encode_sample_response(seqs, plp)
+        job = jobs[j]
+        plp, prompt_top = None, None
+        if job.scores_prompt:
+            plp, prompt_top = prompt_scores(
+                engine.model, job.prompt, job.topk_prompt, job.prompt_logprobs_last_n
+            )
+        plp = plp if job.prompt_logprobs else None
+        out[j] = encode_sample_response(seqs, plp, prompt_top, (job.topk_prompt, job.topk_sample))
     return [o if o is not None else user_error("no result") for o in out]

@@ -39,6 +39,7 @@ from fastapi.responses import Response
 from relayrl.tinker.rest import error, register_rest_routes, training_run
 from relayrl.tinker.sampling import SampleJob
 from relayrl.tinker.service import TinkerService, UserError
+from relayrl.tinker.topk import check_k
 from relayrl.tinker.wire import PROTO_CONTENT_TYPE, WireError, decode_forward_backward
 from relayrl.tinker.worker import Result, Worker
 
@@ -304,9 +305,16 @@ class TinkerServer:
                 sid = str(body["sampling_session_id"])
             else:  # a one-off request naming its weights
                 sid = svc.create_sampling_session(body.get("base_model"), body.get("model_path"))
-            for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
-                if body.get(key):
-                    return error(400, f"{key} is not supported by relayrl's Tinker service")
+            topk = {k: body.get(k) or 0 for k in ("topk_prompt_logprobs", "topk_sample_logprobs")}
+            for key, k in topk.items():
+                if (why := check_k(key, k)) is not None:
+                    return error(400, why)
+            if body.get("prompt_alt_tokens_k"):  # random draws, not the most likely tokens
+                return error(
+                    400,
+                    "prompt_alt_tokens_k is not supported by relayrl's Tinker service "
+                    "(topk_prompt_logprobs gives the most likely tokens per prompt position)",
+                )
             if body.get("target_prompt_logprobs") is not None:
                 return error(400, "target_prompt_logprobs is not supported")
             chunks = body["prompt"]["chunks"]
@@ -327,6 +335,8 @@ class TinkerServer:
                 dict(body.get("sampling_params") or {}),
                 bool(body.get("prompt_logprobs")),
                 None if last_n is None else int(last_n),
+                topk["topk_prompt_logprobs"],
+                topk["topk_sample_logprobs"],
             )
             rid_seq = f"{sid}-{body.get('seq_id', uuid.uuid4().hex[:8])}"
             return future(sample=job, sample_sequence_ids=[f"{rid_seq}-{i}" for i in range(n)])

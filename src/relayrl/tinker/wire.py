@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from tinker.proto import tinker_public_pb2 as pb
 
+from relayrl.tinker.topk import TopRow, dense
+
 PROTO_CONTENT_TYPE = "application/x-protobuf"
 
 _NUMPY_OF = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
@@ -134,19 +136,36 @@ class WireSequence:
     logprobs: list[float]
     stopped: bool
     """True: ended by EOS or a stop sequence ("stop"); False: by max_tokens ("length")."""
+    topk: list[TopRow | None] | None = None
+    """Each token's alternatives (``topk_sample_logprobs``), when asked."""
+
+
+def _topk(msg: pb.TopkLogprobs, rows: list[TopRow | None], k: int) -> None:
+    ids, lps = dense(rows, k)
+    msg.token_ids, msg.logprobs = ids.tobytes(), lps.tobytes()
+    msg.k, msg.length = k, len(rows)
 
 
 def encode_sample_response(
-    sequences: list[WireSequence], prompt_logprobs: list[float | None] | None
+    sequences: list[WireSequence],
+    prompt_logprobs: list[float | None] | None,
+    topk_prompt: list[TopRow | None] | None = None,
+    k: tuple[int, int] = (0, 0),
 ) -> bytes:
-    """A ``SampleResponse``; prompt logprobs are float32 with NaN for the first position."""
+    """A ``SampleResponse``; prompt logprobs are float32 with NaN for the first position.
+    ``k``: (topk_prompt_logprobs, topk_sample_logprobs), the width of ``topk_prompt`` and of
+    each sequence's ``topk`` (:mod:`relayrl.tinker.topk`; a 0 leaves the field out)."""
     msg = pb.SampleResponse()
     for seq in sequences:
         s = msg.sequences.add()
         s.stop_reason = pb.STOP_REASON_STOP if seq.stopped else pb.STOP_REASON_LENGTH
         s.tokens = np.asarray(seq.tokens, dtype=np.int32).tobytes()
         s.logprobs = np.asarray(seq.logprobs, dtype=np.float32).tobytes()
+        if k[1] > 0:
+            _topk(s.topk_sampled_logprobs, seq.topk or [], k[1])
     if prompt_logprobs is not None:
         values = [np.nan if v is None else v for v in prompt_logprobs]
         msg.prompt_logprobs = np.asarray(values, dtype=np.float32).tobytes()
+    if k[0] > 0 and topk_prompt is not None:
+        _topk(msg.topk_prompt_logprobs, topk_prompt, k[0])
     return msg.SerializeToString()
