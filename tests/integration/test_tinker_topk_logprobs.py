@@ -193,6 +193,25 @@ def test_topk_sample_logprobs_equal_a_plain_forward(served: Any, temperature: fl
     assert found > 0
 
 
+def test_filtered_tokens_are_left_out_of_sampled_rows(served: Any) -> None:
+    """With top_k = 3 a sampled row holds the 3 tokens left, at their renormalised logprobs
+    log_softmax over those 3 logits (fewer than the k = 6 asked)."""
+    client, base, _ = served
+    sampler = client.create_sampling_client(base_model=str(base)).result()
+    params = types.SamplingParams(max_tokens=4, temperature=1.0, top_k=3, seed=2, stop=[])
+    out = sampler.sample(
+        types.ModelInput.from_ints(TOKENS), 1, params, topk_sample_logprobs=6
+    ).result()
+    seq = out.sequences[0]
+    ref = _logp(base, TOKENS + seq.tokens)[len(TOKENS) - 1 : -1]
+    for row, full, token, lp in zip(seq.topk_logprobs, ref, seq.tokens, seq.logprobs, strict=True):
+        best = full.topk(3)
+        kept = torch.log_softmax(best.values, dim=-1)
+        assert [t for t, _ in row] == best.indices.tolist()
+        np.testing.assert_allclose([v for _, v in row], kept.numpy(), atol=1e-5)
+        assert dict(row)[token] == pytest.approx(lp, abs=1e-6)
+
+
 def test_topk_on_a_prompt_that_fills_the_context(served: Any) -> None:
     """Top-k prompt rows alone ask for the prompt's forward: a prompt as long as the context
     is served (empty sequences), as with include_prompt_logprobs."""
@@ -207,6 +226,7 @@ def test_topk_on_a_prompt_that_fills_the_context(served: Any) -> None:
         topk_sample_logprobs=2,
     ).result()
     assert [s.tokens for s in out.sequences] == [[], []]
+    assert [s.topk_logprobs for s in out.sequences] == [None, None]  # the SDK's for 0 rows
     _check_rows(out.topk_prompt_logprobs[1:], _logp(base, tokens)[:-1], 2)
 
 
