@@ -29,6 +29,10 @@ class AgentConfig(_Strict):
     """Where an agent runs: a daemon thread per rollout (``thread``: a hung sync agent is
     abandoned past ``timeout_s``) or a spawned worker process per rollout (``process``: killed
     past ``timeout_s``; ``relayrl.env.agent_process``)."""
+    max_sequences_per_request: int | None = Field(256, ge=1)
+    """Most sequences (prompts x ``n``) one request to the agents' OpenAI-compatible endpoint
+    may ask for; a request asking for more is answered 400 (``too_many_sequences``) before
+    anything is queued. null: unbounded (as vLLM)."""
 
     @model_validator(mode="after")
     def _cross_checks(self) -> AgentConfig:

@@ -98,6 +98,9 @@ class AgentRollout:
         agent: the user's function, or its ``"module:function"`` spec.
         timeout_s: wall-clock limit of one rollout.
         concurrency: rollouts running at once.
+        isolation: ``thread`` or ``process`` (``env.agent.isolation``).
+        max_sequences_per_request: the endpoint's bound on prompts x ``n`` of one request
+            (``env.agent.max_sequences_per_request``; None: unbounded).
     """
 
     def __init__(
@@ -108,6 +111,7 @@ class AgentRollout:
         timeout_s: float = 120.0,
         concurrency: int = 16,
         isolation: str = "thread",
+        max_sequences_per_request: int | None = 256,
     ) -> None:
         self.agent = load_agent(agent) if isinstance(agent, str) else agent
         if isolation == "process":  # each rollout's agent in a worker process, killed on timeout
@@ -120,7 +124,12 @@ class AgentRollout:
         self.tokenizer = tokenizer
         self.timeout_s = timeout_s
         self.concurrency = concurrency
-        self.server = OpenAIServer(self.owner, tokenizer, cap_max_tokens=True)
+        self.server = OpenAIServer(
+            self.owner,
+            tokenizer,
+            cap_max_tokens=True,
+            max_sequences_per_request=max_sequences_per_request,
+        )
         self.server.start()
         self._pool = DaemonThreadExecutor()  # a thread per sync agent call (see module)
         self._counts: dict[str, float] = {}
@@ -433,7 +442,13 @@ def attach_agent(roles: Any, cfg: Any) -> Any:
     if not a.enabled or isinstance(roles.rollout, AgentRollout):
         return roles
     roles.rollout = AgentRollout(
-        roles.rollout, roles.tokenizer, a.function, a.timeout_s, a.concurrency, a.isolation
+        roles.rollout,
+        roles.tokenizer,
+        a.function,
+        a.timeout_s,
+        a.concurrency,
+        a.isolation,
+        a.max_sequences_per_request,
     )
     if roles.reward.service is None:
         roles.reward.fn = agent_reward

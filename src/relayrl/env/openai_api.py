@@ -10,7 +10,9 @@
   ``include_stop_str_in_output`` and ``use_beam_search`` (``top_k``, ``stop_token_ids`` and
   ``ignore_eos`` are honoured). :func:`top_asked`: ``top_logprobs`` (a 400 where the engine
   keeps no alternatives; always on the Responses API). :func:`check_room`: a ``max_tokens``
-  past the context is a 400, as vLLM answers it.
+  past the context is a 400, as vLLM answers it. :func:`check_sequences`: a request asking
+  for more than the server's ``max_sequences_per_request`` sequences (prompts x ``n``) is a
+  400 before anything is tokenised or queued.
 - Streaming (``stream: true`` on chat and completions): :mod:`relayrl.env.openai_stream`.
 - The Responses API (``POST /v1/responses``, the OpenAI Agents SDK's default): ``input`` (a
   string, or items: messages with string or ``input_text`` content, ``function_call`` and
@@ -247,6 +249,29 @@ def completion_prompts(body: dict[str, Any]) -> list[str | list[int]]:
         "list of either (a batch; every prompt non-empty)",
         "invalid_prompt",
         "prompt",
+    )
+
+
+def check_sequences(body: dict[str, Any], chat: bool, limit: int | None) -> None:
+    """400 when a request asks for more than ``limit`` sequences: ``prompts * n`` (chat: one
+    prompt; completions: a batch's length, counted from the body before anything is tokenised;
+    ``n`` defaults to 1). ``limit`` None: unbounded."""
+    if limit is None:
+        return
+    n = integer(body, "n") or 1
+    prompt = body.get("prompt")
+    batch = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
+    prompts = len(prompt) if not chat and batch else 1
+    if prompts * n <= limit:
+        return
+    asked = f"{prompts} prompts x n={n}" if prompts > 1 else f"n={n}"
+    raise APIError(
+        400,
+        f"this request asks for {prompts * n} sequences ({asked}); this server generates at "
+        f"most {limit} per request (max_sequences_per_request): send fewer prompts or a "
+        "smaller n",
+        "too_many_sequences",
+        "prompt" if prompts > 1 else "n",
     )
 
 

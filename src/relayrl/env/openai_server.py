@@ -54,9 +54,11 @@ a malformed body or bad parameters (``stream_options`` without ``stream: true``;
 ``max_tokens`` / ``max_completion_tokens`` larger than the context leaves after the prompt,
 ``max_tokens > context - prompt``, as vLLM: unless ``cap_max_tokens``, which the training
 endpoint sets, cuts it to the rest), ``context_length_exceeded`` when the prompt leaves no room
-to generate, 401 / 404 as above (``model_not_found`` with ``strict_model``), 413 past
-``max_body_bytes``, 503 when the engine is gone. Bodies are parsed and prompts tokenised off
-the event loop (:mod:`relayrl.env.request_io`): one large request does not hold up the rest.
+to generate, ``too_many_sequences`` past ``max_sequences_per_request`` (prompts x ``n``,
+counted before anything is tokenised or queued), 401 / 404 as above (``model_not_found`` with
+``strict_model``), 413 past ``max_body_bytes``, 503 when the engine is gone. Bodies are parsed
+and prompts tokenised off the event loop (:mod:`relayrl.env.request_io`): one large request
+does not hold up the rest.
 
 Engine access: through one :class:`~relayrl.env.agent_engine.EngineOwner` thread (the engine is
 single-threaded); handlers only queue requests on it and await their futures, so versions and
@@ -81,6 +83,7 @@ from relayrl.env.openai_api import (
     chat_choice,
     chat_to_response,
     check_room,
+    check_sequences,
     completion_choice,
     completion_prompts,
     logprobs_on,
@@ -106,6 +109,9 @@ from relayrl.rollout.types import GenerationRequest, Sample, SamplingParams
 MAX_N = 16
 """Most choices one request may ask for (``n``)."""
 
+DEFAULT_MAX_SEQUENCES = 256
+"""Most sequences (prompts x ``n``) one request may ask for, unless the server is told."""
+
 DEFAULT_MAX_TOKENS = 256
 """Completion tokens when the request gives no ``max_tokens`` (then capped by the context)."""
 
@@ -122,6 +128,8 @@ class OpenAIServer:
         default_max_tokens: completion budget of a request that names none (None: the rest of
             the context, as vLLM and OpenAI; ``DEFAULT_MAX_TOKENS`` when the engine has none).
         max_body_bytes: a larger request body is answered 413.
+        max_sequences_per_request: a request asking for more sequences (prompts x ``n``) is
+            answered 400 (None: unbounded, as vLLM).
         strict_model: a request that names another model is answered 404 (``relayrl serve``).
         cap_max_tokens: a ``max_tokens`` past the context is cut to the rest of it (training's
             agents: a long conversation ends in ``length``) instead of a 400 (vLLM's answer).
@@ -139,7 +147,10 @@ class OpenAIServer:
         max_body_bytes: int = DEFAULT_MAX_BODY,
         strict_model: bool = False,
         cap_max_tokens: bool = False,
+        max_sequences_per_request: int | None = DEFAULT_MAX_SEQUENCES,
     ) -> None:
+        if max_sequences_per_request is not None and max_sequences_per_request < 1:
+            raise ValueError("max_sequences_per_request must be >= 1 or None (unbounded)")
         self._own_owner = not isinstance(engine, EngineOwner)
         self.owner = EngineOwner(engine) if self._own_owner else engine
         self.tokenizer = tokenizer
@@ -149,7 +160,7 @@ class OpenAIServer:
         self.api_key = api_key
         self.default_max_tokens = default_max_tokens
         self.max_body_bytes, self.strict_model = max_body_bytes, strict_model
-        self.cap_max_tokens = cap_max_tokens
+        self.cap_max_tokens, self.max_sequences = cap_max_tokens, max_sequences_per_request
         self.off_loop = OffLoop(self.rendering)  # parsing and tokenising, off the event loop
         self.sessions = SessionStore()
         self.app = self._build_app()
@@ -325,6 +336,7 @@ class OpenAIServer:
         n = _int(body, "n")
         if n is not None and not 1 <= n <= MAX_N:
             raise APIError(400, f"n must be in [1, {MAX_N}], got {n}", "invalid_value", "n")
+        check_sequences(body, chat, self.max_sequences)
         return body
 
     # ------------------------------------------------------------------ sampling
