@@ -250,6 +250,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from relayrl.model import check_model_dir, load_causal_lm, load_tokenizer, set_threads
     from relayrl.rollout import RolloutEngine
 
+    if args.max_sequences < 0:
+        raise ServeError(f"--max-sequences must be >= 0 (0: no limit), got {args.max_sequences}")
     check_model_dir(args.model_dir)
     _check_port(args.host, args.port)  # before the model loads: a busy port is one line at once
     if args.threads:
@@ -282,6 +284,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         default_max_tokens=args.max_tokens or None,
         max_body_bytes=int(args.max_body_mb * 2**20),
+        max_sequences_per_request=args.max_sequences or None,
         strict_model=True,
     )
     try:
@@ -343,6 +346,13 @@ def _add_serve(sub: Any) -> None:
     )
     v.add_argument(
         "--max-body-mb", type=float, default=16, help="larger request bodies are answered 413"
+    )
+    v.add_argument(
+        "--max-sequences",
+        type=int,
+        default=256,
+        help="sequences one request may ask for (prompts x n), more are answered 400 "
+        "(0: no limit, as vLLM)",
     )
     v.add_argument("--seed", type=int, default=0, help="seeds requests that give no seed")
     v.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")

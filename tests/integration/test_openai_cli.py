@@ -32,6 +32,8 @@ def test_serve_answers_the_openai_client_and_stops_on_sigint(tmp_path):
         "120",
         "--threads",
         "1",
+        "--max-sequences",
+        "4",
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -55,6 +57,8 @@ def test_serve_answers_the_openai_client_and_stops_on_sigint(tmp_path):
         chunks = list(client.chat.completions.create(temperature=0, stream=True, **ask))
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert text == plain.choices[0].message.content  # streamed token by token, same text
+        with pytest.raises(openai.BadRequestError, match="max_sequences_per_request"):
+            client.completions.create(model="tiny", prompt=["a", "b", "c"], n=2, max_tokens=1)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)
@@ -69,3 +73,10 @@ def test_serve_answers_the_openai_client_and_stops_on_sigint(tmp_path):
 def test_serve_names_a_missing_model_dir(tmp_path, capsys):
     assert main(["serve", str(tmp_path / "nope")]) == 2
     assert str(tmp_path / "nope") in capsys.readouterr().err
+
+
+def test_serve_refuses_a_negative_sequence_limit_in_one_line(tmp_path, capsys):
+    model = build_tiny_model(tmp_path / "tiny", max_position_embeddings=64)
+    assert main(["serve", str(model), "--max-sequences", "-1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--max-sequences must be >= 0" in err
