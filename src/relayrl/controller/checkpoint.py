@@ -13,7 +13,7 @@ Both survive a power loss too, not only a killed process (``relayrl.model.atomic
 helpers): the checkpoint's files and directories are fsynced before its rename, ``checkpoints/``
 after it; ``latest`` is fsynced before its rename, ``checkpoints/`` again after it. So the
 checkpoint ``latest`` names is on disk before ``latest`` is. The run's appended logs
-(``metrics.jsonl``, ``trajectories.jsonl``: flushed per line, not fsynced) are fsynced before
+(``metrics.jsonl``, ``trajectories.jsonl``: flushed as written, not fsynced) are fsynced before
 the checkpoint's rename, so the records up to a checkpoint on disk are on disk too.
 A checkpoint is removed (pruned to the ``keep`` newest, or replaced by a save of the same step)
 by first renaming it to a hidden ``.pruned_<name>``, which nothing lists or resumes from (they
