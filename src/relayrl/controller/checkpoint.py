@@ -12,7 +12,14 @@ A checkpoint is written into a temporary directory and renamed into place in one
 Both survive a power loss too, not only a killed process (``relayrl.model.atomic_dir``'s
 helpers): the checkpoint's files and directories are fsynced before its rename, ``checkpoints/``
 after it; ``latest`` is fsynced before its rename, ``checkpoints/`` again after it. So the
-checkpoint ``latest`` names is on disk before ``latest`` is.
+checkpoint ``latest`` names is on disk before ``latest`` is. The run's appended logs
+(``metrics.jsonl``, ``trajectories.jsonl``: flushed as written, not fsynced) are fsynced before
+the checkpoint's rename, so the records up to a checkpoint on disk are on disk too.
+A checkpoint is removed (pruned to the ``keep`` newest, or replaced by a save of the same step)
+by first renaming it to a hidden ``.pruned_<name>``, which nothing lists or resumes from (they
+look for ``step_*``), fsyncing ``checkpoints/``, and only then deleting it: a removed checkpoint
+never reappears after a power loss, nor half-deleted after a kill. The hidden leftovers of an
+interrupted removal go with the next save's pruning or the next claim of the run directory.
 A save that fails removes its temporary directory; one that fails writing (an ``OSError``: disk
 full, read-only, I/O error; or the same fault as torch's zip writer or safetensors report it,
 e.g. ``unexpected pos 460032 vs 459920``) raises :class:`CheckpointWriteError` naming the
@@ -37,8 +44,16 @@ import torch
 
 from relayrl.controller.faults import CheckpointWriteError
 from relayrl.model import weights_problem
-from relayrl.model.atomic_dir import fsync_tree, mkdir_durable, replace_durable, write_file_durable
+from relayrl.model.atomic_dir import (
+    fsync_dir,
+    fsync_file,
+    fsync_tree,
+    mkdir_durable,
+    replace_durable,
+    write_file_durable,
+)
 from relayrl.model.lora import save_merged
+from relayrl.telemetry.metrics import METRICS_FILE
 
 STATE_FILE = "trainer_state.pt"
 SHARDED_KEY = "sharded_dir"
@@ -47,6 +62,11 @@ SHARDED_KEY = "sharded_dir"
 Writer = Callable[[Path], None]
 MERGED_DIR = "actor_merged"
 """With ``model.lora.save_merged``: base + merged adapters, a plain HF directory."""
+PRUNED_PREFIX = ".pruned_"
+"""A checkpoint being removed: renamed to ``.pruned_<name>`` (no ``step_*``) before deletion."""
+RUN_LOGS = (METRICS_FILE, "trajectories.jsonl")
+"""The run's appended logs, fsynced with each checkpoint (the second is ``relayrl.env.export``'s
+``FILE``, named here so that a checkpoint does not import the rollout engine with it)."""
 
 
 def merged_export(model: Any, tokenizer: Any) -> Writer:
@@ -151,11 +171,15 @@ def save_checkpoint(
         state = {**trainer_state, "step": step, "rng": rng if rng is not None else rng_state()}
         torch.save(state, tmp / STATE_FILE)
         fsync_tree(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        replace_durable(tmp, final)
+        for log in (Path(run_dir) / name for name in RUN_LOGS):
+            if log.is_file():
+                fsync_file(log)
+        replaced = _set_aside(root, final) if final.exists() else None
+        replace_durable(tmp, final)  # with the setting aside: one fsync of checkpoints/
         placed = True
         write_file_durable(root / "latest", final.name + "\n")
+        if replaced is not None:
+            shutil.rmtree(replaced, ignore_errors=True)
     except BaseException as exc:
         reason = write_failure(exc, root)  # before the cleanup frees space
         shutil.rmtree(tmp, ignore_errors=True)  # latest's temporary: write_file_durable's
@@ -227,14 +251,15 @@ def newest_intact(run_dir: str | Path) -> str:
 
 
 def remove_partial_writes(run_dir: str | Path) -> list[Path]:
-    """Remove what interrupted saves left in ``checkpoints/`` (``.tmp_step_*`` folders and
-    ``.latest_*`` markers); return their paths. Only for the holder of the run lock: then no
-    other process can be writing them."""
+    """Remove what interrupted saves left in ``checkpoints/`` (``.tmp_step_*`` folders,
+    ``.latest_*`` markers, ``.pruned_*`` checkpoints of an interrupted removal); return their
+    paths. Only for the holder of the run lock: then no other process can be writing them."""
     root = checkpoint_root(run_dir)
     if not root.is_dir():
         return []
     removed = []
-    for p in sorted([*root.glob(".tmp_step_*"), *root.glob(".latest_*")]):
+    leftovers = [".tmp_step_*", ".latest_*", f"{PRUNED_PREFIX}*"]
+    for p in sorted(q for pattern in leftovers for q in root.glob(pattern)):
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         else:
@@ -308,12 +333,29 @@ def load_trainer_state(ckpt: Path) -> dict[str, Any]:
     return torch.load(ckpt / STATE_FILE, weights_only=False)
 
 
+def _set_aside(root: Path, ckpt: Path) -> Path:
+    """Rename checkpoint ``ckpt`` to ``root/.pruned_<name>`` (a leftover of that name removed
+    first) and return the new path; the caller fsyncs ``root`` before deleting it."""
+    aside = root / f"{PRUNED_PREFIX}{ckpt.name}"
+    if aside.exists():
+        shutil.rmtree(aside)
+    os.rename(ckpt, aside)
+    return aside
+
+
 def _prune(root: Path, keep: int) -> None:
     """Keep the ``keep`` most recently written checkpoints (by write time, not step number:
-    a fresh run in an old run directory must never delete what it just wrote)."""
+    a fresh run in an old run directory must never delete what it just wrote). The others are
+    renamed aside, ``root`` is fsynced (their renames on disk), then they are deleted; the
+    leftovers of an earlier interrupted removal are deleted first."""
+    for leftover in root.glob(f"{PRUNED_PREFIX}*"):
+        shutil.rmtree(leftover, ignore_errors=True)
     done = sorted(
         (p for p in root.glob("step_*") if (p / STATE_FILE).is_file()),
         key=lambda p: (p / STATE_FILE).stat().st_mtime_ns,
     )
-    for old in done[:-keep]:
+    aside = [_set_aside(root, old) for old in done[:-keep]]
+    if aside:
+        fsync_dir(root)
+    for old in aside:
         shutil.rmtree(old, ignore_errors=True)

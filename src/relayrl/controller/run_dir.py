@@ -26,9 +26,11 @@
 A refused start leaves every file byte-identical: the lock file is opened without truncation
 (created empty when missing) and written only once the checks have passed.
 
-:func:`record_config` then writes ``config.yaml`` atomically. On a resume whose config differs
-from the one in the directory, the earlier one is kept as ``config.prev-N.yaml``:
-``config.yaml`` is always the config of the newest continuation, and the history stays.
+:func:`record_config` then writes ``config.yaml`` atomically and durably (fsynced before its
+rename, the run directory after it; the run directory itself fsynced into its parent when the
+claim creates it: ``relayrl.model.atomic_dir``). On a resume whose config differs from the one
+in the directory, the earlier one is kept as ``config.prev-N.yaml``: ``config.yaml`` is always
+the config of the newest continuation, and the history stays.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from relayrl.controller.checkpoint import (
 )
 from relayrl.controller.faults import RunDirError
 from relayrl.model import finish_interrupted_save
-from relayrl.model.atomic_dir import OLD_PREFIX
+from relayrl.model.atomic_dir import OLD_PREFIX, fsync_file, mkdir_durable, replace_durable
 
 __all__ = [
     "LOCK_FILE",
@@ -130,7 +132,7 @@ def _lock(
     process holds it (naming ``what`` it is and the config ``key`` to choose another)."""
     lock = lock or path / LOCK_FILE
     try:
-        lock.parent.mkdir(parents=True, exist_ok=True)
+        mkdir_durable(lock.parent)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
         raise _not_writable(path, exc, what) from exc
@@ -499,22 +501,24 @@ def _aside_name(path: Path) -> Path:
 
 
 def record_config(run_dir: str | Path, cfg: BaseModel) -> Path:
-    """Write ``cfg`` to ``run_dir/config.yaml`` atomically; a different earlier config is kept
-    as ``config.prev-N.yaml`` (a resume with other settings keeps the history). A failed write
-    (a full disk) is a :class:`RunDirError`: nothing has run yet."""
+    """Write ``cfg`` to ``run_dir/config.yaml`` atomically and durably (the new file fsynced,
+    renamed in, ``run_dir`` fsynced: both renames on disk when this returns); a different
+    earlier config is kept as ``config.prev-N.yaml`` (a resume with other settings keeps the
+    history). A failed write (a full disk) is a :class:`RunDirError`: nothing has run yet."""
     path = Path(run_dir) / "config.yaml"
     tmp = path.with_name(f".config.yaml.{os.getpid()}.tmp")
     try:
         dump_config(cfg, tmp)
+        if path.exists() and path.read_bytes() == tmp.read_bytes():
+            tmp.unlink()
+            return path
+        fsync_file(tmp)
         if path.exists():
-            if path.read_bytes() == tmp.read_bytes():
-                tmp.unlink()
-                return path
             n = 1
             while path.with_name(f"config.prev-{n}.yaml").exists():
                 n += 1
             os.rename(path, path.with_name(f"config.prev-{n}.yaml"))
-        os.replace(tmp, path)
+        replace_durable(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise _not_writable(path.parent, exc) from exc

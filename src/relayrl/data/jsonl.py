@@ -132,9 +132,14 @@ def _to_row(row: Any) -> dict[str, Any]:
 
 def write_jsonl(path: str | Path, rows: Iterable[Any]) -> int:
     """Write ``rows`` (dicts, ``PromptRecord`` / ``SFTRecord`` or other dataclasses) as
-    JSONL, atomically (temp file + rename); create parent directories. Returns the count."""
+    JSONL, atomically and durably: streamed into a temp file beside ``path``, which is fsynced,
+    renamed over ``path``, and the directory fsynced (``relayrl.model.atomic_dir``'s helpers;
+    parent directories it creates are fsynced into theirs). Returns the count."""
+    # imported here: relayrl.model loads torch, which reading JSONL never needs
+    from relayrl.model.atomic_dir import fsync_file, mkdir_durable, replace_durable
+
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    mkdir_durable(p.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     n = 0
     try:
@@ -143,7 +148,8 @@ def write_jsonl(path: str | Path, rows: Iterable[Any]) -> int:
                 f.write(json.dumps(_to_row(row), ensure_ascii=False) + "\n")
                 n += 1
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; a dataset is a normal readable file
-        os.replace(tmp, p)
+        fsync_file(Path(tmp))
+        replace_durable(Path(tmp), p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -14,10 +14,12 @@ a process killed there leaves no ``out`` and both siblings: :func:`finish_interr
 Durability (a power loss, not only a killed process): a rename is on disk only once the
 directory holding it is fsynced, and a renamed file's contents only once the file is. The
 helpers here are the one way every save makes them so (this module's saves, the training
-checkpoints and their ``latest`` marker in ``relayrl.controller.checkpoint``): the new files
-and directories are fsynced before the rename (:func:`fsync_tree`, :func:`write_file_durable`),
-the parent directory after it (:func:`replace_durable`), and a directory created on the way
-in its parent (:func:`mkdir_durable`).
+checkpoints, their ``latest`` marker and their pruning in ``relayrl.controller.checkpoint``, a
+run's ``config.yaml`` in ``relayrl.controller.run_dir``, ``relayrl.data.jsonl.write_jsonl``):
+the new files and directories are fsynced before the rename (:func:`fsync_tree`,
+:func:`write_file_durable`), the parent directory after it (:func:`replace_durable`), a
+directory created on the way in its parent (:func:`mkdir_durable`), and a directory whose
+entry was renamed away or removed (:func:`fsync_dir`).
 """
 
 from __future__ import annotations
