@@ -369,3 +369,71 @@ def test_an_agent_that_does_not_import_is_refused_before_the_run_starts(tmp_path
     cfg.write_text(f"model: {{path: {model}}}\nrun_dir: {tmp_path / 'run'}\n")
     assert main(["train", str(cfg), "env.agent.function=no_such_module_xyz:solve"]) == 2
     assert not (tmp_path / "run").exists()
+
+
+def test_reinforce_pp_baseline_runs_along_a_branching_agents_rows(
+    chat_model, tmp_path, monkeypatch
+):
+    """One GRPO-style step with REINFORCE++-baseline (gamma 0.9, the KL in the reward, beta
+    0.1) on branching-agent rollouts, two per group: each rollout trains as two rows, the
+    branch then its own sample. Recomputed here token by token: r_t = -beta * KL_t, plus the
+    score 0.25 on the last row's last token only; G_t along the episode's tokens (the branch's,
+    then its sample's); s = G at the episode's first token; A = whiten(G_t - mean_g s) over the
+    batch's tokens (unbiased var, eps 1e-8). Fails without the wiring (the score on both rows,
+    or each row's own G)."""
+    import relayrl.controller.algorithms as algorithms
+
+    seen: dict = {}
+    admit, grpo_step = algorithms.admit, algorithms.grpo_step
+
+    def admit_recorded(*args, **kwargs):
+        seen["admitted"] = admit(*args, **kwargs)
+        return seen["admitted"]
+
+    def grpo_recorded(roles, cfg, schedule, step, kl_ctl):
+        seen["beta"] = float(kl_ctl.value)
+        seen["exp"], stats = grpo_step(roles, cfg, schedule, step, kl_ctl)
+        return seen["exp"], stats
+
+    monkeypatch.setattr(algorithms, "admit", admit_recorded)
+    monkeypatch.setattr(algorithms, "grpo_step", grpo_recorded)
+    cfg = _cfg(
+        chat_model,
+        tmp_path / "run",
+        "env.agent.function=test_agent_rollout:branching_agent",
+        "algo.advantage=reinforce_plus_plus_baseline",
+        "algo.group_size=2",
+        "algo.kl_in=reward",
+        "algo.kl_coef=0.1",
+        "algo.gamma=0.9",
+        "train.steps=1",
+        "train.save_every=0",
+    )
+    train(cfg, lambda a, c: build_local_roles(cfg, a, c))
+    samples, scores, episodes = seen["admitted"]
+    exp, beta, gamma = seen["exp"], seen["beta"], 0.9
+    assert episodes == [0, 0, 1, 1, 2, 2, 3, 3] and scores.tolist() == [0.25] * 8
+    assert ["segment_of" in s.metadata["env"] for s in samples] == [True, False] * 4
+    mask = exp.response_mask > 0
+    kl = exp.kl.double()
+    groups = exp.group_index.tolist()
+    g_raw = torch.zeros_like(kl)
+    s_ep: dict[int, float] = {}
+    tokens_of: dict[int, list[tuple[int, int]]] = {}
+    for e in sorted(set(episodes)):
+        rows = [i for i, x in enumerate(episodes) if x == e]
+        tokens = [(r, int(t)) for r in rows for t in mask[r].nonzero().flatten()]
+        g = 0.0
+        for k, (r, t) in reversed(list(enumerate(tokens))):
+            g = -beta * float(kl[r, t]) + (0.25 if k == len(tokens) - 1 else 0.0) + gamma * g
+            g_raw[r, t] = g
+        s_ep[e], tokens_of[e] = g, tokens
+    raw = torch.zeros_like(kl)
+    for tokens in tokens_of.values():
+        group = groups[tokens[0][0]]
+        peers = [s_ep[f] for f in s_ep if groups[tokens_of[f][0][0]] == group]
+        for r, t in tokens:
+            raw[r, t] = g_raw[r, t] - sum(peers) / len(peers)
+    vals = raw[mask]
+    expected = torch.where(mask, (raw - vals.mean()) / torch.sqrt(vals.var() + 1e-8), 0.0)
+    torch.testing.assert_close(exp.advantages.double(), expected, atol=1e-4, rtol=0)

@@ -11,15 +11,16 @@ Conventions shared by every estimator:
   group (e.g. its prompt); groups need not be contiguous.
 - ``episode_index`` (optional, same forms as ``group_index``) names the episode each
   sequence belongs to: a multi-turn episode trained as several sequences (segments of a
-  prefix break). GRPO, Dr.GRPO, RLOO, REINFORCE++-baseline: the episode shares one score and
-  one group, and counts once in its group's mean and std; every one of its sequences gets
-  the episode's advantage. GAE and REINFORCE++: the recurrence runs along the episode's
-  valid tokens across its sequences *in batch order* (row i before row j when i < j; the
-  rows need not be adjacent), as if they were one sequence: t' of a sequence's last valid
-  token is the first valid token of the episode's next sequence that has one (V, A, G = 0
-  past the episode's last valid token), so the episode's outcome belongs on its last
-  sequence only. ``relayrl.env.scoring.expand_episodes`` gives that order: an episode's
-  segments as it made them, then its own sample (the final turn) last.
+  prefix break). GRPO, Dr.GRPO, RLOO: the episode shares one score (its last sequence's)
+  and one group, and counts once in its group's mean and std; every one of its sequences
+  gets the episode's advantage. GAE, REINFORCE++ and REINFORCE++-baseline: the recurrence
+  runs along the episode's valid tokens across its sequences *in batch order* (row i before
+  row j when i < j; the rows need not be adjacent), as if they were one sequence: t' of a
+  sequence's last valid token is the first valid token of the episode's next sequence that
+  has one (V, A, G = 0 past the episode's last valid token), so the episode's outcome
+  belongs on its last sequence only; REINFORCE++-baseline's s is the episode's G at its
+  first valid token, counted once in its group's mean. ``relayrl.env.scoring.expand_episodes``
+  gives that order: an episode's segments as it made them, then its own sample last.
 - Group baselines are computed around the group's minimum score, so a group whose scores
   are all equal is centred to exactly 0 before any division or batch whitening (no
   ``x - mean(x) = 1e-17`` residue that a tiny std would blow up).
@@ -344,6 +345,21 @@ def compute_reinforce_plus_plus(
     return masked_whiten(returns, response_mask), returns
 
 
+def _episode_heads(scores: Tensor, has_tokens: Tensor, episode_index: GroupIndex) -> Tensor:
+    """[B]: each row gets ``scores`` of its episode's first row (batch order) with a valid
+    token, 0 where the episode has none."""
+    batch = len(scores)
+    ep = _group_inverse(episode_index, batch, scores.device)
+    n_ep = int(ep.max()) + 1 if batch else 0
+    rows = torch.arange(batch, device=scores.device)
+    key = torch.where(has_tokens, rows, batch)
+    first = torch.full((n_ep,), batch, dtype=torch.long, device=scores.device)
+    first = first.scatter_reduce(0, ep, key, reduce="amin", include_self=True)
+    found = first < batch
+    head = scores[first.clamp(max=max(batch - 1, 0))] if batch else scores
+    return torch.where(found, head, torch.zeros_like(head))[ep]
+
+
 def compute_reinforce_plus_plus_baseline(
     token_rewards: Tensor,
     response_mask: Tensor,
@@ -355,8 +371,10 @@ def compute_reinforce_plus_plus_baseline(
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++-baseline (Hu 2025, arXiv:2501.03262): A_t = whiten(G_t - mean_g s) over the
     batch, s_i = G at sequence i's first valid token (= its score when gamma = 1).
-    With ``episode_index`` the group mean and size run over episodes (an episode's s is its
-    last sequence's), each sequence keeping its own G_t / s_i (module docstring).
+    With ``episode_index`` G_t runs on across an episode's rows as REINFORCE++'s does (module
+    docstring: the outcome on its last row only), s_e = G at the episode's first valid token
+    (in its first row that has one; 0 if none: the unbroken episode's s) on every row of the
+    episode, and the group mean and size run over episodes.
 
     ``target="return"`` (relayrl) subtracts the group mean from the return-to-go G_t;
     ``target="score"`` (veRL) from the sequence score s_i on every token: the two agree when
@@ -367,7 +385,7 @@ def compute_reinforce_plus_plus_baseline(
     Returns (A, A), as veRL does.
     """
     mask = as_bool_mask(response_mask)
-    returns = discounted_returns(token_rewards, mask, gamma)
+    returns = discounted_returns(token_rewards, mask, gamma, episode_index)
     batch, length = mask.shape
     positions = torch.arange(length, device=mask.device).expand(batch, length)
     first = torch.where(mask, positions, length).amin(-1) if length else mask.new_zeros(batch)
@@ -377,6 +395,8 @@ def compute_reinforce_plus_plus_baseline(
     else:
         start = returns.new_zeros(batch)
     scores = torch.where(has_tokens, start, torch.zeros_like(start))
+    if episode_index is not None:
+        scores = _episode_heads(scores, has_tokens, episode_index)
     row_inverse = _group_inverse(group_index, batch, scores.device)
     ep_scores, ep_inverse, back = _per_episode(scores, row_inverse, episode_index)
     centred, counts = _group_centre(ep_scores, ep_inverse)
@@ -425,7 +445,7 @@ def compute_advantages(
 
     ``values`` / ``group_index`` are passed only to estimators that take them (and are
     required there); ``episode_index`` to those that take it (optional: counted once in group
-    statistics, or chained along by GAE and REINFORCE++; module docstring); every other
+    statistics, or chained along by GAE and REINFORCE++(-baseline); module docstring); every other
     keyword (gamma, lam, whiten, norm_by_std, eps) must be one the estimator accepts, else
     ValueError.
     """

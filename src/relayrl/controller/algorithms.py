@@ -92,7 +92,8 @@ def grpo_step(
 
     # 4. Advantages: r_t = score * [t = T] (- beta * KL_t(pi_old || pi_ref) with the KL in the
     #    reward); A_i = (R_i - mean_g R) / (std_g R + eps) over answer i's group g of the
-    #    returns R_i = sum_t r_t, on each of its tokens (an episode counted once).
+    #    returns R_i = sum_t r_t, on each of its tokens (an episode counted once; under
+    #    REINFORCE++(-baseline) the return-to-go runs along its rows, score on the last).
     split = len(set(episodes)) < len(episodes)
     exp.advantages, _ = compute_advantages(
         a.advantage_name,
@@ -270,7 +271,7 @@ def missing_eos_penalty(
 EPISODE_SUM_ADVANTAGES = frozenset({"grpo", "drgrpo", "rloo"})
 """The estimators that read an episode's return as its last row's sum of token rewards."""
 
-CHAINED_ADVANTAGES = frozenset({"gae", "reinforce_plus_plus"})
+CHAINED_ADVANTAGES = frozenset({"gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline"})
 """The estimators whose recurrence runs on across an episode's rows (``episode_index``)."""
 
 

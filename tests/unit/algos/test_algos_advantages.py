@@ -193,28 +193,32 @@ def test_drgrpo_and_rloo_count_an_episode_once() -> None:
 
 def test_reinforce_plus_plus_baseline_counts_an_episode_once() -> None:
     # group means over episodes: group 0 [1, 0, 0] -> 1/3, group 1 [1, 0] -> 1/2 (per row
-    # they would be 1/2 and 1/4). Before whitening every token of a row carries s - mean:
-    # A 2/3 (both segments), B = C -1/3; D 1/2, E -1/2 (all three segments).
+    # they would be 1/4 and 1/4). Before whitening every token of a row carries s - mean:
+    # A 2/3 (both segments), B = C -1/3; D 1/2, E -1/2 (all three segments). The return-to-go
+    # runs along an episode's rows: the score sits on its last row only (as row_outcomes puts
+    # it), A1's G = A2's = 1 (tests/unit/algos/test_rpp_baseline_episodes.py for gamma < 1).
+    rewards = EP_REWARDS.clone()
+    rewards[0] = 0.0
     third = 1 / 3
     raw_seq = torch.tensor([2 * third, 2 * third, -third, -third, 0.5, -0.5, -0.5, -0.5], dtype=D)
     raw = raw_seq[:, None] * EP_MASK
     expected = masked_whiten(raw, EP_MASK.bool())
     for target in ("return", "score"):  # gamma 1, the score on the last token: they agree
         adv, _ = compute_reinforce_plus_plus_baseline(
-            EP_REWARDS, EP_MASK, EP_GROUPS, target=target, episode_index=EPISODES
+            rewards, EP_MASK, EP_GROUPS, target=target, episode_index=EPISODES
         )
         assert torch.allclose(adv, expected, atol=1e-12)
-    rows, _ = compute_reinforce_plus_plus_baseline(EP_REWARDS, EP_MASK, EP_GROUPS)
+    rows, _ = compute_reinforce_plus_plus_baseline(rewards, EP_MASK, EP_GROUPS)
     assert not torch.allclose(rows, expected, atol=1e-3)  # the per-row count differs
     via, _ = compute_advantages(
         "reinforce_plus_plus_baseline",
-        token_rewards=EP_REWARDS,
+        token_rewards=rewards,
         response_mask=EP_MASK,
         group_index=torch.tensor(EP_GROUPS),
         episode_index=torch.tensor([0, 0, 1, 2, 3, 4, 4, 4]),
     )
     assert torch.equal(via, compute_reinforce_plus_plus_baseline(
-        EP_REWARDS, EP_MASK, EP_GROUPS, episode_index=EPISODES
+        rewards, EP_MASK, EP_GROUPS, episode_index=EPISODES
     )[0])  # fmt: skip
 
 
