@@ -59,6 +59,7 @@ def outcome(request: pytest.FixtureRequest):
 # pytest 9 no longer reads.)
 _SHARED_GROUPS = {
     "test_ray_backend": "ray",
+    "test_ray_train": "ray",
     "test_ray_multinode": "ray",
     "test_fsdp_train": "ray",
     "test_launch_ranks": "ray",  # a simulated two-node cluster (ray.cluster_utils.Cluster)
