@@ -64,6 +64,9 @@ _SHARED_GROUPS = {
     "test_fsdp_train": "ray",
     "test_launch_ranks": "ray",  # a simulated two-node cluster (ray.cluster_utils.Cluster)
     "test_vllm_backend": "ray",
+    "test_vllm_backend_weights": "ray",
+    "test_vllm_backend_trainer": "ray",
+    "test_vllm_backend_ray": "ray",
     "test_vllm_server": "ray",
     "test_vllm_sync_failures": "ray",
     "test_vllm_stream": "ray",
