@@ -155,7 +155,9 @@ vllm-cuda-venv:
 	$(VLLM_CUDA_VENV)/bin/python -c "import torch, vllm; assert torch.cuda.is_available()"
 
 # The vLLM backend's tests (skipped by `make test`); the GRPO learning runs are slow-marked:
-# `$(VLLM_PY) -m pytest -m vllm tests/integration/test_vllm_backend.py` runs them too.
+# `$(VLLM_PY) -m pytest -m vllm tests/integration/test_vllm_backend_trainer.py` runs them too.
+VLLM_TESTS := $(addprefix tests/integration/,test_vllm_backend.py test_vllm_backend_weights.py \
+	test_vllm_backend_trainer.py test_vllm_backend_ray.py test_vllm_server.py \
+	test_vllm_sync_failures.py test_vllm_stream.py)
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_ENV) $(VLLM_PY) -m pytest -q -m "vllm and not slow" tests/integration/test_vllm_backend.py \
-		tests/integration/test_vllm_server.py tests/integration/test_vllm_sync_failures.py tests/integration/test_vllm_stream.py
+	$(VLLM_ENV) $(VLLM_PY) -m pytest -q -m "vllm and not slow" $(VLLM_TESTS)

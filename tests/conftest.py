@@ -59,10 +59,14 @@ def outcome(request: pytest.FixtureRequest):
 # pytest 9 no longer reads.)
 _SHARED_GROUPS = {
     "test_ray_backend": "ray",
+    "test_ray_train": "ray",
     "test_ray_multinode": "ray",
     "test_fsdp_train": "ray",
     "test_launch_ranks": "ray",  # a simulated two-node cluster (ray.cluster_utils.Cluster)
     "test_vllm_backend": "ray",
+    "test_vllm_backend_weights": "ray",
+    "test_vllm_backend_trainer": "ray",
+    "test_vllm_backend_ray": "ray",
     "test_vllm_server": "ray",
     "test_vllm_sync_failures": "ray",
     "test_vllm_stream": "ray",

@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from helpers import run_config
+from ray_local import ray_local
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -44,11 +45,8 @@ TOL = 1e-9
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    with ray_local():
+        yield
 
 
 def _ray_train(cfg, resume=False):

@@ -21,6 +21,7 @@ import torch
 import torch.multiprocessing as mp
 
 from launch_ranks import actor_stats, critic_stats, rank_main, reshard_main
+from ray_local import ray_local
 from relayrl.model import build_tiny_model
 
 TOL = 1e-12
@@ -75,8 +76,7 @@ def test_each_ray_rank_of_a_gpu_pool_uses_its_assigned_gpu(noset):
         return ids[0], index, physical
 
     env = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}} if noset else {}
-    ray.init(address="local", num_cpus=2, num_gpus=3, include_dashboard=False, runtime_env=env)
-    try:
+    with ray_local(num_gpus=3, runtime_env=env, log_to_driver=True):
         # another pool holds a GPU, so the trainer pool's ranks 0, 1 are not on GPUs 0, 1
         other = placement_group([{"CPU": 0.5, "GPU": 1}], strategy="PACK")
         ray.get(other.ready(), timeout=60)
@@ -100,8 +100,6 @@ def test_each_ray_rank_of_a_gpu_pool_uses_its_assigned_gpu(noset):
         )
         remove_placement_group(pg)
         remove_placement_group(other)
-    finally:
-        ray.shutdown()
     assert len({a for a, _, _ in got} | {held}) == 3  # Ray gave each rank a GPU of its own
     for assigned, index, physical in got:
         assert physical == assigned  # each rank computes on its own GPU

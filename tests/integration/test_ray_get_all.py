@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from ray_local import ray_local
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 ray = pytest.importorskip("ray")
 
@@ -18,11 +20,8 @@ from relayrl.cluster.ray_workers import get_all  # noqa: E402
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    with ray_local():
+        yield
 
 
 @ray.remote

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from ray_local import ray_local
 from relayrl.model import build_tiny_model, pack_batch
 from relayrl.workers import Experience
 from relayrl.workers.data_parallel import split_experience
@@ -119,7 +120,7 @@ def test_ray_worker_group_trains_a_batch_smaller_than_its_pool(model_dir, tmp_pa
     and one of 3 sequences in 2 mini-batches are split over the 2 ranks (rank 1 gets no rows
     of the first), trained, and the actor's and critic's weights are one process's."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray")
     from helpers import run_config
     from relayrl.cluster.ray_roles import build_ray_roles
     from relayrl.model import load_causal_lm, load_critic
@@ -139,10 +140,7 @@ def test_ray_worker_group_trains_a_batch_smaller_than_its_pool(model_dir, tmp_pa
         f"model.fsdp.enabled={str(fsdp).lower()}",
     )
     cfg = run_config(model_dir, tmp_path / "run", *opts)
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
+    with ray_local():
         roles = build_ray_roles(cfg, str(model_dir), str(model_dir))
         try:
             assert roles.actor.group.size == 2
@@ -169,5 +167,3 @@ def test_ray_worker_group_trains_a_batch_smaller_than_its_pool(model_dir, tmp_pa
                 torch.testing.assert_close(got[n], p, atol=TOL, rtol=0)
         finally:
             roles.close()
-    finally:
-        ray.shutdown()

@@ -9,7 +9,10 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 TINY_RUN = [
     "threads=1",
@@ -30,6 +33,36 @@ def write_config(path: Path, model: Path, run_dir: Path) -> Path:
 
 def train_argv(config: Path, *overrides: str, flags: tuple[str, ...] = ()) -> list[str]:
     return ["train", str(config), *TINY_RUN, *overrides, *flags]
+
+
+def run_cli(capsys: Any, argv: list[str]) -> tuple[int, str]:
+    """``relayrl.cli.main(argv)`` in this process: its exit code and its stderr, stripped
+    (``capsys``: pytest's fixture, read and cleared)."""
+    from relayrl.cli import main
+
+    rc = main(argv)
+    return rc, capsys.readouterr().err.strip()
+
+
+@contextmanager
+def mounted_tmpfs(where: Path, size: str = "2m") -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``where`` (created here), unmounted (lazily) on leaving;
+    the test is skipped where it cannot mount one (not root, or no tmpfs)."""
+    import pytest
+
+    where.mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+            capture_output=True,
+        ).returncode
+    ):
+        pytest.skip("cannot mount a tmpfs here (the fault-injected test covers the message)")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def cli(*argv: str, **popen: object) -> subprocess.Popen[str]:
