@@ -256,3 +256,29 @@ def test_a_run_killed_in_its_final_evaluation_is_finished_by_resume(
     capsys.readouterr()
     assert main([*argv, "--resume"]) == 2
     assert "asks for no more" in capsys.readouterr().err
+
+
+def test_torn_last_lines_of_the_run_logs_are_cut_before_the_resume_appends(tiny, tmp_path):
+    """A power loss mid-append leaves half a line at the end of ``trajectories.jsonl`` and of
+    ``metrics.jsonl``; ``--resume`` cuts both off before it appends, so each reads back whole
+    (no warning, no error) with the resumed step after the earlier ones."""
+    import warnings
+
+    from relayrl.env.export import read_trajectories
+
+    run = tmp_path / "run"
+    config = write_config(tmp_path / "run.yaml", tiny, run)
+    argv = train_argv(config, *VARIED, "train.save_trajectories=true")
+    assert main([*argv, "train.steps=2"]) == 0
+    with (run / "trajectories.jsonl").open("a") as f:
+        f.write('{"step": 2, "index": 0, "torn_ma')
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "reward_me')
+    assert main([*argv, "train.steps=3", "--resume"]) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        records = read_trajectories(run)
+        assert _steps(run) == [1, 2, 3]
+    steps = [r["step"] for r in records]  # the trainer's 0-based step of each trajectory
+    assert steps == sorted(steps) and set(steps) == {0, 1, 2}
+    assert "torn_ma" not in (run / "trajectories.jsonl").read_text()

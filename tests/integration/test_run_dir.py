@@ -228,7 +228,7 @@ def test_metrics_rewrite_on_resume_only_when_needed_and_atomic(tmp_path, monkeyp
     def full_disk(src, dst):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(Path, "replace", full_disk)
+    monkeypatch.setattr(os, "replace", full_disk)  # relayrl.durable.replace_durable's rename
     with pytest.raises(OSError, match="No space left on device"):
         MetricsLogger(tmp_path, tensorboard=False, resume_step=1)
     assert path.read_text() == text

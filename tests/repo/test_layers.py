@@ -11,9 +11,11 @@ module, its name (``relayrl.cli`` -> ``cli``). The floors, lowest first:
 
 with the applications (``cli``, ``demo``, ``labs``, ``tinker``) on one top floor. ``plan`` and
 ``telemetry`` are leaves that anything may import and that import no other relayrl package but
-the config; ``config*.py`` modules are leaves that import only each other. A module may import
-its own layer and any lower one. A package or module missing from these lists fails the test, so a
-new one has to be given a floor.
+the config and the base; ``config*.py`` modules are leaves that import only each other and the
+base. The base (``durable``: fsync and torn-line helpers on the standard library alone) lies
+under everything: every module may import it, and it imports no relayrl module. A module may
+import its own layer and any lower one. A package or module missing from these lists fails the
+test, so a new one has to be given a floor.
 
 Import circles are found on the module graph (``from relayrl.workers import fsdp`` is an edge to
 ``relayrl.workers.fsdp``; a package's ``__init__`` is a module of its own, and importing
@@ -33,6 +35,7 @@ TESTS = Path(__file__).resolve().parents[1]
 FLOORS = ["algos", "model", "rollout", "reward", "data", "env", "workers", "controller", "cluster"]
 APPS = {"cli", "demo", "labs", "tinker"}
 LEAVES = {"plan", "telemetry"}
+BASE = {"durable"}
 MAX_LINES = 600
 # Files over MAX_LINES that another change is splitting; each entry must still be over the
 # limit (so it is removed when the split lands) and names who splits it. Keys: the path under
@@ -99,7 +102,11 @@ def layer_violations(src: Path = SRC) -> list[str]:
             where = f"{rel}:{line}: {src_layer} imports {target}"
             if dst == src_layer or dst == "relayrl":
                 continue
-            if src_layer.startswith("config"):
+            if src_layer in BASE:
+                bad.append(f"{where} ({src_layer} is the base: it imports no relayrl module)")
+            elif dst in BASE:
+                continue  # every module may use the base
+            elif src_layer.startswith("config"):
                 if not dst.startswith("config"):
                     bad.append(f"{where} (config modules are leaves)")
             elif dst.startswith("config") or dst in LEAVES and src_layer not in LEAVES:
@@ -212,7 +219,7 @@ def test_no_import_points_up_a_floor() -> None:
 
 
 def test_every_package_has_a_floor() -> None:
-    known = set(FLOORS) | APPS | LEAVES
+    known = set(FLOORS) | APPS | LEAVES | BASE
     for path in SRC.iterdir():
         name = path.stem if path.suffix == ".py" else path.name
         if path.name.startswith(("_", ".")) or name.startswith("config"):
@@ -224,7 +231,8 @@ def test_every_package_has_a_floor() -> None:
 
 def test_the_checker_finds_each_kind_of_violation(tmp_path) -> None:
     """The checker on a made-up tree: an upward import hidden in a function, a relative one, a
-    leaf importing a floor, a config module importing a layer, and a package with no floor."""
+    leaf importing a floor, a config module importing a layer, a package with no floor, and
+    the base importing anything (a leaf importing the base is fine)."""
     files = {
         "__init__.py": "",
         "config_x.py": "from relayrl.model import tiny\n",
@@ -237,6 +245,8 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path) -> None:
         "telemetry/__init__.py": "from relayrl.reward import score\nfrom . import metrics\n",
         "labs/lab.py": "from relayrl.cluster import local\nfrom relayrl.cli import main\n",
         "attic/old.py": "from relayrl.model import a\n",
+        "durable.py": "from relayrl.config import x\n",
+        "plan/p.py": "from relayrl.durable import fsync_dir\n",
     }
     for name, text in files.items():
         (tmp_path / "relayrl" / name).parent.mkdir(parents=True, exist_ok=True)
@@ -246,6 +256,8 @@ def test_the_checker_finds_each_kind_of_violation(tmp_path) -> None:
         "attic/old.py:1: attic imports relayrl.model"
         " (attic has no floor in tests/repo/test_layers.py)",
         "config_x.py:1: config_x imports relayrl.model (config modules are leaves)",
+        "durable.py:1: durable imports relayrl.config (durable is the base: it imports no "
+        "relayrl module)",
         "model/a.py:4: model imports relayrl.controller (floor 2 imports floor 8)",
         "model/a.py:5: model imports relayrl.cluster (floor 2 imports floor 9)",
         "telemetry/__init__.py:1: telemetry imports relayrl.reward "

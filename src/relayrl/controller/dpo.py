@@ -26,13 +26,15 @@ import torch
 from torch import Tensor
 
 from relayrl.algos.preference_loss import dpo_loss
-from relayrl.config import RunConfig, dump_config
+from relayrl.config import RunConfig
 from relayrl.controller.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
     save_checkpoint,
 )
+from relayrl.controller.run_dir import record_config
 from relayrl.data.preferences import PreferencePair, load_preferences, split_pairs
+from relayrl.durable import mkdir_durable
 from relayrl.model import (
     forward_logprobs,
     load_causal_lm,
@@ -137,8 +139,8 @@ def train_dpo(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
     set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, run_dir / "config.yaml")
+    mkdir_durable(run_dir)
+    record_config(run_dir, cfg)  # as the RL run's: durable, a changed config kept as prev-N
     train_pairs, eval_pairs = _load_pairs(cfg)
 
     dtype = DTYPES[cfg.model.dtype]

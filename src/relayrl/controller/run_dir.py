@@ -21,7 +21,11 @@
    model, the critic, the algorithm, the prompt format) differ from the run's ``config.yaml``
    refuses, listing them, unless the change is accepted (``--allow-config-change``).
 4. Only then are the leftovers of interrupted checkpoint writes removed (the lock rules out a
-   writer) and the holder's pid written into the lock file.
+   writer), a torn last line (a kill or a power loss mid-append) cut off the appended logs
+   (``metrics.jsonl``, ``trajectories.jsonl``) so that nothing is appended after it, and the
+   holder's pid written into the lock file. ``--overwrite``'s move into ``.prev-N`` and the
+   renaming of an unreadable checkpoint to ``corrupt_<name>`` are fsynced (their directories,
+   after the renames) before the run writes anything.
 
 A refused start leaves every file byte-identical: the lock file is opened without truncation
 (created empty when missing) and written only once the checks have passed.
@@ -51,6 +55,7 @@ from pydantic import BaseModel
 
 from relayrl.config import dump_config
 from relayrl.controller.checkpoint import (
+    RUN_LOGS,
     STATE_FILE,
     checkpoint_root,
     checkpoint_step,
@@ -58,8 +63,9 @@ from relayrl.controller.checkpoint import (
     remove_partial_writes,
 )
 from relayrl.controller.faults import RunDirError
+from relayrl.durable import end_at_last_line, fsync_dir, fsync_file, mkdir_durable, replace_durable
 from relayrl.model import finish_interrupted_save
-from relayrl.model.atomic_dir import OLD_PREFIX, fsync_file, mkdir_durable, replace_durable
+from relayrl.model.atomic_dir import OLD_PREFIX
 
 __all__ = [
     "LOCK_FILE",
@@ -104,7 +110,9 @@ class RunDir:
     was, why, and where it was moved (``corrupt_step_N``, kept, never resumed from)."""
     recovered: list[str] = field(default_factory=list)
     """What a ``relayrl sft`` killed in its final save left, set right at the claim
-    (``finish_interrupted_save``: its ``checkpoints/`` carried back into ``output_dir``)."""
+    (``finish_interrupted_save``: its ``checkpoints/`` carried back into ``output_dir``); for a
+    run directory, a torn last line cut off its appended logs (``metrics.jsonl``,
+    ``trajectories.jsonl``), in words."""
     _fd: int | None = None
 
     def release(self) -> None:
@@ -202,12 +210,38 @@ def _aside(path: Path) -> Path:
 
 def _move_aside(path: Path) -> Path:
     """Move every entry of ``path`` but the lock into a new ``<run_dir>.prev-N``; the lock
-    stays held the whole time, so no other run sees the directory half-moved."""
+    stays held the whole time, so no other run sees the directory half-moved. Durably: the new
+    directory fsynced into its parent before the moves, then ``.prev-N`` after them (the
+    moved entries on disk there) before ``path`` (gone from it): a power loss never loses an
+    entry from both."""
     dest = _aside(path)
+    fsync_dir(dest.parent)
     for entry in sorted(path.iterdir()):
         if entry.name != LOCK_FILE:
             os.rename(entry, dest / entry.name)
+    fsync_dir(dest)
+    fsync_dir(path)
     return dest
+
+
+def _keep_corrupt(run: RunDir, corrupt: list[tuple[Path, str]]) -> None:
+    """Rename each unreadable checkpoint to ``corrupt_<name>`` beside it (kept, never resumed
+    from), then fsync their directory: the renames on disk before the resume writes anything."""
+    for ckpt, problem in corrupt:
+        kept = ckpt.with_name(f"corrupt_{ckpt.name}")
+        os.rename(ckpt, kept)
+        run.corrupt.append((ckpt, problem, kept))
+    for parent in sorted({ckpt.parent for ckpt, _ in corrupt}):
+        fsync_dir(parent)
+
+
+def _end_logs_at_last_line(run: RunDir) -> None:
+    """Cut a torn last line (an append cut short by a kill or a power loss) off the run's
+    appended logs before anything is appended to them (``relayrl.durable.end_at_last_line``);
+    what was done goes to ``run.recovered``."""
+    for name in RUN_LOGS:
+        if (done := end_at_last_line(run.path / name)) is not None:
+            run.recovered.append(done)
 
 
 def _dotted(tree: Any, key: str) -> Any:
@@ -307,10 +341,8 @@ def claim_run_dir(
         try:
             if found and (overwrite or (resume and not run.checkpoint and _holds_run(path))):
                 run.moved_to = _move_aside(path)
-            for ckpt, problem in corrupt:
-                kept = ckpt.with_name(f"corrupt_{ckpt.name}")
-                os.rename(ckpt, kept)
-                run.corrupt.append((ckpt, problem, kept))
+            _keep_corrupt(run, corrupt)
+            _end_logs_at_last_line(run)
             run.removed = remove_partial_writes(path)
             for tmp in [*path.glob(".config.yaml.*.tmp"), *path.glob(".metrics.jsonl.tmp")]:
                 tmp.unlink()
@@ -450,10 +482,7 @@ def _resume_output(out: Path, overwrite: bool, steps: int | None) -> RunDir:
         )
     run = RunDir(out, checkpoint=ckpt)
     try:
-        for bad, problem in corrupt:
-            kept = bad.with_name(f"corrupt_{bad.name}")
-            os.rename(bad, kept)
-            run.corrupt.append((bad, problem, kept))
+        _keep_corrupt(run, corrupt)
         run.removed = remove_partial_writes(out)
     except OSError as exc:
         raise RunDirError(f"output directory {out} cannot be written ({exc.strerror})") from None

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from relayrl.durable import read_jsonl_log
 from relayrl.rollout.types import Sample
 
 FILE = "trajectories.jsonl"
@@ -96,11 +97,14 @@ def save_trajectories(
 
 
 def read_trajectories(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The saved trajectories of a run (empty when it saved none)."""
+    """The saved trajectories of a run (empty when it saved none). A torn last line (an append
+    cut short by a kill or a power loss: no newline after it) is skipped with a warning naming
+    the file and line; a bad line anywhere else is a ``ValueError`` naming them
+    (``relayrl.durable.read_jsonl_log``). A resume cuts the torn line off before it appends."""
     path = Path(run_dir) / FILE
     if not path.exists():
         return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [row for _, row in read_jsonl_log(path)]
 
 
 def summarise(records: Sequence[dict[str, Any]]) -> dict[int, dict[str, float]]:

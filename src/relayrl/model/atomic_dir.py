@@ -13,13 +13,15 @@ a process killed there leaves no ``out`` and both siblings: :func:`finish_interr
 
 Durability (a power loss, not only a killed process): a rename is on disk only once the
 directory holding it is fsynced, and a renamed file's contents only once the file is. The
-helpers here are the one way every save makes them so (this module's saves, the training
-checkpoints, their ``latest`` marker and their pruning in ``relayrl.controller.checkpoint``, a
-run's ``config.yaml`` in ``relayrl.controller.run_dir``, ``relayrl.data.jsonl.write_jsonl``):
-the new files and directories are fsynced before the rename (:func:`fsync_tree`,
-:func:`write_file_durable`), the parent directory after it (:func:`replace_durable`), a
-directory created on the way in its parent (:func:`mkdir_durable`), and a directory whose
-entry was renamed away or removed (:func:`fsync_dir`).
+helpers of ``relayrl.durable`` (one copy, re-exported here) are the one way every save makes
+them so (this module's saves, the training checkpoints, their ``latest`` marker and their
+pruning in ``relayrl.controller.checkpoint``, a run's ``config.yaml`` in
+``relayrl.controller.run_dir``, ``relayrl.data.jsonl.write_jsonl``, ``metrics.jsonl``'s
+rewrite on a resume in ``relayrl.telemetry.metrics``): the new files and directories are
+fsynced before the rename (:func:`fsync_tree`, :func:`write_file_durable`), the parent
+directory after it (:func:`replace_durable`), a directory created on the way in its parent
+(:func:`mkdir_durable`), and a directory whose entry was renamed away or removed
+(:func:`fsync_dir`).
 """
 
 from __future__ import annotations
@@ -29,73 +31,32 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from relayrl.durable import (
+    fsync_dir,
+    fsync_file,
+    fsync_tree,
+    mkdir_durable,
+    replace_durable,
+    write_file_durable,
+)
+
+__all__ = [
+    "OLD_PREFIX",
+    "TMP_PREFIX",
+    "finish_interrupted_save",
+    "finish_interrupted_saves",
+    "fsync_dir",
+    "fsync_file",
+    "fsync_tree",
+    "mkdir_durable",
+    "pid_alive",
+    "replace_durable",
+    "write_dir_atomic",
+    "write_file_durable",
+]
+
 TMP_PREFIX, OLD_PREFIX = ".tmp_", ".old_"
 """The siblings of ``out``: the new directory being written, the old one being replaced."""
-
-
-def fsync_file(f: Path) -> None:
-    """fsync the contents of file ``f``."""
-    with open(f, "rb") as fh:
-        os.fsync(fh.fileno())
-
-
-def fsync_dir(d: Path) -> None:
-    """fsync directory ``d`` itself: its entries (the files created, renamed or removed in it)."""
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(d: Path) -> None:
-    """fsync every file under ``d``, then every directory under it, deepest first, then ``d``
-    itself: all of ``d`` on disk before it is renamed into place (symlinks not followed)."""
-    entries = sorted(d.rglob("*"))
-    for f in entries:
-        if f.is_file() and not f.is_symlink():
-            fsync_file(f)
-    for sub in sorted(entries, key=lambda p: len(p.parts), reverse=True):
-        if sub.is_dir() and not sub.is_symlink():
-            fsync_dir(sub)
-    fsync_dir(d)
-
-
-def replace_durable(src: Path, dst: Path) -> None:
-    """``os.replace(src, dst)``, then the directory of ``dst`` fsynced (and that of ``src``
-    when it is another): the rename on disk when this returns. ``src`` itself is fsynced by
-    the caller before (:func:`fsync_tree`, :func:`fsync_file`)."""
-    os.replace(src, dst)
-    fsync_dir(dst.parent)
-    if src.parent != dst.parent:
-        fsync_dir(src.parent)
-
-
-def write_file_durable(path: Path, text: str) -> None:
-    """Replace file ``path`` with ``text`` in one step, durably: written into a sibling
-    ``.<name>_<pid>``, fsynced, renamed over ``path``, the directory fsynced. A failure
-    removes the sibling and leaves ``path`` as it was."""
-    tmp = path.parent / f".{path.name}_{os.getpid()}"
-    try:
-        tmp.write_text(text)
-        fsync_file(tmp)
-        replace_durable(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def mkdir_durable(d: Path) -> None:
-    """``d.mkdir(parents=True, exist_ok=True)``; each directory it creates is fsynced in its
-    parent (a first save into a new directory is not lost with the directory's entry)."""
-    missing = []
-    above = d
-    while not above.exists() and above != above.parent:
-        missing.append(above)
-        above = above.parent
-    d.mkdir(parents=True, exist_ok=True)
-    for made in reversed(missing):
-        fsync_dir(made.parent)
 
 
 def write_dir_atomic(

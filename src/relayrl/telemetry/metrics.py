@@ -13,6 +13,7 @@ import operator
 from pathlib import Path
 from typing import IO, Any
 
+from relayrl.durable import read_jsonl_log, write_file_durable
 from relayrl.telemetry.trackers import Tracker, TrackerOptions, make_trackers
 
 __all__ = ["METRICS_FILE", "MetricsLogger", "read_metrics"]
@@ -37,34 +38,24 @@ def _json_value(x: float) -> float | None:
 
 
 def _parse_lines(path: Path) -> list[dict[str, Any]]:
-    """Records of a metrics file; a torn final line (crash mid-write) is ignored."""
-    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    """Records of a metrics file. A torn final line (an append cut short by a kill or a power
+    loss: no newline after it) is skipped with a warning; any other bad line is an error
+    naming the file and line (``relayrl.durable.read_jsonl_log``)."""
     records = []
-    for i, line in enumerate(lines):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            if i == len(lines) - 1:
-                break
-            raise ValueError(f"{path}: line {i + 1} is not valid JSON: {e.msg}") from e
+    for n, row in read_jsonl_log(path):
         if not isinstance(row, dict):
-            raise ValueError(f"{path}: line {i + 1} is not a JSON object")
+            raise ValueError(f"{path}: line {n} is not a JSON object")
         records.append({k: (math.nan if v is None else v) for k, v in row.items()})
     return records
 
 
 def _replace_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` by ``text`` in one step: a temporary file beside it, then a rename. A
-    crash or a full disk leaves the old file whole and no temporary file behind (one process
+    """Replace ``path`` by ``text`` in one step, durably: a temporary file beside it
+    (``.metrics.jsonl.tmp``), fsynced, renamed over ``path``, the directory fsynced
+    (``relayrl.durable.write_file_durable``). A crash or a full disk leaves the old file whole
+    and no temporary file behind; a power loss, the old file or the new one (one process
     writes a run directory at a time: the trainer holds its lock)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(text)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_file_durable(path, text, tmp=path.with_name(f".{path.name}.tmp"))
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -93,8 +84,9 @@ class MetricsLogger:
         resume_step: when resuming from a checkpoint taken at this step, existing records
             with a larger step (logged after the checkpoint by the interrupted run) are
             dropped so the file holds each step once. ``None`` keeps existing records.
-            The file is then replaced atomically, and only if that changes it; one process
-            writes a run directory at a time (the trainer holds its lock).
+            The file is then replaced atomically and durably (fsynced), and only if that
+            changes it (dropped records, a torn last line cut off); one process writes a run
+            directory at a time (the trainer holds its lock).
 
     Values are stored as floats; NaN and +-inf are written as JSON ``null``. ``history``
     holds the records of the file (existing ones first), values as logged.
