@@ -260,8 +260,9 @@ def check_sequences(body: dict[str, Any], chat: bool, limit: int | None) -> None
         return
     n = integer(body, "n") or 1
     prompt = body.get("prompt")
-    batch = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
-    prompts = len(prompt) if not chat and batch else 1
+    prompts = 1
+    if not chat and isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        prompts = len(prompt)  # a batch (a plain list of token ids is one prompt)
     if prompts * n <= limit:
         return
     asked = f"{prompts} prompts x n={n}" if prompts > 1 else f"n={n}"
