@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from relayrl.data.records import SFTRecord
+from relayrl.durable import fsync_file, mkdir_durable, replace_durable
 
 __all__ = ["DataError", "iter_jsonl_objects", "load_sft_jsonl", "write_jsonl"]
 
@@ -133,11 +134,8 @@ def _to_row(row: Any) -> dict[str, Any]:
 def write_jsonl(path: str | Path, rows: Iterable[Any]) -> int:
     """Write ``rows`` (dicts, ``PromptRecord`` / ``SFTRecord`` or other dataclasses) as
     JSONL, atomically and durably: streamed into a temp file beside ``path``, which is fsynced,
-    renamed over ``path``, and the directory fsynced (``relayrl.model.atomic_dir``'s helpers;
-    parent directories it creates are fsynced into theirs). Returns the count."""
-    # imported here: relayrl.model loads torch, which reading JSONL never needs
-    from relayrl.model.atomic_dir import fsync_file, mkdir_durable, replace_durable
-
+    renamed over ``path``, and the directory fsynced (``relayrl.durable``'s helpers; parent
+    directories it creates are fsynced into theirs). Returns the count."""
     p = Path(path)
     mkdir_durable(p.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)

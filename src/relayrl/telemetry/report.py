@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relayrl.durable import read_jsonl_log
 from relayrl.telemetry.metrics import METRICS_FILE, read_metrics
 from relayrl.telemetry.plots import Series, line_plot, run_colour, time_split_plot, timeline_plot
 from relayrl.telemetry.summary import summarize
@@ -470,10 +471,7 @@ def _trajectory_row(run: RunData) -> list[str]:
         return []
     per_step: dict[int, list[float]] = {}
     tokens = errors = 0
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        r = json.loads(line)
+    for _, r in read_jsonl_log(path):  # a torn last line (a killed append): skipped, warned
         per_step.setdefault(int(r["step"]), []).append(float(r.get("score") or 0.0))
         tokens += sum(r.get("loss_mask") or [])
         errors += r.get("error") is not None
