@@ -161,8 +161,9 @@ def test_a_slow_evaluation_that_progresses_is_not_stopped(tiny, tmp_path, monkey
         real_generate, real_report = roles.rollout.generate, roles.rollout.report
 
         def report():
-            probed.set()
-            return real_report()
+            out = real_report()
+            probed.set()  # after the read: the next answer moves what the baseline holds
+            return out
 
         def generate(requests):
             if not _is_eval(requests):

@@ -12,10 +12,10 @@ that is stuck and since when. The stuck call is abandoned on its daemon thread (
 the process from exiting); the run ends with that one line (exit 1).
 
 The held-out evaluation is watched by the same judgement (:class:`Watch`, one per watched
-work): between steps in the trainer's thread through :func:`run_watched` (its phases marked by
+work): between sync steps through :func:`run_watched` (its phases marked by
 ``evaluate_prompts``, its probe the evaluation engine's counters and the reward role's), and a
-background evaluation on a replica of its own by its thread's marks, checked each time the
-trainer collects it (``controller.background_eval``). Either stops the run with
+background evaluation on a replica of its own the same way, judged each time the trainer
+collects it (``controller.background_eval``). Either stops the run with
 :class:`EvalStalled`, one line naming the evaluation and its step.
 
 The async schedules have their own: the rollout controller raises :class:`RolloutStalled` when

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -52,8 +53,9 @@ def test_a_background_evaluation_whose_probe_moves_is_waited_for(monkeypatch):
     units = [0]
 
     def probe():
-        probed.set()
-        return units[0]
+        value = units[0]
+        probed.set()  # after the read: the next unit moves what the baseline holds
+        return value
 
     def evaluate(mark):
         probed.clear()
@@ -66,7 +68,7 @@ def test_a_background_evaluation_whose_probe_moves_is_waited_for(monkeypatch):
             next(done)
         return {"eval/pass_rate": 0.5}
 
-    bg = BackgroundEval(evaluate, stall_s=0.2, probe=probe)
+    bg = BackgroundEval(evaluate, stall_s=1.0, probe=probe)  # the probe waits <= 1 s
     bg.start(4)
     out = bg.collect(wait=True)
     assert out == {"eval/pass_rate": 0.5, "eval/at_step": 4.0}
@@ -102,7 +104,7 @@ def test_watch_is_stalled_only_without_mark_or_probe_change(monkeypatch):
     probe is progress (idle restarts), an unchanged one a stall; a mark restarts idle and
     rebases the probe."""
     clock = [100.0]
-    monkeypatch.setattr(watchdog.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(watchdog, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     value = [0]
     w = Watch(5.0, lambda: value[0])
     clock[0] = 105.0  # idle 5 s: not past stall_s
