@@ -15,6 +15,11 @@ outcome is >= 1.
   prompt's maj@k is the fraction of its k-answer subsets whose voted answer is correct (all
   C(n, k) subsets, or 2000 seeded random ones when there are more), averaged over prompts:
   maj@n is the plain vote of all n answers, maj@1 the fraction of answers correct.
+
+Inside training the evaluation is watched by the stall watchdog (``controller.watchdog``):
+``evaluate_prompts`` marks its phases (generating, scoring, each retry round) and
+:func:`eval_progress` reads what moves within one (the engine's generated tokens and finished
+requests, the reward role's scored samples).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,8 +35,10 @@ from typing import Any
 from relayrl.config import DataConfig
 from relayrl.config.eval import EvalConfig
 from relayrl.controller.failures import infra_cause, retry_failed
+from relayrl.controller.watchdog import no_mark
 from relayrl.data.prompts import PromptSource, TokenizedPrompt
 from relayrl.reward import Scorer, answers_equal, extract_final_answer, extract_integer_answer
+from relayrl.reward.functions import fn_name
 from relayrl.rollout import GenerationRequest, RolloutBackend, SamplingParams
 
 __all__ = [
@@ -39,6 +46,7 @@ __all__ = [
     "EvalResult",
     "answer_reader",
     "eval_datasets",
+    "eval_progress",
     "evaluate_prompts",
     "greedy_pass_rate",
     "held_out_metrics",
@@ -182,11 +190,13 @@ def evaluate_prompts(
     cfg: EvalConfig | None = None,
     reward_fn: str = "",
     retries: int = 0,
+    mark: Callable[[str], None] = no_mark,
 ) -> EvalResult:
     """Generate ``cfg.n`` answers per prompt, score them, and compute the metrics above.
 
     An infrastructure failure (``controller.failures``) is generated and scored again up to
-    ``retries`` times; what still fails counts as not correct and in ``failures/infra``."""
+    ``retries`` times; what still fails counts as not correct and in ``failures/infra``.
+    ``mark`` names each phase for a stall watchdog."""
     cfg = cfg or EvalConfig()
     n = cfg.n
     read, same = answer_reader(cfg.answer, reward_fn)
@@ -202,9 +212,11 @@ def evaluate_prompts(
                 seed=None if cfg.seed is None else cfg.seed + i * n + j,
             )
             requests.append(GenerationRequest(p.ids, params, metadata=p.fields()))
+    mark(f"{type(engine).__name__} generating {len(requests)} requests")
     samples = engine.generate(requests)
+    mark(f"{_scorer_name(reward)} scoring {len(samples)} samples")
     scores, _ = reward.score(samples)
-    samples, scores, _ = retry_failed(engine, reward, requests, samples, scores, retries)
+    samples, scores, _ = retry_failed(engine, reward, requests, samples, scores, retries, mark)
     outcomes = reward.outcomes(samples, scores).tolist()
     score_list = scores.tolist()
     records: list[dict[str, Any]] = []
@@ -258,12 +270,14 @@ def held_out_metrics(
     cfg: EvalConfig | None = None,
     reward_fn: str = "",
     retries: int = 0,
+    mark: Callable[[str], None] = no_mark,
 ) -> dict[str, float]:
     """The eval inside training: ``eval/pass_rate``, ``eval/reward_mean``, ``eval/n`` (prompts)
-    and, when ``cfg.n`` > 1, ``eval/pass@k`` and ``eval/maj@k`` for each k."""
+    and, when ``cfg.n`` > 1, ``eval/pass@k`` and ``eval/maj@k`` for each k. ``mark``: each
+    phase, for a stall watchdog."""
     cfg = cfg or EvalConfig()
     out = evaluate_prompts(
-        engine, reward, prompts, max_tokens, stop_token_ids, cfg, reward_fn, retries
+        engine, reward, prompts, max_tokens, stop_token_ids, cfg, reward_fn, retries, mark
     )
     metrics = {
         "eval/failures/infra": out.metrics["failures/infra"],
@@ -277,6 +291,30 @@ def held_out_metrics(
             metrics[f"eval/pass@{k}"] = out.metrics[f"pass@{k}"]
             metrics[f"eval/maj@{k}"] = out.metrics[f"maj@{k}"]
     return metrics
+
+
+def eval_progress(engine: RolloutBackend, reward: Scorer) -> Callable[[], Hashable]:
+    """A stall watchdog's probe of an evaluation: (tokens ``engine`` generated, requests it
+    finished, samples ``reward`` scored), counters that only grow. Progress of the evaluation
+    only while nothing else uses the engine (between sync steps; a replica of its own)."""
+
+    def probe() -> Hashable:
+        counters = engine.report().counters
+        return (
+            int(counters.get("tokens_generated", 0)),
+            int(counters.get("requests_finished", 0)),
+            reward.progress(),
+        )
+
+    return probe
+
+
+def _scorer_name(reward: Scorer) -> str:
+    """What scores: ``the reward service`` or ``reward function <module.name>``."""
+    if reward.service is not None:
+        return "the reward service"
+    fn = getattr(reward, "fn", None)
+    return f"reward function {fn_name(fn)}" if fn is not None else type(reward).__name__
 
 
 def greedy_pass_rate(

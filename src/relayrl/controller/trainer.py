@@ -42,12 +42,12 @@ from relayrl.controller.checkpoint import (
     set_rng_state,
 )
 from relayrl.controller.eval_replica import EvalReplica
-from relayrl.controller.evaluate import held_out_metrics
+from relayrl.controller.evaluate import eval_progress, held_out_metrics
 from relayrl.controller.failures import InfraBudgetExceeded
 from relayrl.controller.faults import RunFault, RunInterrupted, StepGuard, signal_name
 from relayrl.controller.run_dir import claim_run_dir, record_config
 from relayrl.controller.schedules import make_schedule
-from relayrl.controller.watchdog import RolloutStalled
+from relayrl.controller.watchdog import EvalStalled, RolloutStalled, no_mark, run_watched
 from relayrl.data.prompt_format import FORMAT_FILE, prompt_format
 from relayrl.data.prompts import PromptSource
 from relayrl.reward import RewardFunctionError, get_reward_fn, score
@@ -207,7 +207,7 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
     if source.skipped:
         print(f"skipped {source.skipped} prompts longer than {cfg.data.max_prompt_tokens} tokens")
 
-    def evaluate(engine: Any = None) -> dict[str, float]:
+    def evaluate(engine: Any = None, mark: Callable[[str], None] = no_mark) -> dict[str, float]:
         return held_out_metrics(
             roles.rollout if engine is None else engine,
             roles.reward,
@@ -217,6 +217,21 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
             cfg.eval,
             cfg.reward.fn,
             cfg.failures.retries,
+            mark,
+        )
+
+    # The stall watchdog watches an evaluation whose engine is its own meanwhile (sync: between
+    # steps; a separate replica); the engine async / overlap training shares is not (its
+    # counters are training's too, and reading them takes the schedule's busy spans).
+    eval_stall_s = cfg.failures.stall_s if cfg.schedule == "sync" else None
+
+    def evaluate_watched(step: int) -> dict[str, float]:
+        return run_watched(
+            lambda mark: evaluate(mark=mark),
+            eval_stall_s,
+            eval_progress(roles.rollout, roles.reward),
+            what=f"held-out evaluation at step {step}",
+            error=EvalStalled,
         )
 
     # A fresh run starts a fresh metrics file; a resumed one drops records past its checkpoint.
@@ -243,14 +258,19 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
     if beside and not cfg.env.agent.enabled:
         if cfg.eval.replica == "separate":  # an engine of its own, a snapshot per evaluation
             replica = EvalReplica(cfg, roles)
-            background = BackgroundEval(lambda: evaluate(replica.engine), replica.load)
+            background = BackgroundEval(
+                lambda mark: evaluate(replica.engine, mark),
+                replica.load,
+                cfg.failures.stall_s,
+                eval_progress(replica.engine, roles.reward),
+            )
         else:
-            background = BackgroundEval(evaluate)
+            background = BackgroundEval(lambda mark: evaluate(mark=mark))
     boundary = _Boundary(start, rng_state(), {}, kl_ctl.value, ckpt)
     saving = False
     try:
         try:
-            first_eval = evaluate() if start == 0 else {}
+            first_eval = evaluate_watched(0) if start == 0 else {}
             if first_eval:
                 logger.log(0, first_eval)
             final["eval_before"] = first_eval.get("eval/pass_rate")
@@ -277,17 +297,21 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
                     stats["entropy"] = stats.get("actor/entropy", 0.0)
                     stats["clipfrac"] = stats.get("actor/clipfrac", 0.0)
                     done = step + 1
-                    if (
-                        cfg.train.eval_every
-                        and done % cfg.train.eval_every == 0
-                        and done < cfg.train.steps
-                    ):
-                        if background is None:
-                            stats.update(evaluate())
-                        else:  # beside training (docs/failures.md), logged when it finished
-                            background.start(done)
-                    if background is not None:
-                        stats.update(background.collect())
+                    stalled: EvalStalled | None = None  # the step is trained: logged, saved
+                    try:
+                        if background is not None:  # before a start, which would drop it
+                            stats.update(background.collect())
+                        if (
+                            cfg.train.eval_every
+                            and done % cfg.train.eval_every == 0
+                            and done < cfg.train.steps
+                        ):
+                            if background is None:
+                                stats.update(evaluate_watched(done))
+                            else:  # beside training (docs/failures.md), logged when it finished
+                                background.start(done)
+                    except EvalStalled as exc:
+                        stalled = exc
                     logger.log(done, stats)
                     bar.update(done, reward=stats["reward_mean"], pass_rate=stats["pass_rate"])
                     boundary = _Boundary(done, rng_state(), schedule.state(), kl_ctl.value, None)
@@ -298,9 +322,11 @@ def _run(cfg: RunConfig, roles: Roles, ckpt: Path | None, run_dir: Path) -> dict
                         saving = True
                         boundary.saved = _save(cfg, roles, boundary)
                         saving = False
+                    if stalled is not None:  # ends the run, step `done` checkpointed first
+                        raise stalled
             if background is not None and (pending := background.collect(wait=True)):
                 logger.log(cfg.train.steps, pending)
-            last_eval = evaluate()
+            last_eval = evaluate_watched(cfg.train.steps)
             logger.log(cfg.train.steps, last_eval)
         except KeyboardInterrupt as exc:
             raise _stopped(exc, cfg, roles, boundary, guard, saving, run_dir) from exc
@@ -403,10 +429,11 @@ def _reward_failed(
     run_dir: Path,
 ) -> RunFault:
     """A reward function raised, infrastructure failures exhausted their budget (a reward
-    function that raises or hangs on every sample) or the rollout stalled: checkpoint the last
-    completed step as a signal does (the weights are still that step's: scoring comes before
-    the update); the one line."""
-    what = f"{exc} (step {b.step + 1})"
+    function that raises or hangs on every sample), the rollout stalled (the weights are still
+    the last completed step's: scoring comes before the update) or a held-out evaluation
+    stalled (after its step was logged: that step is the last completed one): checkpoint the
+    last completed step as a signal does; the one line."""
+    what = str(exc) if isinstance(exc, EvalStalled) else f"{exc} (step {b.step + 1})"
     done = b.saved is not None and b.saved.name == f"step_{b.step:06d}"
     if not (done or guard.committing or b.step == 0 or not cfg.train.save_on_signal):
         try:
@@ -415,7 +442,8 @@ def _reward_failed(
         except RunFault as fault:
             return RunFault(f"{what}; {fault}")
     newest = newest_intact(run_dir)
-    tail = "; continue with --resume" if newest.startswith("the newest") else ""
+    more = b.step < cfg.train.steps  # the final evaluation's stall leaves nothing to train
+    tail = "; continue with --resume" if newest.startswith("the newest") and more else ""
     return RunFault(f"{what}; {newest}{tail}")
 
 

@@ -11,6 +11,13 @@ changed; after ``stall_s`` seconds without either, :class:`RolloutStalled` names
 that is stuck and since when. The stuck call is abandoned on its daemon thread (it never keeps
 the process from exiting); the run ends with that one line (exit 1).
 
+The held-out evaluation is watched by the same judgement (:class:`Watch`, one per watched
+work): between sync steps through :func:`run_watched` (its phases marked by
+``evaluate_prompts``, its probe the evaluation engine's counters and the reward role's), and a
+background evaluation on a replica of its own the same way, judged each time the trainer
+collects it (``controller.background_eval``). Either stops the run with
+:class:`EvalStalled`, one line naming the evaluation and its step.
+
 The async schedules have their own: the rollout controller raises :class:`RolloutStalled` when
 the trainer waits while no sample finished for ``failures.stall_s``.
 """
@@ -28,11 +35,16 @@ from relayrl.controller.faults import RunFault
 
 T = TypeVar("T")
 
-__all__ = ["Progress", "RolloutStalled", "no_mark", "run_watched"]
+__all__ = ["EvalStalled", "Progress", "RolloutStalled", "Watch", "no_mark", "run_watched"]
 
 
 class RolloutStalled(RunFault):
     """A rollout made no progress for ``failures.stall_s`` (one line naming what is stuck)."""
+
+
+class EvalStalled(RolloutStalled):
+    """A held-out evaluation made no progress for ``failures.stall_s``; its message names the
+    evaluation and the step it evaluates (``held-out evaluation at step 4 stalled: ...``)."""
 
 
 def no_mark(what: str) -> None:
@@ -88,28 +100,73 @@ def _bounded(probe: Callable[[], Hashable], timeout_s: float) -> Hashable | None
         return None
 
 
+class Watch:
+    """The watchdog's judgement of one watched work: progress is a :meth:`mark` or a change of
+    ``probe()``; :meth:`stalled` once neither came for ``stall_s`` seconds.
+
+    The probe's value is taken after each mark (the phase's baseline, read at the next check)
+    and compared only when ``stall_s`` passed without a mark (each call waited for at most
+    ``min(stall_s, 10)`` s: a probe that does not answer tells nothing). Call :meth:`stalled`
+    from one thread (the watching one); :meth:`mark` from any."""
+
+    def __init__(
+        self, stall_s: float, probe: Callable[[], Hashable] | None = None, what: str = "starting"
+    ) -> None:
+        self.stall_s = stall_s
+        self.probe = probe
+        self.progress = Progress(what)
+        self._wait = min(stall_s, 10.0)
+        self._seen = _bounded(probe, self._wait) if probe is not None else None
+        self._marks = 0
+
+    def mark(self, what: str) -> None:
+        """The work entered phase ``what`` (progress)."""
+        self.progress.mark(what)
+
+    def stalled(self) -> bool:
+        """Whether neither a mark nor a change of the probe came for ``stall_s`` seconds."""
+        progress = self.progress
+        if self.probe is not None and progress.marks != self._marks:  # a new phase: baseline
+            self._marks = progress.marks
+            self._seen = _bounded(self.probe, self._wait)
+        if progress.idle() <= self.stall_s:
+            return False
+        if self.probe is not None:
+            now = _bounded(self.probe, self._wait)
+            if now is not None and now != self._seen:
+                self._seen = now
+                progress.touch()
+                return False
+        return True
+
+    def describe(self) -> str:
+        """``no progress for 3 s (failures.stall_s=2); stuck: <phase> (for 5 s)``."""
+        return (
+            f"no progress for {self.progress.idle():.0f} s "
+            f"(failures.stall_s={self.stall_s:g}); stuck: {self.progress.describe()}"
+        )
+
+
 def run_watched(
     work: Callable[[Callable[[str], None]], T],
     stall_s: float | None,
     probe: Callable[[], Hashable] | None = None,
     poll_s: float = 0.2,
+    what: str = "rollout",
+    error: type[RolloutStalled] = RolloutStalled,
 ) -> T:
-    """``work(mark)``'s result, or :class:`RolloutStalled` once neither a ``mark`` nor a
-    change of ``probe()`` came for ``stall_s`` seconds. The probe's value is taken after each
-    mark (the phase's baseline) and compared when ``stall_s`` passed without progress (each
-    call waited for at most ``min(stall_s, 10)`` s). ``stall_s`` None: ``work`` runs in this
-    thread, unwatched. An exception of ``work`` is raised here."""
+    """``work(mark)``'s result, or ``error("<what> stalled: no progress for ...")`` once
+    neither a ``mark`` nor a change of ``probe()`` came for ``stall_s`` seconds
+    (:class:`Watch`). ``stall_s`` None: ``work`` runs in this thread, unwatched. An exception
+    of ``work`` is raised here."""
     if stall_s is None:
         return work(no_mark)
-    progress = Progress()
-    wait = min(stall_s, 10.0)
-    seen = _bounded(probe, wait) if probe is not None else None
-    marks = 0
+    watch = Watch(stall_s, probe)
     box: Future[T] = Future()
 
     def run() -> None:
         try:
-            box.set_result(work(progress.mark))
+            box.set_result(work(watch.mark))
         except BaseException as exc:  # raised in the watching thread
             box.set_exception(exc)
 
@@ -119,20 +176,8 @@ def run_watched(
             return box.result(timeout=poll_s)
         except FutureTimeout:
             pass
-        if probe is not None and progress.marks != marks:  # a new phase: its baseline
-            marks = progress.marks
-            seen = _bounded(probe, wait)
-        if progress.idle() <= stall_s:
+        if not watch.stalled():
             continue
-        if probe is not None:
-            now = _bounded(probe, wait)
-            if now is not None and now != seen:
-                seen = now
-                progress.touch()
-                continue
         if box.done():
             return box.result()
-        raise RolloutStalled(
-            f"rollout stalled: no progress for {progress.idle():.0f} s "
-            f"(failures.stall_s={stall_s:g}); stuck: {progress.describe()}"
-        )
+        raise error(f"{what} stalled: {watch.describe()}")
