@@ -258,7 +258,7 @@ def test_a_run_killed_in_its_final_evaluation_is_finished_by_resume(
     assert "asks for no more" in capsys.readouterr().err
 
 
-def test_torn_last_lines_of_the_run_logs_are_cut_before_the_resume_appends(tiny, tmp_path):
+def test_torn_last_lines_of_the_run_logs_are_cut_before_the_resume_appends(tiny, tmp_path, capsys):
     """A power loss mid-append leaves half a line at the end of ``trajectories.jsonl`` and of
     ``metrics.jsonl``; ``--resume`` cuts both off before it appends, so each reads back whole
     (no warning, no error) with the resumed step after the earlier ones."""
@@ -274,7 +274,11 @@ def test_torn_last_lines_of_the_run_logs_are_cut_before_the_resume_appends(tiny,
         f.write('{"step": 2, "index": 0, "torn_ma')
     with (run / "metrics.jsonl").open("a") as f:
         f.write('{"step": 3, "reward_me')
+    capsys.readouterr()
     assert main([*argv, "train.steps=3", "--resume"]) == 0
+    out = capsys.readouterr().out  # the resume says what it cut, one line per log
+    for name in ("trajectories.jsonl", "metrics.jsonl"):
+        assert f"off {run / name}" in out and "cut the torn line" in out
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         records = read_trajectories(run)

@@ -108,6 +108,8 @@ def train(
         cfg=cfg,
         allow_config_change=allow_config_change,
     ) as run:
+        for line in run.recovered:  # what a kill or power loss left, completed or cut off
+            print(line)
         if run.moved_to is not None:
             why = "no checkpoint to resume from: starting at step 0; " if resume else ""
             print(f"{why}the earlier run in {run.path} was moved to {run.moved_to}")
