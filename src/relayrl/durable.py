@@ -13,10 +13,12 @@ end in a torn line after a kill or a power loss mid-append: bytes after the last
 :func:`read_jsonl_log` skips such a final line when it does not parse (with a warning naming
 the file and line); a line that does not parse anywhere else is an error naming it.
 :func:`end_at_last_line` makes the file end with a complete line before anything is appended
-again, so a torn line never sits in the middle.
+again, so a torn line never sits in the middle. :func:`split_jsonl_log` moves the records a
+resume trains again out of such a log (into a file beside it), streaming it line by line.
 
-A base module: only the standard library (``os``, ``pathlib``, ``json``, ``warnings``), no
-other relayrl module; every layer, the leaves and the config included, may import it.
+A base module: only the standard library (``os``, ``pathlib``, ``json``, ``warnings``,
+``collections.abc``), no other relayrl module; every layer, the leaves and the config
+included, may import it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,7 @@ __all__ = [
     "mkdir_durable",
     "read_jsonl_log",
     "replace_durable",
+    "split_jsonl_log",
     "write_file_durable",
 ]
 
@@ -166,3 +170,65 @@ def end_at_last_line(path: Path) -> str | None:
         f.flush()
         os.fsync(f.fileno())
     return done
+
+
+def split_jsonl_log(path: Path, keep: Callable[[Any], bool], aside: Path) -> tuple[int, int]:
+    """Move the records of the JSONL log ``path`` that ``keep`` rejects into the new file
+    ``aside``; the others stay in ``path``, in their order, byte for byte (a final record
+    without its newline gets one). Returns ``(kept, set aside)``.
+
+    Streamed line by line (the log may be larger than memory) into temporary files beside each
+    (``.<name>.tmp``). ``path`` is left untouched (the temporary files removed) unless a record
+    is set aside or its last line is torn; else ``aside``'s file is fsynced and renamed into
+    place, then ``path``'s, each rename followed by the fsync of the directory
+    (:func:`replace_durable`): after a power loss a record set aside is in ``aside``, in
+    ``path`` or in both, never in neither. Lines read as :func:`read_jsonl_log` does: a final
+    line that does not parse and has no newline after it (a torn append) is dropped with a
+    ``UserWarning`` naming ``path`` and the line, another line that does not parse raises
+    ``ValueError`` naming them (nothing is changed then); blank lines stay. ``aside`` must not
+    exist (the caller picks a free name)."""
+    if aside.exists():
+        raise FileExistsError(f"{aside} exists: the records set aside would overwrite it")
+    tmp_keep = path.with_name(f".{path.name}.tmp")
+    tmp_aside = aside.with_name(f".{aside.name}.tmp")
+    kept = moved = 0
+    changed = False
+    try:
+        with open(path, "rb") as src, open(tmp_keep, "wb") as out, open(tmp_aside, "wb") as off:
+            for n, line in enumerate(src, start=1):
+                ended = line.endswith(b"\n")
+                if not line.strip():
+                    out.write(line)
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError
+                    if not ended:
+                        warnings.warn(
+                            f"{path}: line {n} is torn (an append cut short by a kill or a power "
+                            "loss): dropped",
+                            stacklevel=2,
+                        )
+                        changed = True
+                        break
+                    raise ValueError(
+                        f"{path}: line {n} is not valid JSON: {getattr(e, 'msg', e)}"
+                    ) from e
+                record = line if ended else line + b"\n"
+                changed = changed or not ended
+                if keep(row):
+                    out.write(record)
+                    kept += 1
+                else:
+                    off.write(record)
+                    moved += 1
+        if moved or changed:
+            if moved:
+                fsync_file(tmp_aside)
+                replace_durable(tmp_aside, aside)
+            fsync_file(tmp_keep)
+            replace_durable(tmp_keep, path)
+    finally:
+        tmp_keep.unlink(missing_ok=True)
+        tmp_aside.unlink(missing_ok=True)
+    return kept, moved

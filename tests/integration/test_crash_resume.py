@@ -286,3 +286,31 @@ def test_torn_last_lines_of_the_run_logs_are_cut_before_the_resume_appends(tiny,
     steps = [r["step"] for r in records]  # the trainer's 0-based step of each trajectory
     assert steps == sorted(steps) and set(steps) == {0, 1, 2}
     assert "torn_ma" not in (run / "trajectories.jsonl").read_text()
+
+
+def test_a_resume_moves_the_trajectories_of_the_steps_it_trains_again_aside(tiny, tmp_path):
+    """SIGKILLed in step 2's update, after its trajectories were appended, with the checkpoint
+    of step 1 on disk: ``--resume`` trains step 2 again, and ``trajectories.jsonl`` holds each
+    step's trajectories once (it used to hold step 2's twice, as ``metrics.jsonl`` never did).
+    The killed run's rows of step 2 are kept in ``trajectories.rewound-1.jsonl``; the sync
+    resume trains the same rollouts again, so they equal the new ones."""
+    from relayrl.env.export import read_trajectories
+
+    run = tmp_path / "run"
+    config = write_config(tmp_path / "run.yaml", tiny, run)
+    argv = train_argv(config, *VARIED, "train.save_trajectories=true", "train.steps=3")
+    kill_at("update", 2, argv, tmp_path)
+    assert latest_checkpoint(run).name == "step_000001"
+    before = read_trajectories(run)
+    assert {r["step"] for r in before} == {0, 1}  # the trainer's 0-based step: 1 is step 2
+    assert main([*argv, "--resume"]) == 0
+    assert _steps(run) == [1, 2, 3]
+    records = read_trajectories(run)
+    keys = [(r["step"], r["index"]) for r in records]
+    assert len(keys) == len(set(keys)) and keys == sorted(keys)
+    assert {s for s, _ in keys} == {0, 1, 2}
+    aside = [
+        json.loads(x) for x in (run / "trajectories.rewound-1.jsonl").read_text().split("\n") if x
+    ]
+    assert aside and aside == [r for r in before if r["step"] == 1]
+    assert aside == [r for r in records if r["step"] == 1]

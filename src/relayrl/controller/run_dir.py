@@ -22,10 +22,19 @@
    refuses, listing them, unless the change is accepted (``--allow-config-change``).
 4. Only then are the leftovers of interrupted checkpoint writes removed (the lock rules out a
    writer), a torn last line (a kill or a power loss mid-append) cut off the appended logs
-   (``metrics.jsonl``, ``trajectories.jsonl``) so that nothing is appended after it, and the
-   holder's pid written into the lock file. ``--overwrite``'s move into ``.prev-N`` and the
+   (``metrics.jsonl``, ``trajectories.jsonl``) so that nothing is appended after it, the
+   trajectories of the steps the run trains again moved out of ``trajectories.jsonl`` (below),
+   and the holder's pid written into the lock file. ``--overwrite``'s move into ``.prev-N`` and the
    renaming of an unreadable checkpoint to ``corrupt_<name>`` are fsynced (their directories,
    after the renames) before the run writes anything.
+
+A resume from the checkpoint of step S trains steps S+1.. again: ``metrics.jsonl`` drops its
+records past S (``MetricsLogger``), and the claim moves the rows of ``trajectories.jsonl`` with
+``step >= S`` (the trainer's 0-based step: the row of step S+1 says ``S``) into
+``trajectories.rewound-<S>.jsonl`` beside it (``trajectories.rewound-<S>.<k>.jsonl`` when that is
+taken), kept: the data of a training path the run no longer follows, never appended to
+(``relayrl.durable.split_jsonl_log``: streamed, the new file and then the log fsynced and renamed
+in, each rename's directory fsynced). A start at step 0 (no checkpoint) moves every row so.
 
 A refused start leaves every file byte-identical: the lock file is opened without truncation
 (created empty when missing) and written only once the checks have passed.
@@ -63,7 +72,14 @@ from relayrl.controller.checkpoint import (
     remove_partial_writes,
 )
 from relayrl.controller.faults import RunDirError
-from relayrl.durable import end_at_last_line, fsync_dir, fsync_file, mkdir_durable, replace_durable
+from relayrl.durable import (
+    end_at_last_line,
+    fsync_dir,
+    fsync_file,
+    mkdir_durable,
+    replace_durable,
+    split_jsonl_log,
+)
 from relayrl.model import finish_interrupted_save
 from relayrl.model.atomic_dir import OLD_PREFIX
 
@@ -244,6 +260,30 @@ def _end_logs_at_last_line(run: RunDir) -> None:
             run.recovered.append(done)
 
 
+def _rewind_trajectories(run: RunDir) -> None:
+    """Move the rows of ``trajectories.jsonl`` of the steps after the checkpoint resumed from,
+    S (0 without one; their ``step`` field, 0-based, at least S), into a new
+    ``trajectories.rewound-<S>.jsonl`` (module docstring); said in ``run.recovered``."""
+    path, step = run.path / RUN_LOGS[1], checkpoint_step(run.checkpoint) if run.checkpoint else 0
+    if not path.is_file() or step is None:
+        return
+    aside, k = run.path / f"trajectories.rewound-{step}.jsonl", 1
+    while aside.exists():
+        k += 1
+        aside = run.path / f"trajectories.rewound-{step}.{k}.jsonl"
+
+    def keep(row: Any) -> bool:
+        at = row.get("step") if isinstance(row, dict) else None
+        return not isinstance(at, int) or at < step
+
+    _, moved = split_jsonl_log(path, keep, aside)
+    if moved:
+        run.recovered.append(
+            f"moved the {moved} trajectories of the steps after {step} (trained again) from "
+            f"{path} to {aside}"
+        )
+
+
 def _dotted(tree: Any, key: str) -> Any:
     for part in key.split("."):
         if not isinstance(tree, dict) or part not in tree:
@@ -344,9 +384,11 @@ def claim_run_dir(
             _keep_corrupt(run, corrupt)
             _end_logs_at_last_line(run)
             run.removed = remove_partial_writes(path)
-            for tmp in [*path.glob(".config.yaml.*.tmp"), *path.glob(".metrics.jsonl.tmp")]:
+            leftovers = (".config.yaml.*.tmp", ".metrics.jsonl.tmp", ".trajectories.*.tmp")
+            for tmp in [p for pattern in leftovers for p in path.glob(pattern)]:
                 tmp.unlink()
                 run.removed.append(tmp)
+            _rewind_trajectories(run)
         except OSError as exc:
             raise _not_writable(path, exc) from exc
     except BaseException:

@@ -2,7 +2,7 @@
 
 ``<run_dir>/trajectories.jsonl`` gets one line per trajectory the step trains (a multi-turn
 episode split at a prefix break gives one line per segment; agent rollouts one per trajectory
-of their session), appended step by step (a run's earlier lines are never rewritten)::
+of their session), appended step by step::
 
     {"step": 3, "index": 0, "group": 1, "score": 1.0, "prompt_ids": [...], "response_ids": [...],
      "loss_mask": [...], "behaviour_logprobs": [...], "versions": [...],
@@ -13,6 +13,14 @@ of their session), appended step by step (a run's earlier lines are never rewrit
 ``prompt`` / ``response`` are the decoded text (special tokens kept); ``messages`` the
 episode's transcript (environment episodes) when there is one. :func:`read_trajectories`
 reads the file back; ``relayrl report`` summarises it per step.
+
+``step`` is the trainer's 0-based step: the row of the step logged as ``S`` in
+``metrics.jsonl`` says ``S - 1``. A resume from the checkpoint of step S trains steps S+1..
+again: before it appends, its claim of the run directory moves the rows with ``step >= S``
+into ``trajectories.rewound-<S>.jsonl`` beside the file (``.<k>`` before ``.jsonl`` when that
+name is taken; kept, never appended to), so the file holds each step's trajectories once, of
+the training path the run follows (``relayrl.controller.run_dir``, streamed and durable:
+``relayrl.durable.split_jsonl_log``).
 """
 
 from __future__ import annotations

@@ -69,17 +69,17 @@ def test_a_resumes_claim_cuts_torn_last_lines_off_the_run_logs(tmp_path, monkeyp
     ``{"step": 2, "index"``) and ends the second, each fsynced, and says so."""
     _save(tmp_path, 1)
     traj, metrics = tmp_path / "trajectories.jsonl", tmp_path / "metrics.jsonl"
-    traj.write_text('{"step": 1, "index": 0}\n{"step": 2, "index"')
+    traj.write_text('{"step": 0, "index": 0}\n{"step": 2, "index"')  # 0-based: before step 1
     metrics.write_text('{"step": 1, "a": 1.0}\n{"step": 2, "a": 2.0}')
     log = record(monkeypatch)
     claim = claim_run_dir(tmp_path, resume=True, steps=10)
     claim.release()
-    assert traj.read_text() == '{"step": 1, "index": 0}\n'
+    assert traj.read_text() == '{"step": 0, "index": 0}\n'
     assert metrics.read_text() == '{"step": 1, "a": 1.0}\n{"step": 2, "a": 2.0}\n'
     assert {str(traj.resolve()), str(metrics.resolve())} <= set(fsynced(log))
     assert claim.recovered == [
         f"ended the unfinished line 2 of {metrics} with its newline",
         f"cut the torn line 2 (19 bytes) off {traj}",
     ]
-    assert read_trajectories(tmp_path) == [{"step": 1, "index": 0}]
+    assert read_trajectories(tmp_path) == [{"step": 0, "index": 0}]
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
