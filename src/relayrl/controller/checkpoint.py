@@ -58,6 +58,8 @@ from relayrl.telemetry.metrics import METRICS_FILE
 STATE_FILE = "trainer_state.pt"
 SHARDED_KEY = "sharded_dir"
 """In a role's entry of ``trainer_state.pt``: the folder of its sharded checkpoint."""
+SHARDED_PREFIX = "sharded_"
+"""The folder of a role's sharded checkpoint is ``sharded_<role>``."""
 
 Writer = Callable[[Path], None]
 MERGED_DIR = "actor_merged"
@@ -86,7 +88,7 @@ def role_state(role: Any, name: str) -> tuple[dict[str, Any], Writer | None]:
     checkpoint (None for a replicated role, whose optimizer state is in the entry itself)."""
     if not getattr(role, "sharded", False):
         return role.train_state(), None
-    sub = f"sharded_{name}"
+    sub = f"{SHARDED_PREFIX}{name}"
 
     def write(ckpt_dir: Path) -> None:
         role.save_sharded(str(ckpt_dir / sub))
@@ -295,21 +297,71 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return done[-1] if done else None
 
 
-def checkpoint_problem(ckpt: Path) -> str | None:
-    """What makes ``ckpt`` unusable, or None: ``trainer_state.pt`` is read through (the CRC of
-    every entry of its zip archive), the weights' safetensors headers and lengths are checked
-    (:func:`relayrl.model.weights_problem`)."""
+def _zip_problem(path: Path, name: str) -> str | None:
+    """What makes the ``torch.save`` archive ``path`` unreadable (called ``name`` in the
+    message), or None: the CRC of every entry of its zip archive is checked."""
     import zipfile
 
     try:
-        with zipfile.ZipFile(ckpt / STATE_FILE) as archive:
+        with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
     except (OSError, zipfile.BadZipFile, RuntimeError) as exc:
-        return f"{STATE_FILE} cannot be read: {exc}"
+        return f"{name} cannot be read: {exc}"
     if bad is not None:
-        return f"{STATE_FILE} is corrupt (bad CRC in {bad})"
+        return f"{name} is corrupt (bad CRC in {bad})"
+    return None
+
+
+def sharded_problem(ckpt: Path, sub: str) -> str | None:
+    """What makes the sharded checkpoint ``ckpt/sub`` (:func:`role_state`'s) unusable, or
+    None; no tensor is read. Its ``.metadata`` must unpickle; every shard file it names must
+    exist and hold ``offset + length`` bytes for each item stored in it (DCP's
+    ``_StorageInfo``); ``rank_0.pt`` must be there, and every ``rank_<r>.pt`` pass its zip
+    CRCs. The message names the file relative to ``ckpt``."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    where = ckpt / sub
+    try:
+        storage = FileSystemReader(str(where)).read_metadata().storage_data
+    except Exception as exc:  # OSError, UnpicklingError, EOFError...: unusable all the same
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return f"{sub}/.metadata cannot be read: {text}"
+    if not isinstance(storage, dict):
+        return f"{sub}/.metadata names no shard files"
+    need: dict[str, int] = {}  # shard file -> the bytes its items span
+    for info in storage.values():
+        end = info.offset + info.length
+        need[info.relative_path] = max(need.get(info.relative_path, 0), end)
+    for rel, end in sorted(need.items()):
+        try:
+            size = (where / rel).stat().st_size
+        except FileNotFoundError:
+            return f"{sub}/{rel} is missing (.metadata names it)"
+        except OSError as exc:
+            return f"{sub}/{rel} cannot be read: {exc.strerror or exc}"
+        if size < end:
+            return f"{sub}/{rel} is truncated ({size} bytes, .metadata needs {end})"
+    if not (where / "rank_0.pt").is_file():
+        return f"{sub}/rank_0.pt is missing (the scheduler and generator states)"
+    for extra in sorted(where.glob("rank_*.pt")):
+        if (problem := _zip_problem(extra, f"{sub}/{extra.name}")) is not None:
+            return problem
+    return None
+
+
+def checkpoint_problem(ckpt: Path) -> str | None:
+    """What makes ``ckpt`` unusable, or None: ``trainer_state.pt`` is read through (the CRC of
+    every entry of its zip archive), the weights' safetensors headers and lengths are checked
+    (:func:`relayrl.model.weights_problem`), and so is each ``sharded_<role>/`` checkpoint's
+    ``.metadata`` against its shard files' lengths (:func:`sharded_problem`)."""
+    if (problem := _zip_problem(ckpt / STATE_FILE, STATE_FILE)) is not None:
+        return problem
     for role in sorted(p for p in ckpt.iterdir() if p.is_dir()):  # actor, critic; sft's model
-        if (problem := weights_problem(role)) is not None:
+        if role.name.startswith(SHARDED_PREFIX):
+            problem = sharded_problem(ckpt, role.name)
+        else:
+            problem = weights_problem(role)
+        if problem is not None:
             return problem.replace(f"{ckpt}/", "")
     return None
 
