@@ -2,13 +2,13 @@
 is refused unless ``overwrite=True`` (Tinker's server answers 409 "already exists ... choose a
 different name"); a sampler path saved again serves the old weights to the sample requests
 sent before the save and the new ones to those sent after it, whatever the worker's queue
-holds; a prompt exactly as long as the context is scored by ``compute_logprobs``.
+holds; a checkpoint delete is a barrier too (a sample request sent after it is served as the
+store stands after the delete, never by the deleted weights); a prompt exactly as long as the
+context is scored by ``compute_logprobs``.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,10 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tinker_hold import held_worker
+
 tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 
 from relayrl.model import build_tiny_model  # noqa: E402
+from relayrl.tinker import rest as tinker_rest  # noqa: E402
 from relayrl.tinker.server import TinkerServer  # noqa: E402
 from relayrl.tinker.service import TinkerService  # noqa: E402
 
@@ -97,38 +100,18 @@ def test_a_sampler_path_saved_again_serves_requests_in_the_order_they_were_sent(
     old = _logprobs(tc, TOKENS)
     tc.forward_backward([_datum(TOKENS)], "cross_entropy").result()
 
-    queued: queue.Queue[str] = queue.Queue()
-    submit = server.worker.submit
-
-    def noting_submit(*args: Any, **kwargs: Any) -> str:
-        rid = submit(*args, **kwargs)
-        queued.put(rid)
-        return rid
-
-    started, release = threading.Event(), threading.Event()
-    optim_step = server.service.optim_step
-
-    def held_step(model_id: str, adam: dict[str, Any]) -> dict[str, Any]:
-        started.set()
-        assert release.wait(60)
-        return optim_step(model_id, adam)
-
-    monkeypatch.setattr(server.worker, "submit", noting_submit)
-    monkeypatch.setattr(server.service, "optim_step", held_step)
     prompt = types.ModelInput.from_ints(TOKENS)
-    try:
+    with held_worker(server, monkeypatch) as held:
         step = tc.optim_step(types.AdamParams(learning_rate=0.1))
-        queued.get(timeout=60)
-        assert started.wait(60)  # the worker is in the step; what follows queues behind it
+        held.next_queued()
+        assert held.started.wait(60)  # the worker is in the step; what follows queues behind it
         before = sampler.compute_logprobs(prompt)
-        queued.get(timeout=60)
+        held.next_queued()
         saved = tc.save_weights_for_sampler("latest")
-        queued.get(timeout=60)
+        held.next_queued()
         after = sampler.compute_logprobs(prompt)
-        queued.get(timeout=60)
+        held.next_queued()
         assert server.worker.queued() == 3
-    finally:
-        release.set()
     step.result()
     assert saved.result().path == path
     new = _logprobs(tc, TOKENS)
@@ -203,3 +186,44 @@ def test_a_checkpoint_keeps_its_own_user_metadata(served: Any) -> None:
     assert own() == {c: None, b: {"kind": "eval"}, a: None}
     loaded = client.create_training_client_from_state(a).result()  # the run's, not the save's
     assert rest.get_training_run(loaded.model_id).result().user_metadata == {"run": "r1"}
+
+
+def test_a_sample_request_sent_after_a_delete_waits_for_it(
+    served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker is held (in an optim_step) while four requests queue behind it: a sample on
+    the sampler checkpoint "doomed", a sample on the base model (it leaves the engine on the
+    base weights), the delete of "doomed", a second sample on "doomed". The first two share a
+    batch ahead of the step; the third must reload "doomed" once the delete ran and fails
+    ("no checkpoint"). Were the delete not a barrier, the second "doomed" sample would join
+    the first one's batch, ahead of the delete, and be served the deleted weights."""
+    client, base, server = served
+    tc = client.create_lora_training_client(base_model=str(base), rank=4, seed=3).result()
+    path = tc.save_weights_for_sampler("doomed").result().path
+    doomed = client.create_sampling_client(model_path=path).result()
+    base_sampler = client.create_sampling_client(base_model=str(base)).result()
+    prompt, params = types.ModelInput.from_ints(TOKENS), types.SamplingParams(max_tokens=2)
+    tc.forward_backward([_datum(TOKENS)], "cross_entropy").result()
+
+    monkeypatch.setattr(tinker_rest, "WAIT_S", 0.1)  # the delete answers while it is queued
+    with held_worker(server, monkeypatch) as held:
+        step = tc.optim_step(types.AdamParams(learning_rate=0.1))
+        held.next_queued()
+        assert held.started.wait(60)  # the worker is in the step; what follows queues behind it
+        before = doomed.sample(prompt, 1, params)
+        held.next_queued()
+        on_base = base_sampler.sample(prompt, 1, params)
+        held.next_queued()
+        rest = tinker.RestClient(base_url=server.base_url(), api_key=KEY)
+        rest.delete_checkpoint_from_tinker_path(path).result(timeout=60)
+        held.next_queued()
+        after = doomed.sample(prompt, 1, params)
+        held.next_queued()
+        assert server.worker.queued() == 4
+    step.result()
+    assert len(before.result().sequences) == 1  # queued before the delete: served
+    assert len(on_base.result().sequences) == 1
+    with pytest.raises(tinker.RequestFailedError, match="no checkpoint"):
+        after.result()  # sent after the delete: the checkpoint is gone
+    listed = [c.tinker_path for c in rest.list_checkpoints(tc.model_id).result().checkpoints]
+    assert path not in listed
