@@ -117,9 +117,11 @@ def test_reopen_appends_and_resume_drops_later_steps(tmp_path: Path) -> None:
 
 def test_torn_last_line_is_ignored(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "a": 1.0}\n{"step": 2, "a"')
-    assert read_metrics(tmp_path) == [{"step": 1, "a": 1.0}]
-    with MetricsLogger(tmp_path, tensorboard=False) as logger:
-        logger.log(2, {"a": 2.0})
+    with pytest.warns(UserWarning, match="line 2 is torn"):
+        assert read_metrics(tmp_path) == [{"step": 1, "a": 1.0}]
+    with pytest.warns(UserWarning, match="line 2 is torn"):  # its read of what is there
+        with MetricsLogger(tmp_path, tensorboard=False) as logger:
+            logger.log(2, {"a": 2.0})
     assert read_metrics(tmp_path) == [{"step": 1, "a": 1.0}, {"step": 2, "a": 2.0}]
 
 
