@@ -43,8 +43,7 @@ import numpy as np
 import torch
 
 from relayrl.controller.faults import CheckpointWriteError
-from relayrl.model import weights_problem
-from relayrl.model.atomic_dir import (
+from relayrl.durable import (
     fsync_dir,
     fsync_file,
     fsync_tree,
@@ -52,6 +51,7 @@ from relayrl.model.atomic_dir import (
     replace_durable,
     write_file_durable,
 )
+from relayrl.model import weights_problem
 from relayrl.model.lora import save_merged
 from relayrl.telemetry.metrics import METRICS_FILE
 

@@ -13,7 +13,7 @@ a process killed there leaves no ``out`` and both siblings: :func:`finish_interr
 
 Durability (a power loss, not only a killed process): a rename is on disk only once the
 directory holding it is fsynced, and a renamed file's contents only once the file is. The
-helpers of ``relayrl.durable`` (one copy, re-exported here) are the one way every save makes
+helpers of ``relayrl.durable`` (one copy; import them from there) are the one way every save makes
 them so (this module's saves, the training checkpoints, their ``latest`` marker and their
 pruning in ``relayrl.controller.checkpoint``, a run's ``config.yaml`` in
 ``relayrl.controller.run_dir``, ``relayrl.data.jsonl.write_jsonl``, ``metrics.jsonl``'s
@@ -31,28 +31,15 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from relayrl.durable import (
-    fsync_dir,
-    fsync_file,
-    fsync_tree,
-    mkdir_durable,
-    replace_durable,
-    write_file_durable,
-)
+from relayrl.durable import fsync_dir, fsync_tree, mkdir_durable, replace_durable
 
 __all__ = [
     "OLD_PREFIX",
     "TMP_PREFIX",
     "finish_interrupted_save",
     "finish_interrupted_saves",
-    "fsync_dir",
-    "fsync_file",
-    "fsync_tree",
-    "mkdir_durable",
     "pid_alive",
-    "replace_durable",
     "write_dir_atomic",
-    "write_file_durable",
 ]
 
 TMP_PREFIX, OLD_PREFIX = ".tmp_", ".old_"

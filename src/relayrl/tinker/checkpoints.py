@@ -36,12 +36,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from relayrl.model.atomic_dir import (
-    finish_interrupted_saves,
-    fsync_dir,
-    pid_alive,
-    write_dir_atomic,
-)
+from relayrl.durable import fsync_dir
+from relayrl.model.atomic_dir import finish_interrupted_saves, pid_alive, write_dir_atomic
 
 KINDS = {"weights": "training", "sampler_weights": "sampler"}
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")

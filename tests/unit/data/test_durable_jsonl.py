@@ -1,4 +1,4 @@
-"""``write_jsonl`` (data/jsonl.py) replaces its file durably, with ``relayrl.model.atomic_dir``'s
+"""``write_jsonl`` (data/jsonl.py) replaces its file durably, with ``relayrl.durable``'s
 helpers: the temporary file is fsynced before it is renamed over the file, the directory after
 the rename, and a directory it creates in its parent."""
 
